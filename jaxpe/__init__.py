@@ -1,0 +1,33 @@
+"""jaxpe: positional encodings for transformers in JAX.
+
+Pure-functional ops (no Flax): RoPE written with complex numbers, ALiBi, RoPE-emulated ALiBi,
+positions from masks and segment ids, and the attention function they all go through. A Flax NNX
+decoder (``jaxpe.model``) and a trainer (``jaxpe.trainer``) compose them.
+
+Shape alphabet, used in einsums, docstrings and tests:
+  B batch, T query positions, S key positions, N query heads, K kv heads, H head dim,
+  D model dim, F MLP dim, V vocab, L layers.
+Units: positions are token indices (integers >= 0); frequencies (inv_freq, theta) are radians
+per token.
+"""
+
+from jaxpe.alibi import alibi_bias, alibi_slopes
+from jaxpe.attention import dot_product_attention, make_attention_mask
+from jaxpe.emulation import apply_rope_alibi, emulation_amplitudes, emulation_theta
+from jaxpe.positions import positions_from_mask, positions_from_segment_ids
+from jaxpe.rope import apply_rope, rope_inv_freq, rope_phases
+
+__all__ = [
+  "alibi_bias",
+  "alibi_slopes",
+  "apply_rope",
+  "apply_rope_alibi",
+  "dot_product_attention",
+  "emulation_amplitudes",
+  "emulation_theta",
+  "make_attention_mask",
+  "positions_from_mask",
+  "positions_from_segment_ids",
+  "rope_inv_freq",
+  "rope_phases",
+]

@@ -1,0 +1,82 @@
+"""Trace-time argument checks shared by the ops.
+
+Every check raises ``ValueError`` (or ``TypeError`` for a wrong dtype) with a message that names
+the argument and the accepted range. Checks look only at static information (shapes, dtypes,
+Python scalars) so they run while tracing under ``jax.jit``; value checks on arrays run only when
+the array is concrete (not a tracer).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_rank(name: str, x, rank: int, shape_hint: str) -> None:
+  """Raises ValueError unless ``x`` has ``rank`` dimensions (``shape_hint`` like '[B, T, N, H]')."""
+  if jnp.ndim(x) != rank:
+    raise ValueError(f"{name} must have shape {shape_hint} (rank {rank}), got shape {jnp.shape(x)}")
+
+
+def check_dim(name: str, x, axis: int, size: int, what: str) -> None:
+  """Raises ValueError unless ``x.shape[axis] == size``."""
+  if x.shape[axis] != size:
+    raise ValueError(f"{name}.shape[{axis}] must equal {what} = {size}, got shape {x.shape}")
+
+
+def check_float(name: str, x) -> None:
+  """Raises TypeError unless ``x`` has a floating dtype."""
+  if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+    raise TypeError(f"{name} must be a float array, got dtype {jnp.result_type(x)}")
+
+
+def check_positions(name: str, positions) -> None:
+  """Positions are token indices: integer dtype and, when concrete, non-negative."""
+  if not jnp.issubdtype(jnp.result_type(positions), jnp.integer):
+    raise TypeError(
+      f"{name} must be an integer array of token indices, got dtype {jnp.result_type(positions)}"
+    )
+  if not isinstance(positions, jax.core.Tracer):
+    arr = np.asarray(positions)
+    if arr.size and arr.min() < 0:
+      raise ValueError(f"{name} must be >= 0 (token indices), got min {arr.min()}")
+
+
+def check_positive_int(name: str, value, *, even: bool = False) -> int:
+  """Returns ``value`` as int; raises ValueError unless it is a positive (even) Python int."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  if even and value % 2:
+    raise ValueError(f"{name} must be even, got {value}")
+  return int(value)
+
+
+def check_positive_float(name: str, value) -> float:
+  """Returns ``value`` as float; raises ValueError unless it is finite and > 0."""
+  try:
+    v = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+  if not math.isfinite(v) or v <= 0:
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+  return v
+
+
+def check_slopes(name: str, slopes) -> None:
+  """Slopes: rank 1, and when concrete, finite and > 0."""
+  check_rank(name, slopes, 1, "[N]")
+  if not isinstance(slopes, jax.core.Tracer):
+    arr = np.asarray(slopes, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+      raise ValueError(f"{name} must be finite and > 0, got {arr.tolist()}")
+
+
+def broadcastable(name: str, shape: Sequence[int], target: Sequence[int], hint: str) -> None:
+  """Raises ValueError unless ``shape`` broadcasts to ``target`` (same rank)."""
+  ok = len(shape) == len(target) and all(a in (1, b) for a, b in zip(shape, target))
+  if not ok:
+    raise ValueError(f"{name} must broadcast to {hint} = {tuple(target)}, got shape {tuple(shape)}")

@@ -1,0 +1,118 @@
+"""Scaled dot-product attention that every positional-encoding variant goes through.
+
+Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K, H).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxpe import _checks
+
+
+def make_attention_mask(
+  q_index: jax.Array,
+  k_index: jax.Array,
+  *,
+  causal: bool = True,
+  k_valid: jax.Array | None = None,
+  q_segment_ids: jax.Array | None = None,
+  k_segment_ids: jax.Array | None = None,
+) -> jax.Array:
+  """Boolean attention mask (True = may attend).
+
+  Args:
+    q_index: ``[B, T]`` integer slot index of each query in the sequence buffer (for causality;
+      with a KV cache this is the cache slot, not the position).
+    k_index: ``[B, S]`` integer slot index of each key.
+    causal: if True, key slot ``s`` is visible to query slot ``t`` only when ``s <= t``.
+    k_valid: optional ``[B, S]`` bool, False for padding keys (or empty cache slots).
+    q_segment_ids, k_segment_ids: optional ``[B, T]``/``[B, S]`` integer document ids of packed
+      sequences; attention does not cross documents. Give both or neither.
+
+  Returns:
+    ``[B, 1, T, S]`` bool.
+
+  Raises:
+    ValueError: wrong ranks or only one of the segment ids given.
+  """
+  _checks.check_rank("q_index", q_index, 2, "[B, T]")
+  _checks.check_rank("k_index", k_index, 2, "[B, S]")
+  mask = jnp.ones((q_index.shape[0], q_index.shape[1], k_index.shape[1]), bool)
+  if causal:
+    mask &= k_index[:, None, :] <= q_index[:, :, None]
+  if k_valid is not None:
+    _checks.check_rank("k_valid", k_valid, 2, "[B, S]")
+    mask &= k_valid.astype(bool)[:, None, :]
+  if (q_segment_ids is None) != (k_segment_ids is None):
+    raise ValueError("q_segment_ids and k_segment_ids must be given together")
+  if q_segment_ids is not None:
+    _checks.check_rank("q_segment_ids", q_segment_ids, 2, "[B, T]")
+    _checks.check_rank("k_segment_ids", k_segment_ids, 2, "[B, S]")
+    mask &= q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
+  return mask[:, None, :, :]
+
+
+def dot_product_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  scale: float,
+  bias: jax.Array | None = None,
+  mask: jax.Array | None = None,
+) -> jax.Array:
+  """``softmax(q.k * scale + bias, masked) . v`` with float32 logits and softmax.
+
+  q and k may carry more dims than v (the RoPE-emulated ALiBi pair); ``scale`` is then still
+  ``1/sqrt(H)`` of the original head dim. Grouped-query attention: the N query heads are split into
+  K groups of N/K heads that share one kv head.
+
+  Args:
+    q: ``[B, T, N, Hq]`` float queries.
+    k: ``[B, S, K, Hq]`` float keys; ``N % K == 0``.
+    v: ``[B, S, K, H]`` float values.
+    scale: multiplies q.k, usually ``1/sqrt(H)``.
+    bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
+    mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
+      visible key returns zeros.
+
+  Returns:
+    ``[B, T, N, H]`` array of ``v.dtype``.
+
+  Raises:
+    ValueError: wrong ranks, mismatched batch/length/head/dim sizes, bias or mask that do not
+      broadcast.
+  """
+  _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
+  _checks.check_rank("k", k, 4, "[B, S, K, Hq]")
+  _checks.check_rank("v", v, 4, "[B, S, K, H]")
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
+  if k.shape[0] != batch or k.shape[3] != qk_dim:
+    raise ValueError(f"k must have shape [B, S, K, Hq] with B={batch}, Hq={qk_dim}, got {k.shape}")
+  if v.shape[:3] != k.shape[:3]:
+    raise ValueError(f"v must have shape [B, S, K, H] with [B, S, K] = {k.shape[:3]}, got {v.shape}")
+  if num_heads % num_kv:
+    raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv}")
+  full = (batch, num_heads, t_len, s_len)
+  if bias is not None:
+    _checks.broadcastable("bias", bias.shape, full, "[B, N, T, S]")
+  if mask is not None:
+    _checks.broadcastable("mask", mask.shape, full, "[B, N, T, S]")
+
+  group = num_heads // num_kv
+  q_grouped = q.reshape(batch, t_len, num_kv, group, qk_dim)
+  logits = jnp.einsum("BTKGH,BSKH->BKGTS", q_grouped, k, preferred_element_type=jnp.float32).reshape(full)
+  logits = logits * jnp.float32(scale)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  if mask is not None:
+    weights = jnp.where(mask, weights, 0.0)  # rows with no visible key give zeros, not a mean
+  weights = weights.reshape(batch, num_kv, group, t_len, s_len).astype(v.dtype)
+  out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v)
+  return out.reshape(batch, t_len, num_heads, v.shape[-1])

@@ -1,0 +1,195 @@
+"""Typed, validated configuration: the model (``ModelConfig``) and the training run (``TrainConfig``).
+
+Both are frozen pydantic models that forbid unknown keys and coerce nothing silently (strict
+types, ints accepted for floats), so a YAML typo or a wrong type is an error naming the key.
+YAML files in ``configs/`` are read by ``load_config``; ``key=value`` overrides use dotted keys
+(``model.d_model=64``) and YAML value syntax.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+
+PosEncoding = Literal["none", "learned", "rope", "alibi", "rope_alibi"]
+POS_ENCODINGS: tuple[str, ...] = ("none", "learned", "rope", "alibi", "rope_alibi")
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class _Strict(pydantic.BaseModel):
+  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelConfig(_Strict):
+  """Decoder hyper-parameters. Shape letters: V vocab, D model dim, N heads, K kv heads, H head
+  dim, F MLP dim, L layers."""
+
+  vocab_size: int = pydantic.Field(256, gt=0, description="V; 256 for byte-level text")
+  d_model: int = pydantic.Field(128, gt=0, description="D")
+  num_layers: int = pydantic.Field(4, gt=0, description="L")
+  num_heads: int = pydantic.Field(4, gt=0, description="N query heads")
+  num_kv_heads: int | None = pydantic.Field(None, gt=0, description="K; default N (MHA)")
+  head_dim: int | None = pydantic.Field(None, gt=0, description="H; default D // N")
+  mlp_dim: int | None = pydantic.Field(None, gt=0, description="F; default 4 D")
+  max_len: int = pydantic.Field(256, gt=0, description="longest context in tokens")
+  pos_encoding: PosEncoding = "rope"
+  rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
+  rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
+  rope_layout: Literal["interleaved", "half"] = "interleaved"
+  rope_alibi_max_phase: float = pydantic.Field(
+    0.1, gt=0, lt=math.pi / 2, description="largest emulation phase over rope_alibi_context"
+  )
+  rope_alibi_context: int | None = pydantic.Field(
+    None, gt=0, description="context the emulation is tuned for; default max_len"
+  )
+  use_bias: bool = False
+  embed_layernorm: bool = False
+  layernorm_eps: float = pydantic.Field(1e-5, gt=0)
+  gelu_approximate: bool = False
+  tie_embeddings: bool = True
+  dtype: DType = "float32"
+  init_std: float = pydantic.Field(0.02, gt=0)
+
+  @pydantic.model_validator(mode="after")
+  def _check_sizes(self) -> ModelConfig:
+    if self.head_dim is None and self.d_model % self.num_heads:
+      raise ValueError(
+        f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless head_dim is given"
+      )
+    if self.num_heads % self.kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.kv_heads})")
+    if self.pos_encoding in ("rope", "rope_alibi") and self.head_size % 2:
+      raise ValueError(f"head_dim must be even for pos_encoding={self.pos_encoding!r}, got {self.head_size}")
+    if self.pos_encoding == "rope" and self.rotary_dim is not None:
+      if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
+        raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_size}), got {self.rotary_dim}")
+    return self
+
+  @property
+  def head_size(self) -> int:
+    """H."""
+    return self.head_dim or self.d_model // self.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """K."""
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def mlp_size(self) -> int:
+    """F."""
+    return self.mlp_dim or 4 * self.d_model
+
+
+class DataConfig(_Strict):
+  """Byte-level text data."""
+
+  path: str | None = pydantic.Field(
+    None, description="text file or directory of text files; None = Python stdlib sources"
+  )
+  max_bytes: int = pydantic.Field(
+    16_000_000, gt=0, description="cap on corpus bytes read (files in sorted order)"
+  )
+  eval_fraction: float = pydantic.Field(0.05, gt=0, lt=1, description="held-out share of files")
+
+
+class TrainConfig(_Strict):
+  """One training run."""
+
+  model: ModelConfig = ModelConfig()
+  data: DataConfig = DataConfig()
+  workdir: str = "runs/default"
+  seed: int = 0
+  seq_len: int = pydantic.Field(256, gt=1)
+  batch_size: int = pydantic.Field(32, gt=0, description="global batch, split over devices")
+  num_steps: int = pydantic.Field(2000, gt=0)
+  learning_rate: float = pydantic.Field(3e-3, gt=0)
+  warmup_steps: int = pydantic.Field(100, ge=0)
+  min_lr_ratio: float = pydantic.Field(0.1, ge=0, le=1)
+  weight_decay: float = pydantic.Field(0.1, ge=0)
+  b1: float = pydantic.Field(0.9, ge=0, lt=1)
+  b2: float = pydantic.Field(0.95, ge=0, lt=1)
+  grad_clip: float = pydantic.Field(1.0, gt=0)
+  eval_every: int = pydantic.Field(500, gt=0)
+  eval_batches: int = pydantic.Field(16, gt=0)
+  checkpoint_every: int = pydantic.Field(500, gt=0)
+  keep_checkpoints: int = pydantic.Field(2, gt=0)
+  mesh_shape: tuple[int, int] = pydantic.Field(
+    (-1, 1), description="(data, model) axis sizes; -1 = all remaining devices"
+  )
+  sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end")
+  sample_prompt: str = "def "
+  max_seconds: float | None = pydantic.Field(
+    None, gt=0, description="stop early (with a checkpoint) after this much training time"
+  )
+
+  @pydantic.model_validator(mode="after")
+  def _check_context(self) -> TrainConfig:
+    if self.model.pos_encoding == "learned" and self.seq_len > self.model.max_len:
+      raise ValueError(
+        f"seq_len ({self.seq_len}) must be <= model.max_len ({self.model.max_len}) for learned positions"
+      )
+    return self
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+  parts = key.split(".")
+  node = tree
+  for part in parts[:-1]:
+    child = node.setdefault(part, {})
+    if not isinstance(child, dict):
+      raise ValueError(f"override {key!r}: {part!r} is not a section")
+    node = child
+  node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax.
+
+  Raises:
+    ValueError: an override without ``=`` or with an empty key.
+  """
+  tree: dict[str, Any] = {}
+  for item in overrides:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+      raise ValueError(f"override must look like key=value, got {item!r}")
+    _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else None)
+  return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+  out = dict(base)
+  for key, value in extra.items():
+    if isinstance(value, dict) and isinstance(out.get(key), dict):
+      out[key] = _merge(out[key], value)
+    else:
+      out[key] = value
+  return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+  """Reads a YAML config (or the defaults), applies ``key=value`` overrides and validates.
+
+  Raises:
+    FileNotFoundError: ``path`` does not exist.
+    ValueError: an unknown key, a wrong type or an out-of-range value (pydantic's
+      ``ValidationError``, a ``ValueError``, names the dotted key).
+  """
+  raw: dict[str, Any] = {}
+  if path is not None:
+    path = Path(path)
+    if not path.is_file():
+      raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+      raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+  raw = _merge(raw, parse_overrides(list(overrides)))
+  # YAML gives lists; the schema's tuples are validated from them in lax mode for that field only.
+  if "mesh_shape" in raw and isinstance(raw["mesh_shape"], list):
+    raw["mesh_shape"] = tuple(raw["mesh_shape"])
+  return TrainConfig.model_validate(raw)

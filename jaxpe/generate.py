@@ -1,0 +1,82 @@
+"""Autoregressive generation with the KV cache: greedy or sampled, batched with left padding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpe.model import Decoder, init_cache
+
+
+def generate(
+  model: Decoder,
+  prompt: jax.Array,
+  *,
+  max_new_tokens: int,
+  attention_mask: jax.Array | None = None,
+  temperature: float = 0.0,
+  top_k: int | None = None,
+  rng: jax.Array | None = None,
+) -> jax.Array:
+  """Prefills the cache with the prompt, then decodes one token at a time.
+
+  Args:
+    model: a ``Decoder``.
+    prompt: ``[B, T]`` integer token ids; rows shorter than T are *left*-padded.
+    max_new_tokens: number of tokens to generate (> 0).
+    attention_mask: ``[B, T]`` bool/int, 0 for the left padding. Default: all ones.
+    temperature: 0 for greedy (argmax) decoding, else the softmax temperature (> 0).
+    top_k: sample only among the k most likely tokens (None = all).
+    rng: PRNG key, required when ``temperature > 0``.
+
+  Returns:
+    ``[B, max_new_tokens]`` int32 generated tokens.
+
+  Raises:
+    ValueError: bad shapes, ``max_new_tokens <= 0``, negative temperature, sampling without rng.
+  """
+  if prompt.ndim != 2:
+    raise ValueError(f"prompt must have shape [B, T], got {prompt.shape}")
+  if max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}")
+  if temperature > 0 and rng is None:
+    raise ValueError("rng is required when temperature > 0")
+  if top_k is not None and not 0 < top_k <= model.cfg.vocab_size:
+    raise ValueError(f"top_k must be in [1, vocab_size={model.cfg.vocab_size}], got {top_k}")
+  batch, t_len = prompt.shape
+  mask = jnp.ones_like(prompt, bool) if attention_mask is None else jnp.asarray(attention_mask, bool)
+  rng = jax.random.key(0) if rng is None else rng
+  cache = init_cache(model.cfg, batch, t_len + max_new_tokens)
+  graphdef, state = nnx.split(model)
+  return _generate(graphdef, state, prompt, mask, cache, rng, max_new_tokens, float(temperature), top_k)
+
+
+def _pick(logits, rng, temperature, top_k):
+  if temperature == 0.0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+@jax.jit(static_argnums=(6, 7, 8))
+def _generate(graphdef, state, prompt, mask, cache, rng, max_new_tokens, temperature, top_k):
+  model = nnx.merge(graphdef, state)
+  logits, cache = model(prompt, attention_mask=mask, cache=cache)
+  rng, sub = jax.random.split(rng)
+  first = _pick(logits[:, -1], sub, temperature, top_k)
+
+  def step(carry, _):
+    token, cache, rng = carry
+    logits, cache = model(token[:, None], cache=cache)
+    rng, sub = jax.random.split(rng)
+    nxt = _pick(logits[:, -1], sub, temperature, top_k)
+    return (nxt, cache, rng), token
+
+  (last, _, _), tokens = jax.lax.scan(step, (first, cache, rng), None, length=max_new_tokens - 1)
+  return jnp.concatenate([tokens.T, last[:, None]], axis=1) if max_new_tokens > 1 else last[:, None]

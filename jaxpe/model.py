@@ -1,0 +1,341 @@
+"""Flax NNX decoder-only transformer that composes the jaxpe ops.
+
+Pre-LayerNorm blocks (LayerNorm -> causal multi-head attention -> residual, LayerNorm -> GELU MLP
+-> residual), final LayerNorm, output head tied to the token embedding by default. The positional
+encoding is chosen by ``ModelConfig.pos_encoding``: ``none``, ``learned`` (absolute table),
+``rope``, ``alibi`` or ``rope_alibi`` (RoPE-emulated ALiBi). BLOOM-compatible options:
+``use_bias``, ``embed_layernorm``, ``gelu_approximate`` (tanh GELU), ``layernorm_eps``.
+
+Parameters carry logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
+``mlp``, ``pos``); ``jaxpe.sharding`` maps them onto mesh axes.
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
+D model dim, F MLP dim, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpe import alibi, attention, emulation, rope
+from jaxpe import positions as positions_lib
+from jaxpe.config import ModelConfig
+
+
+class KVCache(NamedTuple):
+  """Keys and values of earlier tokens, for decoding one chunk at a time.
+
+  Slots ``0..end-1`` are filled. Keys are stored after the positional encoding (rotated keys for
+  ``rope``; the augmented float32 keys for ``rope_alibi``).
+
+  Attributes:
+    k: L arrays ``[B, S, K, Hk]`` (Hk = H, or H + 2 for ``rope_alibi``).
+    v: L arrays ``[B, S, K, H]``.
+    positions: ``[B, S]`` int32 token positions of the slots.
+    valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token.
+    end: ``[]`` int32 number of filled slots.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  positions: jax.Array
+  valid: jax.Array
+  end: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
+  """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated)."""
+  key_dim = cfg.head_size + (2 if cfg.pos_encoding == "rope_alibi" else 0)
+  k_dtype = jnp.float32 if cfg.pos_encoding == "rope_alibi" else jnp.dtype(cfg.dtype)
+  shape = (batch_size, max_len, cfg.kv_heads)
+  return KVCache(
+    k=tuple(jnp.zeros((*shape, key_dim), k_dtype) for _ in range(cfg.num_layers)),
+    v=tuple(jnp.zeros((*shape, cfg.head_size), cfg.dtype) for _ in range(cfg.num_layers)),
+    positions=jnp.zeros((batch_size, max_len), jnp.int32),
+    valid=jnp.zeros((batch_size, max_len), bool),
+    end=jnp.zeros((), jnp.int32),
+  )
+
+
+def _init(std: float, names: tuple[str | None, ...]):
+  return nnx.with_partitioning(nnx.initializers.normal(std), names)
+
+
+def _zeros(names: tuple[str | None, ...]):
+  return nnx.with_partitioning(nnx.initializers.zeros_init(), names)
+
+
+def _ones(names: tuple[str | None, ...]):
+  return nnx.with_partitioning(nnx.initializers.ones_init(), names)
+
+
+def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  return nnx.LayerNorm(
+    cfg.d_model,
+    epsilon=cfg.layernorm_eps,
+    dtype=jnp.float32,
+    scale_init=_ones(("embed",)),
+    bias_init=_zeros(("embed",)),
+    rngs=rngs,
+  )
+
+
+def _dense(cfg, eq, kernel_shape, bias_shape, names, std, rngs) -> nnx.Einsum:
+  return nnx.Einsum(
+    eq,
+    kernel_shape,
+    bias_shape if cfg.use_bias else None,
+    dtype=cfg.dtype,
+    kernel_init=_init(std, names),
+    bias_init=_zeros(names[-len(bias_shape) :]),
+    rngs=rngs,
+  )
+
+
+class Attention(nnx.Module):
+  """Causal multi-head (or grouped-query) self-attention with the configured position encoding."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, n, kv, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
+    out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
+    self.q = _dense(
+      cfg, "BTD,DNH->BTNH", (d, n, h), (n, h), ("embed", "heads", "head_dim"), cfg.init_std, rngs
+    )
+    self.k = _dense(
+      cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
+    )
+    self.v = _dense(
+      cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
+    )
+    self.o = _dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), ("heads", "head_dim", "embed"), out_std, rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    *,
+    kv_positions: jax.Array,
+    cache_kv: tuple[jax.Array, jax.Array] | None = None,
+    cache_end: jax.Array | None = None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
+
+    ``mask`` ``[B, 1, T, S]`` and ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens
+    without a cache, or all S cache slots with one.
+    """
+    cfg = self.cfg
+    q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
+    if cfg.pos_encoding == "rope":
+      inv_freq = rope.rope_inv_freq(cfg.head_size, base=cfg.rope_theta, rotary_dim=cfg.rotary_dim)
+      q = rope.apply_rope(q, positions, inv_freq=inv_freq, layout=cfg.rope_layout)
+      k = rope.apply_rope(k, positions, inv_freq=inv_freq, layout=cfg.rope_layout)
+    elif cfg.pos_encoding == "rope_alibi":
+      q, k = emulation.apply_rope_alibi(
+        q, k, positions, positions, slopes=alibi.alibi_slopes_f64(cfg.num_heads), theta=emulation_theta(cfg)
+      )
+    if cache_kv is not None:
+      k_cache, v_cache = cache_kv
+      k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
+      v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
+    bias = None
+    if cfg.pos_encoding == "alibi":
+      bias = alibi.alibi_bias(alibi.alibi_slopes(cfg.num_heads), positions, kv_positions)
+    out = attention.dot_product_attention(q, k, v, scale=1.0 / math.sqrt(cfg.head_size), bias=bias, mask=mask)
+    return self.o(out), (k, v) if cache_kv is not None else None
+
+
+def emulation_theta(cfg: ModelConfig) -> float:
+  """theta of the ``rope_alibi`` pair: max phase over the configured context."""
+  return emulation.emulation_theta(
+    max_phase=cfg.rope_alibi_max_phase, max_len=cfg.rope_alibi_context or cfg.max_len
+  )
+
+
+class MLP(nnx.Module):
+  """``D -> F -> GELU -> D``."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
+    self.up = _dense(
+      cfg, "BTD,DF->BTF", (cfg.d_model, cfg.mlp_size), (cfg.mlp_size,), ("embed", "mlp"), cfg.init_std, rngs
+    )
+    self.down = _dense(
+      cfg, "BTF,FD->BTD", (cfg.mlp_size, cfg.d_model), (cfg.d_model,), ("mlp", "embed"), out_std, rngs
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.down(jax.nn.gelu(self.up(x), approximate=self.cfg.gelu_approximate))
+
+
+class Block(nnx.Module):
+  """Pre-LayerNorm transformer block."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.attn_norm = _layer_norm(cfg, rngs)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = _layer_norm(cfg, rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, mask, **attn_kwargs):
+    h, new_kv = self.attn(self.attn_norm(x).astype(self.cfg.dtype), positions, mask, **attn_kwargs)
+    x = x + h
+    x = x + self.mlp(self.mlp_norm(x).astype(self.cfg.dtype))
+    return x, new_kv
+
+
+class Decoder(nnx.Module):
+  """Decoder-only language model.
+
+  Call: ``model(tokens [B, T] int) -> logits [B, T, V] float32``; with ``cache=...`` returns
+  ``(logits, new_cache)``.
+
+  Source: GPT-style pre-LN decoder (Radford et al. 2019); BLOOM options follow HF
+  ``modeling_bloom.py`` (arXiv 2211.05100).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    # Parameters are annotated with logical axis names but built unsharded (no mesh needed);
+    # ``jaxpe.sharding.create_sharded_model`` places them on a mesh.
+    with nnx.use_eager_sharding(False):
+      self._build(cfg, rngs)
+
+  def _build(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    self.cfg = cfg
+    self.embed = nnx.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=cfg.dtype,
+      embedding_init=_init(cfg.init_std, ("vocab", "embed")),
+      rngs=rngs,
+    )
+    if cfg.pos_encoding == "learned":
+      self.pos_embed = nnx.Embed(
+        cfg.max_len,
+        cfg.d_model,
+        dtype=cfg.dtype,
+        embedding_init=_init(cfg.init_std, ("pos", "embed")),
+        rngs=rngs,
+      )
+    if cfg.embed_layernorm:
+      self.embed_norm = _layer_norm(cfg, rngs)
+    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = _layer_norm(cfg, rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = _dense(
+        cfg,
+        "BTD,DV->BTV",
+        (cfg.d_model, cfg.vocab_size),
+        (cfg.vocab_size,),
+        ("embed", "vocab"),
+        cfg.init_std,
+        rngs,
+      )
+
+  def __call__(
+    self,
+    tokens: jax.Array,
+    *,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+  ):
+    """Next-token logits.
+
+    Args:
+      tokens: ``[B, T]`` integer token ids in ``[0, V)``.
+      positions: ``[B, T]`` integer token indices. Default: from ``segment_ids`` (restart per
+        document), else from ``attention_mask`` (count real tokens; continuing from the cache when
+        one is given), else ``0..T-1`` (offset by the cache's filled slots).
+      attention_mask: ``[B, T]`` bool/int, 0 for padding tokens (left or right padding).
+      segment_ids: ``[B, T]`` integer document ids of packed sequences (no cache).
+      cache: a ``KVCache`` to append this chunk to (prefill or decode).
+
+    Returns:
+      ``[B, T, V]`` float32 logits, or ``(logits, new_cache)`` when ``cache`` is given.
+
+    Raises:
+      ValueError: tokens not ``[B, T]``; T beyond ``max_len`` for learned positions; segment ids
+        together with a cache.
+    """
+    cfg = self.cfg
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
+    batch, t_len = tokens.shape
+    valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
+    if positions is None:
+      if segment_ids is not None:
+        positions = positions_lib.positions_from_segment_ids(segment_ids)
+      elif cache is not None:
+        prior = jnp.max(jnp.where(cache.valid, cache.positions + 1, 0), axis=1, keepdims=True)
+        positions = prior + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+        positions = jnp.where(valid, positions, 0)
+      elif attention_mask is not None:
+        positions = positions_lib.positions_from_mask(attention_mask)
+      else:
+        positions = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+    positions = positions.astype(jnp.int32)
+
+    x = self.embed(tokens)
+    if cfg.pos_encoding == "learned":
+      if t_len > cfg.max_len:
+        raise ValueError(
+          f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
+        )
+      x = x + self.pos_embed(positions)
+    if cfg.embed_layernorm:
+      x = self.embed_norm(x)
+    x = x.astype(jnp.float32)  # residual stream in float32
+
+    if cache is None:
+      index = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+      mask = attention.make_attention_mask(
+        index, index, k_valid=valid, q_segment_ids=segment_ids, k_segment_ids=segment_ids
+      )
+      kv_positions, layer_caches = positions, [None] * cfg.num_layers
+    else:
+      if segment_ids is not None:
+        raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
+      slots = cache.positions.shape[1]
+      k_positions = jax.lax.dynamic_update_slice_in_dim(cache.positions, positions, cache.end, axis=1)
+      k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)
+      q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+      k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
+      mask = attention.make_attention_mask(q_index, k_index, k_valid=k_valid)
+      kv_positions, layer_caches = k_positions, list(zip(cache.k, cache.v))
+
+    new_kv = []
+    for block, layer_cache in zip(self.blocks, layer_caches):
+      x, kv = block(
+        x,
+        positions,
+        mask,
+        kv_positions=kv_positions,
+        cache_kv=layer_cache,
+        cache_end=None if cache is None else cache.end,
+      )
+      new_kv.append(kv)
+    x = self.final_norm(x)
+    if cfg.tie_embeddings:
+      logits = jnp.einsum("BTD,VD->BTV", x, self.embed.embedding[...].astype(jnp.float32))
+    else:
+      logits = self.lm_head(x.astype(cfg.dtype)).astype(jnp.float32)
+    if cache is None:
+      return logits
+    new_cache = KVCache(
+      k=tuple(k for k, _ in new_kv),
+      v=tuple(v for _, v in new_kv),
+      positions=kv_positions,
+      valid=k_valid,
+      end=cache.end + t_len,
+    )
+    return logits, new_cache

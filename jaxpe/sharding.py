@@ -1,0 +1,100 @@
+"""Device mesh, logical-axis rules and sharded model creation (``jax.jit`` shardings).
+
+The decoder's parameters carry logical axis names; ``LOGICAL_RULES`` maps them onto the two mesh
+axes ``data`` (batch, data parallelism) and ``model`` (heads / MLP / vocab, tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpe.config import ModelConfig
+
+MESH_AXES = ("data", "model")
+LOGICAL_RULES = (
+  ("batch", "data"),
+  ("vocab", "model"),
+  ("heads", "model"),
+  ("kv_heads", "model"),
+  ("mlp", "model"),
+  ("embed", None),
+  ("head_dim", None),
+  ("pos", None),
+)
+
+
+def make_mesh(shape: tuple[int, int] = (-1, 1)) -> jax.sharding.Mesh:
+  """A ``(data, model)`` mesh over all devices; ``-1`` takes the remaining devices.
+
+  Axes are ``Auto`` (jax.make_mesh's default Explicit axes break NNX embedding lookups).
+
+  Raises:
+    ValueError: the shape does not multiply out to the device count.
+  """
+  n = jax.device_count()
+  data, model = shape
+  if data == -1 and model == -1:
+    raise ValueError(f"mesh_shape may have at most one -1, got {shape}")
+  if data == -1:
+    data = n // model if model > 0 and n % model == 0 else 0
+  if model == -1:
+    model = n // data if data > 0 and n % data == 0 else 0
+  if data <= 0 or model <= 0 or data * model != n:
+    raise ValueError(f"mesh_shape {shape} does not fit {n} devices (data * model must equal {n})")
+  return jax.make_mesh((data, model), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def state_shardings(state, mesh: jax.sharding.Mesh):
+  """NamedShardings for an NNX state (or abstract state) from its logical axis names."""
+  with nnx.logical_axis_rules(LOGICAL_RULES):
+    return nnx.get_named_sharding(state, mesh)
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """``[B, ...]`` arrays split over the ``data`` axis."""
+  return NamedSharding(mesh, P("data"))
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def create_sharded(make, mesh: jax.sharding.Mesh):
+  """Builds ``make()`` (a function returning an NNX object) directly into its shardings.
+
+  Shapes come from ``nnx.eval_shape``; the init is jitted with ``out_shardings`` so that no
+  device holds an unsharded copy.
+  """
+  abstract = nnx.eval_shape(make)
+  graphdef, abstract_state = nnx.split(abstract)
+  shardings = state_shardings(abstract_state, mesh)
+
+  def init():
+    return nnx.state(make())
+
+  state = jax.jit(init, out_shardings=shardings)()
+  return nnx.merge(graphdef, state)
+
+
+def check_divisible(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch_size: int) -> None:
+  """Raises ValueError when a sharded size does not divide by its mesh axis."""
+  data, model = mesh.shape["data"], mesh.shape["model"]
+  if batch_size % data:
+    raise ValueError(f"batch_size ({batch_size}) must be divisible by the data axis ({data})")
+  for name, size in (
+    ("num_heads", cfg.num_heads),
+    ("num_kv_heads", cfg.kv_heads),
+    ("mlp_dim", cfg.mlp_size),
+    ("vocab_size", cfg.vocab_size),
+  ):
+    if size % model:
+      raise ValueError(f"{name} ({size}) must be divisible by the model axis ({model})")
+
+
+def host_to_global(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  """Puts a host batch onto the mesh with the given sharding."""
+  return jax.device_put(batch, sharding)
