@@ -187,8 +187,8 @@ class Block(nnx.Module):
 
   def __call__(self, x, positions, mask, **attn_kwargs):
     h, new_kv = self.attn(self.attn_norm(x).astype(self.cfg.dtype), positions, mask, **attn_kwargs)
-    x = x + h
-    x = x + self.mlp(self.mlp_norm(x).astype(self.cfg.dtype))
+    x = x + h.astype(jnp.float32)
+    x = x + self.mlp(self.mlp_norm(x).astype(self.cfg.dtype)).astype(jnp.float32)
     return x, new_kv
 
 

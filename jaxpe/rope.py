@@ -68,7 +68,8 @@ def rope_phases(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
   Returns:
     ``[B, T, R/2]`` float32 radians.
   """
-  return positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  inv_freq = jnp.asarray(inv_freq, jnp.float32)
+  return positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
 
 
 def apply_rope(
@@ -119,9 +120,12 @@ def apply_rope(
       f"{head_dim}; rotary_dim must be <= head_dim"
     )
 
-  rot = jnp.exp(1j * rope_phases(positions, inv_freq))[:, :, None, :]  # [B, T, 1, R/2] c64
+  phases = rope_phases(positions, inv_freq)[:, :, None, :]  # [B, T, 1, R/2] float32
+  cos, sin = jnp.cos(phases), jnp.sin(phases)
   if isinstance(scale, jax.Array | np.ndarray) or float(scale) != 1.0:
-    rot = rot * jnp.asarray(scale, jnp.float32)
+    scale = jnp.asarray(scale, jnp.float32)
+    cos, sin = cos * scale, sin * scale
+  rot = jax.lax.complex(cos, sin)  # exp(1j * phase), complex64
   x_rot, x_pass = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
   if layout == "interleaved":
     pairs = x_rot.reshape(*x_rot.shape[:-1], rotary_dim // 2, 2)
