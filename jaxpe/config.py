@@ -46,6 +46,11 @@ class ModelConfig(_Strict):
   rope_alibi_context: int | None = pydantic.Field(
     None, gt=0, description="context the emulation is tuned for; default max_len"
   )
+  rope_alibi_in_projection: bool = pydantic.Field(
+    False,
+    description="rope_alibi with the two extra dims realised by the q/k projections (H + 2 outputs per "
+    "head: zero kernel columns, biases carry the fixed vectors); needs use_bias and float32",
+  )
   use_bias: bool = False
   embed_layernorm: bool = False
   layernorm_eps: float = pydantic.Field(1e-5, gt=0)
@@ -64,6 +69,13 @@ class ModelConfig(_Strict):
       raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.kv_heads})")
     if self.pos_encoding in ("rope", "rope_alibi") and self.head_size % 2:
       raise ValueError(f"head_dim must be even for pos_encoding={self.pos_encoding!r}, got {self.head_size}")
+    if self.rope_alibi_in_projection and (
+      self.pos_encoding != "rope_alibi" or not self.use_bias or self.dtype != "float32"
+    ):
+      raise ValueError(
+        "rope_alibi_in_projection=True needs pos_encoding='rope_alibi', use_bias=True and dtype='float32', "
+        f"got pos_encoding={self.pos_encoding!r}, use_bias={self.use_bias}, dtype={self.dtype!r}"
+      )
     if self.pos_encoding == "rope" and self.rotary_dim is not None:
       if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
         raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_size}), got {self.rotary_dim}")

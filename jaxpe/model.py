@@ -103,13 +103,22 @@ class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     d, n, kv, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
+    hq = h + 2 if cfg.rope_alibi_in_projection else h  # q/k dims per head
     out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
     self.q = _dense(
-      cfg, "BTD,DNH->BTNH", (d, n, h), (n, h), ("embed", "heads", "head_dim"), cfg.init_std, rngs
+      cfg, "BTD,DNH->BTNH", (d, n, hq), (n, hq), ("embed", "heads", "head_dim"), cfg.init_std, rngs
     )
     self.k = _dense(
-      cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
+      cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
+    if cfg.rope_alibi_in_projection:
+      # The two extra dims: zero kernel columns; biases carry q_fixed = (-N_h, 0), k_fixed = (0, 1).
+      amp = emulation.emulation_amplitudes(alibi.alibi_slopes_f64(n), head_dim=h, theta=emulation_theta(cfg))
+      q_fixed = jnp.stack([-jnp.asarray(amp, jnp.float32), jnp.zeros((n,), jnp.float32)], axis=-1)
+      self.q.kernel[...] = self.q.kernel[...].at[:, :, h:].set(0.0)
+      self.k.kernel[...] = self.k.kernel[...].at[:, :, h:].set(0.0)
+      self.q.bias[...] = self.q.bias[...].at[:, h:].set(q_fixed)
+      self.k.bias[...] = self.k.bias[...].at[:, h:].set(jnp.asarray([0.0, 1.0], jnp.float32)[None, :])
     self.v = _dense(
       cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
@@ -136,6 +145,10 @@ class Attention(nnx.Module):
       inv_freq = rope.rope_inv_freq(cfg.head_size, base=cfg.rope_theta, rotary_dim=cfg.rotary_dim)
       q = rope.apply_rope(q, positions, inv_freq=inv_freq, layout=cfg.rope_layout)
       k = rope.apply_rope(k, positions, inv_freq=inv_freq, layout=cfg.rope_layout)
+    elif cfg.rope_alibi_in_projection:  # q, k already [.., H + 2]: rotate only the last pair
+      inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
+      q = rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq)
+      k = rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq)
     elif cfg.pos_encoding == "rope_alibi":
       q, k = emulation.apply_rope_alibi(
         q, k, positions, positions, slopes=alibi.alibi_slopes_f64(cfg.num_heads), theta=emulation_theta(cfg)
