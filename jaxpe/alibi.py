@@ -80,3 +80,142 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
   # Distances are exact integers; convert once to float32 (exact below 2**24).
   distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
+
+
+def _check_nonneg_slopes(name: str, slopes) -> None:
+  """Slopes for the extended forms: rank 1, finite and >= 0 (0 turns ALiBi off for that head)."""
+  _checks.check_rank(name, slopes, 1, "[N]")
+  _checks.check_float(name, slopes)
+  if not isinstance(slopes, jax.core.Tracer):
+    arr = np.asarray(slopes, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+      raise ValueError(f"{name} must be finite and >= 0, got {arr.tolist()}")
+
+
+def alibi_slopes_for_heads(num_heads: int, *, alibi_heads) -> jax.Array:
+  """Slopes for ALiBi on a subset of heads; the other heads get slope 0 (no bias).
+
+  The ALiBi heads take the slopes of an ``len(alibi_heads)``-head model, in the order given.
+
+  Args:
+    num_heads: N, positive.
+    alibi_heads: the head indices (distinct, in ``[0, N)``) that use ALiBi, or an int ``k`` for the
+      first k heads.
+
+  Returns:
+    ``[N]`` float32 slopes, 0 for heads without ALiBi. Use with ``alibi_bias_causal``,
+    ``alibi_bias_symmetric`` or ``alibi_bias_bloom`` (which accept zero slopes).
+
+  Raises:
+    ValueError: ``num_heads`` not positive; ``alibi_heads`` empty, out of range or repeated.
+  """
+  num_heads = _checks.check_positive_int("num_heads", num_heads)
+  if isinstance(alibi_heads, (int, np.integer)) and not isinstance(alibi_heads, bool):
+    if not 0 < alibi_heads <= num_heads:
+      raise ValueError(f"alibi_heads must be in [1, num_heads = {num_heads}], got {alibi_heads}")
+    heads = list(range(int(alibi_heads)))
+  else:
+    heads = [int(h) for h in alibi_heads]
+    if not heads or len(set(heads)) != len(heads) or min(heads) < 0 or max(heads) >= num_heads:
+      raise ValueError(
+        f"alibi_heads must be distinct head indices in [0, {num_heads}), at least one, got {list(alibi_heads)}"
+      )
+  slopes = np.zeros(num_heads, np.float64)
+  slopes[heads] = alibi_slopes_f64(len(heads))
+  return jnp.asarray(slopes, jnp.float32)
+
+
+def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=None) -> jax.Array:
+  """ALiBi bias ``-m_h (i - j)`` for T queries that sit at key slots ``q_offset .. q_offset + T - 1``.
+
+  For KV-cache decoding and chunked prefill: query t is at position ``q_offset + t`` of an S-key
+  sequence (keys at positions ``0..S-1``). Keys after a query get a positive bias; mask them.
+
+  Args:
+    slopes: ``[N]`` float slopes, finite, >= 0 (0: no bias for that head).
+    q_len: T, positive.
+    k_len: S, positive, ``>= T``.
+    q_offset: position of the first query; a Python int in ``[0, S - T]`` or a traced int scalar
+      (e.g. the cache fill level). Default ``S - T`` (queries are the last T keys).
+
+  Returns:
+    ``[1, N, T, S]`` float32 bias, broadcastable to ``[B, N, T, S]``.
+
+  Raises:
+    ValueError: bad slopes, ``q_len``/``k_len`` not positive, ``k_len < q_len``, ``q_offset`` out
+      of range.
+  """
+  _check_nonneg_slopes("slopes", slopes)
+  q_len = _checks.check_positive_int("q_len", q_len)
+  k_len = _checks.check_positive_int("k_len", k_len)
+  if k_len < q_len:
+    raise ValueError(f"k_len ({k_len}) must be >= q_len ({q_len})")
+  if q_offset is None:
+    q_offset = k_len - q_len
+  if isinstance(q_offset, (int, np.integer)) and not isinstance(q_offset, bool):
+    if not 0 <= q_offset <= k_len - q_len:
+      raise ValueError(f"q_offset must be in [0, k_len - q_len = {k_len - q_len}], got {q_offset}")
+  elif jnp.ndim(q_offset) != 0 or not jnp.issubdtype(jnp.result_type(q_offset), jnp.integer):
+    raise ValueError(f"q_offset must be an integer scalar, got {q_offset!r}")
+  q_pos = jnp.asarray(q_offset, jnp.int32) + jnp.arange(q_len, dtype=jnp.int32)
+  distance = (q_pos[:, None] - jnp.arange(k_len, dtype=jnp.int32)[None, :]).astype(jnp.float32)
+  return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[None, None, :, :]
+
+
+def alibi_bias_bloom(slopes: jax.Array, attention_mask: jax.Array) -> jax.Array:
+  """BLOOM's ALiBi: a key-position bias ``+m_h * pos_j`` from the padding mask.
+
+  ``pos_j = (cumsum(mask) - 1) * mask`` counts real tokens only, so left padding does not shift
+  positions. Under a causal mask this equals ``-m_h (i - j)`` up to a per-row constant, which
+  softmax ignores.
+
+  Args:
+    slopes: ``[N]`` float slopes, finite, >= 0.
+    attention_mask: ``[B, S]`` bool/integer, 1 for real tokens.
+
+  Returns:
+    ``[B, N, 1, S]`` float32 bias, broadcastable to ``[B, N, T, S]`` (added unscaled to q.k/sqrt(H)).
+
+  Raises:
+    ValueError: wrong ranks or bad slopes.
+
+  Source: HF transformers ``models/bloom/modeling_bloom.py`` ``build_alibi_tensor``
+  (arXiv 2211.05100).
+  """
+  _check_nonneg_slopes("slopes", slopes)
+  _checks.check_rank("attention_mask", attention_mask, 2, "[B, S]")
+  mask = attention_mask.astype(jnp.int32)
+  pos = ((jnp.cumsum(mask, axis=-1) - 1) * mask).astype(jnp.float32)  # [B, S]
+  return jnp.asarray(slopes, jnp.float32)[None, :, None, None] * pos[:, None, None, :]
+
+
+def alibi_bias_symmetric(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+  """Bidirectional ALiBi ``-m_h |i - j|`` (encoders, e.g. MosaicBERT's ALiBi).
+
+  Args:
+    slopes: ``[N]`` float slopes, finite, >= 0.
+    q_positions: ``[B, T]`` integer token indices (>= 0).
+    k_positions: ``[B, S]`` integer token indices (>= 0).
+
+  Returns:
+    ``[B, N, T, S]`` float32 bias.
+
+  Raises:
+    ValueError: wrong ranks, mismatched batch sizes, bad slopes, negative positions.
+    TypeError: non-integer positions.
+
+  Source: Press et al. arXiv 2108.12409 (the distance form), symmetric as in MosaicBERT
+  (Portes et al., arXiv 2312.17482).
+  """
+  _check_nonneg_slopes("slopes", slopes)
+  _checks.check_rank("q_positions", q_positions, 2, "[B, T]")
+  _checks.check_rank("k_positions", k_positions, 2, "[B, S]")
+  _checks.check_positions("q_positions", q_positions)
+  _checks.check_positions("k_positions", k_positions)
+  if q_positions.shape[0] != k_positions.shape[0]:
+    raise ValueError(
+      f"q_positions and k_positions must have the same batch size B, got "
+      f"{q_positions.shape[0]} and {k_positions.shape[0]}"
+    )
+  distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
+  return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]

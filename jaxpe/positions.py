@@ -7,28 +7,49 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpe import _checks
 
 
-def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-  """Positions that count only real tokens: ``(cumsum(mask) - 1) * mask``.
+def positions_from_mask(attention_mask: jax.Array, *, start: jax.Array | int | None = None) -> jax.Array:
+  """Positions that count only real tokens: ``start + (cumsum(mask) - 1) * mask``.
 
   Works for left and right padding; padding slots get position 0. This is BLOOM's rule
   (HF ``BloomModel``: ``(attention_mask.cumsum(-1) - 1) * attention_mask``).
 
   Args:
-    attention_mask: ``[B, S]`` bool or integer, 1/True for real tokens.
+    attention_mask: ``[B, S]`` bool or integer (0/1), 1/True for real tokens.
+    start: optional position of the first real token per sequence, e.g. the number of real tokens
+      already in a KV cache: an int >= 0 or a ``[B]`` integer array. Padding stays at 0.
 
   Returns:
     ``[B, S]`` int32 positions.
 
   Raises:
-    ValueError: ``attention_mask`` not rank 2.
+    ValueError: ``attention_mask`` not rank 2; ``start`` negative or not ``[B]``.
+    TypeError: float ``attention_mask`` or non-integer ``start``.
   """
   _checks.check_rank("attention_mask", attention_mask, 2, "[B, S]")
+  _check_mask_dtype("attention_mask", attention_mask)
   mask = attention_mask.astype(jnp.int32)
-  return (jnp.cumsum(mask, axis=-1) - 1) * mask
+  positions = (jnp.cumsum(mask, axis=-1) - 1) * mask
+  if start is None:
+    return positions
+  if isinstance(start, (int, np.integer)) and not isinstance(start, bool):
+    if start < 0:
+      raise ValueError(f"start must be >= 0 (token index), got {start}")
+    start = jnp.full((attention_mask.shape[0],), start, jnp.int32)
+  _checks.check_rank("start", start, 1, "[B]")
+  _checks.check_dim("start", start, 0, attention_mask.shape[0], "B")
+  _checks.check_positions("start", start)
+  return positions + start.astype(jnp.int32)[:, None] * mask
+
+
+def _check_mask_dtype(name: str, mask) -> None:
+  dtype = jnp.result_type(mask)
+  if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer)):
+    raise TypeError(f"{name} must be a bool or integer (0/1) array, got dtype {dtype}")
 
 
 def positions_from_segment_ids(segment_ids: jax.Array) -> jax.Array:
@@ -55,3 +76,40 @@ def positions_from_segment_ids(segment_ids: jax.Array) -> jax.Array:
   )
   start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
   return index - start_index
+
+
+def document_mask(
+  q_segment_ids: jax.Array, k_segment_ids: jax.Array, *, causal: bool = True, q_offset: int = 0
+) -> jax.Array:
+  """Attention mask for packed sequences: a query sees only keys of its own document.
+
+  Args:
+    q_segment_ids: ``[B, T]`` integer document ids of the queries.
+    k_segment_ids: ``[B, S]`` integer document ids of the keys.
+    causal: also hide keys after the query (query t sits at key slot ``q_offset + t``).
+    q_offset: key slot of the first query (``S - T`` for the last T tokens); int >= 0.
+
+  Returns:
+    ``[B, 1, T, S]`` bool, True = may attend (broadcasts over heads).
+
+  Raises:
+    ValueError: wrong ranks, batch sizes differ, bad ``q_offset``.
+    TypeError: non-integer segment ids.
+  """
+  for name, ids in (("q_segment_ids", q_segment_ids), ("k_segment_ids", k_segment_ids)):
+    _checks.check_rank(name, ids, 2, "[B, T]" if name[0] == "q" else "[B, S]")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise TypeError(f"{name} must be an integer array, got dtype {ids.dtype}")
+  if q_segment_ids.shape[0] != k_segment_ids.shape[0]:
+    raise ValueError(
+      f"q_segment_ids and k_segment_ids must have the same batch size, got {q_segment_ids.shape[0]} "
+      f"and {k_segment_ids.shape[0]}"
+    )
+  if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
+    raise ValueError(f"q_offset must be an integer >= 0, got {q_offset!r}")
+  t_len, s_len = q_segment_ids.shape[1], k_segment_ids.shape[1]
+  mask = q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
+  if causal:
+    q_slot = q_offset + jnp.arange(t_len, dtype=jnp.int32)
+    mask &= (jnp.arange(s_len, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None, :, :]
+  return mask[:, None, :, :]
