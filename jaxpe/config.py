@@ -138,6 +138,9 @@ class TrainConfig(_Strict):
   max_seconds: float | None = pydantic.Field(
     None, gt=0, description="stop early (with a checkpoint) after this much training time"
   )
+  stop_at: int | None = pydantic.Field(
+    None, gt=0, description="stop (with a checkpoint) after this step; rerun to resume"
+  )
 
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:
@@ -170,8 +173,19 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
       raise ValueError(f"override must look like key=value, got {item!r}")
-    _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else None)
+    _set_dotted(tree, key.strip(), _parse_value(raw))
   return tree
+
+
+def _parse_value(raw: str) -> Any:
+  """YAML value syntax, plus numbers YAML 1.1 reads as strings (``1e-2``)."""
+  value = yaml.safe_load(raw) if raw else None
+  if isinstance(value, str):
+    try:
+      return float(value)
+    except ValueError:
+      pass
+  return value
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

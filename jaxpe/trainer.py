@@ -111,7 +111,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     model, optimizer = nnx.merge(graphdef, state)
     loss, grads = nnx.value_and_grad(next_token_loss)(model, batch)
     optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return nnx.state((model, optimizer)), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
   @functools.partial(jax.jit, in_shardings=(state_shardings, batch_sharding))
   def eval_step(state, batch):
@@ -144,7 +144,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
       tok_s = timed_tokens / timed_seconds if timed_seconds else 0.0
       record = {"step": step, "loss": loss, "grad_norm": float(out["grad_norm"]), "tokens_per_second": tok_s}
       out_of_time = cfg.max_seconds is not None and time.time() - start > cfg.max_seconds
-      last = step == cfg.num_steps or out_of_time
+      stopping = out_of_time or step == cfg.stop_at
+      last = step == cfg.num_steps or stopping
       if step % cfg.eval_every == 0 or last:
         eval_bpb = evaluate(state)
         record["eval_bits_per_byte"] = eval_bpb
@@ -155,8 +156,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
       bar.update(1)
       if step % cfg.checkpoint_every == 0 or last:
         save(state, step)
-      if out_of_time:
-        bar.write(f"stopping at step {step}: max_seconds={cfg.max_seconds} reached")
+      if stopping:
+        bar.write(f"stopping at step {step} of {cfg.num_steps}; rerun with the same workdir to resume")
         break
   bar.close()
   mngr.close()

@@ -1,0 +1,100 @@
+"""Decoder: shapes, finiteness, causality, padding, KV cache, and configuration errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pydantic
+import pytest
+from flax import nnx
+
+from jaxpe.config import POS_ENCODINGS, ModelConfig, load_config
+from jaxpe.model import Decoder, init_cache
+
+TINY = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, max_len=32)
+
+
+def _model(pe, **kw):
+  return Decoder(ModelConfig(**{**TINY, "pos_encoding": pe, **kw}), rngs=nnx.Rngs(0))
+
+
+def _tokens(key, shape):
+  return jax.random.randint(jax.random.key(key), shape, 0, TINY["vocab_size"])
+
+
+@pytest.mark.parametrize("pe", POS_ENCODINGS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_shape_and_finite(pe, dtype):
+  logits = _model(pe, dtype=dtype)(_tokens(0, (3, 17)))
+  assert logits.shape == (3, 17, TINY["vocab_size"]) and logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+@pytest.mark.parametrize("pe", POS_ENCODINGS)
+def test_causal_by_gradient(pe):
+  """d logits[t] / d embedding row of the token at s is zero for every s > t (nanodo's test).
+
+  Every position holds a distinct token and the output head is untied, so the embedding row of a
+  token is the input at exactly one position.
+  """
+  model = _model(pe, tie_embeddings=False)
+  tokens = jnp.arange(12, dtype=jnp.int32)[None]
+  t = 5
+  graphdef, state = nnx.split(model)
+
+  def logits_at_t(state):
+    return nnx.merge(graphdef, state)(tokens)[0, t].sum()
+
+  grads = jax.grad(logits_at_t)(state)
+  norms = np.asarray(jnp.linalg.norm(grads["embed"]["embedding"][...][:12], axis=-1))
+  assert np.all(norms[t + 1 :] == 0.0), norms
+  assert np.all(norms[: t + 1] > 0.0), norms
+
+
+@pytest.mark.parametrize("pe", POS_ENCODINGS)
+def test_future_tokens_do_not_change_past_logits(pe):
+  model = _model(pe)
+  a = _tokens(2, (2, 16))
+  b = a.at[:, 9:].set(_tokens(3, (2, 7)))
+  la, lb = model(a), model(b)
+  np.testing.assert_array_equal(la[:, :9], lb[:, :9])
+  assert not np.allclose(la[:, 9:], lb[:, 9:])
+
+
+@pytest.mark.parametrize("pe", POS_ENCODINGS)
+def test_cached_decoding_matches_full_forward(pe):
+  model = _model(pe)
+  tokens = _tokens(4, (2, 14))
+  full = model(tokens)
+  cache = init_cache(model.cfg, 2, 20)
+  pieces = []
+  for lo, hi in [(0, 6), (6, 7), (7, 8), (8, 14)]:
+    logits, cache = model(tokens[:, lo:hi], cache=cache)
+    pieces.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=2e-5)
+
+
+@pytest.mark.parametrize("pe", POS_ENCODINGS)
+def test_left_padding_matches_unpadded(pe):
+  model = _model(pe)
+  row = _tokens(5, (1, 9))
+  padded = jnp.concatenate([jnp.zeros((1, 4), row.dtype), row], axis=1)
+  mask = jnp.concatenate([jnp.zeros((1, 4), bool), jnp.ones((1, 9), bool)], axis=1)
+  np.testing.assert_allclose(model(padded, attention_mask=mask)[:, 4:], model(row), atol=2e-5)
+
+
+def test_config_errors_name_the_key():
+  with pytest.raises(pydantic.ValidationError, match="pos_encoding"):
+    ModelConfig(pos_encoding="sinusoidal-ish")
+  with pytest.raises(pydantic.ValidationError, match="head_dim must be even"):
+    ModelConfig(d_model=28, num_heads=4, pos_encoding="rope")  # H = 7
+  with pytest.raises(pydantic.ValidationError, match="rope_alibi_max_phase"):
+    ModelConfig(rope_alibi_max_phase=1.6)
+  with pytest.raises(pydantic.ValidationError, match="model.nm_layers"):
+    load_config(None, ["model.nm_layers=3"])
+  with pytest.raises(pydantic.ValidationError, match="batch_size"):
+    load_config(None, ["batch_size=many"])
+
+
+def test_learned_positions_reject_too_long_input():
+  with pytest.raises(ValueError, match="max_len"):
+    _model("learned")(_tokens(0, (1, TINY["max_len"] + 1)))

@@ -1,0 +1,143 @@
+"""Trainer end to end on a tiny config: loss goes down, outputs are written, resumes are exact,
+checkpoints move between mesh shapes, and bad data paths fail clearly."""
+
+import json
+import sysconfig
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpe import checkpoint, data, sharding, trainer
+from jaxpe.config import load_config
+
+
+@pytest.fixture(autouse=True)
+def _standard_promotion():
+  # optax's Adam mixes Python floats with int32 step counts, which strict promotion (conftest)
+  # rejects; the model itself is tested under strict promotion in model_test.py.
+  with jax.numpy_dtype_promotion("standard"):
+    yield
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  # A few stdlib modules: real text, present on every machine with Python.
+  root = Path(sysconfig.get_paths()["stdlib"])
+  text = b"".join((root / name).read_bytes() for name in ("textwrap.py", "shlex.py", "bisect.py"))
+  path = tmp_path_factory.mktemp("data") / "corpus.txt"
+  path.write_bytes(text)
+  return str(path)
+
+
+def _cfg(workdir, text_file, *extra):
+  return load_config(
+    None,
+    [
+      f"workdir={workdir}",
+      f"data.path={text_file}",
+      "seq_len=32",
+      "batch_size=8",
+      "num_steps=12",
+      "warmup_steps=2",
+      "eval_every=6",
+      "eval_batches=2",
+      "checkpoint_every=6",
+      "sample_len=8",
+      "model.d_model=32",
+      "model.num_layers=2",
+      "model.num_heads=4",
+      "model.max_len=32",
+      *extra,
+    ],
+  )
+
+
+def _params(cfg, mesh_shape=(-1, 1)):
+  mesh = sharding.make_mesh(mesh_shape)
+  _, state, shardings = trainer.create_state(cfg, mesh)
+  mngr = checkpoint.manager(Path(cfg.workdir) / "checkpoints")
+  restored, meta = checkpoint.restore_latest(mngr, checkpoint.abstract_with_shardings(state, shardings))
+  mngr.close()
+  return jax.tree.map(np.asarray, restored), meta
+
+
+def test_training_lowers_loss_and_writes_outputs(tmp_path, text_file):
+  cfg = _cfg(tmp_path / "run", text_file, "num_steps=40", "learning_rate=1e-2", "eval_every=20")
+  result = trainer.train(cfg, progress=False)
+  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == list(range(1, 41))
+  assert np.mean([r["loss"] for r in records[-5:]]) < records[0]["loss"] - 1.0  # from ~ln(256) = 5.5
+  evals = [r["eval_bits_per_byte"] for r in records if "eval_bits_per_byte" in r]
+  assert len(evals) == 2 and evals[1] < evals[0] < 8.0
+  assert result.unigram_bits_per_byte == pytest.approx(
+    data.unigram_bits_per_byte(
+      np.concatenate(
+        [
+          b[:, 1:].ravel()
+          for b in data.eval_batches(
+            data.load_corpus(
+              text_file, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction
+            ).eval,
+            batch_size=8,
+            seq_len=32,
+            num_batches=2,
+          )
+        ]
+      )
+    )
+  )
+  for name in ("loss.png", "summary.json", "config.json"):
+    assert (tmp_path / "run" / name).is_file()
+  assert result.sample.startswith(cfg.sample_prompt) and len(result.sample) >= len(cfg.sample_prompt) + 1
+
+
+def test_resume_reproduces_uninterrupted_run(tmp_path, text_file):
+  straight = _cfg(tmp_path / "straight", text_file)
+  trainer.train(straight, progress=False)
+  split = _cfg(tmp_path / "split", text_file, "stop_at=6")
+  trainer.train(split, progress=False)
+  assert _params(split)[1]["step"] == 6
+  resumed = _cfg(tmp_path / "split", text_file)  # same workdir, no stop: continues from step 6
+  result = trainer.train(resumed, progress=False)
+  assert result.step == 12
+  (a, meta_a), (b, meta_b) = _params(straight), _params(resumed)
+  assert meta_a == meta_b == {"step": 12, "data_position": 12}
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
+
+
+def test_checkpoint_restores_onto_another_mesh(tmp_path, text_file):
+  assert jax.device_count() == 8
+  cfg = _cfg(tmp_path / "mesh", text_file, "mesh_shape=[2, 4]", "num_steps=6")
+  trainer.train(cfg, progress=False)
+  on_2x4, _ = _params(cfg, (2, 4))
+  on_8x1, _ = _params(cfg, (8, 1))
+  jax.tree.map(np.testing.assert_array_equal, on_2x4, on_8x1)
+
+
+def test_bad_data_paths(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    data.load_corpus(str(tmp_path / "nope"), max_bytes=100, eval_fraction=0.1)
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match="holds no text files"):
+    data.load_corpus(str(tmp_path / "empty"), max_bytes=100, eval_fraction=0.1)
+  (tmp_path / "blank.txt").write_bytes(b"")
+  with pytest.raises(ValueError, match="both must be non-empty"):
+    data.load_corpus(str(tmp_path / "blank.txt"), max_bytes=100, eval_fraction=0.1)
+
+
+def test_stdlib_corpus_split_is_deterministic_and_disjoint():
+  a = data.load_corpus(None, max_bytes=2_000_000, eval_fraction=0.05)
+  b = data.load_corpus(None, max_bytes=2_000_000, eval_fraction=0.05)
+  np.testing.assert_array_equal(a.train, b.train)
+  np.testing.assert_array_equal(a.eval, b.eval)
+  assert a.train.size + a.eval.size == 2_000_000 and 0 < a.eval.size < 0.2 * 2_000_000
+
+
+def test_batches_are_deterministic_per_step():
+  tokens = np.arange(1000, dtype=np.uint8)
+  x = data.train_batch(tokens, step=3, seed=1, batch_size=4, seq_len=16)
+  np.testing.assert_array_equal(x, data.train_batch(tokens, step=3, seed=1, batch_size=4, seq_len=16))
+  assert not np.array_equal(x, data.train_batch(tokens, step=4, seed=1, batch_size=4, seq_len=16))
+  assert x.shape == (4, 17) and np.all(np.diff(x.astype(np.int64) % 256, axis=1) % 256 == 1)
