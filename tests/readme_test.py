@@ -1,0 +1,23 @@
+"""The README's code examples run as written."""
+
+import re
+from pathlib import Path
+
+import jax
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_python_examples_run():
+  blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+  assert blocks
+  with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+    for block in blocks:
+      exec(compile(block, str(README), "exec"), {})
+
+
+def test_ci_runs_the_readme_test_command():
+  readme_commands = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+  test_command = next(c.strip() for c in readme_commands if "pytest" in c)
+  ci = (README.parent / ".ci" / "run").read_text()
+  assert test_command in ci.splitlines()
