@@ -55,7 +55,6 @@ BLOOM_560M = {
   "eos_token_id": 2,
   "pad_token_id": 3,
 }
-MODELS = ("jaxpe ALiBi", "jaxpe emulated")
 
 
 # ------------------------------------------------------------------------------------- metrics
@@ -81,7 +80,8 @@ def compare_logits(ref: np.ndarray, out: np.ndarray, valid: np.ndarray, chunk: i
       sum_kl += float((np.exp(lr) * (lr - lo)).sum())
       agree += int((r.argmax(-1) == o.argmax(-1)).sum())
       count += sel.size
-  return {"max_abs": max_abs, "mean_abs": sum_abs / count, "kl": sum_kl / count, "top1": agree / count}
+  kl = max(sum_kl / count, 0.0)  # KL >= 0; float64 rounding can leave -1e-14
+  return {"max_abs": max_abs, "mean_abs": sum_abs / count, "kl": kl, "top1": agree / count}
 
 
 def head_stats(probs: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
@@ -231,6 +231,7 @@ def plot(stats, deltas, path: Path, title: str) -> None:
   width = 0.8 / len(stats)
   for k, (name, s) in enumerate(stats.items()):
     a.bar(np.arange(n) + k * width, s["entropy"].mean(0), width, label=name)
+  a.set_xticks(np.arange(n) + width * (len(stats) - 1) / 2, [str(h) for h in range(n)])
   a.set_xlabel("head")
   a.set_ylabel("attention entropy (nats), mean over layers")
   a.legend()
@@ -258,7 +259,7 @@ def left_pad(rows: list[np.ndarray], pad: int) -> tuple[np.ndarray, np.ndarray]:
   return tokens, mask
 
 
-def conversion_note(emu_cfg: ModelConfig) -> str:
+def conversion_note(emu_cfg: ModelConfig, used: int) -> str:
   theta = emulation_theta(emu_cfg)
   amp = emulation.emulation_amplitudes(
     alibi.alibi_slopes_f64(emu_cfg.num_heads), head_dim=emu_cfg.head_size, theta=theta
@@ -266,19 +267,20 @@ def conversion_note(emu_cfg: ModelConfig) -> str:
   return (
     f"Emulation: context {emu_cfg.rope_alibi_context}, theta = {theta:.4g} rad/token "
     f"(max phase {theta * emu_cfg.rope_alibi_context:.3g}), N_h from {amp.min():.4g} to {amp.max():.4g}; "
-    f"predicted worst bias error {bloom.bias_error_bound(emu_cfg, emu_cfg.rope_alibi_context - 1).max():.3g} logits."
+    f"predicted worst bias error {bloom.bias_error_bound(emu_cfg, emu_cfg.rope_alibi_context - 1).max():.3g} "
+    f"logits over the context, {bloom.bias_error_bound(emu_cfg, used - 1).max():.3g} over the {used} tokens used."
   )
 
 
-def compare_three(hf, model, emu, tokens, mask, gen_prompt, gen_mask, gen_tokens, timings) -> dict:
-  """Logits, attention statistics and greedy generation of native / jaxpe / emulated."""
+def compare_models(hf, models, tokens, mask, gen_prompt, gen_mask, gen_tokens, timings) -> dict:
+  """Logits, attention statistics and greedy generation of native (``hf``) and jaxpe ``models`` (name -> model)."""
   t0 = time.time()
   ref, native_stats = torch_outputs(hf, tokens, mask)
   timings["torch forward + attentions (s)"] = time.time() - t0
   stats = {"native (transformers)": native_stats}
   rows, deltas, gens = {}, {}, {}
   valid = mask.astype(bool)
-  for name, m in zip(MODELS, (model, emu)):
+  for name, m in models.items():
     t0 = time.time()
     out = np.asarray(m(jnp.asarray(tokens), attention_mask=jnp.asarray(mask)))
     timings[f"{name} forward (s)"] = time.time() - t0
@@ -291,14 +293,15 @@ def compare_three(hf, model, emu, tokens, mask, gen_prompt, gen_mask, gen_tokens
   ref_gen = greedy_torch(hf, gen_prompt, gen_mask, gen_tokens)
   timings["torch greedy generation (s)"] = time.time() - t0
   ours = {}
-  for name, m in zip(MODELS, (model, emu)):
+  for name, m in models.items():
     t0 = time.time()
     ours[name] = np.asarray(
       generate(m, jnp.asarray(gen_prompt), attention_mask=jnp.asarray(gen_mask), max_new_tokens=gen_tokens)
     )
     timings[f"{name} greedy generation (s)"] = time.time() - t0
     gens[name] = agreement(ref_gen, ours[name])
-  gens["jaxpe emulated vs jaxpe ALiBi (not native)"] = agreement(*ours.values())
+  for name in list(ours)[1:]:
+    gens[f"{name} vs jaxpe ALiBi (not native)"] = agreement(ours["jaxpe ALiBi"], ours[name])
   return {"logits": rows, "stats": stats, "deltas": deltas, "generation": gens, "ref_gen": ref_gen}
 
 
@@ -346,12 +349,16 @@ def run_large(args, out: Path) -> tuple[str, dict]:
   tokens = rng.integers(5, vocab, (1, args.large_tokens))
   mask = np.ones_like(tokens)
   gen_prompt, gen_mask = left_pad([rng.integers(5, vocab, 32), rng.integers(5, vocab, 20)], pad=3)
-  res = compare_three(hf, model, emu, tokens, mask, gen_prompt, gen_mask, args.gen_tokens, timings)
+  models = {"jaxpe ALiBi": model, f"jaxpe emulated ({args.large_context})": emu}
+  for ctx in args.extra_contexts:
+    models[f"jaxpe emulated ({ctx})"] = bloom.to_emulated(model, context=ctx, max_phase=args.max_phase)
+  res = compare_models(hf, models, tokens, mask, gen_prompt, gen_mask, args.gen_tokens, timings)
   plot(res["stats"], res["deltas"], out / "bloom560m.png", f"BLOOM-560M-sized ({source})")
   text = "\n\n".join(
     [
       f"### BLOOM-560M-sized model\n\n{source}; {n_params / 1e6:.1f} M parameters, float32. Inputs: "
-      f"{args.large_tokens} random token ids (no tokenizer offline), one sequence. {conversion_note(emu.cfg)}",
+      f"{args.large_tokens} random token ids (no tokenizer offline), one sequence. "
+      + " ".join(conversion_note(m.cfg, args.large_tokens) for m in list(models.values())[1:]),
       logits_table(res["logits"]),
       f"Attention statistics (per head, mean over the {hf.config.n_layer} layers; variance of the weights over the "
       "visible keys):",
@@ -459,7 +466,8 @@ def run_small(args, out: Path) -> tuple[str, dict]:
         axis=1,
       ),
     }
-  for name, m in (("native (transformers)", None), *zip(MODELS, (model, emu))):
+  models = {"jaxpe ALiBi": model, "jaxpe emulated": emu}
+  for name, m in (("native (transformers)", None), *models.items()):
     row = {}
     for ctx in ("1x", "4x"):
       if m is None:
@@ -479,7 +487,7 @@ def run_small(args, out: Path) -> tuple[str, dict]:
   starts = rng.integers(0, corpus.eval.size - 64, 3)
   prompts = [corpus.eval[s : s + n].astype(np.int64) for s, n in zip(starts, (48, 32, 16))]
   gen_prompt, gen_mask = left_pad(prompts, pad=32)
-  res = compare_three(hf, model, emu, inputs, mask, gen_prompt, gen_mask, args.gen_tokens, timings)
+  res = compare_models(hf, models, inputs, mask, gen_prompt, gen_mask, args.gen_tokens, timings)
   plot(res["stats"], res["deltas"], out / "small.png", "small byte-level ALiBi model trained with jaxpe")
 
   ppl_lines = [
@@ -504,7 +512,7 @@ def run_small(args, out: Path) -> tuple[str, dict]:
       f"training, unigram {train_info['unigram_bits_per_byte']:.3f}). Exported with `jaxpe.bloom.save_hf` and "
       f"loaded with `BloomForCausalLM.from_pretrained` for the native reference. Comparisons use "
       f"{args.small_windows} held-out windows of {long_ctx} bytes (4x the training context). "
-      + conversion_note(emu.cfg),
+      + conversion_note(emu.cfg, long_ctx),
       "\n".join(ppl_lines),
       logits_table(res["logits"]),
       "Attention statistics (per head, mean over layers) on the same windows:",
@@ -534,6 +542,13 @@ def main(argv=None) -> None:
     "--large-layers", type=int, default=24, help="layers (24 = BLOOM-560M; fewer for a smoke run)"
   )
   p.add_argument("--large-context", type=int, default=2048, help="context the 560M emulation is tuned for")
+  p.add_argument(
+    "--extra-contexts",
+    type=int,
+    nargs="*",
+    default=[65536],
+    help="further emulation contexts for the 560M model (65536 = the published example)",
+  )
   p.add_argument("--gen-tokens", type=int, default=128)
   p.add_argument("--workdir", type=Path, default=Path("runs/bloom_small"), help="small model's training dir")
   p.add_argument("--small-context", type=int, default=128, help="training context of the small model")
