@@ -7,7 +7,6 @@ axes ``data`` (batch, data parallelism) and ``model`` (heads / MLP / vocab, tens
 from __future__ import annotations
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -93,8 +92,3 @@ def check_divisible(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch_size: int) 
   ):
     if size % model:
       raise ValueError(f"{name} ({size}) must be divisible by the model axis ({model})")
-
-
-def host_to_global(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  """Puts a host batch onto the mesh with the given sharding."""
-  return jax.device_put(batch, sharding)
