@@ -687,47 +687,86 @@ def to_transformers(model: Decoder):
 
 
 def emulation_parameters(
-  cfg: ModelConfig, *, context: int | None = None, max_phase: float | None = None
-) -> tuple[float, int]:
-  """``(theta, context)`` for converting an ALiBi model of ``cfg``: ``theta = max_phase / context``.
+  cfg: ModelConfig,
+  *,
+  context: int | None = None,
+  max_phase: float | None = None,
+  target_error: float | None = None,
+) -> emulation.EmulationPlan:
+  """The emulation plan for converting an ALiBi model of ``cfg`` (``jaxpe.emulation.solve_emulation``).
+
+  One theta shared by all heads (one RoPE frequency), rounded down to float32, and the solver's
+  predicted worst-case deviation from ALiBi over ``context`` (``plan.bound``, logits).
 
   Args:
     cfg: the ALiBi model's config.
     context: longest sequence the converted model must serve, in tokens (default ``cfg.max_len``).
-    max_phase: largest phase ``d theta`` over the context, radians in (0, pi/2) (default
-      ``cfg.rope_alibi_max_phase``, 0.1: relative bias error ``(0.1)^2 / 6 = 1.7e-3`` at the far end).
+    max_phase: largest phase ``d theta`` over the context, radians in (0, pi/2); ``theta =
+      max_phase / context`` (the published rule). Default ``cfg.rope_alibi_max_phase`` (0.1: relative
+      bias error ``0.1^2 / 6 = 1.7e-3`` at the far end) unless ``target_error`` is given.
+    target_error: instead of ``max_phase``, the worst deviation from ALiBi wanted, in logits; the
+      solver picks the largest theta that meets it.
 
   Raises:
-    ValueError: ``context`` not a positive integer or ``max_phase`` outside (0, pi/2).
+    ValueError: both ``max_phase`` and ``target_error``; ``context`` not a positive integer;
+      ``max_phase`` outside (0, pi/2); a target below the float32 rounding floor.
   """
   context = cfg.max_len if context is None else context
-  max_phase = cfg.rope_alibi_max_phase if max_phase is None else max_phase
-  return emulation.emulation_theta(max_phase=max_phase, max_len=context), int(context)
+  if max_phase is not None and target_error is not None:
+    raise ValueError("give at most one of max_phase (radians) or target_error (logits)")
+  if max_phase is None and target_error is None:
+    max_phase = cfg.rope_alibi_max_phase
+  return emulation.solve_emulation(
+    num_heads=cfg.num_heads,
+    head_dim=cfg.head_size,
+    max_len=context,
+    order=1,
+    max_phase=max_phase,
+    target_error=target_error,
+    dtype="float32",
+    shared_theta=True,
+  )
 
 
-def bias_error_bound(cfg: ModelConfig, distance) -> np.ndarray:
-  """Largest ``|emulated - ALiBi|`` score bias per head at token distance ``d``, in logits.
+def bias_error_bound(cfg: ModelConfig, distance, position=None) -> np.ndarray:
+  """Predicted ``|emulated - ALiBi|`` score bias per head, in logits, of a converted model.
 
-  The emulated bias is ``-(m/theta) sin(d theta)`` and ``|x - sin x| <= x^3 / 6``, so the error is at
-  most ``m theta^2 d^3 / 6`` (truncation only; float32 rounding adds about ``eps m sqrt(H) i`` at
-  absolute position i).
+  ``jaxpe.emulation.emulation_error_bound`` at the model's theta: truncation ``(m/theta)(x - sin x)
+  <= m theta^2 d^3 / 6`` (x = d theta) plus the float32 rounding model, which grows with the absolute
+  position.
 
   Args:
-    cfg: a ``rope_alibi`` config (theta from ``rope_alibi_max_phase / rope_alibi_context``).
-    distance: ``[...]`` token distances ``i - j >= 0``.
+    cfg: a ``rope_alibi`` config (theta = ``rope_alibi_max_phase / rope_alibi_context``, in float32).
+    distance: ``[...]`` token distances ``d = i - j >= 0``.
+    position: ``[...]`` query positions i (broadcastable with ``distance``); default ``distance``
+      (key at position 0).
 
   Returns:
     ``[N, ...]`` float64 bounds.
+
+  Raises:
+    ValueError: negative distances or positions.
   """
   from jaxpe.model import emulation_theta
 
-  theta = emulation_theta(cfg)
-  d = np.asarray(distance, np.float64)
-  slopes = alibi.alibi_slopes_f64(cfg.num_heads)
-  return slopes.reshape((-1,) + (1,) * d.ndim) * theta**2 * d[None] ** 3 / 6.0
+  theta = float(np.float32(emulation_theta(cfg)))  # the model rotates with the float32 value
+  return emulation.emulation_error_bound(
+    alibi.alibi_slopes_f64(cfg.num_heads),
+    theta=theta,
+    distance=distance,
+    position=distance if position is None else position,
+    order=1,
+    dtype="float32",
+  )
 
 
-def to_emulated(model: Decoder, *, context: int | None = None, max_phase: float | None = None) -> Decoder:
+def to_emulated(
+  model: Decoder,
+  *,
+  context: int | None = None,
+  max_phase: float | None = None,
+  target_error: float | None = None,
+) -> Decoder:
   """Converts an ALiBi model to RoPE-emulated ALiBi with the extra dims in the q/k projections.
 
   Every q and k head gets two extra output dims with zero kernel columns; their biases carry the
@@ -739,13 +778,15 @@ def to_emulated(model: Decoder, *, context: int | None = None, max_phase: float 
 
   Args:
     model: a ``Decoder`` with ``pos_encoding='alibi'`` and float32 dtype.
-    context, max_phase: see ``emulation_parameters``.
+    context, max_phase, target_error: see ``emulation_parameters`` (the solver of
+      ``jaxpe.emulation``); default ``max_phase`` 0.1 over ``cfg.max_len``.
 
   Returns:
     a new ``Decoder`` (``pos_encoding='rope_alibi'``, ``rope_alibi_in_projection=True``).
 
   Raises:
-    ValueError: the model is not an ALiBi model or not float32; bad ``context``/``max_phase``.
+    ValueError: the model is not an ALiBi model or not float32; bad ``context``, ``max_phase`` or
+      ``target_error``.
 
   Source: the construction of shared/DESIGN.md section 3 (RoPE arXiv 2104.09864, ALiBi arXiv
   2108.12409), with the extra dims realised through the projection as the published BLOOM
@@ -756,7 +797,8 @@ def to_emulated(model: Decoder, *, context: int | None = None, max_phase: float 
     raise ValueError(f"model pos_encoding must be 'alibi' to convert, got {cfg.pos_encoding!r}")
   if cfg.dtype != "float32":
     raise ValueError(f"model dtype must be 'float32' (the emulation needs float32), got {cfg.dtype!r}")
-  theta, context = emulation_parameters(cfg, context=context, max_phase=max_phase)
+  plan = emulation_parameters(cfg, context=context, max_phase=max_phase, target_error=target_error)
+  theta, context = float(plan.theta[0]), plan.max_len
   new_cfg = cfg.model_copy(
     update=dict(
       pos_encoding="rope_alibi",
@@ -768,7 +810,7 @@ def to_emulated(model: Decoder, *, context: int | None = None, max_phase: float 
   )
   new_cfg = ModelConfig.model_validate(new_cfg.model_dump())  # re-run the validators
   n, h = cfg.num_heads, cfg.head_size
-  amp = emulation.emulation_amplitudes(alibi.alibi_slopes_f64(n), head_dim=h, theta=theta)
+  amp = plan.amplitudes
   old = model_params(model)
   new = {}
   template = nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: Decoder(new_cfg, rngs=nnx.Rngs(0)))))
