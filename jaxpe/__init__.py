@@ -13,21 +13,41 @@ per token.
 
 from jaxpe.alibi import alibi_bias, alibi_slopes
 from jaxpe.attention import dot_product_attention, make_attention_mask
-from jaxpe.emulation import apply_rope_alibi, emulation_amplitudes, emulation_theta
+from jaxpe.emulation import (
+  apply_augmented_alibi,
+  apply_rope_alibi,
+  base_constrained_qk,
+  emulated_alibi_attention,
+  emulation_amplitudes,
+  emulation_error_bound,
+  emulation_theta,
+  emulation_weights,
+  pad_head_dim,
+  solve_base_constrained,
+  solve_emulation,
+)
 from jaxpe.positions import positions_from_mask, positions_from_segment_ids
 from jaxpe.rope import apply_rope, rope_inv_freq, rope_phases
 
 __all__ = [
   "alibi_bias",
   "alibi_slopes",
+  "apply_augmented_alibi",
   "apply_rope",
   "apply_rope_alibi",
+  "base_constrained_qk",
   "dot_product_attention",
+  "emulated_alibi_attention",
   "emulation_amplitudes",
+  "emulation_error_bound",
   "emulation_theta",
+  "emulation_weights",
   "make_attention_mask",
+  "pad_head_dim",
   "positions_from_mask",
   "positions_from_segment_ids",
   "rope_inv_freq",
   "rope_phases",
+  "solve_base_constrained",
+  "solve_emulation",
 ]
