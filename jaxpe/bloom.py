@@ -49,6 +49,7 @@ from flax import nnx
 
 from jaxpe import alibi, emulation
 from jaxpe.config import ModelConfig
+from jaxpe.generate import generate  # re-exported: greedy/sampled decoding with the KV cache, left padding
 from jaxpe.model import Decoder
 
 # Defaults of transformers' ``BloomConfig`` for keys a config.json may leave out.
@@ -400,6 +401,13 @@ def _strip_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
+def _listing(keys: list[str], limit: int = 12) -> str:
+  """``keys`` as a list, cut to ``limit`` entries with a count of the rest (huge models)."""
+  if len(keys) <= limit:
+    return str(keys)
+  return f"{keys[:limit]} and {len(keys) - limit} more"
+
+
 def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
   """Maps a BLOOM state dict onto jaxpe parameter paths, checking every key and shape first.
 
@@ -426,7 +434,7 @@ def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig) -> dict[str,
   if missing or unexpected:
     raise CheckpointError(
       f"checkpoint does not match a {dims.layers}-layer BLOOM (D={dims.d}, N={dims.n}, V={dims.v}): "
-      f"missing keys {missing}, unexpected keys {unexpected}"
+      f"missing keys {_listing(missing)}, unexpected keys {_listing(unexpected)}"
     )
   for key in (*(r.hf for r in rules), *(ignorable & sd.keys())):
     want = (
@@ -459,7 +467,9 @@ def build_model(cfg: ModelConfig, params: Mapping[str, np.ndarray]) -> Decoder:
   paths = {_path_str(p) for p, _ in flat}
   missing, extra = sorted(paths - params.keys()), sorted(params.keys() - paths)
   if missing or extra:
-    raise CheckpointError(f"parameters do not match the model: missing {missing}, unexpected {extra}")
+    raise CheckpointError(
+      f"parameters do not match the model: missing {_listing(missing)}, unexpected {_listing(extra)}"
+    )
   leaves = []
   for path, var in flat:
     name = _path_str(path)
@@ -845,6 +855,7 @@ __all__ = [
   "config_from_hf",
   "emulation_parameters",
   "from_hf",
+  "generate",
   "hf_config_from",
   "model_params",
   "params_from_hf",
