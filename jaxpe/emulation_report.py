@@ -116,8 +116,16 @@ def report(
   max_phase: float = 0.1,
   queries: int = 32,
   plot: str | None = None,
+  target_error: float = 0.1,
+  rotary_dim: int | None = None,
+  base: float = 10000.0,
 ) -> str:
-  """Builds the markdown tables (and the plot); returns the markdown text."""
+  """Builds the markdown tables (and the plot); returns the markdown text.
+
+  Besides the per-head tables: deviation versus absolute position at the largest context, and the
+  base-constrained mode (``base``, ``rotary_dim`` default H) with the longest context that meets
+  ``target_error`` logits and the base a longer one would need.
+  """
   slopes = alibi_slopes_f64(num_heads)
   lines: list[str] = []
   curves: dict = {}
@@ -181,10 +189,77 @@ def report(
           row = f"| {h} | {slopes[h]:.4g} | {theta[h]:.4g} | {plans[1].amplitudes[h]:.4g} |"
           row += "".join(f" {_fmt(pred[o][h])} | {_fmt(meas[o][h])} |" for o in FORMS)
           lines.append(row)
+  lines.append(_position_table(curves, max(contexts)))
+  lines.append(
+    base_constrained_table(
+      slopes,
+      head_dim=head_dim,
+      contexts=contexts,
+      max_phase=max_phase,
+      target_error=target_error,
+      rotary_dim=rotary_dim or head_dim,
+      base=base,
+    )
+  )
   text = "\n".join(lines)
   if plot:
     _plot(curves, slopes, theta_by_context=max(contexts), max_phase=max_phase, head_dim=head_dim, path=plot)
   return text
+
+
+def _position_table(curves, context: int) -> str:
+  """Markdown: max deviation over heads and distances <= 16 at a few absolute query positions."""
+  rows = [
+    f"\n### Deviation vs absolute query position (context {context}, max over heads, distances <= 16)\n",
+  ]
+  keys = [key for key in sorted(curves, key=str) if key[2] in (1, None)]
+  rows.append(
+    "| query position | " + " | ".join(f"{_form_name(o)}, act {a}, emul {e}" for a, e, o in keys) + " |"
+  )
+  rows.append("|---|" + "---|" * len(keys))
+  qpos = curves[keys[0]][2]
+  picks = sorted(
+    {int(np.argmin(np.abs(qpos - p))) for p in (context // 16, context // 4, context // 2, context - 1)}
+  )
+  for idx in picks:
+    vals = []
+    for key in keys:
+      dev, dist, _ = curves[key]
+      vals.append(_fmt(float(np.where((dist[idx] <= 16)[None], dev[:, idx], 0.0).max())))
+    rows.append(f"| {qpos[idx]} | " + " | ".join(vals) + " |")
+  return "\n".join(rows)
+
+
+def base_constrained_table(
+  slopes, *, head_dim: int, contexts, max_phase: float, target_error: float, rotary_dim: int, base: float
+) -> str:
+  """Markdown: the base-constrained mode per context (``jaxpe.emulation.solve_base_constrained``)."""
+  rows = [
+    f"\n### Base-constrained mode: base {base:g}, rotary_dim {rotary_dim}, target {target_error} logits\n",
+    "| context | wanted theta | pair r | theta = base^(-2r/R) | predicted max dev (head 0) | "
+    "longest context within target | base needed for this context |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for context in contexts:
+    try:
+      plan = emulation.solve_base_constrained(
+        slopes,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        base=base,
+        max_len=context,
+        max_phase=max_phase,
+        target_error=target_error,
+      )
+    except ValueError as err:
+      rows.append(f"| {context} | - | - | - | refused: {err} | - | - |")
+      continue
+    needed = "-" if plan.base_needed is None else f"{plan.base_needed:.4g}"
+    rows.append(
+      f"| {context} | {plan.wanted_theta:.4g} | {plan.pair_index} | {plan.theta:.4g} | "
+      f"{_fmt(float(plan.bound[0]))} | {plan.max_context} | {needed} |"
+    )
+  return "\n".join(rows)
 
 
 def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> None:
@@ -251,6 +326,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--max-phase", type=float, default=0.1)
   parser.add_argument("--queries", type=int, default=32, help="query positions sampled per context")
   parser.add_argument("--plot", default="emulation_deviation.png", help="output PNG ('' for none)")
+  parser.add_argument(
+    "--target-error", type=float, default=0.1, help="logits, for the base-constrained table"
+  )
+  parser.add_argument("--rotary-dim", type=int, default=None, help="base-constrained rotary block; default H")
+  parser.add_argument("--base", type=float, default=10000.0, help="base-constrained RoPE base")
   args = parser.parse_args(argv)
   print(
     report(
@@ -261,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> None:
       max_phase=args.max_phase,
       queries=args.queries,
       plot=args.plot or None,
+      target_error=args.target_error,
+      rotary_dim=args.rotary_dim,
+      base=args.base,
     )
   )
   if args.plot:
