@@ -15,13 +15,52 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
-PosEncoding = Literal["none", "learned", "rope", "alibi", "rope_alibi"]
-POS_ENCODINGS: tuple[str, ...] = ("none", "learned", "rope", "alibi", "rope_alibi")
+PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi"]
+POS_ENCODINGS: tuple[str, ...] = ("none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi")
 DType = Literal["float32", "bfloat16", "float16"]
 
 
 class _Strict(pydantic.BaseModel):
   model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class RopeScalingConfig(_Strict):
+  """HF-style ``rope_scaling`` / ``rope_parameters`` entry; see ``jaxpe.rope_scaling.rope_frequencies``.
+
+  A YAML mapping with HF's keys (``type`` is accepted for ``rope_type``; lists become tuples so the
+  config stays hashable). Unset keys are left out of ``as_dict()``.
+  """
+
+  rope_type: Literal["default", "linear", "dynamic", "ntk", "yarn", "longrope", "llama3"] = "default"
+  factor: float | None = pydantic.Field(None, gt=0)
+  original_max_position_embeddings: int | None = pydantic.Field(None, gt=0)
+  attention_factor: float | None = pydantic.Field(None, gt=0)
+  beta_fast: float | None = None
+  beta_slow: float | None = None
+  mscale: float | None = None
+  mscale_all_dim: float | None = None
+  truncate: bool | None = None
+  low_freq_factor: float | None = None
+  high_freq_factor: float | None = None
+  short_factor: tuple[float, ...] | None = None
+  long_factor: tuple[float, ...] | None = None
+
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _from_hf_dict(cls, data: Any) -> Any:
+    if isinstance(data, dict):
+      data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+      if "type" in data:
+        kind = data.pop("type")
+        if data.setdefault("rope_type", kind) != kind:
+          raise ValueError(f"rope_scaling type ({kind!r}) and rope_type ({data['rope_type']!r}) differ")
+    return data
+
+  def as_dict(self) -> dict[str, Any]:
+    """The HF-style dict (set keys only) for ``jaxpe.rope_scaling.rope_frequencies``."""
+    return {
+      k: (list(v) if isinstance(v, tuple) else v) for k, v in self.model_dump().items() if v is not None
+    }
 
 
 class ModelConfig(_Strict):
@@ -40,6 +79,11 @@ class ModelConfig(_Strict):
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
   rope_layout: Literal["interleaved", "half"] = "interleaved"
+  rope_scaling: RopeScalingConfig | None = pydantic.Field(
+    None,
+    description="HF-style rope_scaling dict for rope/xpos; length-dependent types (dynamic, longrope) "
+    "are evaluated at seq_len = max_len",
+  )
   rope_alibi_max_phase: float = pydantic.Field(
     0.1, gt=0, lt=math.pi / 2, description="largest emulation phase over rope_alibi_context"
   )
@@ -76,10 +120,35 @@ class ModelConfig(_Strict):
         "rope_alibi_in_projection=True needs pos_encoding='rope_alibi', use_bias=True and dtype='float32', "
         f"got pos_encoding={self.pos_encoding!r}, use_bias={self.use_bias}, dtype={self.dtype!r}"
       )
-    if self.pos_encoding == "rope" and self.rotary_dim is not None:
+    if self.pos_encoding in ("rope", "xpos") and self.rotary_dim is not None:
       if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
         raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_size}), got {self.rotary_dim}")
+    if self.pos_encoding == "xpos" and self.head_size % 2:
+      raise ValueError(f"head_dim must be even for pos_encoding='xpos', got {self.head_size}")
+    if self.pos_encoding == "sinusoidal" and self.d_model % 2:
+      raise ValueError(f"d_model must be even for pos_encoding='sinusoidal', got {self.d_model}")
+    if self.rope_scaling is not None:
+      if self.pos_encoding not in ("rope", "xpos"):
+        raise ValueError(f"rope_scaling needs pos_encoding 'rope' or 'xpos', got {self.pos_encoding!r}")
+      self.rope_frequencies()  # validates the scaling keys (ValueError naming them)
     return self
+
+  def rope_frequencies(self):
+    """``(inv_freq [R/2] float32, attention_factor)`` for rope/xpos, from ``rope_scaling``.
+
+    ``max_position_embeddings`` and ``seq_len`` are ``max_len``, so the frequencies are fixed for a
+    model (cached decoding equals the full forward pass).
+    """
+    from jaxpe.rope_scaling import rope_frequencies
+
+    return rope_frequencies(
+      None if self.rope_scaling is None else self.rope_scaling.as_dict(),
+      head_dim=self.head_size,
+      rope_theta=self.rope_theta,
+      rotary_dim=self.rotary_dim,
+      max_position_embeddings=self.max_len,
+      seq_len=self.max_len,
+    )
 
   @property
   def head_size(self) -> int:

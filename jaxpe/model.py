@@ -3,7 +3,8 @@
 Pre-LayerNorm blocks (LayerNorm -> causal multi-head attention -> residual, LayerNorm -> GELU MLP
 -> residual), final LayerNorm, output head tied to the token embedding by default. The positional
 encoding is chosen by ``ModelConfig.pos_encoding``: ``none``, ``learned`` (absolute table),
-``rope``, ``alibi`` or ``rope_alibi`` (RoPE-emulated ALiBi). BLOOM-compatible options:
+``sinusoidal``, ``rope`` (with ``rope_scaling`` and ``rotary_dim``), ``xpos``, ``alibi`` or
+``rope_alibi`` (RoPE-emulated ALiBi). BLOOM-compatible options:
 ``use_bias``, ``embed_layernorm``, ``gelu_approximate`` (tanh GELU), ``layernorm_eps``.
 
 Parameters carry logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe import alibi, attention, emulation, rope
+from jaxpe import alibi, attention, emulation, rope, sinusoidal, xpos
 from jaxpe import positions as positions_lib
 from jaxpe.config import ModelConfig
 
@@ -142,9 +143,14 @@ class Attention(nnx.Module):
     cfg = self.cfg
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     if cfg.pos_encoding == "rope":
-      inv_freq = rope.rope_inv_freq(cfg.head_size, base=cfg.rope_theta, rotary_dim=cfg.rotary_dim)
-      q = rope.apply_rope(q, positions, inv_freq=inv_freq, layout=cfg.rope_layout)
-      k = rope.apply_rope(k, positions, inv_freq=inv_freq, layout=cfg.rope_layout)
+      inv_freq, factor = cfg.rope_frequencies()  # rope_scaling + rotary_dim
+      q = rope.apply_rope(q, positions, inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
+      k = rope.apply_rope(k, positions, inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
+    elif cfg.pos_encoding == "xpos":
+      inv_freq, factor = cfg.rope_frequencies()
+      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor)
+      q = xpos.apply_xpos(q, positions, kind="query", **kw)
+      k = xpos.apply_xpos(k, positions, kind="key", **kw)
     elif cfg.rope_alibi_in_projection:  # q, k already [.., H + 2]: rotate only the last pair
       inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
       q = rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq)
@@ -305,6 +311,8 @@ class Decoder(nnx.Module):
           f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
         )
       x = x + self.pos_embed(positions)
+    elif cfg.pos_encoding == "sinusoidal":
+      x = x + sinusoidal.sinusoidal_embedding(positions, d_model=cfg.d_model, dtype=x.dtype)
     if cfg.embed_layernorm:
       x = self.embed_norm(x)
     x = x.astype(jnp.float32)  # residual stream in float32

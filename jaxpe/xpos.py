@@ -97,6 +97,7 @@ def apply_xpos(
   scale_base: float = 512.0,
   gamma: float = 0.4,
   offset: int = 0,
+  attention_factor: float = 1.0,
 ) -> jax.Array:
   """Rotates ``x`` like RoPE and scales each pair by the xPos factor.
 
@@ -109,6 +110,8 @@ def apply_xpos(
     base: rope_theta when ``inv_freq`` is None.
     layout: ``"interleaved"`` (torchscale's ``rotate_every_two``) or ``"half"``.
     scale_base, gamma, offset: see ``xpos_scale``.
+    attention_factor: extra constant on the rotated pairs (HF's ``attention_scaling`` of YaRN /
+      LongRoPE frequencies, see ``jaxpe.rope_scaling``); > 0, default 1.
 
   Returns:
     ``[B, T, N, H]`` array of ``x.dtype``.
@@ -130,4 +133,7 @@ def apply_xpos(
     gamma=gamma,
     offset=offset,
   )
-  return apply_rope(x, positions, inv_freq=inv_freq, layout=layout, scale=scale)
+  attention_factor = _checks.check_positive_float("attention_factor", attention_factor)
+  return apply_rope(
+    x, positions, inv_freq=inv_freq, layout=layout, scale=scale * jnp.float32(attention_factor)
+  )

@@ -1,0 +1,155 @@
+"""Decoder with every positional encoding and rope_scaling type: cached decoding equals the full
+forward pass; left/right-padded and packed batches equal unpadded single sequences at real tokens."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pydantic
+import pytest
+from flax import nnx
+
+from jaxpe.config import POS_ENCODINGS, ModelConfig, RopeScalingConfig, load_config
+from jaxpe.model import Decoder, init_cache
+
+# init_std 0.2 (not 0.02): attention logits of order 1, so positions visibly change the outputs.
+TINY = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, max_len=32, init_std=0.2)
+ATOL = 3e-5
+
+SCALINGS = {
+  "linear": {"rope_type": "linear", "factor": 2.0},
+  "dynamic": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16},
+  "ntk": {"rope_type": "ntk", "factor": 4.0},
+  "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+  "longrope": {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.5, 2.0, 3.0],
+    "long_factor": [1.0, 2.0, 8.0, 16.0],
+    "original_max_position_embeddings": 16,
+  },
+  "llama3": {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+  },
+}
+
+# (id, config overrides): every pos_encoding, every scaling type, and RoPE/xPos variants.
+CASES = [(pe, {"pos_encoding": pe}) for pe in POS_ENCODINGS]
+CASES += [(f"rope-{name}", {"pos_encoding": "rope", "rope_scaling": s}) for name, s in SCALINGS.items()]
+CASES += [
+  (
+    "rope-partial-half-gqa",
+    {"pos_encoding": "rope", "rotary_dim": 4, "rope_layout": "half", "num_kv_heads": 2},
+  ),
+  ("xpos-yarn-half", {"pos_encoding": "xpos", "rope_layout": "half", "rope_scaling": SCALINGS["yarn"]}),
+  ("alibi-mqa", {"pos_encoding": "alibi", "num_kv_heads": 1}),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _model(overrides):
+  return Decoder(ModelConfig(**{**TINY, **overrides}), rngs=nnx.Rngs(0))
+
+
+def _tokens(seed, length):
+  return jax.random.randint(jax.random.key(seed), (1, length), 1, TINY["vocab_size"])
+
+
+@pytest.mark.parametrize("overrides", [c[1] for c in CASES], ids=IDS)
+def test_cache_padding_and_packing_equal_single_sequences(overrides):
+  """One test per config so the eagerly compiled shapes are shared: (1, 9), (1, 12), (2, 14),
+  (1, 24), (2, 7) and (2, 1)."""
+  model = _model(overrides)
+  lengths = (9, 12)
+  seqs = [_tokens(10 + i, n) for i, n in enumerate(lengths)]
+  singles = [model(s)[0] for s in seqs]  # the references: unpadded, uncached, one sequence each
+
+  # 1. Left and right padding.
+  width = 14
+  for side in ("left", "right"):
+    rows, masks = [], []
+    for s, n in zip(seqs, lengths):
+      pad = jnp.zeros((1, width - n), s.dtype)
+      rows.append(jnp.concatenate([pad, s] if side == "left" else [s, pad], axis=1))
+      ones, zeros = jnp.ones((1, n), bool), jnp.zeros((1, width - n), bool)
+      masks.append(jnp.concatenate([zeros, ones] if side == "left" else [ones, zeros], axis=1))
+    out = model(jnp.concatenate(rows), attention_mask=jnp.concatenate(masks))
+    for b, (ref, n) in enumerate(zip(singles, lengths)):
+      got = out[b, width - n :] if side == "left" else out[b, :n]
+      np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0, err_msg=f"{side} padding, row {b}")
+
+  # 2. Packing: both documents in one row, then padding as its own segment 0.
+  packed = jnp.concatenate([*seqs, jnp.zeros((1, 3), seqs[0].dtype)], axis=1)
+  seg = jnp.asarray([[1] * 9 + [2] * 12 + [0] * 3], jnp.int32)
+  out = model(packed, segment_ids=seg)
+  np.testing.assert_allclose(out[0, :9], singles[0], atol=ATOL, rtol=0, err_msg="packed doc 0")
+  np.testing.assert_allclose(out[0, 9:21], singles[1], atol=ATOL, rtol=0, err_msg="packed doc 1")
+
+  # 3. KV cache: prefill a left-padded batch of prompts (4 and 7 tokens; row 1 unpadded), then
+  # decode one token at a time (5 and 5 tokens), compared with the full forward of each sequence.
+  prompt_lens = (4, 7)
+  prompts = jnp.concatenate([jnp.pad(s[:, :n], ((0, 0), (7 - n, 0))) for s, n in zip(seqs, prompt_lens)])
+  mask = jnp.asarray([[0] * (7 - n) + [1] * n for n in prompt_lens], bool)
+  cache = init_cache(model.cfg, 2, 16)
+  logits, cache = model(prompts, attention_mask=mask, cache=cache)
+  got = [[logits[b, 7 - n :]] for b, n in enumerate(prompt_lens)]
+  for t in range(5):
+    step = jnp.concatenate([s[:, n + t : n + t + 1] for s, n in zip(seqs, prompt_lens)])
+    logits, cache = model(step, cache=cache)
+    for b in range(2):
+      got[b].append(logits[b])
+  for b, n in enumerate(prompt_lens):
+    np.testing.assert_allclose(
+      jnp.concatenate(got[b]), singles[b][: n + 5], atol=ATOL, rtol=0, err_msg=f"cached decoding, row {b}"
+    )
+
+
+def test_rope_scaling_reaches_the_model():
+  # Linear scaling by 2 at positions 2p equals default RoPE at positions p (same weights).
+  base = _model({"pos_encoding": "rope"})
+  linear = _model({"pos_encoding": "rope", "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+  tokens = _tokens(30, 10)
+  idx = jnp.arange(10, dtype=jnp.int32)[None]
+  np.testing.assert_allclose(
+    linear(tokens, positions=2 * idx), base(tokens, positions=idx), atol=ATOL, rtol=0
+  )
+  assert float(jnp.abs(linear(tokens) - base(tokens)).max()) > 1e-2
+
+
+def test_rope_scaling_config_from_yaml_dict_and_hashable():
+  cfg = load_config(
+    None,
+    [
+      "model.pos_encoding=rope",
+      "model.max_len=64",
+      "model.rope_scaling={type: longrope, short_factor: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], "
+      "long_factor: [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2], original_max_position_embeddings: 32}",
+    ],
+  )
+  rs = cfg.model.rope_scaling
+  assert isinstance(rs, RopeScalingConfig) and rs.rope_type == "longrope" and rs.short_factor[2] == 3.0
+  hash(cfg.model)
+  assert rs.as_dict()["long_factor"] == [2.0] * 16
+  inv, factor = cfg.model.rope_frequencies()
+  # seq_len = max_len 64 > 32: long factors, attention factor sqrt(1 + ln(2) / ln(32)).
+  h = 32
+  ref = 1.0 / (2.0 * 10000.0 ** (np.arange(0, h, 2) / h))
+  np.testing.assert_allclose(inv, ref, rtol=1e-6)
+  assert factor == pytest.approx(np.sqrt(1 + np.log(2) / np.log(32)), rel=1e-12)
+
+
+def test_config_errors_name_the_key():
+  with pytest.raises(pydantic.ValidationError, match="rope_type"):
+    ModelConfig(rope_scaling={"rope_type": "cubic"})
+  with pytest.raises(pydantic.ValidationError, match="facotr"):
+    ModelConfig(rope_scaling={"rope_type": "linear", "facotr": 2.0})
+  with pytest.raises(pydantic.ValidationError, match="missing required keys \\['factor'\\]"):
+    ModelConfig(rope_scaling={"rope_type": "linear"})
+  with pytest.raises(pydantic.ValidationError, match="short_factor"):
+    ModelConfig(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]})
+  with pytest.raises(pydantic.ValidationError, match="rope_scaling needs pos_encoding"):
+    ModelConfig(pos_encoding="alibi", rope_scaling={"rope_type": "linear", "factor": 2.0})
+  with pytest.raises(pydantic.ValidationError, match="rotary_dim"):
+    ModelConfig(pos_encoding="xpos", rotary_dim=6, d_model=16, num_heads=4)
