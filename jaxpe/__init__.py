@@ -11,7 +11,14 @@ Units: positions are token indices (integers >= 0); frequencies (inv_freq, theta
 per token.
 """
 
-from jaxpe.alibi import alibi_bias, alibi_slopes
+from jaxpe.alibi import (
+  alibi_bias,
+  alibi_bias_bloom,
+  alibi_bias_causal,
+  alibi_bias_symmetric,
+  alibi_slopes,
+  alibi_slopes_for_heads,
+)
 from jaxpe.attention import dot_product_attention, make_attention_mask
 from jaxpe.emulation import (
   apply_augmented_alibi,
@@ -26,12 +33,31 @@ from jaxpe.emulation import (
   solve_base_constrained,
   solve_emulation,
 )
-from jaxpe.positions import positions_from_mask, positions_from_segment_ids
+from jaxpe.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
+from jaxpe.positions import document_mask, positions_from_mask, positions_from_segment_ids
 from jaxpe.rope import apply_rope, rope_inv_freq, rope_phases
+from jaxpe.rope_scaling import ROPE_TYPES, ntk_aware_base, rope_frequencies
+from jaxpe.sinusoidal import sinusoidal_embedding
+from jaxpe.xpos import apply_xpos, xpos_scale, xpos_zeta
 
 __all__ = [
+  "ROPE_TYPES",
   "alibi_bias",
+  "alibi_bias_bloom",
+  "alibi_bias_causal",
+  "alibi_bias_symmetric",
   "alibi_slopes",
+  "alibi_slopes_for_heads",
+  "apply_xpos",
+  "convert_layout",
+  "convert_qk_proj_weight",
+  "document_mask",
+  "layout_permutation",
+  "ntk_aware_base",
+  "rope_frequencies",
+  "sinusoidal_embedding",
+  "xpos_scale",
+  "xpos_zeta",
   "apply_augmented_alibi",
   "apply_rope",
   "apply_rope_alibi",
