@@ -97,8 +97,9 @@ def apply_rope(
     ``[B, T, N, H]`` array of ``x.dtype``.
 
   Raises:
-    ValueError: wrong ranks, mismatched B/T, odd H, ``R > H``, unknown ``layout``.
-    TypeError: non-float ``x`` or non-integer ``positions``.
+    ValueError: wrong ranks, mismatched B/T, odd H, ``R > H``, unknown ``layout``, negative
+      positions, ``scale`` not finite or not broadcastable to ``[B, T, N, R/2]``.
+    TypeError: non-float ``x`` or ``inv_freq``, non-integer ``positions``.
   """
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   _checks.check_float("x", x)
@@ -120,6 +121,11 @@ def apply_rope(
       f"{head_dim}; rotary_dim must be <= head_dim"
     )
 
+  _checks.check_float("inv_freq", inv_freq)
+  if isinstance(scale, jax.Array | np.ndarray) and jnp.ndim(scale) > 0:
+    _checks.broadcastable("scale", scale.shape, (*x.shape[:3], rotary_dim // 2), "[B, T, N, R/2]")
+  elif not isinstance(scale, jax.core.Tracer) and not np.isfinite(float(scale)):
+    raise ValueError(f"scale must be finite, got {scale!r}")
   phases = rope_phases(positions, inv_freq)[:, :, None, :]  # [B, T, 1, R/2] float32
   cos, sin = jnp.cos(phases), jnp.sin(phases)
   if isinstance(scale, jax.Array | np.ndarray) or float(scale) != 1.0:

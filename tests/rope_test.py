@@ -196,6 +196,12 @@ def test_rope_errors_name_the_argument():
     rope.apply_rope(x, p, layout="neox")
   with pytest.raises(ValueError, match="rotary_dim must be even"):
     rope.rope_inv_freq(8, rotary_dim=3)
+  with pytest.raises(ValueError, match="scale must broadcast"):
+    rope.apply_rope(x, p, scale=jnp.ones((1, 4, 2, 3), jnp.float32))
+  with pytest.raises(ValueError, match="scale must be finite"):
+    rope.apply_rope(x, p, scale=float("nan"))
+  with pytest.raises(TypeError, match="inv_freq must be a float"):
+    rope.apply_rope(x, p, inv_freq=jnp.ones((4,), jnp.int32))
 
 
 # ---------------------------------------------------------------- xPos
