@@ -90,6 +90,9 @@ class ModelConfig(_Strict):
   rope_alibi_context: int | None = pydantic.Field(
     None, gt=0, description="context the emulation is tuned for; default max_len"
   )
+  rope_alibi_order: int = pydantic.Field(
+    1, ge=1, le=8, description="k emulation pairs at theta..k theta (jaxpe.emulation); 1 = published form"
+  )
   rope_alibi_in_projection: bool = pydantic.Field(
     False,
     description="rope_alibi with the two extra dims realised by the q/k projections (H + 2 outputs per "
@@ -120,6 +123,8 @@ class ModelConfig(_Strict):
         "rope_alibi_in_projection=True needs pos_encoding='rope_alibi', use_bias=True and dtype='float32', "
         f"got pos_encoding={self.pos_encoding!r}, use_bias={self.use_bias}, dtype={self.dtype!r}"
       )
+    if self.rope_alibi_in_projection and self.rope_alibi_order != 1:
+      raise ValueError(f"rope_alibi_in_projection=True needs rope_alibi_order=1, got {self.rope_alibi_order}")
     if self.pos_encoding in ("rope", "xpos") and self.rotary_dim is not None:
       if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
         raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_size}), got {self.rotary_dim}")

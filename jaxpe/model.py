@@ -35,7 +35,7 @@ class KVCache(NamedTuple):
   ``rope``; the augmented float32 keys for ``rope_alibi``).
 
   Attributes:
-    k: L arrays ``[B, S, K, Hk]`` (Hk = H, or H + 2 for ``rope_alibi``).
+    k: L arrays ``[B, S, K, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k).
     v: L arrays ``[B, S, K, H]``.
     positions: ``[B, S]`` int32 token positions of the slots.
     valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token.
@@ -51,7 +51,7 @@ class KVCache(NamedTuple):
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated)."""
-  key_dim = cfg.head_size + (2 if cfg.pos_encoding == "rope_alibi" else 0)
+  key_dim = cfg.head_size + (2 * cfg.rope_alibi_order if cfg.pos_encoding == "rope_alibi" else 0)
   k_dtype = jnp.float32 if cfg.pos_encoding == "rope_alibi" else jnp.dtype(cfg.dtype)
   shape = (batch_size, max_len, cfg.kv_heads)
   return KVCache(
@@ -157,7 +157,13 @@ class Attention(nnx.Module):
       k = rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq)
     elif cfg.pos_encoding == "rope_alibi":
       q, k = emulation.apply_rope_alibi(
-        q, k, positions, positions, slopes=alibi.alibi_slopes_f64(cfg.num_heads), theta=emulation_theta(cfg)
+        q,
+        k,
+        positions,
+        positions,
+        slopes=alibi.alibi_slopes_f64(cfg.num_heads),
+        theta=emulation_theta(cfg),
+        order=cfg.rope_alibi_order,
       )
     if cache_kv is not None:
       k_cache, v_cache = cache_kv

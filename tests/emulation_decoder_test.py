@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxpe import alibi, attention, emulation
 from jaxpe.config import ModelConfig
-from jaxpe.model import Decoder
+from jaxpe.model import Decoder, init_cache
 
 N, H, CONTEXT = 4, 8, 8192
 TINY = dict(vocab_size=64, d_model=N * H, num_layers=2, num_heads=N, max_len=64, rope_alibi_context=CONTEXT)
@@ -52,10 +52,10 @@ def _content_rounding(q, k, scale):
   return (q.shape[-1] + 4) * 2.0**-24 * magnitude
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decoder_scores_alibi_vs_rope_alibi_within_the_bound(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype, order", [("float32", 1), ("bfloat16", 1), ("float32", 2)])
+def test_decoder_scores_alibi_vs_rope_alibi_within_the_bound(monkeypatch, dtype, order):
   cfg_native = ModelConfig(**TINY, pos_encoding="alibi", dtype=dtype)
-  cfg_emul = ModelConfig(**TINY, pos_encoding="rope_alibi", dtype=dtype)
+  cfg_emul = ModelConfig(**TINY, pos_encoding="rope_alibi", dtype=dtype, rope_alibi_order=order)
   native = Decoder(cfg_native, rngs=nnx.Rngs(0))
   emul = Decoder(cfg_emul, rngs=nnx.Rngs(1))
   nnx.update(emul, nnx.state(native))  # same weights (no position parameters in either)
@@ -77,7 +77,7 @@ def test_decoder_scores_alibi_vs_rope_alibi_within_the_bound(monkeypatch, dtype)
 
   slopes = alibi.alibi_slopes_f64(N)
   plan = emulation.solve_emulation(
-    slopes, head_dim=H, max_len=CONTEXT, max_phase=cfg_emul.rope_alibi_max_phase
+    slopes, head_dim=H, max_len=CONTEXT, order=order, max_phase=cfg_emul.rope_alibi_max_phase
   )
   i = np.asarray(positions, np.float64)
   d = i[:, :, None] - i[:, None, :]  # [B, T, S]
@@ -88,7 +88,7 @@ def test_decoder_scores_alibi_vs_rope_alibi_within_the_bound(monkeypatch, dtype)
   for layer, (nat, emu) in enumerate(zip(native_calls, emul_calls)):
     # the precision policy: with bf16 activations the augmented q, k (and so their product) are float32
     assert emu["q"].dtype == emu["k"].dtype == jnp.float32
-    assert emu["q"].shape[-1] == H + 2 and emu["bias"] is None
+    assert emu["q"].shape[-1] == H + 2 * order and emu["bias"] is None
     assert nat["q"].dtype == jnp.dtype(dtype)
     assert nat["scale"] == emu["scale"] == 1 / math.sqrt(H)  # 1/sqrt of the original head dim
     content_q, content_k = emu["q"][..., :H], emu["k"][..., :H]
@@ -112,10 +112,23 @@ def test_decoder_scores_alibi_vs_rope_alibi_within_the_bound(monkeypatch, dtype)
   np.testing.assert_allclose(logits_emul, logits_native, atol=atol)
 
 
-def test_decoder_with_bf16_keeps_float32_keys_in_the_cache():
-  cfg = ModelConfig(**TINY, pos_encoding="rope_alibi", dtype="bfloat16")
-  from jaxpe.model import init_cache
-
+@pytest.mark.parametrize("order", [1, 3])
+def test_decoder_with_bf16_keeps_float32_keys_in_the_cache(order):
+  cfg = ModelConfig(**TINY, pos_encoding="rope_alibi", dtype="bfloat16", rope_alibi_order=order)
   cache = init_cache(cfg, batch_size=1, max_len=16)
-  assert all(k.dtype == jnp.float32 and k.shape[-1] == H + 2 for k in cache.k)
+  assert all(k.dtype == jnp.float32 and k.shape[-1] == H + 2 * order for k in cache.k)
   assert all(v.dtype == jnp.bfloat16 for v in cache.v)
+
+
+def test_cached_decoding_matches_full_forward_for_order_two():
+  cfg = ModelConfig(**TINY, pos_encoding="rope_alibi", rope_alibi_order=2)
+  model = Decoder(cfg, rngs=nnx.Rngs(3))
+  tokens = jax.random.randint(jax.random.key(4), (1, 10), 0, 64)
+  full = model(tokens)
+  cache = init_cache(cfg, batch_size=1, max_len=10)
+  out, cache = model(tokens[:, :8], cache=cache)  # prefill
+  steps = [out]
+  for t in range(8, 10):  # then one token at a time
+    out, cache = model(tokens[:, t : t + 1], cache=cache)
+    steps.append(out)
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-4)
