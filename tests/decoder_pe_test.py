@@ -59,50 +59,48 @@ def _tokens(seed, length):
 
 @pytest.mark.parametrize("overrides", [c[1] for c in CASES], ids=IDS)
 def test_cache_padding_and_packing_equal_single_sequences(overrides):
-  """One test per config so the eagerly compiled shapes are shared: (1, 9), (1, 12), (2, 14),
-  (1, 24), (2, 7) and (2, 1)."""
+  """All batches are [2, 12] (plus [2, 7] and [2, 1] for the cache), so eagerly compiled ops are
+  shared. References: the unpadded, unpacked, uncached forward of each sequence; by causality its
+  first n logits are those of the sequence's first n tokens."""
   model = _model(overrides)
-  lengths = (9, 12)
-  seqs = [_tokens(10 + i, n) for i, n in enumerate(lengths)]
-  singles = [model(s)[0] for s in seqs]  # the references: unpadded, uncached, one sequence each
+  seqs = jnp.concatenate([_tokens(10, 12), _tokens(11, 12)])  # two 12-token sequences
+  ref = model(seqs)
 
-  # 1. Left and right padding.
-  width = 14
+  # 1. Left and right padding: row 0 holds the first 9 tokens of sequence 0, row 1 all of sequence 1.
+  n = 9
   for side in ("left", "right"):
-    rows, masks = [], []
-    for s, n in zip(seqs, lengths):
-      pad = jnp.zeros((1, width - n), s.dtype)
-      rows.append(jnp.concatenate([pad, s] if side == "left" else [s, pad], axis=1))
-      ones, zeros = jnp.ones((1, n), bool), jnp.zeros((1, width - n), bool)
-      masks.append(jnp.concatenate([zeros, ones] if side == "left" else [ones, zeros], axis=1))
-    out = model(jnp.concatenate(rows), attention_mask=jnp.concatenate(masks))
-    for b, (ref, n) in enumerate(zip(singles, lengths)):
-      got = out[b, width - n :] if side == "left" else out[b, :n]
-      np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0, err_msg=f"{side} padding, row {b}")
+    row0 = jnp.pad(seqs[0, :n], (12 - n, 0) if side == "left" else (0, 12 - n))
+    mask0 = jnp.arange(12) >= 12 - n if side == "left" else jnp.arange(12) < n
+    out = model(jnp.stack([row0, seqs[1]]), attention_mask=jnp.stack([mask0, jnp.ones(12, bool)]))
+    got0 = out[0, 12 - n :] if side == "left" else out[0, :n]
+    np.testing.assert_allclose(got0, ref[0, :n], atol=ATOL, rtol=0, err_msg=f"{side} padding, short row")
+    np.testing.assert_allclose(out[1], ref[1], atol=ATOL, rtol=0, err_msg=f"{side} padding, full row")
 
-  # 2. Packing: both documents in one row, then padding as its own segment 0.
-  packed = jnp.concatenate([*seqs, jnp.zeros((1, 3), seqs[0].dtype)], axis=1)
-  seg = jnp.asarray([[1] * 9 + [2] * 12 + [0] * 3], jnp.int32)
+  # 2. Packing: row 0 = 5 tokens of sequence 0 then 7 of sequence 1; row 1 = 9 tokens of sequence 1
+  # then 3 padding tokens as their own segment.
+  packed = jnp.stack([jnp.concatenate([seqs[0, :5], seqs[1, :7]]), jnp.pad(seqs[1, :9], (0, 3))])
+  seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 9 + [0] * 3], jnp.int32)
   out = model(packed, segment_ids=seg)
-  np.testing.assert_allclose(out[0, :9], singles[0], atol=ATOL, rtol=0, err_msg="packed doc 0")
-  np.testing.assert_allclose(out[0, 9:21], singles[1], atol=ATOL, rtol=0, err_msg="packed doc 1")
+  np.testing.assert_allclose(out[0, :5], ref[0, :5], atol=ATOL, rtol=0, err_msg="packed doc 0")
+  np.testing.assert_allclose(out[0, 5:], ref[1, :7], atol=ATOL, rtol=0, err_msg="packed doc 1")
+  np.testing.assert_allclose(out[1, :9], ref[1, :9], atol=ATOL, rtol=0, err_msg="packed doc 2")
 
   # 3. KV cache: prefill a left-padded batch of prompts (4 and 7 tokens; row 1 unpadded), then
-  # decode one token at a time (5 and 5 tokens), compared with the full forward of each sequence.
+  # decode one token at a time (5 tokens each).
   prompt_lens = (4, 7)
-  prompts = jnp.concatenate([jnp.pad(s[:, :n], ((0, 0), (7 - n, 0))) for s, n in zip(seqs, prompt_lens)])
-  mask = jnp.asarray([[0] * (7 - n) + [1] * n for n in prompt_lens], bool)
+  prompts = jnp.stack([jnp.pad(seqs[b, :m], (7 - m, 0)) for b, m in enumerate(prompt_lens)])
+  mask = jnp.asarray([[0] * (7 - m) + [1] * m for m in prompt_lens], bool)
   cache = init_cache(model.cfg, 2, 16)
   logits, cache = model(prompts, attention_mask=mask, cache=cache)
-  got = [[logits[b, 7 - n :]] for b, n in enumerate(prompt_lens)]
+  got = [[logits[b, 7 - m :]] for b, m in enumerate(prompt_lens)]
   for t in range(5):
-    step = jnp.concatenate([s[:, n + t : n + t + 1] for s, n in zip(seqs, prompt_lens)])
+    step = jnp.stack([seqs[b, m + t : m + t + 1] for b, m in enumerate(prompt_lens)])
     logits, cache = model(step, cache=cache)
     for b in range(2):
       got[b].append(logits[b])
-  for b, n in enumerate(prompt_lens):
+  for b, m in enumerate(prompt_lens):
     np.testing.assert_allclose(
-      jnp.concatenate(got[b]), singles[b][: n + 5], atol=ATOL, rtol=0, err_msg=f"cached decoding, row {b}"
+      jnp.concatenate(got[b]), ref[b, : m + 5], atol=ATOL, rtol=0, err_msg=f"cached decoding, row {b}"
     )
 
 
@@ -110,8 +108,8 @@ def test_rope_scaling_reaches_the_model():
   # Linear scaling by 2 at positions 2p equals default RoPE at positions p (same weights).
   base = _model({"pos_encoding": "rope"})
   linear = _model({"pos_encoding": "rope", "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
-  tokens = _tokens(30, 10)
-  idx = jnp.arange(10, dtype=jnp.int32)[None]
+  tokens = jnp.concatenate([_tokens(30, 12), _tokens(31, 12)])
+  idx = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12))
   np.testing.assert_allclose(
     linear(tokens, positions=2 * idx), base(tokens, positions=idx), atol=ATOL, rtol=0
   )
