@@ -290,7 +290,8 @@ def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> Non
   ax1.set_xlabel("distance i - j (tokens)")
   ax1.set_ylabel("|score - ALiBi| (logits), max per distance bin")
   ax1.set_title(f"head 0 (m={slopes[0]:.3g}), query at {context - 1}, float32 policy")
-  ax1.legend(fontsize=7, ncol=2)
+  if ax1.get_legend_handles_labels()[0]:
+    ax1.legend(fontsize=7, ncol=2)
   # (b) deviation vs absolute position, distances <= 16 (truncation negligible), all heads
   styles = {"float32": "-", "bfloat16": ":"}
   for (act, emul, order), (dev, dist, qpos) in sorted(curves.items(), key=str):

@@ -124,11 +124,12 @@ def test_cached_decoding_matches_full_forward_for_order_two():
   cfg = ModelConfig(**TINY, pos_encoding="rope_alibi", rope_alibi_order=2)
   model = Decoder(cfg, rngs=nnx.Rngs(3))
   tokens = jax.random.randint(jax.random.key(4), (1, 10), 0, 64)
-  full = model(tokens)
+  run = nnx.jit(lambda model, tokens, cache: model(tokens, cache=cache))
+  full = nnx.jit(lambda model, tokens: model(tokens))(model, tokens)
   cache = init_cache(cfg, batch_size=1, max_len=10)
-  out, cache = model(tokens[:, :8], cache=cache)  # prefill
+  out, cache = run(model, tokens[:, :8], cache)  # prefill
   steps = [out]
   for t in range(8, 10):  # then one token at a time
-    out, cache = model(tokens[:, t : t + 1], cache=cache)
+    out, cache = run(model, tokens[:, t : t + 1], cache)
     steps.append(out)
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-4)
