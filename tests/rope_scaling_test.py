@@ -410,3 +410,64 @@ def test_errors_other():
   with pytest.raises(ValueError, match="factor"):
     ntk_aware_base(10000.0, factor=0.5, rotary_dim=8)
   assert set(rope_scaling.ROPE_TYPES) >= {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
+
+
+# ------------------------------------------------------------------ end to end with HF's module
+
+
+@pytest.mark.parametrize(
+  "params",
+  [
+    {"rope_type": "default"},
+    {"rope_type": "dynamic", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256},
+    {
+      "rope_type": "llama3",
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 256,
+    },
+    {
+      "rope_type": "longrope",
+      "short_factor": [1.0 + 0.05 * i for i in range(32)],
+      "long_factor": [1.0 + 0.5 * i for i in range(32)],
+      "original_max_position_embeddings": 256,
+    },
+  ],
+  ids=lambda p: p["rope_type"],
+)
+def test_rotated_q_k_match_hf_llama_rotary_embedding(params):
+  """jaxpe apply_rope (rotate-half layout, attention factor) vs HF's LlamaRotaryEmbedding +
+  apply_rotary_pos_emb on the same q, k; dynamic/longrope at seq_len = max(position) + 1 (what HF's
+  dynamic_rope_update sees), from a fresh HF module."""
+  import torch
+  from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+  head_dim, max_pos = 64, 1024
+  config = LlamaConfig(
+    hidden_size=2 * head_dim,
+    num_attention_heads=2,
+    head_dim=head_dim,
+    max_position_embeddings=max_pos,
+    rope_parameters=dict(params, rope_theta=10000.0),
+  )
+  rng = np.random.default_rng(0)
+  q = rng.normal(size=(2, 9, 3, head_dim)).astype(np.float32)  # [B, T, N, H]
+  k = rng.normal(size=(2, 9, 1, head_dim)).astype(np.float32)
+  pos = np.sort(rng.integers(0, 3000, (2, 9)), axis=1).astype(np.int64)
+  module = LlamaRotaryEmbedding(config)
+  cos, sin = module(torch.from_numpy(q), torch.from_numpy(pos))
+  hq, hk = apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k), cos, sin, unsqueeze_dim=2)
+  inv, att = rope_frequencies(
+    params, head_dim=head_dim, max_position_embeddings=max_pos, seq_len=int(pos.max()) + 1
+  )
+  jq = rope.apply_rope(jnp.asarray(q), jnp.asarray(pos, jnp.int32), inv_freq=inv, layout="half", scale=att)
+  jk = rope.apply_rope(jnp.asarray(k), jnp.asarray(pos, jnp.int32), inv_freq=inv, layout="half", scale=att)
+  # Both compute float32 phases p * inv_freq (p < 3000); inv_freq differ by < 1e-6 relative.
+  np.testing.assert_allclose(jq, hq.numpy(), atol=2e-3, rtol=0)
+  np.testing.assert_allclose(jk, hk.numpy(), atol=2e-3, rtol=0)
+  # And the case is not vacuous: scaled frequencies differ from the default ones.
+  if params["rope_type"] != "default":
+    default_q = rope.apply_rope(jnp.asarray(q), jnp.asarray(pos, jnp.int32), layout="half")
+    assert float(jnp.abs(default_q - hq.numpy()).max()) > 0.1
