@@ -67,7 +67,14 @@ def rope_phases(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
 
   Returns:
     ``[B, T, R/2]`` float32 radians.
+
+  Raises:
+    ValueError: ``positions`` not ``[B, T]`` or negative, ``inv_freq`` not ``[R/2]``.
+    TypeError: non-integer ``positions``.
   """
+  _checks.check_rank("positions", positions, 2, "[B, T]")
+  _checks.check_positions("positions", positions)
+  _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
   inv_freq = jnp.asarray(inv_freq, jnp.float32)
   return positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
 

@@ -200,6 +200,10 @@ def test_rope_errors_name_the_argument():
     rope.apply_rope(x, p, scale=jnp.ones((1, 4, 2, 3), jnp.float32))
   with pytest.raises(ValueError, match="scale must be finite"):
     rope.apply_rope(x, p, scale=float("nan"))
+  with pytest.raises(ValueError, match="inv_freq must have shape"):
+    rope.rope_phases(p, jnp.ones((2, 2), jnp.float32))
+  with pytest.raises(TypeError, match="positions must be an integer"):
+    rope.rope_phases(p.astype(jnp.float32), jnp.ones((2,), jnp.float32))
   with pytest.raises(TypeError, match="inv_freq must be a float"):
     rope.apply_rope(x, p, inv_freq=jnp.ones((4,), jnp.int32))
 
