@@ -79,6 +79,11 @@ class ModelConfig(_Strict):
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
   rope_layout: Literal["interleaved", "half"] = "interleaved"
+  alibi_heads: int | None = pydantic.Field(
+    None,
+    gt=0,
+    description="alibi only: the first k heads get ALiBi (slopes of a k-head model), the rest none",
+  )
   rope_scaling: RopeScalingConfig | None = pydantic.Field(
     None,
     description="HF-style rope_scaling dict for rope/xpos; length-dependent types (dynamic, longrope) "
@@ -132,6 +137,11 @@ class ModelConfig(_Strict):
       raise ValueError(f"head_dim must be even for pos_encoding='xpos', got {self.head_size}")
     if self.pos_encoding == "sinusoidal" and self.d_model % 2:
       raise ValueError(f"d_model must be even for pos_encoding='sinusoidal', got {self.d_model}")
+    if self.alibi_heads is not None and (self.pos_encoding != "alibi" or self.alibi_heads > self.num_heads):
+      raise ValueError(
+        f"alibi_heads needs pos_encoding='alibi' and must be <= num_heads ({self.num_heads}), "
+        f"got alibi_heads={self.alibi_heads} with pos_encoding={self.pos_encoding!r}"
+      )
     if self.rope_scaling is not None:
       if self.pos_encoding not in ("rope", "xpos"):
         raise ValueError(f"rope_scaling needs pos_encoding 'rope' or 'xpos', got {self.pos_encoding!r}")

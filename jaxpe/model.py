@@ -171,7 +171,9 @@ class Attention(nnx.Module):
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
     bias = None
     if cfg.pos_encoding == "alibi":
-      bias = alibi.alibi_bias(alibi.alibi_slopes(cfg.num_heads), positions, kv_positions)
+      n_alibi = cfg.alibi_heads or cfg.num_heads  # ALiBi on the first n_alibi heads, none on the rest
+      bias = alibi.alibi_bias(alibi.alibi_slopes(n_alibi), positions, kv_positions)
+      bias = jnp.pad(bias, ((0, 0), (0, cfg.num_heads - n_alibi), (0, 0), (0, 0)))
     out = attention.dot_product_attention(q, k, v, scale=1.0 / math.sqrt(cfg.head_size), bias=bias, mask=mask)
     return self.o(out), (k, v) if cache_kv is not None else None
 

@@ -45,6 +45,7 @@ CASES += [
   ),
   ("xpos-yarn-half", {"pos_encoding": "xpos", "rope_layout": "half", "rope_scaling": SCALINGS["yarn"]}),
   ("alibi-mqa", {"pos_encoding": "alibi", "num_kv_heads": 1}),
+  ("alibi-2-of-4-heads", {"pos_encoding": "alibi", "alibi_heads": 2}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -116,6 +117,30 @@ def test_rope_scaling_reaches_the_model():
   assert float(jnp.abs(linear(tokens) - base(tokens)).max()) > 1e-2
 
 
+def test_alibi_on_a_subset_of_heads():
+  # alibi_heads=2: heads 0, 1 get the slopes of a 2-head model (2**-4, 2**-8), heads 2, 3 no bias.
+  full = _model({"pos_encoding": "alibi"})
+  part = _model({"pos_encoding": "alibi", "alibi_heads": 2})
+  none = _model({"pos_encoding": "none"})
+  tokens = jnp.concatenate([_tokens(40, 12), _tokens(41, 12)])
+  a, b, c = full(tokens), part(tokens), none(tokens)
+  # Same weights, different biases: all three differ.
+  assert float(jnp.abs(a - b).max()) > 1e-3 and float(jnp.abs(b - c).max()) > 1e-3
+  # Attention of one layer by hand: heads 0, 1 use slopes 2**-4, 2**-8; heads 2, 3 are position-free.
+  attn = part.blocks[0].attn
+  x = jax.random.normal(jax.random.key(0), (1, 6, TINY["d_model"]))
+  pos = jnp.arange(6, dtype=jnp.int32)[None]
+  mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
+  out, _ = attn(x, pos, mask, kv_positions=pos)
+  q, k, v = attn.q(x), attn.k(x), attn.v(x)
+  logits = jnp.einsum("BTNH,BSNH->BNTS", q, k) / np.sqrt(q.shape[-1])
+  d = (pos[0][:, None] - pos[0][None, :]).astype(jnp.float32)
+  slopes = jnp.asarray([2.0**-4, 2.0**-8, 0.0, 0.0], jnp.float32)
+  logits = jnp.where(mask, logits - slopes[None, :, None, None] * d[None, None], -jnp.inf)
+  ref = attn.o(jnp.einsum("BNTS,BSNH->BTNH", jax.nn.softmax(logits, axis=-1), v))
+  np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
+
+
 def test_rope_scaling_config_from_yaml_dict_and_hashable():
   cfg = load_config(
     None,
@@ -149,5 +174,9 @@ def test_config_errors_name_the_key():
     ModelConfig(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]})
   with pytest.raises(pydantic.ValidationError, match="rope_scaling needs pos_encoding"):
     ModelConfig(pos_encoding="alibi", rope_scaling={"rope_type": "linear", "factor": 2.0})
+  with pytest.raises(pydantic.ValidationError, match="alibi_heads"):
+    ModelConfig(pos_encoding="alibi", num_heads=4, alibi_heads=5)
+  with pytest.raises(pydantic.ValidationError, match="alibi_heads"):
+    ModelConfig(pos_encoding="rope", alibi_heads=2)
   with pytest.raises(pydantic.ValidationError, match="rotary_dim"):
     ModelConfig(pos_encoding="xpos", rotary_dim=6, d_model=16, num_heads=4)
