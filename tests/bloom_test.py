@@ -518,3 +518,34 @@ def test_export_and_convert_errors(jx_model, tmp_path):
     ModelConfig(pos_encoding="rope_alibi", rope_alibi_in_projection=True, use_bias=False)
   with pytest.raises(bloom.CheckpointError, match="missing"):
     bloom.build_model(jx_model.cfg, {})
+
+
+# ------------------------------------------------------------------------------------------------
+# Every public BLOOM size maps (shapes only: transformers builds the model on the meta device)
+
+BLOOM_SIZES = {  # hidden_size, n_head, n_layer of bigscience/bloom-{560m, 1b1, 1b7, 3b, 7b1}
+  "560m": (1024, 16, 24),
+  "1b1": (1536, 16, 24),
+  "1b7": (2048, 16, 24),
+  "3b": (2560, 32, 30),
+  "7b1": (4096, 32, 30),
+}
+
+
+@pytest.mark.parametrize("size", ["560m", "7b1"])  # 16 and 32 heads, 24 and 30 layers; the others are alike
+def test_every_bloom_size_maps(size):
+  hidden, heads, layers = BLOOM_SIZES[size]
+  hf_cfg = transformers.BloomConfig(vocab_size=250880, hidden_size=hidden, n_head=heads, n_layer=layers)
+  with torch.device("meta"):
+    hf = transformers.BloomForCausalLM(hf_cfg)
+  hf_shapes = {k.removeprefix("transformer."): tuple(v.shape) for k, v in hf.state_dict().items()}
+  cfg = bloom.config_from_hf(hf_cfg)
+  dims = bloom.Dims.of(cfg)
+  rules = bloom.weight_rules(cfg)
+  assert {r.hf for r in rules} == hf_shapes.keys() - {"lm_head.weight"}
+  for r in rules:
+    assert r.hf_shape(dims) == hf_shapes[r.hf], r.hf
+  abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  jx_count = sum(math.prod(v.shape) for _, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param)))
+  hf_count = sum(math.prod(s) for k, s in hf_shapes.items() if k != "lm_head.weight")  # tied
+  assert jx_count == hf_count
