@@ -140,42 +140,54 @@ class Attention(nnx.Module):
     ``mask`` ``[B, 1, T, S]`` and ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens
     without a cache, or all S cache slots with one.
     """
-    cfg = self.cfg
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
-    if cfg.pos_encoding == "rope":
-      inv_freq, factor = cfg.rope_frequencies()  # rope_scaling + rotary_dim
-      q = rope.apply_rope(q, positions, inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
-      k = rope.apply_rope(k, positions, inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
-    elif cfg.pos_encoding == "xpos":
-      inv_freq, factor = cfg.rope_frequencies()
-      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor)
-      q = xpos.apply_xpos(q, positions, kind="query", **kw)
-      k = xpos.apply_xpos(k, positions, kind="key", **kw)
-    elif cfg.rope_alibi_in_projection:  # q, k already [.., H + 2]: rotate only the last pair
-      inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
-      q = rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq)
-      k = rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq)
-    elif cfg.pos_encoding == "rope_alibi":
-      q, k = emulation.apply_rope_alibi(
-        q,
-        k,
-        positions,
-        positions,
-        slopes=alibi.alibi_slopes_f64(cfg.num_heads),
-        theta=emulation_theta(cfg),
-        order=cfg.rope_alibi_order,
-      )
+    q, k = self._encode_qk(q, k, positions)
     if cache_kv is not None:
       k_cache, v_cache = cache_kv
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
-    bias = None
-    if cfg.pos_encoding == "alibi":
-      n_alibi = cfg.alibi_heads or cfg.num_heads  # ALiBi on the first n_alibi heads, none on the rest
-      bias = alibi.alibi_bias(alibi.alibi_slopes(n_alibi), positions, kv_positions)
-      bias = jnp.pad(bias, ((0, 0), (0, cfg.num_heads - n_alibi), (0, 0), (0, 0)))
-    out = attention.dot_product_attention(q, k, v, scale=1.0 / math.sqrt(cfg.head_size), bias=bias, mask=mask)
+    bias = self._score_bias(positions, kv_positions)
+    out = attention.dot_product_attention(
+      q, k, v, scale=1.0 / math.sqrt(self.cfg.head_size), bias=bias, mask=mask
+    )
     return self.o(out), (k, v) if cache_kv is not None else None
+
+  def _encode_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The rotary encodings: q ``[B, T, N, Hq]``, k ``[B, T, K, Hq]`` at ``positions [B, T]``."""
+    cfg = self.cfg
+    if cfg.pos_encoding == "rope":
+      inv_freq, factor = cfg.rope_frequencies()  # rope_scaling + rotary_dim
+      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
+      return rope.apply_rope(q, positions, **kw), rope.apply_rope(k, positions, **kw)
+    if cfg.pos_encoding == "xpos":
+      inv_freq, factor = cfg.rope_frequencies()
+      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor)
+      return xpos.apply_xpos(q, positions, kind="query", **kw), xpos.apply_xpos(
+        k, positions, kind="key", **kw
+      )
+    if cfg.pos_encoding == "rope_alibi" and cfg.rope_alibi_in_projection:
+      # q, k already carry the two fixed dims (from the projection biases): rotate the last pair only.
+      inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
+      return (
+        rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq),
+        rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq),
+      )
+    if cfg.pos_encoding == "rope_alibi":
+      slopes = alibi.alibi_slopes_f64(cfg.num_heads)
+      theta = emulation_theta(cfg)
+      return emulation.apply_rope_alibi(
+        q, k, positions, positions, slopes=slopes, theta=theta, order=cfg.rope_alibi_order
+      )
+    return q, k
+
+  def _score_bias(self, positions: jax.Array, kv_positions: jax.Array) -> jax.Array | None:
+    """ALiBi's ``[B, N, T, S]`` bias (``alibi_heads``: the first heads only), else None."""
+    cfg = self.cfg
+    if cfg.pos_encoding != "alibi":
+      return None
+    n_alibi = cfg.alibi_heads or cfg.num_heads
+    bias = alibi.alibi_bias(alibi.alibi_slopes(n_alibi), positions, kv_positions)
+    return jnp.pad(bias, ((0, 0), (0, cfg.num_heads - n_alibi), (0, 0), (0, 0)))
 
 
 def emulation_theta(cfg: ModelConfig) -> float:
