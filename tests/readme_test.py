@@ -8,7 +8,8 @@ import jax
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_python_examples_run():
+def test_python_examples_run(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # examples may write files
   blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
   assert blocks
   with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
