@@ -68,6 +68,14 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
     TypeError: non-integer positions.
   """
   _checks.check_slopes("slopes", slopes)
+  _check_position_pair(q_positions, k_positions)
+  # Distances are exact integers; convert once to float32 (exact below 2**24).
+  distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
+  return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
+
+
+def _check_position_pair(q_positions, k_positions) -> None:
+  """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0, same B."""
   _checks.check_rank("q_positions", q_positions, 2, "[B, T]")
   _checks.check_rank("k_positions", k_positions, 2, "[B, S]")
   _checks.check_positions("q_positions", q_positions)
@@ -77,9 +85,6 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
       f"q_positions and k_positions must have the same batch size B, got "
       f"{q_positions.shape[0]} and {k_positions.shape[0]}"
     )
-  # Distances are exact integers; convert once to float32 (exact below 2**24).
-  distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
-  return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
 
 
 def _check_nonneg_slopes(name: str, slopes) -> None:
@@ -208,14 +213,6 @@ def alibi_bias_symmetric(slopes: jax.Array, q_positions: jax.Array, k_positions:
   (Portes et al., arXiv 2312.17482).
   """
   _check_nonneg_slopes("slopes", slopes)
-  _checks.check_rank("q_positions", q_positions, 2, "[B, T]")
-  _checks.check_rank("k_positions", k_positions, 2, "[B, S]")
-  _checks.check_positions("q_positions", q_positions)
-  _checks.check_positions("k_positions", k_positions)
-  if q_positions.shape[0] != k_positions.shape[0]:
-    raise ValueError(
-      f"q_positions and k_positions must have the same batch size B, got "
-      f"{q_positions.shape[0]} and {k_positions.shape[0]}"
-    )
+  _check_position_pair(q_positions, k_positions)
   distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
