@@ -202,6 +202,25 @@ class EmulationTest(chex.TestCase):
     ) ** 2 / 6 + 4 * 6e-8 * big_n.max() / math.sqrt(h)
     assert np.all(np.abs(term - alibi_ref) <= bound)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_equals_rope_machinery_on_appended_fixed_dims(self):
+    """apply_rope_alibi is RoPE with frequency 0 on the content and theta on the (-N, 0)/(0, 1) pair."""
+    n_heads, h = 3, 8
+    slopes = alibi.alibi_slopes_f64(n_heads)
+    theta = emulation.emulation_theta(max_phase=0.3, max_len=512)
+    q, k = _rand(11, (2, 4, n_heads, h)), _rand(12, (2, 6, n_heads, h))
+    qp = jnp.asarray(np.random.default_rng(3).integers(0, 512, (2, 4)), jnp.int32)
+    kp = jnp.asarray(np.random.default_rng(4).integers(0, 512, (2, 6)), jnp.int32)
+    qa, ka = self.variant(lambda *a: emulation.apply_rope_alibi(*a, slopes=slopes, theta=theta))(q, k, qp, kp)
+    big_n = jnp.asarray(slopes * math.sqrt(h) / theta, jnp.float32)
+    q_fixed = jnp.broadcast_to(jnp.stack([-big_n, jnp.zeros_like(big_n)], -1), (2, 4, n_heads, 2))
+    k_fixed = jnp.broadcast_to(jnp.asarray([0.0, 1.0]), (2, 6, n_heads, 2))
+    inv_freq = jnp.asarray([0.0] * (h // 2) + [theta], jnp.float32)
+    q_rope = rope.apply_rope(jnp.concatenate([q, q_fixed], -1), qp, inv_freq=inv_freq)
+    k_rope = rope.apply_rope(jnp.concatenate([k, k_fixed], -1), kp, inv_freq=inv_freq)
+    np.testing.assert_allclose(qa, q_rope, rtol=1e-6, atol=1e-6 * float(big_n.max()))
+    np.testing.assert_allclose(ka, k_rope, rtol=1e-6, atol=1e-6)
+
   def test_published_example_amplitude(self):
     theta = emulation.emulation_theta(max_phase=0.1, max_len=65536)
     np.testing.assert_allclose(theta, 0.1 / 65536)
