@@ -130,6 +130,11 @@ class ModelConfig(_Strict):
       )
     if self.rope_alibi_in_projection and self.rope_alibi_order != 1:
       raise ValueError(f"rope_alibi_in_projection=True needs rope_alibi_order=1, got {self.rope_alibi_order}")
+    if self.rotary_dim is not None and self.pos_encoding not in ("rope", "xpos"):
+      raise ValueError(
+        f"rotary_dim is only used by pos_encoding 'rope' or 'xpos', got rotary_dim={self.rotary_dim} "
+        f"with pos_encoding={self.pos_encoding!r} (leave rotary_dim unset)"
+      )
     if self.pos_encoding in ("rope", "xpos") and self.rotary_dim is not None:
       if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
         raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_size}), got {self.rotary_dim}")
@@ -145,7 +150,20 @@ class ModelConfig(_Strict):
     if self.rope_scaling is not None:
       if self.pos_encoding not in ("rope", "xpos"):
         raise ValueError(f"rope_scaling needs pos_encoding 'rope' or 'xpos', got {self.pos_encoding!r}")
+      kind = self.rope_scaling.rope_type
+      orig = self.rope_scaling.original_max_position_embeddings
+      if kind in ("dynamic", "longrope") and (orig is None or orig >= self.max_len):
+        # The decoder evaluates these length-dependent types at seq_len = max_len, so they change
+        # the frequencies only when the pretraining length is below max_len.
+        raise ValueError(
+          f"rope_scaling.original_max_position_embeddings must be set and < max_len ({self.max_len}) "
+          f"for rope_type={kind!r} (evaluated at seq_len = max_len), got {orig}"
+        )
       self.rope_frequencies()  # validates the scaling keys (ValueError naming them)
+    if self.pos_encoding == "xpos" and self.max_len > 65536:
+      # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32
+      # beyond |p - offset| ~ 35,000.
+      raise ValueError(f"max_len must be <= 65536 for pos_encoding='xpos', got {self.max_len}")
     return self
 
   def rope_frequencies(self):
@@ -228,10 +246,26 @@ class TrainConfig(_Strict):
 
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:
-    if self.model.pos_encoding == "learned" and self.seq_len > self.model.max_len:
+    m = self.model
+    if m.pos_encoding == "learned" and self.seq_len > m.max_len:
       raise ValueError(
-        f"seq_len ({self.seq_len}) must be <= model.max_len ({self.model.max_len}) for learned positions"
+        f"seq_len ({self.seq_len}) must be <= model.max_len ({m.max_len}) for learned positions"
       )
+    if m.pos_encoding == "rope_alibi" and self.seq_len > (m.rope_alibi_context or m.max_len):
+      raise ValueError(
+        f"seq_len ({self.seq_len}) must be <= model.rope_alibi_context (or model.max_len when unset) "
+        f"= {m.rope_alibi_context or m.max_len} for pos_encoding='rope_alibi': the emulation phase is "
+        "bounded only inside that context"
+      )
+    if m.rope_alibi_in_projection:
+      raise ValueError(
+        "model.rope_alibi_in_projection=True cannot be trained: its fixed q/k bias vectors and zero "
+        "kernel columns are ordinary trainable, weight-decayed parameters and would drift (the form is "
+        "for converted checkpoints); train with model.pos_encoding=rope_alibi and "
+        "model.rope_alibi_in_projection=false"
+      )
+    if self.sample_len > 0 and not self.sample_prompt:
+      raise ValueError("sample_prompt must be non-empty when sample_len > 0 (set sample_len=0 for no sample)")
     return self
 
 
@@ -262,9 +296,10 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 
 
 def _parse_value(raw: str) -> Any:
-  """YAML value syntax, plus numbers YAML 1.1 reads as strings (``1e-2``)."""
+  """YAML value syntax, plus unquoted numbers YAML 1.1 reads as strings (``1e-2``); quoted values
+  (``'1e3'``) stay strings."""
   value = yaml.safe_load(raw) if raw else None
-  if isinstance(value, str):
+  if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
     try:
       return float(value)
     except ValueError:

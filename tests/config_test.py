@@ -1,0 +1,89 @@
+"""Configuration validation: keys a pos_encoding does not use, length limits, training-only
+restrictions, and override parsing."""
+
+import pydantic
+import pytest
+
+from jaxpe.config import ModelConfig, load_config, parse_overrides
+
+
+@pytest.mark.parametrize("pe", ["none", "learned", "sinusoidal", "alibi", "rope_alibi"])
+def test_rotary_dim_without_rotary_encoding_is_an_error(pe):
+  with pytest.raises(pydantic.ValidationError, match="rotary_dim"):
+    ModelConfig(pos_encoding=pe, rotary_dim=4)
+
+
+@pytest.mark.parametrize("pe", ["rope", "xpos"])
+def test_rotary_dim_is_accepted_for_rotary_encodings(pe):
+  assert ModelConfig(pos_encoding=pe, rotary_dim=4).rotary_dim == 4
+
+
+@pytest.mark.parametrize(
+  "scaling",
+  [
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 256},
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 512},
+    {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16},
+    {
+      "rope_type": "longrope",
+      "short_factor": [1.0] * 16,
+      "long_factor": [2.0] * 16,
+      "original_max_position_embeddings": 256,
+    },
+  ],
+)
+def test_length_dependent_scaling_needs_original_length_below_max_len(scaling):
+  with pytest.raises(pydantic.ValidationError, match="rope_scaling.original_max_position_embeddings"):
+    ModelConfig(pos_encoding="rope", max_len=256, rope_scaling=scaling)
+  ok = {**scaling, "original_max_position_embeddings": 128}
+  assert (
+    ModelConfig(pos_encoding="rope", max_len=256, rope_scaling=ok).rope_scaling.rope_type
+    == scaling["rope_type"]
+  )
+
+
+def test_xpos_max_len_limit():
+  assert ModelConfig(pos_encoding="xpos", max_len=65536).max_len == 65536
+  with pytest.raises(pydantic.ValidationError, match="max_len"):
+    ModelConfig(pos_encoding="xpos", max_len=65537)
+  assert ModelConfig(pos_encoding="rope", max_len=65537).max_len == 65537  # only xpos is limited
+
+
+def test_rope_alibi_seq_len_must_fit_the_emulation_context():
+  base = ["model.pos_encoding=rope_alibi", "model.max_len=64"]
+  assert load_config(None, [*base, "seq_len=64"]).seq_len == 64
+  with pytest.raises(pydantic.ValidationError, match="rope_alibi_context"):
+    load_config(None, [*base, "seq_len=65"])
+  with pytest.raises(pydantic.ValidationError, match="rope_alibi_context"):
+    load_config(None, [*base, "seq_len=64", "model.rope_alibi_context=32"])
+  assert load_config(None, ["model.pos_encoding=rope", "model.max_len=64", "seq_len=128"]).seq_len == 128
+
+
+def test_training_refuses_rope_alibi_in_projection():
+  inproj = ["model.pos_encoding=rope_alibi", "model.use_bias=true", "seq_len=64", "model.max_len=64"]
+  assert ModelConfig(pos_encoding="rope_alibi", use_bias=True, rope_alibi_in_projection=True)
+  load_config(None, inproj)  # the same run without the in-projection form is fine
+  with pytest.raises(pydantic.ValidationError, match="rope_alibi_in_projection"):
+    load_config(None, [*inproj, "model.rope_alibi_in_projection=true"])
+
+
+def test_empty_sample_prompt_needs_sample_len_zero():
+  with pytest.raises(pydantic.ValidationError, match="sample_prompt"):
+    load_config(None, ["sample_prompt="])
+  with pytest.raises(pydantic.ValidationError, match="sample_prompt"):
+    load_config(None, ["sample_prompt=''"])
+  assert load_config(None, ["sample_prompt=''", "sample_len=0"]).sample_prompt == ""
+
+
+def test_quoted_overrides_stay_strings():
+  assert load_config(None, ["sample_prompt='1e3'"]).sample_prompt == "1e3"
+  assert load_config(None, ['sample_prompt="42"']).sample_prompt == "42"
+  assert parse_overrides(["a='1e-2'", "b=1e-2", "c=3", "d='3'", "e=abc"]) == {
+    "a": "1e-2",
+    "b": 0.01,
+    "c": 3,
+    "d": "3",
+    "e": "abc",
+  }
+  assert load_config(None, ["learning_rate=1e-2"]).learning_rate == 0.01
