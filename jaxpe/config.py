@@ -150,6 +150,7 @@ class ModelConfig(_Strict):
     if self.rope_scaling is not None:
       if self.pos_encoding not in ("rope", "xpos"):
         raise ValueError(f"rope_scaling needs pos_encoding 'rope' or 'xpos', got {self.pos_encoding!r}")
+      self.rope_frequencies()  # validates the scaling keys (ValueError naming them)
       kind = self.rope_scaling.rope_type
       orig = self.rope_scaling.original_max_position_embeddings
       if kind in ("dynamic", "longrope") and (orig is None or orig >= self.max_len):
@@ -159,7 +160,6 @@ class ModelConfig(_Strict):
           f"rope_scaling.original_max_position_embeddings must be set and < max_len ({self.max_len}) "
           f"for rope_type={kind!r} (evaluated at seq_len = max_len), got {orig}"
         )
-      self.rope_frequencies()  # validates the scaling keys (ValueError naming them)
     if self.pos_encoding == "xpos" and self.max_len > 65536:
       # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32
       # beyond |p - offset| ~ 35,000.
