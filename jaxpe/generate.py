@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpe import _checks
 from jaxpe.model import Decoder, init_cache
 
 
@@ -34,12 +35,25 @@ def generate(
     ``[B, max_new_tokens]`` int32 generated tokens.
 
   Raises:
-    ValueError: bad shapes, ``max_new_tokens <= 0``, negative temperature, sampling without rng.
+    ValueError: bad shapes (including an empty prompt, T = 0), ``max_new_tokens <= 0``, prompt
+      token ids outside ``[0, V)`` (checked when ``prompt`` is concrete), ``T + max_new_tokens >
+      max_len`` for learned positions (the table has ``max_len`` rows), negative temperature,
+      sampling without rng.
+    TypeError: a non-integer prompt.
   """
-  if prompt.ndim != 2:
-    raise ValueError(f"prompt must have shape [B, T], got {prompt.shape}")
+  _checks.check_rank("prompt", prompt, 2, "[B, T]")
+  if not jnp.issubdtype(jnp.result_type(prompt), jnp.integer):
+    raise TypeError(f"prompt must hold integer token ids, got dtype {jnp.result_type(prompt)}")
+  if prompt.shape[1] == 0:
+    raise ValueError(f"prompt must hold at least one token (T >= 1), got shape {prompt.shape}")
+  _checks.check_index_range("prompt", prompt, model.cfg.vocab_size, "vocab_size")
   if max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+  if model.cfg.pos_encoding == "learned" and prompt.shape[1] + max_new_tokens > model.cfg.max_len:
+    raise ValueError(
+      f"prompt length T + max_new_tokens must be <= max_len ({model.cfg.max_len}) for learned positions, "
+      f"got T={prompt.shape[1]} + max_new_tokens={max_new_tokens}"
+    )
   if temperature < 0:
     raise ValueError(f"temperature must be >= 0, got {temperature}")
   if temperature > 0 and rng is None:

@@ -63,3 +63,26 @@ def test_mesh_shape_must_fit_devices():
   with pytest.raises(ValueError, match="does not fit 8 devices"):
     sharding.make_mesh((3, 1))
   assert dict(sharding.make_mesh((-1, 2)).shape) == {"data": 4, "model": 2}
+
+
+def test_generate_rejects_empty_prompt_and_out_of_vocab_ids():
+  model = Decoder(ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="at least one token"):
+    generate(model, jnp.zeros((1, 0), jnp.int32), max_new_tokens=2)
+  for bad in (16, -1):
+    with pytest.raises(ValueError, match=r"prompt must be in \[0, vocab_size = 16\)"):
+      generate(model, jnp.asarray([[1, bad, 2]], jnp.int32), max_new_tokens=2)
+  with pytest.raises(TypeError, match="prompt"):
+    generate(model, jnp.zeros((1, 2), jnp.float32), max_new_tokens=2)
+  assert generate(model, jnp.asarray([[0, 15]], jnp.int32), max_new_tokens=2).shape == (1, 2)
+
+
+def test_generate_learned_positions_must_fit_max_len():
+  cfg = ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2, max_len=8, pos_encoding="learned")
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  prompt = jnp.ones((1, 3), jnp.int32)
+  assert generate(model, prompt, max_new_tokens=5).shape == (1, 5)  # 3 + 5 = max_len
+  with pytest.raises(ValueError, match="max_len"):
+    generate(model, prompt, max_new_tokens=6)
+  rope = Decoder(cfg.model_copy(update={"pos_encoding": "rope"}), rngs=nnx.Rngs(0))
+  assert generate(rope, prompt, max_new_tokens=6).shape == (1, 6)  # relative positions: no table
