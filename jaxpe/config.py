@@ -206,9 +206,14 @@ class DataConfig(_Strict):
     None, description="text file or directory of text files; None = Python stdlib sources"
   )
   max_bytes: int = pydantic.Field(
-    16_000_000, gt=0, description="cap on corpus bytes read (files in sorted order)"
+    16_000_000,
+    gt=0,
+    description="cap on corpus bytes read: eval_fraction of it held-out, the rest training (each side's "
+    "files in sorted order)",
   )
-  eval_fraction: float = pydantic.Field(0.05, gt=0, lt=1, description="held-out share of files")
+  eval_fraction: float = pydantic.Field(
+    0.05, gt=0, lt=1, description="held-out share of files (by path hash) or of a single file's bytes"
+  )
 
 
 class TrainConfig(_Strict):
