@@ -271,6 +271,11 @@ class TrainConfig(_Strict):
       )
     if self.sample_len > 0 and not self.sample_prompt:
       raise ValueError("sample_prompt must be non-empty when sample_len > 0 (set sample_len=0 for no sample)")
+    if self.sample_len > 0 and m.pos_encoding == "learned" and len(self.sample_prompt.encode()) >= m.max_len:
+      raise ValueError(
+        f"sample_prompt ({len(self.sample_prompt.encode())} bytes) must be shorter than model.max_len "
+        f"({m.max_len}) for learned positions (the sample is clipped to fit max_len)"
+      )
     return self
 
 

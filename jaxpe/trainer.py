@@ -7,14 +7,17 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pydantic
 from flax import nnx
 from tqdm import tqdm
 
@@ -26,7 +29,14 @@ from jaxpe.model import Decoder
 
 @dataclass
 class TrainResult:
-  """What a run reports at the end (also written to ``<workdir>/summary.json``)."""
+  """What a run reports at the end (also written to ``<workdir>/summary.json``).
+
+  ``step``: optimizer steps done; ``train_loss``: last training loss (nats/token);
+  ``eval_bits_per_byte`` and ``unigram_bits_per_byte``: held-out cross-entropy and the held-out
+  unigram entropy (bits/byte); ``tokens_per_second``: training throughput of the last process that
+  timed steps (first step of each process excluded); ``wall_seconds``: this process's wall time;
+  ``sample``: prompt + generated text.
+  """
 
   step: int
   train_loss: float
@@ -37,8 +47,27 @@ class TrainResult:
   sample: str
 
 
+def decay_mask(params):
+  """Weight-decay mask for a parameter pytree (an ``nnx.State`` or nested dicts of arrays).
+
+  True for kernels and embeddings (rank >= 2 and not named ``bias`` or ``scale``); False for
+  biases of any rank (per-head q/k/v biases are ``[N, H]``) and LayerNorm scales/biases.
+  """
+
+  def decay(path, x) -> bool:
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return jnp.ndim(x) >= 2 and (not names or names[-1] not in ("bias", "scale"))
+
+  return jax.tree_util.tree_map_with_path(decay, params)
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with linear warmup, cosine decay to ``min_lr_ratio * lr``, global-norm clipping."""
+  """AdamW with linear warmup, cosine decay to ``min_lr_ratio * lr``, global-norm clipping.
+
+  Decoupled weight decay (``cfg.weight_decay``) applies only where ``decay_mask`` is True.
+  Learning rates are per optimizer step (``cfg.learning_rate`` peak, reached after
+  ``cfg.warmup_steps`` steps).
+  """
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=cfg.learning_rate,
@@ -48,18 +77,24 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   )
   return optax.chain(
     optax.clip_by_global_norm(cfg.grad_clip),
-    optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+    optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask),
   )
 
 
 def next_token_loss(model: Decoder, batch: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy (nats) of ``batch [B, T + 1]``: inputs ``[:, :-1]``, targets ``[:, 1:]``."""
+  """Mean next-token cross-entropy in nats per token (scalar float32) of ``batch [B, T + 1]`` int32:
+  inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``)."""
   logits = model(batch[:, :-1])
   return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
 
 def create_state(cfg: TrainConfig, mesh: jax.sharding.Mesh):
-  """Builds model and optimizer directly into their shardings; returns ``(graphdef, state, shardings)``."""
+  """Builds model and optimizer directly into their shardings on ``mesh``.
+
+  Returns:
+    ``(graphdef, state, shardings)``: the ``nnx.split`` of ``(Decoder, nnx.Optimizer)`` and the
+    ``NamedSharding`` pytree of ``state`` (from the parameters' logical axis names).
+  """
   tx = make_optimizer(cfg)
 
   def make():
@@ -71,16 +106,87 @@ def create_state(cfg: TrainConfig, mesh: jax.sharding.Mesh):
   return graphdef, state, sharding.state_shardings(state, mesh)
 
 
+RUN_DEFINING_KEYS = ("model", "data", "seed", "seq_len", "batch_size")
+"""Top-level config keys (and sections) that fix a run's parameters or batch stream: a resume must
+not change them. Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
+``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  out: dict[str, Any] = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def check_resume_config(saved_json: str, cfg: TrainConfig) -> None:
+  """Compares a run's saved ``config.json`` text with ``cfg`` before resuming it.
+
+  Raises:
+    ValueError: a key under ``RUN_DEFINING_KEYS`` differs; the message names the dotted keys with
+      both values and suggests a new workdir.
+  """
+  try:
+    saved = TrainConfig.model_validate_json(saved_json).model_dump(mode="json")
+  except pydantic.ValidationError:  # written by another version of the schema: compare as saved
+    saved = json.loads(saved_json)
+  old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
+  differing = sorted(
+    k for k in old.keys() | new.keys() if k.split(".")[0] in RUN_DEFINING_KEYS and old.get(k) != new.get(k)
+  )
+  if differing:
+    detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differing)
+    raise ValueError(
+      f"cannot resume {cfg.workdir!r} with a different model, data or batch stream ({detail}); "
+      "these keys are fixed for a run: use a new workdir (or the saved values)"
+    )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+  if not path.is_file():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
+  """Drops records after ``step`` (written after the last checkpoint by a crashed process)."""
+  records = _read_metrics(path)
+  kept = [r for r in records if r["step"] <= step]
+  if len(kept) != len(records) or not path.is_file():
+    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+  return kept
+
+
 def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   """Trains (or resumes) the run described by ``cfg`` in ``cfg.workdir``.
 
+  Rerunning with the same workdir resumes from the newest checkpoint with the same batches; a run
+  at or past ``stop_at`` (or ``num_steps``) does no steps and only reports. ``metrics.jsonl`` keeps
+  one record per step (records after the restored step are dropped). Tokens/s exclude each
+  process's first step (compilation).
+
   Raises:
-    ValueError, FileNotFoundError: bad data path or sizes that do not fit the mesh.
+    ValueError: resuming with changed run-defining keys (``check_resume_config``), data too small
+      for ``seq_len``/``batch_size``, sizes that do not divide the mesh.
+    FileNotFoundError: ``cfg.data.path`` does not exist.
   """
   start = time.time()
   workdir = Path(cfg.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(cfg.model_dump_json(indent=2))
+  mngr = checkpoint.manager(workdir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
+  config_path = workdir / "config.json"
+  if mngr.latest_step() is not None and config_path.is_file():
+    check_resume_config(config_path.read_text(), cfg)
+  _write_atomic(config_path, cfg.model_dump_json(indent=2))
 
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   eval_set = data.eval_batches(
@@ -93,13 +199,14 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   batch_sharding = sharding.batch_sharding(mesh)
   graphdef, state, state_shardings = create_state(cfg, mesh)
 
-  mngr = checkpoint.manager(workdir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
   step = 0
   restored = checkpoint.restore_latest(mngr, checkpoint.abstract_with_shardings(state, state_shardings))
   if restored is not None:
     state, meta = restored
     step = int(meta["data_position"])
     print(f"resumed from {workdir / 'checkpoints'} at step {step}")
+  metrics_path = workdir / "metrics.jsonl"
+  previous = _truncate_metrics(metrics_path, step)
 
   @functools.partial(
     jax.jit,
@@ -125,12 +232,13 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   def save(state, step):
     checkpoint.save(mngr, step, state, {"step": step, "data_position": step})
 
-  metrics_path = workdir / "metrics.jsonl"
+  target = cfg.num_steps if cfg.stop_at is None else min(cfg.num_steps, cfg.stop_at)
   tokens_per_step = cfg.batch_size * cfg.seq_len
-  loss, eval_bpb, timed_tokens, timed_seconds = float("nan"), float("nan"), 0, 0.0
+  loss = previous[-1]["loss"] if previous else float("nan")
+  eval_bpb, timed_tokens, timed_seconds, process_steps = float("nan"), 0, 0.0, 0
   bar = tqdm(total=cfg.num_steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
   with metrics_path.open("a") as metrics_file:
-    while step < cfg.num_steps:
+    while step < target:
       batch = data.train_batch(
         corpus.train, step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len
       )
@@ -139,13 +247,13 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
       loss = float(out["loss"])  # waits for the step
       dt = time.time() - t0
       step += 1
-      if step > 1 or restored is not None:  # the first step of a process includes compilation
+      process_steps += 1
+      if process_steps > 1:  # the first step of every process includes compilation
         timed_tokens, timed_seconds = timed_tokens + tokens_per_step, timed_seconds + dt
       tok_s = timed_tokens / timed_seconds if timed_seconds else 0.0
       record = {"step": step, "loss": loss, "grad_norm": float(out["grad_norm"]), "tokens_per_second": tok_s}
       out_of_time = cfg.max_seconds is not None and time.time() - start > cfg.max_seconds
-      stopping = out_of_time or step == cfg.stop_at
-      last = step == cfg.num_steps or stopping
+      last = step == target or out_of_time
       if step % cfg.eval_every == 0 or last:
         eval_bpb = evaluate(state)
         record["eval_bits_per_byte"] = eval_bpb
@@ -156,39 +264,64 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
       bar.update(1)
       if step % cfg.checkpoint_every == 0 or last:
         save(state, step)
-      if stopping:
-        bar.write(f"stopping at step {step} of {cfg.num_steps}; rerun with the same workdir to resume")
+      if out_of_time:
         break
   bar.close()
   mngr.close()
+  if step < cfg.num_steps:
+    print(f"stopped at step {step} of {cfg.num_steps}; rerun with the same workdir to resume")
 
   model, _ = nnx.merge(graphdef, state)
   sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed) if cfg.sample_len else ""
   plot_loss_curve(metrics_path, workdir / "loss.png", unigram)
+  if timed_seconds:
+    tokens_per_second = timed_tokens / timed_seconds
+  else:  # this process timed no step (none, or only the compiling one): keep the run's last figure
+    tokens_per_second = next((r["tokens_per_second"] for r in reversed(_read_metrics(metrics_path))), 0.0)
   result = TrainResult(
     step=step,
     train_loss=loss,
     eval_bits_per_byte=eval_bpb if not math.isnan(eval_bpb) else evaluate(state),
     unigram_bits_per_byte=unigram,
-    tokens_per_second=timed_tokens / timed_seconds if timed_seconds else 0.0,
+    tokens_per_second=tokens_per_second,
     wall_seconds=time.time() - start,
     sample=sample,
   )
-  (workdir / "summary.json").write_text(json.dumps(result.__dict__, indent=2))
+  _write_atomic(workdir / "summary.json", json.dumps(result.__dict__, indent=2))
   return result
 
 
 def sample_text(model: Decoder, prompt: str, length: int, *, seed: int, temperature: float = 0.8) -> str:
-  """Generates ``length`` bytes after ``prompt`` (sampled at ``temperature``, top-k 40)."""
-  tokens = jnp.asarray([list(prompt.encode())], jnp.int32)
+  """``prompt`` followed by up to ``length`` generated bytes (sampled at ``temperature``, top-k 40),
+  decoded as UTF-8 with replacement characters.
+
+  With learned positions the sample is clipped so prompt + sample fit ``model.cfg.max_len`` tokens.
+
+  Raises:
+    ValueError: an empty prompt, or (learned positions) a prompt of ``max_len`` bytes or more.
+  """
+  tokens = list(prompt.encode())
+  if model.cfg.pos_encoding == "learned":
+    length = min(length, model.cfg.max_len - len(tokens))
+    if length <= 0:
+      raise ValueError(
+        f"sample_prompt is {len(tokens)} bytes; learned positions leave no room in max_len "
+        f"({model.cfg.max_len}) for a sample"
+      )
   out = generate(
-    model, tokens, max_new_tokens=length, temperature=temperature, top_k=40, rng=jax.random.key(seed)
+    model,
+    jnp.asarray([tokens], jnp.int32),
+    max_new_tokens=length,
+    temperature=temperature,
+    top_k=40,
+    rng=jax.random.key(seed),
   )
   return prompt + bytes(np.asarray(out[0], np.uint8)).decode("utf-8", errors="replace")
 
 
 def plot_loss_curve(metrics_path: Path, out_path: Path, unigram: float) -> None:
-  """Training loss and held-out bits/byte against step, with the unigram entropy for reference."""
+  """Plots training and held-out bits/byte (from ``metrics.jsonl`` at ``metrics_path``) against
+  step, with the unigram entropy ``unigram`` (bits/byte) for reference, to the PNG ``out_path``."""
   import matplotlib
 
   matplotlib.use("Agg")

@@ -87,3 +87,11 @@ def test_quoted_overrides_stay_strings():
     "e": "abc",
   }
   assert load_config(None, ["learning_rate=1e-2"]).learning_rate == 0.01
+
+
+def test_learned_positions_need_room_for_the_sample():
+  base = ["model.pos_encoding=learned", "model.max_len=8", "seq_len=8"]
+  assert load_config(None, [*base, "sample_prompt=abcdefg"]).sample_prompt == "abcdefg"
+  with pytest.raises(pydantic.ValidationError, match="sample_prompt"):
+    load_config(None, [*base, "sample_prompt=abcdefgh"])
+  assert load_config(None, [*base, "sample_prompt=abcdefgh", "sample_len=0"]).sample_len == 0

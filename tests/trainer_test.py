@@ -141,3 +141,88 @@ def test_batches_are_deterministic_per_step():
   np.testing.assert_array_equal(x, data.train_batch(tokens, step=3, seed=1, batch_size=4, seq_len=16))
   assert not np.array_equal(x, data.train_batch(tokens, step=4, seed=1, batch_size=4, seq_len=16))
   assert x.shape == (4, 17) and np.all(np.diff(x.astype(np.int64) % 256, axis=1) % 256 == 1)
+
+
+def _steps(workdir):
+  return [json.loads(line)["step"] for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_checks_config_stops_at_stop_at_and_keeps_one_record_per_step(tmp_path, text_file):
+  run = tmp_path / "run"
+  fast = ["num_steps=4", "checkpoint_every=2", "eval_every=100", "sample_len=0", "model.d_model=16"]
+  first = trainer.train(_cfg(run, text_file, *fast, "stop_at=2"), progress=False)
+  assert first.step == 2 and _steps(run) == [1, 2]
+  saved = (run / "config.json").read_text()
+
+  # Rerun at stop_at: no steps; throughput from the last metrics record, not 0.
+  again = trainer.train(_cfg(run, text_file, *fast, "stop_at=2"), progress=False)
+  assert again.step == 2 and _steps(run) == [1, 2]
+  last_record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+  assert again.tokens_per_second == last_record["tokens_per_second"] > 0
+  assert json.loads((run / "summary.json").read_text())["tokens_per_second"] > 0
+
+  # Changing what defines the state or the batch stream is refused, and config.json is kept.
+  with pytest.raises(ValueError, match=r"model\.d_model: 16 -> 32.*seq_len: 32 -> 16.*new workdir"):
+    trainer.train(_cfg(run, text_file, *fast[:-1], "seq_len=16"), progress=False)
+  for change in ("seed=1", "batch_size=16", "data.max_bytes=99999"):
+    with pytest.raises(ValueError, match=change.split("=")[0]):
+      trainer.train(_cfg(run, text_file, *fast, change), progress=False)
+  assert (run / "config.json").read_text() == saved
+
+  # Allowed changes resume; the first step of the resumed process is not timed.
+  trainer.train(_cfg(run, text_file, *fast, "eval_every=3"), progress=False)
+  records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == [1, 2, 3, 4]
+  assert records[2]["tokens_per_second"] == 0.0 and records[3]["tokens_per_second"] > 0
+  assert json.loads((run / "config.json").read_text())["eval_every"] == 3
+
+  # A crash after step 4's metrics but before its checkpoint: steps 3-4 are redone, not duplicated.
+  import shutil
+
+  shutil.rmtree(run / "checkpoints" / "4")
+  assert trainer.train(_cfg(run, text_file, *fast), progress=False).step == 4
+  assert _steps(run) == [1, 2, 3, 4]
+
+
+def test_weight_decay_skips_biases_and_layernorm(tmp_path, text_file):
+  from flax import nnx
+
+  from jaxpe.model import Decoder
+
+  cfg = _cfg(
+    tmp_path, text_file, "model.use_bias=true", "warmup_steps=0", "learning_rate=0.1", "weight_decay=0.5"
+  )
+  model = Decoder(cfg.model, rngs=nnx.Rngs(0))
+  before = {"/".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  optimizer = nnx.Optimizer(model, trainer.make_optimizer(cfg), wrt=nnx.Param)
+  optimizer.update(model, jax.tree.map(jax.numpy.zeros_like, nnx.state(model, nnx.Param)))
+  after = {"/".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  # Zero gradients: Adam's step is 0, so only decoupled decay moves a parameter, by -lr * wd * p.
+  decayed = {k for k in before if not k.endswith(("bias", "scale"))}
+  assert any("attn/q/bias" in k and before[k].ndim == 2 for k in before)  # [N, H] biases are kept too
+  assert decayed and all(k.endswith(("kernel", "embedding")) for k in decayed)
+  for k in before:
+    expected = before[k] * (1 - 0.1 * 0.5) if k in decayed else before[k]
+    np.testing.assert_allclose(after[k], expected, rtol=1e-6, err_msg=k)
+
+
+def test_sample_is_clipped_to_max_len_for_learned_positions(monkeypatch, tmp_path, text_file):
+  from flax import nnx
+
+  from jaxpe.model import Decoder
+
+  cfg = _cfg(tmp_path, text_file, "model.pos_encoding=learned", "model.max_len=16", "seq_len=16")
+  calls = []
+  real = trainer.generate
+
+  def spy(model, prompt, **kw):
+    calls.append((prompt.shape[1], kw["max_new_tokens"]))
+    return real(model, prompt, **kw)
+
+  monkeypatch.setattr(trainer, "generate", spy)
+  learned = Decoder(cfg.model, rngs=nnx.Rngs(0))
+  out = trainer.sample_text(learned, "def ", 64, seed=0)
+  assert calls == [(4, 12)] and out.startswith("def ")
+  rope = Decoder(cfg.model.model_copy(update={"pos_encoding": "rope"}), rngs=nnx.Rngs(0))
+  trainer.sample_text(rope, "def ", 20, seed=0)
+  assert calls[-1] == (4, 20)  # relative positions: not clipped
