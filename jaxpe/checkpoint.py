@@ -16,7 +16,8 @@ import orbax.checkpoint as ocp
 
 
 def manager(directory: str | Path, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
-  """A CheckpointManager over ``directory`` (created if missing), keeping the newest checkpoints."""
+  """A CheckpointManager over ``directory`` (created if missing), keeping the newest
+  ``max_to_keep`` (> 0) checkpoints; each step is a subdirectory named by the step number."""
   return ocp.CheckpointManager(
     Path(directory).absolute(),
     options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
@@ -24,7 +25,12 @@ def manager(directory: str | Path, *, max_to_keep: int = 2) -> ocp.CheckpointMan
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
-  """Saves ``state`` (a pytree of arrays) and JSON ``meta`` at ``step`` and waits for completion."""
+  """Saves ``state`` (a pytree of arrays, any shapes, dtypes and shardings) and the JSON-serialisable
+  dict ``meta`` at ``step`` (an optimizer step, >= 0) and waits for completion.
+
+  Raises:
+    ValueError: orbax's error when ``step`` is already saved.
+  """
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
   mngr.wait_until_finished()
 
@@ -37,6 +43,10 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any) -> tuple[An
 
   Returns:
     ``(state, meta)``, or None when the directory holds no checkpoint.
+
+  Raises:
+    ValueError: orbax's error when the saved tree or shapes do not match ``abstract_state`` (the
+      trainer refuses changed model configs before this, naming the keys).
   """
   step = mngr.latest_step()
   if step is None:
@@ -49,5 +59,6 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any) -> tuple[An
 
 
 def abstract_with_shardings(state: Any, shardings: Any) -> Any:
-  """ShapeDtypeStructs of ``state`` carrying ``shardings`` (restore targets)."""
+  """Restore targets: a pytree like ``state`` of ``jax.ShapeDtypeStruct`` with each leaf's shape and
+  dtype and the matching ``NamedSharding`` from ``shardings`` (same tree structure)."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)

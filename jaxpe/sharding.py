@@ -31,8 +31,11 @@ def make_mesh(shape: tuple[int, int] = (-1, 1)) -> jax.sharding.Mesh:
 
   Axes are ``Auto`` (jax.make_mesh's default Explicit axes break NNX embedding lookups).
 
+  Args:
+    shape: ``(data, model)`` axis sizes in devices; at most one may be ``-1``.
+
   Raises:
-    ValueError: the shape does not multiply out to the device count.
+    ValueError: more than one ``-1``, or the shape does not multiply out to the device count.
   """
   n = jax.device_count()
   data, model = shape
@@ -48,25 +51,27 @@ def make_mesh(shape: tuple[int, int] = (-1, 1)) -> jax.sharding.Mesh:
 
 
 def state_shardings(state, mesh: jax.sharding.Mesh):
-  """NamedShardings for an NNX state (or abstract state) from its logical axis names."""
+  """NamedShardings for an NNX state (or abstract state) from its logical axis names.
+
+  Returns a pytree like ``state`` whose leaves are ``NamedSharding`` on ``mesh`` (``LOGICAL_RULES``
+  maps e.g. ``heads`` to ``model``; unnamed axes are replicated).
+  """
   with nnx.logical_axis_rules(LOGICAL_RULES):
     return nnx.get_named_sharding(state, mesh)
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-  """``[B, ...]`` arrays split over the ``data`` axis."""
+  """Sharding for ``[B, ...]`` arrays (token batches ``[B, T + 1]``): B split over the ``data``
+  axis, the rest replicated. B must divide by the data axis size (``check_divisible``)."""
   return NamedSharding(mesh, P("data"))
-
-
-def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
 
 
 def create_sharded(make, mesh: jax.sharding.Mesh):
   """Builds ``make()`` (a function returning an NNX object) directly into its shardings.
 
   Shapes come from ``nnx.eval_shape``; the init is jitted with ``out_shardings`` so that no
-  device holds an unsharded copy.
+  device holds an unsharded copy. Returns the NNX object (same graph as ``make()``) with its
+  arrays sharded on ``mesh``.
   """
   abstract = nnx.eval_shape(make)
   graphdef, abstract_state = nnx.split(abstract)
@@ -80,7 +85,13 @@ def create_sharded(make, mesh: jax.sharding.Mesh):
 
 
 def check_divisible(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch_size: int) -> None:
-  """Raises ValueError when a sharded size does not divide by its mesh axis."""
+  """Checks that sharded sizes divide by their mesh axes: ``batch_size`` (B) by ``data``; N, K, F
+  and V by ``model``.
+
+  Raises:
+    ValueError: naming the size (``batch_size``, ``num_heads``, ``num_kv_heads``, ``mlp_dim``,
+      ``vocab_size``) and the axis size it must divide by.
+  """
   data, model = mesh.shape["data"], mesh.shape["model"]
   if batch_size % data:
     raise ValueError(f"batch_size ({batch_size}) must be divisible by the data axis ({data})")
