@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe import alibi, attention, emulation, rope, sinusoidal, xpos
+from jaxpe import _checks, alibi, attention, emulation, rope, sinusoidal, xpos
 from jaxpe import positions as positions_lib
 from jaxpe.config import ModelConfig
 
@@ -161,7 +161,9 @@ class Attention(nnx.Module):
       return rope.apply_rope(q, positions, **kw), rope.apply_rope(k, positions, **kw)
     if cfg.pos_encoding == "xpos":
       inv_freq, factor = cfg.rope_frequencies()
-      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor)
+      # The same offset for queries and keys cancels in q.k and keeps zeta ** (p / scale_base) finite
+      # in float32 for |p - offset| up to ~35,000 (config: max_len <= 65536).
+      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor, offset=cfg.max_len // 2)
       return xpos.apply_xpos(q, positions, kind="query", **kw), xpos.apply_xpos(
         k, positions, kind="key", **kw
       )
@@ -243,7 +245,7 @@ class Decoder(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     # Parameters are annotated with logical axis names but built unsharded (no mesh needed);
-    # ``jaxpe.sharding.create_sharded_model`` places them on a mesh.
+    # ``jaxpe.sharding.create_sharded`` places them on a mesh.
     with nnx.use_eager_sharding(False):
       self._build(cfg, rngs)
 
@@ -309,15 +311,22 @@ class Decoder(nnx.Module):
     cfg = self.cfg
     if tokens.ndim != 2:
       raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
+    _checks.check_index_range("tokens", tokens, cfg.vocab_size, "vocab_size")
     batch, t_len = tokens.shape
+    if cache is not None:
+      slots = cache.positions.shape[1]
+      if t_len > slots or (not isinstance(cache.end, jax.core.Tracer) and int(cache.end) + t_len > slots):
+        raise ValueError(
+          f"the KV cache has {slots} slots; {t_len} new tokens after {cache.end} filled ones do not fit "
+          "(init_cache with a larger max_len)"
+        )
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       if segment_ids is not None:
         positions = positions_lib.positions_from_segment_ids(segment_ids)
-      elif cache is not None:
-        prior = jnp.max(jnp.where(cache.valid, cache.positions + 1, 0), axis=1, keepdims=True)
-        positions = prior + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-        positions = jnp.where(valid, positions, 0)
+      elif cache is not None:  # continue after the real tokens already cached
+        prior = jnp.max(jnp.where(cache.valid, cache.positions + 1, 0), axis=1)
+        positions = positions_lib.positions_from_mask(valid, start=prior)
       elif attention_mask is not None:
         positions = positions_lib.positions_from_mask(attention_mask)
       else:
@@ -330,6 +339,7 @@ class Decoder(nnx.Module):
         raise ValueError(
           f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
         )
+      _checks.check_index_range("positions", positions, cfg.max_len, "max_len (learned position table)")
       x = x + self.pos_embed(positions)
     elif cfg.pos_encoding == "sinusoidal":
       x = x + sinusoidal.sinusoidal_embedding(positions, d_model=cfg.d_model, dtype=x.dtype)

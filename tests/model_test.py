@@ -98,3 +98,26 @@ def test_config_errors_name_the_key():
 def test_learned_positions_reject_too_long_input():
   with pytest.raises(ValueError, match="max_len"):
     _model("learned")(_tokens(0, (1, TINY["max_len"] + 1)))
+
+
+def test_out_of_range_inputs_are_errors_not_nans():
+  model = _model("learned")
+  with pytest.raises(ValueError, match=r"tokens must be in \[0, vocab_size = 64\)"):
+    model(jnp.asarray([[1, 64, 2]]))
+  with pytest.raises(ValueError, match=r"tokens must be in \[0, vocab_size"):
+    model(jnp.asarray([[1, -1, 2]]))
+  with pytest.raises(ValueError, match=r"positions must be in \[0, max_len"):
+    model(jnp.asarray([[1, 2]]), positions=jnp.asarray([[31, 32]]))
+  cache = init_cache(model.cfg, 1, 4)
+  _, cache = model(jnp.asarray([[1, 2, 3]]), cache=cache)
+  with pytest.raises(ValueError, match="KV cache has 4 slots"):
+    model(jnp.asarray([[4, 5]]), cache=cache)
+
+
+def test_xpos_stays_finite_over_a_long_context():
+  # zeta ** (p / 512) underflows float32 near p = 36,000 unless queries and keys share an offset.
+  model = _model("xpos", max_len=65536)
+  tokens = _tokens(6, (1, 4))
+  for start in (0, 40000, 65530):
+    positions = jnp.arange(start, start + 4, dtype=jnp.int32)[None]
+    assert bool(jnp.all(jnp.isfinite(model(tokens, positions=positions))))
