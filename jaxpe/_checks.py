@@ -46,6 +46,15 @@ def check_positions(name: str, positions) -> None:
       raise ValueError(f"{name} must be >= 0 (token indices), got min {arr.min()}")
 
 
+def check_index_range(name: str, x, upper: int, what: str) -> None:
+  """When ``x`` is concrete: all values in ``[0, upper)``, else ValueError naming ``what``."""
+  if isinstance(x, jax.core.Tracer):
+    return
+  arr = np.asarray(x)
+  if arr.size and (arr.min() < 0 or arr.max() >= upper):
+    raise ValueError(f"{name} must be in [0, {what} = {upper}), got values in [{arr.min()}, {arr.max()}]")
+
+
 def check_positive_int(name: str, value, *, even: bool = False) -> int:
   """Returns ``value`` as int; raises ValueError unless it is a positive (even) Python int."""
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
@@ -66,13 +75,18 @@ def check_positive_float(name: str, value) -> float:
   return v
 
 
-def check_slopes(name: str, slopes) -> None:
-  """Slopes: rank 1, and when concrete, finite and > 0."""
+def check_slopes(name: str, slopes, *, allow_zero: bool = False) -> None:
+  """Slopes: rank 1, a float (or Python number) array and, when concrete, finite and > 0
+  (>= 0 with ``allow_zero``: slope 0 turns ALiBi off for that head)."""
   check_rank(name, slopes, 1, "[N]")
+  dtype = jnp.result_type(slopes)
+  if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+    raise TypeError(f"{name} must be a float array, got dtype {dtype}")
   if not isinstance(slopes, jax.core.Tracer):
     arr = np.asarray(slopes, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-      raise ValueError(f"{name} must be finite and > 0, got {arr.tolist()}")
+    bad = np.any(arr < 0) if allow_zero else np.any(arr <= 0)
+    if not np.all(np.isfinite(arr)) or bad:
+      raise ValueError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0, got {arr.tolist()}")
 
 
 def broadcastable(name: str, shape: Sequence[int], target: Sequence[int], hint: str) -> None:

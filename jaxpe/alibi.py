@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import _checks
+from jaxpe.positions import positions_from_mask
 
 
 def alibi_slopes_f64(num_heads: int) -> np.ndarray:
@@ -56,7 +57,7 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
   constant does not change softmax, so this equals BLOOM's ``+m_h * j`` form under a causal mask.
 
   Args:
-    slopes: ``[N]`` float slopes, > 0.
+    slopes: ``[N]`` float slopes, >= 0 (0 = no ALiBi on that head, see ``alibi_slopes_for_heads``).
     q_positions: ``[B, T]`` integer token indices of the queries.
     k_positions: ``[B, S]`` integer token indices of the keys.
 
@@ -67,7 +68,7 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
     ValueError: wrong ranks, mismatched batch sizes, non-positive slopes.
     TypeError: non-integer positions.
   """
-  _checks.check_slopes("slopes", slopes)
+  _checks.check_slopes("slopes", slopes, allow_zero=True)
   _check_position_pair(q_positions, k_positions)
   # Distances are exact integers; convert once to float32 (exact below 2**24).
   distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
@@ -85,16 +86,6 @@ def _check_position_pair(q_positions, k_positions) -> None:
       f"q_positions and k_positions must have the same batch size B, got "
       f"{q_positions.shape[0]} and {k_positions.shape[0]}"
     )
-
-
-def _check_nonneg_slopes(name: str, slopes) -> None:
-  """Slopes for the extended forms: rank 1, finite and >= 0 (0 turns ALiBi off for that head)."""
-  _checks.check_rank(name, slopes, 1, "[N]")
-  _checks.check_float(name, slopes)
-  if not isinstance(slopes, jax.core.Tracer):
-    arr = np.asarray(slopes, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-      raise ValueError(f"{name} must be finite and >= 0, got {arr.tolist()}")
 
 
 def alibi_slopes_for_heads(num_heads: int, *, alibi_heads) -> jax.Array:
@@ -150,7 +141,7 @@ def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=Non
     ValueError: bad slopes, ``q_len``/``k_len`` not positive, ``k_len < q_len``, ``q_offset`` out
       of range.
   """
-  _check_nonneg_slopes("slopes", slopes)
+  _checks.check_slopes("slopes", slopes, allow_zero=True)
   q_len = _checks.check_positive_int("q_len", q_len)
   k_len = _checks.check_positive_int("k_len", k_len)
   if k_len < q_len:
@@ -187,10 +178,8 @@ def alibi_bias_bloom(slopes: jax.Array, attention_mask: jax.Array) -> jax.Array:
   Source: HF transformers ``models/bloom/modeling_bloom.py`` ``build_alibi_tensor``
   (arXiv 2211.05100).
   """
-  _check_nonneg_slopes("slopes", slopes)
-  _checks.check_rank("attention_mask", attention_mask, 2, "[B, S]")
-  mask = attention_mask.astype(jnp.int32)
-  pos = ((jnp.cumsum(mask, axis=-1) - 1) * mask).astype(jnp.float32)  # [B, S]
+  _checks.check_slopes("slopes", slopes, allow_zero=True)
+  pos = positions_from_mask(attention_mask).astype(jnp.float32)  # [B, S], BLOOM's rule
   return jnp.asarray(slopes, jnp.float32)[None, :, None, None] * pos[:, None, None, :]
 
 
@@ -212,7 +201,7 @@ def alibi_bias_symmetric(slopes: jax.Array, q_positions: jax.Array, k_positions:
   Source: Press et al. arXiv 2108.12409 (the distance form), symmetric as in MosaicBERT
   (Portes et al., arXiv 2312.17482).
   """
-  _check_nonneg_slopes("slopes", slopes)
+  _checks.check_slopes("slopes", slopes, allow_zero=True)
   _check_position_pair(q_positions, k_positions)
   distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]

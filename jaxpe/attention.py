@@ -35,21 +35,34 @@ def make_attention_mask(
     ``[B, 1, T, S]`` bool.
 
   Raises:
-    ValueError: wrong ranks or only one of the segment ids given.
+    ValueError: wrong ranks or shapes, mismatched batch sizes, negative indices, or only one of
+      the segment ids given.
+    TypeError: non-integer indices.
   """
   _checks.check_rank("q_index", q_index, 2, "[B, T]")
   _checks.check_rank("k_index", k_index, 2, "[B, S]")
-  mask = jnp.ones((q_index.shape[0], q_index.shape[1], k_index.shape[1]), bool)
+  _checks.check_positions("q_index", q_index)
+  _checks.check_positions("k_index", k_index)
+  batch, t_len, s_len = q_index.shape[0], q_index.shape[1], k_index.shape[1]
+  if k_index.shape[0] != batch:
+    raise ValueError(
+      f"q_index and k_index must have the same batch size B, got {batch} and {k_index.shape[0]}"
+    )
+  for name, arr, shape in (
+    ("k_valid", k_valid, (batch, s_len)),
+    ("q_segment_ids", q_segment_ids, (batch, t_len)),
+    ("k_segment_ids", k_segment_ids, (batch, s_len)),
+  ):
+    if arr is not None and arr.shape != shape:
+      raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
+  mask = jnp.ones((batch, t_len, s_len), bool)
   if causal:
     mask &= k_index[:, None, :] <= q_index[:, :, None]
   if k_valid is not None:
-    _checks.check_rank("k_valid", k_valid, 2, "[B, S]")
     mask &= k_valid.astype(bool)[:, None, :]
   if (q_segment_ids is None) != (k_segment_ids is None):
     raise ValueError("q_segment_ids and k_segment_ids must be given together")
   if q_segment_ids is not None:
-    _checks.check_rank("q_segment_ids", q_segment_ids, 2, "[B, T]")
-    _checks.check_rank("k_segment_ids", k_segment_ids, 2, "[B, S]")
     mask &= q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
   return mask[:, None, :, :]
 
@@ -83,11 +96,16 @@ def dot_product_attention(
 
   Raises:
     ValueError: wrong ranks, mismatched batch/length/head/dim sizes, bias or mask that do not
-      broadcast.
+      broadcast, ``scale`` not a finite number > 0.
+    TypeError: non-float q/k/v or a non-bool mask.
   """
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
   _checks.check_rank("k", k, 4, "[B, S, K, Hq]")
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
+  for name, arr in (("q", q), ("k", k), ("v", v)):
+    _checks.check_float(name, arr)
+  if not isinstance(scale, jax.core.Tracer):
+    _checks.check_positive_float("scale", scale)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   if k.shape[0] != batch or k.shape[3] != qk_dim:
@@ -101,6 +119,8 @@ def dot_product_attention(
     _checks.broadcastable("bias", bias.shape, full, "[B, N, T, S]")
   if mask is not None:
     _checks.broadcastable("mask", mask.shape, full, "[B, N, T, S]")
+    if jnp.result_type(mask) != jnp.bool_:
+      raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
 
   group = num_heads // num_kv
   q_grouped = q.reshape(batch, t_len, num_kv, group, qk_dim)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import _checks
+from jaxpe.attention import make_attention_mask
 
 
 def positions_from_mask(attention_mask: jax.Array, *, start: jax.Array | int | None = None) -> jax.Array:
@@ -19,7 +20,7 @@ def positions_from_mask(attention_mask: jax.Array, *, start: jax.Array | int | N
   (HF ``BloomModel``: ``(attention_mask.cumsum(-1) - 1) * attention_mask``).
 
   Args:
-    attention_mask: ``[B, S]`` bool or integer (0/1), 1/True for real tokens.
+    attention_mask: ``[B, S]`` bool or integer, nonzero/True for real tokens.
     start: optional position of the first real token per sequence, e.g. the number of real tokens
       already in a KV cache: an int >= 0 or a ``[B]`` integer array. Padding stays at 0.
 
@@ -32,7 +33,7 @@ def positions_from_mask(attention_mask: jax.Array, *, start: jax.Array | int | N
   """
   _checks.check_rank("attention_mask", attention_mask, 2, "[B, S]")
   _check_mask_dtype("attention_mask", attention_mask)
-  mask = attention_mask.astype(jnp.int32)
+  mask = attention_mask.astype(bool).astype(jnp.int32)  # any nonzero value is a real token
   positions = (jnp.cumsum(mask, axis=-1) - 1) * mask
   if start is None:
     return positions
@@ -107,9 +108,9 @@ def document_mask(
     )
   if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
     raise ValueError(f"q_offset must be an integer >= 0, got {q_offset!r}")
-  t_len, s_len = q_segment_ids.shape[1], k_segment_ids.shape[1]
-  mask = q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
-  if causal:
-    q_slot = q_offset + jnp.arange(t_len, dtype=jnp.int32)
-    mask &= (jnp.arange(s_len, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None, :, :]
-  return mask[:, None, :, :]
+  batch, t_len, s_len = q_segment_ids.shape[0], q_segment_ids.shape[1], k_segment_ids.shape[1]
+  q_slot = jnp.broadcast_to(q_offset + jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+  k_slot = jnp.broadcast_to(jnp.arange(s_len, dtype=jnp.int32), (batch, s_len))
+  return make_attention_mask(
+    q_slot, k_slot, causal=causal, q_segment_ids=q_segment_ids, k_segment_ids=k_segment_ids
+  )

@@ -120,7 +120,11 @@ def apply_rope(
   if inv_freq is None:
     _checks.check_positive_int("x.shape[-1] (head_dim)", head_dim, even=True)
     inv_freq = rope_inv_freq(head_dim, base=base)
+  if not isinstance(inv_freq, jax.Array | np.ndarray):
+    inv_freq = np.asarray(inv_freq)  # a list or tuple of frequencies
   _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
+  if not isinstance(inv_freq, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(inv_freq, np.float64))):
+    raise ValueError("inv_freq must be finite (radians per token)")
   rotary_dim = 2 * inv_freq.shape[0]
   if rotary_dim > head_dim:
     raise ValueError(
@@ -129,6 +133,8 @@ def apply_rope(
     )
 
   _checks.check_float("inv_freq", inv_freq)
+  if isinstance(scale, list | tuple):
+    scale = np.asarray(scale, np.float32)
   if isinstance(scale, jax.Array | np.ndarray) and jnp.ndim(scale) > 0:
     _checks.broadcastable("scale", scale.shape, (*x.shape[:3], rotary_dim // 2), "[B, T, N, R/2]")
   elif not isinstance(scale, jax.core.Tracer) and not np.isfinite(float(scale)):

@@ -162,7 +162,7 @@ class AlibiBiasTest(chex.TestCase):
     p = jnp.zeros((1, 3), jnp.int32)
     with pytest.raises(ValueError, match="num_heads"):
       alibi.alibi_slopes(0)
-    with pytest.raises(ValueError, match="slopes must be finite and > 0"):
+    with pytest.raises(ValueError, match="slopes must be finite and >= 0"):
       alibi.alibi_bias(jnp.asarray([0.5, -1.0]), p, p)
     with pytest.raises(ValueError, match="same batch size"):
       alibi.alibi_bias(alibi.alibi_slopes(2), p, jnp.zeros((2, 3), jnp.int32))
@@ -262,3 +262,38 @@ class AttentionTest(chex.TestCase):
       jaxpe.dot_product_attention(q, _rand(0, (1, 3, 3, 8)), _rand(0, (1, 3, 3, 8)), scale=1.0)
     with pytest.raises(ValueError, match="bias must broadcast"):
       jaxpe.dot_product_attention(q, q, q, scale=1.0, bias=jnp.zeros((1, 4, 3, 2)))
+
+
+def test_bad_inputs_raise_named_errors_not_nans():
+  x = _rand(0, (1, 3, 2, 8))
+  pos = jnp.zeros((1, 3), jnp.int32)
+  out = rope.apply_rope(x, pos + 2, inv_freq=[1.0, 0.5])  # a list works (partial rotary)
+  np.testing.assert_array_equal(out[..., 4:], x[..., 4:])
+  with pytest.raises(ValueError, match="inv_freq must be finite"):
+    rope.apply_rope(x, pos, inv_freq=jnp.asarray([1.0, jnp.nan]))
+  with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+    jaxpe.dot_product_attention(x, x, x, scale=float("nan"))
+  with pytest.raises(TypeError, match="mask must be a bool array"):
+    jaxpe.dot_product_attention(x, x, x, scale=1.0, mask=jnp.full((1, 1, 3, 3), 0.5))
+  idx = jnp.zeros((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match="same batch size"):
+    jaxpe.make_attention_mask(idx, jnp.zeros((3, 3), jnp.int32))
+  with pytest.raises(ValueError, match=r"k_valid must have shape \[1, 3\]"):
+    jaxpe.make_attention_mask(idx, idx, k_valid=jnp.ones((1, 4), bool))
+  with pytest.raises(TypeError, match="q_index must be an integer"):
+    jaxpe.make_attention_mask(idx.astype(jnp.float32), idx)
+  # any nonzero mask value is a real token
+  np.testing.assert_array_equal(jaxpe.positions_from_mask(jnp.asarray([[0, 2, 1]])), [[0, 0, 1]])
+  # zero slopes (ALiBi on a subset of heads) are accepted by the distance form
+  bias = alibi.alibi_bias(jnp.asarray([0.5, 0.0]), jnp.asarray([[3]]), jnp.asarray([[0, 1, 2, 3]]))
+  np.testing.assert_array_equal(bias[0, :, 0], [[-1.5, -1.0, -0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+
+
+def test_emulation_rejects_traced_parameters_and_phases_past_pi_over_2():
+  q = _rand(0, (1, 4, 2, 8))
+  pos = jnp.asarray([[0, 1, 2, 3]], jnp.int32)
+  slopes = alibi.alibi_slopes_f64(2)
+  with pytest.raises(ValueError, match="theta too large for these positions"):
+    emulation.apply_rope_alibi(q, q, pos * 1000, pos * 1000, slopes=slopes, theta=1e-3)
+  with pytest.raises(ValueError, match="theta must be concrete"):
+    jax.jit(lambda t: emulation.apply_rope_alibi(q, q, pos, pos, slopes=slopes, theta=t))(1e-3)
