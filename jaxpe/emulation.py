@@ -553,11 +553,24 @@ def apply_rope_alibi(
   out_name = _dtype_name(out_dtype)
   order = _check_order(order)
   weights = emulation_weights(order)
+  for name, value in (("slopes", slopes), ("theta", theta)):
+    if isinstance(value, jax.core.Tracer):
+      raise ValueError(f"{name} must be concrete (numpy or Python numbers), not traced under jit")
   slopes = np.asarray(slopes, np.float64)
   _checks.check_slopes("slopes", slopes)
   if slopes.shape[0] != num_heads:
     raise ValueError(f"slopes must have one entry per head (N = {num_heads}), got {slopes.shape[0]}")
   theta = np.asarray(theta, np.float64)
+  if not any(isinstance(p, jax.core.Tracer) for p in (q_positions, k_positions)):
+    # sin(d theta) must stay monotonic: the largest base phase theta * |i - j| below pi/2.
+    qp_np, kp_np = np.asarray(q_positions, np.int64), np.asarray(k_positions, np.int64)
+    if qp_np.size and kp_np.size:
+      span = max(qp_np.max() - kp_np.min(), kp_np.max() - qp_np.min())
+      if span * float(np.max(theta)) >= math.pi / 2:
+        raise ValueError(
+          f"theta too large for these positions: theta * max|i - j| = {span * float(np.max(theta)):.3g} "
+          ">= pi/2 rad; use a smaller theta (solve_emulation / emulation_theta with the real context)"
+        )
   theta32 = np.asarray(theta.astype(np.float32), np.float64)  # the frequency the phases will use
   amplitudes = emulation_amplitudes(slopes, head_dim=head_dim, theta=theta32)  # validates theta
   _check_representable(amplitudes, weights, out_name, "use a larger theta (max_phase)")
