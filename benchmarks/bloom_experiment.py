@@ -443,7 +443,7 @@ def run_small(args, out: Path) -> tuple[str, dict]:
   else:
     train_info = json.loads(summary_path.read_text())
   model = load_trained(cfg)
-  hf_dir = bloom.save_hf(model, out / "small_hf")
+  hf_dir = bloom.save_hf(model, out / "small_hf", overwrite=True)
   hf = transformers.BloomForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   long_ctx = 4 * args.small_context
   emu = bloom.to_emulated(model, context=long_ctx, max_phase=args.max_phase)

@@ -655,23 +655,46 @@ def to_hf_state_dict(model: Decoder) -> dict[str, np.ndarray]:
   return out
 
 
-def save_hf(model: Decoder, path: str | Path) -> Path:
+def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False) -> Path:
   """Writes an HF checkpoint directory (``config.json`` + ``model.safetensors``) that
   ``transformers.BloomForCausalLM.from_pretrained(path)`` loads.
+
+  The files are written to a temporary sibling directory which is then renamed into place, so an
+  interrupted export never leaves a half-written checkpoint, and an existing one is replaced only
+  with ``overwrite=True``.
+
+  Args:
+    model: a BLOOM-compatible ``Decoder`` (see ``check_bloom_compatible``).
+    path: the directory to create.
+    overwrite: replace ``path`` if it already exists.
 
   Returns:
     the directory.
 
   Raises:
+    FileExistsError: ``path`` exists and ``overwrite`` is False.
     ValueError: see ``to_hf_state_dict``.
   """
+  import shutil
+  import tempfile
+
   from safetensors.numpy import save_file
 
-  state = to_hf_state_dict(model)
   root = Path(path)
-  root.mkdir(parents=True, exist_ok=True)
-  save_file(state, str(root / "model.safetensors"), metadata={"format": "pt"})
-  (root / "config.json").write_text(json.dumps(hf_config_from(model.cfg), indent=2) + "\n")
+  if root.exists() and not overwrite:
+    raise FileExistsError(f"{str(root)!r} already exists; pass overwrite=True to replace it")
+  state = to_hf_state_dict(model)
+  root.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+  try:
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(hf_config_from(model.cfg), indent=2) + "\n")
+    if root.exists():
+      shutil.rmtree(root)
+    tmp.rename(root)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   return root
 
 

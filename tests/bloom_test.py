@@ -212,6 +212,12 @@ def test_round_trip_identical_logits(hf_model, jx_model, tmp_path):
   original = hf_model.state_dict()
   for key, value in loaded.state_dict().items():
     np.testing.assert_array_equal(value.numpy(), original[key].numpy(), err_msg=key)
+  # an existing export is never replaced silently, and a replacement leaves no temporary files
+  with pytest.raises(FileExistsError, match="overwrite=True"):
+    bloom.save_hf(jx_model, tmp_path / "out")
+  bloom.save_hf(jx_model, tmp_path / "out", overwrite=True)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+  assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
 
 
 # ------------------------------------------------------------------------------------------------
