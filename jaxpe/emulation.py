@@ -58,6 +58,7 @@ import numpy as np
 
 from jaxpe import _checks
 from jaxpe.alibi import alibi_slopes_f64
+from jaxpe.rope import rope_inv_freq
 
 # Unit roundoff (half the machine epsilon) of the dtypes that can carry the emulation dims.
 UNIT_ROUNDOFF: dict[str, float] = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
@@ -785,9 +786,7 @@ class BaseConstrainedPlan:
 
   def inv_freq(self) -> np.ndarray:
     """``[R/2]`` float32 engine frequencies ``base^(-2r/R)`` (as ``jaxpe.rope.rope_inv_freq``)."""
-    return (self.base ** -(np.arange(0, self.rotary_dim, 2, dtype=np.float64) / self.rotary_dim)).astype(
-      np.float32
-    )
+    return np.asarray(rope_inv_freq(self.rotary_dim, base=self.base))
 
 
 def _base_bound(slopes, theta, length, order, dtype):
@@ -863,7 +862,7 @@ def solve_base_constrained(
       slopes, head_dim=head_dim, max_len=max_len, target_error=target_error, dtype=dtype
     ).theta[0]
     wanted = min(wanted, float(target_theta))
-  freqs = (base ** -(np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)).astype(np.float32)
+  freqs = np.asarray(rope_inv_freq(rotary_dim, base=base))  # float32, as the engine uses them
   below = np.nonzero(freqs.astype(np.float64) <= wanted)[0]
   index = int(below[0]) if below.size else rotary_dim // 2 - 1
   theta = float(freqs[index])
