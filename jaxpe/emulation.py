@@ -428,8 +428,8 @@ def solve_emulation(
     if np.any(rounding >= target):
       raise ValueError(
         f"target_error {target:.3g} logits is below the {dtype} rounding floor "
-        f"{float(rounding.max()):.3g} at context {max_len}; raise target_error, shorten max_len or "
-        "carry the emulation dims in float32"
+        f"{float(rounding.max()):.3g} at context {max_len}; raise target_error or shorten max_len"
+        + ("" if dtype == "float32" else ", or carry the emulation dims in float32 (the policy)")
       )
     phases = np.asarray([_solve_phase(m, dist, order, target - r) for m, r in zip(slopes, rounding)])
     theta = phases / max(dist, 1)
