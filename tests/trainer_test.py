@@ -44,7 +44,7 @@ def _cfg(workdir, text_file, *extra):
       "eval_every=6",
       "eval_batches=2",
       "checkpoint_every=6",
-      "sample_len=8",
+      "sample_len=0",  # generation costs a compile per run; on where the sample is checked
       "model.d_model=32",
       "model.num_layers=2",
       "model.num_heads=4",
@@ -64,7 +64,9 @@ def _params(cfg, mesh_shape=(-1, 1)):
 
 
 def test_training_lowers_loss_and_writes_outputs(tmp_path, text_file):
-  cfg = _cfg(tmp_path / "run", text_file, "num_steps=40", "learning_rate=1e-2", "eval_every=20")
+  cfg = _cfg(
+    tmp_path / "run", text_file, "num_steps=40", "learning_rate=1e-2", "eval_every=20", "sample_len=8"
+  )
   result = trainer.train(cfg, progress=False)
   records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == list(range(1, 41))
@@ -149,7 +151,7 @@ def _steps(workdir):
 
 def test_resume_checks_config_stops_at_stop_at_and_keeps_one_record_per_step(tmp_path, text_file):
   run = tmp_path / "run"
-  fast = ["num_steps=4", "checkpoint_every=2", "eval_every=100", "sample_len=0", "model.d_model=16"]
+  fast = ["num_steps=4", "checkpoint_every=2", "eval_every=100", "model.d_model=16"]
   first = trainer.train(_cfg(run, text_file, *fast, "stop_at=2"), progress=False)
   assert first.step == 2 and _steps(run) == [1, 2]
   saved = (run / "config.json").read_text()
