@@ -277,7 +277,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   if timed_seconds:
     tokens_per_second = timed_tokens / timed_seconds
   else:  # this process timed no step (none, or only the compiling one): keep the run's last figure
-    tokens_per_second = next((r["tokens_per_second"] for r in reversed(_read_metrics(metrics_path))), 0.0)
+    records = reversed(_read_metrics(metrics_path))
+    tokens_per_second = next((r["tokens_per_second"] for r in records if r.get("tokens_per_second")), 0.0)
   result = TrainResult(
     step=step,
     train_loss=loss,

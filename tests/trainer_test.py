@@ -184,6 +184,13 @@ def test_resume_checks_config_stops_at_stop_at_and_keeps_one_record_per_step(tmp
   shutil.rmtree(run / "checkpoints" / "4")
   assert trainer.train(_cfg(run, text_file, *fast), progress=False).step == 4
   assert _steps(run) == [1, 2, 3, 4]
+  # A process that ran a single (compiling, untimed) step reports the last timed figure, not 0.
+  shutil.rmtree(run / "checkpoints" / "4")  # resumes at 2 and runs step 3 only
+  result = trainer.train(_cfg(run, text_file, *fast, "stop_at=3"), progress=False)
+  records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+  assert result.step == 3 and [r["step"] for r in records] == [1, 2, 3]
+  assert records[2]["tokens_per_second"] == 0.0
+  assert result.tokens_per_second == records[1]["tokens_per_second"] > 0
 
 
 def test_weight_decay_skips_biases_and_layernorm(tmp_path, text_file):
