@@ -9,6 +9,7 @@ YAML files in ``configs/`` are read by ``load_config``; ``key=value`` overrides 
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ import pydantic
 import yaml
 
 PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi"]
-POS_ENCODINGS: tuple[str, ...] = ("none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi")
+POS_ENCODINGS: tuple[str, ...] = typing.get_args(PosEncoding)
 DType = Literal["float32", "bfloat16", "float16"]
 
 
