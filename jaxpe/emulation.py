@@ -594,8 +594,20 @@ def apply_rope_alibi(
   if not shared and k.shape[2] != num_heads:
     k_cont = jnp.repeat(k_cont, num_heads // k.shape[2], axis=2)
   k_pairs = jnp.broadcast_to(k_pairs, (*k_cont.shape[:3], order, 2))
-  q_aug = jnp.concatenate([q.astype(jnp.float32), q_pairs.reshape(*q.shape[:3], 2 * order)], axis=-1)
-  k_aug = jnp.concatenate([k_cont, k_pairs.reshape(*k_cont.shape[:3], 2 * order)], axis=-1)
+  return _append_dims(
+    q.astype(jnp.float32),
+    k_cont,
+    q_pairs.reshape(*q.shape[:3], 2 * order),
+    k_pairs.reshape(*k_cont.shape[:3], 2 * order),
+    out_dtype=out_dtype,
+    pad_multiple=pad_multiple,
+  )
+
+
+def _append_dims(q, k, q_extra, k_extra, *, out_dtype, pad_multiple):
+  """``[q | q_extra]``, ``[k | k_extra]`` in ``out_dtype``, zero-padded to ``pad_multiple`` dims."""
+  q_aug = jnp.concatenate([q.astype(jnp.float32), q_extra], axis=-1)
+  k_aug = jnp.concatenate([k.astype(jnp.float32), k_extra], axis=-1)
   return (
     pad_head_dim(q_aug.astype(out_dtype), multiple=pad_multiple),
     pad_head_dim(k_aug.astype(out_dtype), multiple=pad_multiple),
@@ -653,12 +665,7 @@ def apply_augmented_alibi(
   )
   k_extra = jnp.concatenate([jnp.ones_like(j), j], axis=-1)  # [B, S, 1, 2]
   k_extra = jnp.broadcast_to(k_extra, (*k.shape[:3], 2))
-  q_aug = jnp.concatenate([q.astype(jnp.float32), q_extra], axis=-1)
-  k_aug = jnp.concatenate([k.astype(jnp.float32), k_extra], axis=-1)
-  return (
-    pad_head_dim(q_aug.astype(out_dtype), multiple=pad_multiple),
-    pad_head_dim(k_aug.astype(out_dtype), multiple=pad_multiple),
-  )
+  return _append_dims(q, k, q_extra, k_extra, out_dtype=out_dtype, pad_multiple=pad_multiple)
 
 
 def emulated_alibi_attention(
