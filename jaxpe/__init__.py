@@ -33,14 +33,16 @@ from jaxpe.emulation import (
   solve_base_constrained,
   solve_emulation,
 )
+from jaxpe.hf_rope import HFRope, rope_from_hf_config
 from jaxpe.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.positions import document_mask, positions_from_mask, positions_from_segment_ids
 from jaxpe.rope import apply_rope, rope_inv_freq, rope_phases
-from jaxpe.rope_scaling import ROPE_TYPES, ntk_aware_base, rope_frequencies
+from jaxpe.rope_scaling import ROPE_TYPES, normalize_rope_parameters, ntk_aware_base, rope_frequencies
 from jaxpe.sinusoidal import sinusoidal_embedding
 from jaxpe.xpos import apply_xpos, xpos_scale, xpos_zeta
 
 __all__ = [
+  "HFRope",
   "ROPE_TYPES",
   "alibi_bias",
   "alibi_bias_bloom",
@@ -64,11 +66,13 @@ __all__ = [
   "emulation_weights",
   "layout_permutation",
   "make_attention_mask",
+  "normalize_rope_parameters",
   "ntk_aware_base",
   "pad_head_dim",
   "positions_from_mask",
   "positions_from_segment_ids",
   "rope_frequencies",
+  "rope_from_hf_config",
   "rope_inv_freq",
   "rope_phases",
   "sinusoidal_embedding",

@@ -28,11 +28,19 @@ class _Strict(pydantic.BaseModel):
 class RopeScalingConfig(_Strict):
   """HF-style ``rope_scaling`` / ``rope_parameters`` entry; see ``jaxpe.rope_scaling.rope_frequencies``.
 
-  A YAML mapping with HF's keys (``type`` is accepted for ``rope_type``; lists become tuples so the
-  config stays hashable). Unset keys are left out of ``as_dict()``.
+  A YAML mapping with HF's keys, spelled as transformers v4 (``rope_scaling``, ``type``) or v5
+  (``rope_parameters`` with ``rope_theta`` and ``partial_rotary_factor`` inside). The spelling is
+  settled by ``jaxpe.rope_scaling.normalize_rope_parameters`` (``type`` -> ``rope_type``, legacy
+  ``"su"`` -> ``"longrope"``, unknown keys and types refused); values are checked by
+  ``rope_frequencies`` when ``ModelConfig`` validates. Lists become tuples so the config stays
+  hashable. Unset keys are left out of ``as_dict()``.
   """
 
-  rope_type: Literal["default", "linear", "dynamic", "ntk", "yarn", "longrope", "llama3"] = "default"
+  rope_type: str = "default"
+  rope_theta: float | None = pydantic.Field(None, gt=0, description="overrides ModelConfig.rope_theta")
+  partial_rotary_factor: float | None = pydantic.Field(
+    None, gt=0, le=1, description="rotary_dim = int(head_dim * partial_rotary_factor)"
+  )
   factor: float | None = pydantic.Field(None, gt=0)
   original_max_position_embeddings: int | None = pydantic.Field(None, gt=0)
   attention_factor: float | None = pydantic.Field(None, gt=0)
@@ -50,11 +58,10 @@ class RopeScalingConfig(_Strict):
   @classmethod
   def _from_hf_dict(cls, data: Any) -> Any:
     if isinstance(data, dict):
+      from jaxpe.rope_scaling import normalize_rope_parameters
+
+      data = normalize_rope_parameters(data)
       data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-      if "type" in data:
-        kind = data.pop("type")
-        if data.setdefault("rope_type", kind) != kind:
-          raise ValueError(f"rope_scaling type ({kind!r}) and rope_type ({data['rope_type']!r}) differ")
     return data
 
   def as_dict(self) -> dict[str, Any]:
@@ -151,6 +158,11 @@ class ModelConfig(_Strict):
     if self.rope_scaling is not None:
       if self.pos_encoding not in ("rope", "xpos"):
         raise ValueError(f"rope_scaling needs pos_encoding 'rope' or 'xpos', got {self.pos_encoding!r}")
+      theta = self.rope_scaling.rope_theta
+      if theta is not None and "rope_theta" in self.model_fields_set and theta != self.rope_theta:
+        raise ValueError(
+          f"rope_theta ({self.rope_theta}) and rope_scaling.rope_theta ({theta}) differ; set one of them"
+        )
       self.rope_frequencies()  # validates the scaling keys (ValueError naming them)
       kind = self.rope_scaling.rope_type
       orig = self.rope_scaling.original_max_position_embeddings

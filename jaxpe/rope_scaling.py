@@ -75,6 +75,63 @@ _KNOWN_KEYS = frozenset(
 )
 
 
+# Legacy spellings transformers still reads (Phi3Config maps "su" to longrope; "su" has no other meaning).
+_TYPE_ALIASES: dict[str, str] = {"su": "longrope"}
+
+
+def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[str, Any]:
+  """The canonical form of one HF ``rope_scaling`` / ``rope_parameters`` dict.
+
+  The one place jaxpe reads the key spellings: ``"type"`` (transformers v4) becomes ``"rope_type"``
+  (both may be present if they agree), the legacy type ``"su"`` becomes ``"longrope"`` (early
+  Phi-3-128k configs), a missing type is ``"default"``, lists stay lists. Values are checked later
+  by ``rope_frequencies``; this only settles the spelling, so
+  ``normalize_rope_parameters(normalize_rope_parameters(d)) == normalize_rope_parameters(d)``.
+
+  Args:
+    rope_scaling: a mapping with HF's keys (``rope_type``/``type``, ``rope_theta``,
+      ``partial_rotary_factor``, ``factor``, ``original_max_position_embeddings``,
+      ``attention_factor``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
+      ``truncate``, ``short_factor``, ``long_factor``, ``low_freq_factor``, ``high_freq_factor``,
+      ``mrope_section``) plus jaxpe's ``max_position_embeddings``; None means ``{}``.
+
+  Returns:
+    A new dict with ``"rope_type"`` in ``ROPE_TYPES`` and no ``"type"``.
+
+  Raises:
+    ValueError: not a mapping; an unknown key (named, with the known ones); ``type`` and
+      ``rope_type`` that differ; an unknown type (named, with ``ROPE_TYPES``).
+
+  Source: transformers 5.24 ``RotaryEmbeddingConfigMixin.standardize_rope_params`` (``type`` ->
+  ``rope_type``) and ``Phi3Config.convert_rope_params_to_dict`` (``"su"`` -> ``"longrope"``).
+  """
+  if rope_scaling is None:
+    rope_scaling = {}
+  if not isinstance(rope_scaling, Mapping):
+    raise ValueError(f"rope_scaling must be a mapping (dict) or None, got {type(rope_scaling).__name__}")
+  params = dict(rope_scaling)
+  unknown = sorted(set(params) - _KNOWN_KEYS, key=str)
+  if unknown:
+    raise ValueError(f"rope_scaling has unknown keys {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
+  kind = params.pop("type", None)
+  rope_type = params.get("rope_type")
+  if (
+    kind is not None
+    and rope_type is not None
+    and _TYPE_ALIASES.get(kind, kind) != _TYPE_ALIASES.get(rope_type, rope_type)
+  ):
+    raise ValueError(f"rope_scaling['type'] ({kind!r}) and rope_scaling['rope_type'] ({rope_type!r}) differ")
+  rope_type = rope_type if rope_type is not None else (kind if kind is not None else "default")
+  rope_type = _TYPE_ALIASES.get(rope_type, rope_type)
+  if rope_type not in ROPE_TYPES:
+    raise ValueError(
+      f"rope_scaling['rope_type'] must be one of {ROPE_TYPES} (or the legacy {sorted(_TYPE_ALIASES)}), "
+      f"got {rope_type!r}"
+    )
+  params["rope_type"] = rope_type
+  return params
+
+
 def _float(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
     raise ValueError(f"rope_scaling[{name!r}] must be a number, got {value!r}")
@@ -85,6 +142,21 @@ def _float(name: str, value: Any, *, minimum: float | None = None, strict: bool 
     op = ">" if strict else ">="
     raise ValueError(f"rope_scaling[{name!r}] must be {op} {minimum}, got {value!r}")
   return v
+
+
+# Types whose formula is defined for a factor below 1 (compression: positions closer together).
+_BELOW_ONE_TYPES = ("linear", "yarn")
+
+
+def _factor(value: Any, rope_type: str) -> float:
+  """``factor`` > 0; below 1 only for ``_BELOW_ONE_TYPES`` (ValueError naming the type otherwise)."""
+  factor = _float("factor", value, minimum=0.0, strict=True)
+  if factor < 1 and rope_type not in _BELOW_ONE_TYPES:
+    raise ValueError(
+      f"rope_scaling['factor'] must be >= 1 for rope_type={rope_type!r}, got {value!r} (a factor below 1 "
+      f"is defined only for {_BELOW_ONE_TYPES})"
+    )
+  return factor
 
 
 def _int(name: str, value: Any) -> int:
@@ -189,7 +261,7 @@ def _check_seq_len(seq_len):
 
 
 def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
-  factor = _float("factor", params["factor"], minimum=1.0)
+  factor = _factor(params["factor"], "dynamic")
   if rotary_dim <= 2:
     raise ValueError(f"rotary_dim must be > 2 for dynamic NTK (exponent R / (R - 2)), got {rotary_dim}")
   ref_len = params.get("original_max_position_embeddings") or max_position_embeddings
@@ -219,7 +291,7 @@ def _yarn(params, base, rotary_dim, max_position_embeddings):
     if max_position_embeddings is None:
       raise ValueError("rope_type='yarn' needs rope_scaling['factor'] (or max_position_embeddings)")
     factor = max_position_embeddings / orig  # HF: DeepSeek-V3 style implicit factor
-  factor = _float("factor", factor, minimum=1.0)
+  factor = _factor(factor, "yarn")
 
   def get_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -303,7 +375,7 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
 
 def _llama3(params, base, rotary_dim, max_position_embeddings):
   orig = _original_len(params, max_position_embeddings, "llama3")
-  factor = _float("factor", params["factor"], minimum=1.0)
+  factor = _factor(params["factor"], "llama3")
   low_freq_factor = _float("low_freq_factor", params["low_freq_factor"], minimum=0.0, strict=True)
   high_freq_factor = _float("high_freq_factor", params["high_freq_factor"], minimum=0.0, strict=True)
   if high_freq_factor <= low_freq_factor:
@@ -367,21 +439,8 @@ def rope_frequencies(
   Source: HF transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (and
   ``LlamaRotaryEmbedding.compute_default_rope_parameters`` for ``default``).
   """
-  if rope_scaling is None:
-    rope_scaling = {}
-  if not isinstance(rope_scaling, Mapping):
-    raise ValueError(f"rope_scaling must be a mapping (dict) or None, got {type(rope_scaling).__name__}")
-  params = {k: v for k, v in rope_scaling.items()}
-  unknown = sorted(set(params) - _KNOWN_KEYS)
-  if unknown:
-    raise ValueError(f"rope_scaling has unknown keys {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
-  rope_type = params.get("rope_type", params.get("type", "default"))
-  if "rope_type" in params and "type" in params and params["type"] != params["rope_type"]:
-    raise ValueError(
-      f"rope_scaling['type'] ({params['type']!r}) and rope_scaling['rope_type'] ({params['rope_type']!r}) differ"
-    )
-  if rope_type not in ROPE_TYPES:
-    raise ValueError(f"rope_scaling['rope_type'] must be one of {ROPE_TYPES}, got {rope_type!r}")
+  params = normalize_rope_parameters(rope_scaling)
+  rope_type = params["rope_type"]
   missing = [key for key in _REQUIRED[rope_type] if params.get(key) is None]
   if missing:
     raise ValueError(f"rope_scaling for rope_type={rope_type!r} is missing required keys {missing}")
@@ -403,10 +462,10 @@ def rope_frequencies(
   if rope_type == "default":
     return _to_f32(base ** -_exponents(rotary_dim)), 1.0
   if rope_type == "linear":
-    factor = _float("factor", params["factor"], minimum=1.0)
+    factor = _factor(params["factor"], rope_type)
     return _to_f32(base ** -_exponents(rotary_dim) / factor), 1.0
   if rope_type == "ntk":
-    new_base = ntk_aware_base(base, factor=_float("factor", params["factor"]), rotary_dim=rotary_dim)
+    new_base = ntk_aware_base(base, factor=_factor(params["factor"], rope_type), rotary_dim=rotary_dim)
     return _to_f32(new_base ** -_exponents(rotary_dim)), 1.0
   if rope_type == "dynamic":
     return _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len), 1.0

@@ -43,6 +43,52 @@ def test_length_dependent_scaling_needs_original_length_below_max_len(scaling):
   )
 
 
+def test_rope_scaling_accepts_hf_v5_dicts_and_legacy_names():
+  """ModelConfig takes the dicts transformers v5 writes (rope_theta and partial_rotary_factor
+  inside), the legacy "su" and factors below 1 for linear; frequencies equal rope_frequencies on the
+  same dict (the reference for the formulas is rope_scaling_test / hf_rope_test)."""
+  import numpy as np
+
+  from jaxpe.rope_scaling import rope_frequencies
+
+  llama3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "rope_theta": 500000.0,
+  }
+  partial = {"rope_type": "default", "partial_rotary_factor": 0.5, "rope_theta": 1e6}
+  su = {
+    "type": "su",
+    "short_factor": [1.0] * 16,
+    "long_factor": [2.0] * 16,
+    "original_max_position_embeddings": 128,
+  }
+  for scaling, kind in (
+    (llama3, "llama3"),
+    (partial, "default"),
+    (su, "longrope"),
+    ({"type": "linear", "factor": 0.5}, "linear"),
+  ):
+    cfg = ModelConfig(pos_encoding="rope", max_len=256, rope_scaling=scaling)
+    assert cfg.rope_scaling.rope_type == kind
+    inv, att = cfg.rope_frequencies()
+    ref_inv, ref_att = rope_frequencies(scaling, head_dim=32, max_position_embeddings=256, seq_len=256)
+    np.testing.assert_array_equal(inv, ref_inv)
+    assert att == ref_att
+  assert ModelConfig(pos_encoding="rope", rope_scaling=partial).rope_frequencies()[0].shape == (8,)
+  with pytest.raises(pydantic.ValidationError, match="rope_theta .* differ"):
+    ModelConfig(
+      pos_encoding="rope", rope_theta=1e4, rope_scaling=llama3 | {"original_max_position_embeddings": 64}
+    )
+  with pytest.raises(pydantic.ValidationError, match="disagrees"):
+    ModelConfig(pos_encoding="rope", rotary_dim=8, rope_scaling=partial)
+  with pytest.raises(pydantic.ValidationError, match="factor.*dynamic"):
+    ModelConfig(pos_encoding="rope", rope_scaling={"rope_type": "dynamic", "factor": 0.5})
+
+
 def test_xpos_max_len_limit():
   assert ModelConfig(pos_encoding="xpos", max_len=65536).max_len == 65536
   with pytest.raises(pydantic.ValidationError, match="max_len"):

@@ -332,6 +332,46 @@ def test_static_ntk_equals_dynamic_at_its_length():
   np.testing.assert_allclose(base_inv[-1] / ntk_low, f ** ((r - 2) / r * r / (r - 2)), rtol=1e-12)
 
 
+def test_factor_below_one_linear_and_yarn_match_hf():
+  """Compression (factor < 1) where the formula allows it: linear is inv_freq / factor, YaRN's ramp
+  with factor < 1 and attention factor 1; both against transformers' init functions."""
+  inv, att = rope_frequencies({"rope_type": "linear", "factor": 0.5}, head_dim=64)
+  np.testing.assert_allclose(inv, default_f64(64, 10000.0) * 2.0, rtol=2e-7)
+  for params in (
+    {"rope_type": "linear", "factor": 0.25},
+    {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 4096},
+    {
+      "rope_type": "yarn",
+      "factor": 0.5,
+      "original_max_position_embeddings": 4096,
+      "mscale": 1,
+      "mscale_all_dim": 1,
+    },
+  ):
+    inv, att = rope_frequencies(params, head_dim=64, max_position_embeddings=MAX_POS)
+    ref_inv, ref_att = hf_reference(params, 64)
+    np.testing.assert_allclose(inv, ref_inv, rtol=1e-6)
+    assert att == ref_att == 1.0
+
+
+def test_legacy_su_reads_as_longrope():
+  params = {"short_factor": [1.0 + i for i in range(8)], "long_factor": [2.0 + i for i in range(8)]}
+  kw = dict(head_dim=16, max_position_embeddings=4096)
+  for seq_len in (None, 5000):
+    su = rope_frequencies(
+      {**params, "type": "su", "original_max_position_embeddings": 1024}, **kw, seq_len=seq_len
+    )
+    lr = rope_frequencies(
+      {**params, "rope_type": "longrope", "original_max_position_embeddings": 1024}, **kw, seq_len=seq_len
+    )
+    np.testing.assert_array_equal(su[0], lr[0])
+    assert su[1] == lr[1]
+  assert rope_scaling.normalize_rope_parameters({"type": "su"}) == {"rope_type": "longrope"}
+  assert rope_scaling.normalize_rope_parameters({"type": "yarn", "rope_type": "yarn"}) == {
+    "rope_type": "yarn"
+  }
+
+
 def test_yarn_attention_factor_closed_form():
   _, att = rope_frequencies(
     {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64}, head_dim=16
@@ -349,7 +389,20 @@ def test_yarn_attention_factor_closed_form():
     ({"rope_type": "linear"}, {}, "missing required keys \\['factor'\\]"),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}, {}, "high_freq_factor"),
     ({"rope_type": "linear", "factor": 2.0, "facotr": 1}, {}, "unknown keys \\['facotr'\\]"),
-    ({"rope_type": "linear", "factor": 0.5}, {}, "factor.*>= 1.0"),
+    (
+      {"rope_type": "dynamic", "factor": 0.5},
+      {"max_position_embeddings": 64},
+      "factor.*>= 1 for rope_type='dynamic'",
+    ),
+    ({"rope_type": "ntk", "factor": 0.5}, {}, "factor.*>= 1 for rope_type='ntk'"),
+    (
+      {"rope_type": "llama3", "factor": 0.5, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+      {"max_position_embeddings": 64},
+      "factor.*>= 1 for rope_type='llama3'.*linear",
+    ),
+    ({"rope_type": "linear", "factor": 0.0}, {}, "factor.*> 0"),
+    ({"rope_type": "yarn", "factor": -2.0, "original_max_position_embeddings": 64}, {}, "factor.*> 0"),
+    ({"type": "su", "rope_type": "linear", "factor": 2.0}, {}, "differ"),
     ({"rope_type": "linear", "factor": "2"}, {}, "factor.*number"),
     ({"rope_type": "dynamic", "factor": 2.0}, {}, "max_position_embeddings"),
     ({"rope_type": "yarn", "factor": 2.0}, {}, "original_max_position_embeddings"),

@@ -1,0 +1,478 @@
+"""jaxpe.rope_from_hf_config against transformers' own *RotaryEmbedding modules (the reference).
+
+Each case is a config.json as a model family ships it (real dims; only the rotary module is built,
+no weights). transformers builds its config class from the same dict and its rotary module gives
+cos/sin at a set of positions for several sequence lengths (a fresh module per length, which is
+what transformers' stateful dynamic / longrope update equals). jaxpe's cos/sin are
+``cos(rope_phases(p, inv_freq)) * attention_factor`` from the returned ``HFRope``.
+
+Bounds: inv_freq within 1e-6 relative (transformers computes it in float32, jaxpe in float64
+rounded once; llama3's smoothing band amplifies transformers' rounding to 2.2e-6, see
+docs/rope.md); the attention factor within 1e-12. cos/sin: both sides compute the phase
+``float32(p) * inv_freq`` in float32, so they differ by the phase's float32 rounding (up to one
+ulp of ``p * inv_freq``, 4e-3 rad at p = 131071) plus ``p * |inv_jaxpe - inv_hf|``; the test
+bounds each element by that plus 5e-7 (cos/sin rounding) times the attention factor.
+Run with ``-s`` to print the measured deviations per family.
+"""
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpe
+from jaxpe import hf_rope
+from jaxpe.hf_rope import rope_from_hf_config
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+transformers.logging.set_verbosity_error()
+
+_RNG = np.random.default_rng(11)
+PHI_SHORT = [float(v) for v in np.round(_RNG.uniform(1.0, 3.0, 48), 4)]
+PHI_LONG = [float(v) for v in np.round(_RNG.uniform(1.0, 60.0, 48), 4)]
+POSITIONS = (0, 1, 2, 7, 100, 1000, 2047, 4095, 4096, 4097, 8191, 32767, 131071, 163839)
+
+
+@dataclasses.dataclass
+class Case:
+  name: str
+  config: dict
+  module: str  # transformers.models.<family>.modeling_<family>.<Name>RotaryEmbedding
+  seq_lens: tuple = (None,)  # None: one module call over all positions < max_position_embeddings
+  layer_type: str | None = None
+  hf_config: dict | None = None  # when transformers must be given a different spelling (see case)
+
+
+LLAMA31 = {
+  "model_type": "llama",
+  "hidden_size": 4096,
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "max_position_embeddings": 131072,
+  "rope_theta": 500000.0,
+  "rope_scaling": {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+  },
+}
+PHI35 = {  # Phi-3.5-mini-instruct as shipped: original length only at the top level
+  "model_type": "phi3",
+  "hidden_size": 3072,
+  "num_attention_heads": 32,
+  "max_position_embeddings": 131072,
+  "original_max_position_embeddings": 4096,
+  "rope_theta": 10000.0,
+  "rope_scaling": {"long_factor": PHI_LONG, "short_factor": PHI_SHORT, "type": "longrope"},
+}
+PHI_LENS = (100, 4096, 4097, 8192, 131072)
+
+CASES = [
+  Case("llama-llama3 (v4 rope_scaling)", LLAMA31, "llama.modeling_llama.LlamaRotaryEmbedding"),
+  Case(
+    "llama-llama3 (v5 rope_parameters)",
+    {
+      **{k: v for k, v in LLAMA31.items() if k not in ("rope_scaling", "rope_theta")},
+      "rope_parameters": {**LLAMA31["rope_scaling"], "rope_theta": 500000.0},
+    },
+    "llama.modeling_llama.LlamaRotaryEmbedding",
+  ),
+  Case(
+    "llama-linear factor 0.5",
+    {**LLAMA31, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 0.5}},
+    "llama.modeling_llama.LlamaRotaryEmbedding",
+  ),
+  Case(
+    "llama-yarn factor 0.5",
+    {
+      **LLAMA31,
+      "max_position_embeddings": 4096,
+      "rope_scaling": {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8192},
+    },
+    "llama.modeling_llama.LlamaRotaryEmbedding",
+  ),
+  Case(
+    "mistral",
+    {
+      "model_type": "mistral",
+      "hidden_size": 4096,
+      "num_attention_heads": 32,
+      "head_dim": 128,
+      "max_position_embeddings": 32768,
+      "rope_theta": 1000000.0,
+    },
+    "mistral.modeling_mistral.MistralRotaryEmbedding",
+  ),
+  Case(
+    "qwen2-yarn",
+    {
+      "model_type": "qwen2",
+      "hidden_size": 3584,
+      "num_attention_heads": 28,
+      "max_position_embeddings": 131072,
+      "rope_theta": 1000000.0,
+      "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
+    },
+    "qwen2.modeling_qwen2.Qwen2RotaryEmbedding",
+  ),
+  Case(
+    "qwen2-dynamic",
+    {
+      "model_type": "qwen2",
+      "hidden_size": 3584,
+      "num_attention_heads": 28,
+      "max_position_embeddings": 8192,
+      "rope_theta": 1000000.0,
+      "rope_scaling": {"factor": 4.0, "type": "dynamic"},
+    },
+    "qwen2.modeling_qwen2.Qwen2RotaryEmbedding",
+    seq_lens=(100, 8192, 8193, 32768),
+  ),
+  Case(
+    "gemma (head_dim 256 != 3072/16)",
+    {
+      "model_type": "gemma",
+      "hidden_size": 3072,
+      "num_attention_heads": 16,
+      "head_dim": 256,
+      "max_position_embeddings": 8192,
+      "rope_theta": 10000.0,
+    },
+    "gemma.modeling_gemma.GemmaRotaryEmbedding",
+  ),
+  Case(
+    "phi3-longrope (nested original)",
+    {
+      **{k: v for k, v in PHI35.items() if k != "original_max_position_embeddings"},
+      "rope_scaling": {**PHI35["rope_scaling"], "original_max_position_embeddings": 4096},
+    },
+    "phi3.modeling_phi3.Phi3RotaryEmbedding",
+    seq_lens=PHI_LENS,
+  ),
+  Case(
+    "phi3-longrope (Phi-3.5: top-level original)", PHI35, "phi3.modeling_phi3.Phi3RotaryEmbedding", PHI_LENS
+  ),
+  # transformers 5.24 refuses "su" without a nested original length (it renames su after moving
+  # the top-level one in); its reading of su is longrope, so the reference is the longrope config.
+  Case(
+    "phi3-su (early Phi-3-128k)",
+    {**PHI35, "rope_scaling": {**PHI35["rope_scaling"], "type": "su"}},
+    "phi3.modeling_phi3.Phi3RotaryEmbedding",
+    PHI_LENS,
+    hf_config=PHI35,
+  ),
+  Case(
+    "gpt_neox (rotary_pct 0.25, rotate-half)",
+    {
+      "model_type": "gpt_neox",
+      "hidden_size": 2048,
+      "num_attention_heads": 8,
+      "max_position_embeddings": 2048,
+      "rotary_pct": 0.25,
+      "rotary_emb_base": 10000,
+    },
+    "gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding",
+  ),
+  Case(
+    "gptj (rotary_dim 64 of 256, interleaved)",
+    {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048},
+    "gptj.modeling_gptj.GPTJRotaryEmbedding",
+  ),
+  Case(
+    "falcon",
+    {
+      "model_type": "falcon",
+      "hidden_size": 4544,
+      "num_attention_heads": 71,
+      "alibi": False,
+      "max_position_embeddings": 2048,
+    },
+    "falcon.modeling_falcon.FalconRotaryEmbedding",
+  ),
+  Case(
+    "stablelm (partial 0.25)",
+    {
+      "model_type": "stablelm",
+      "hidden_size": 2560,
+      "num_attention_heads": 32,
+      "max_position_embeddings": 4096,
+      "partial_rotary_factor": 0.25,
+      "rope_theta": 10000,
+    },
+    "stablelm.modeling_stablelm.StableLmRotaryEmbedding",
+  ),
+  Case(
+    "deepseek_v3 (yarn, mscale)",
+    {
+      "model_type": "deepseek_v3",
+      "hidden_size": 7168,
+      "num_attention_heads": 128,
+      "qk_nope_head_dim": 128,
+      "qk_rope_head_dim": 64,
+      "v_head_dim": 128,
+      "max_position_embeddings": 163840,
+      "rope_theta": 10000,
+      "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+      },
+    },
+    "deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding",
+  ),
+  *[
+    Case(
+      f"gemma3 ({layer})",
+      {
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "num_attention_heads": 8,
+        "head_dim": 256,
+        "num_hidden_layers": 12,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+      },
+      "gemma3.modeling_gemma3.Gemma3RotaryEmbedding",
+      layer_type=layer,
+    )
+    for layer in ("full_attention", "sliding_attention")
+  ],
+]
+
+
+def _hf_module(case):
+  import importlib
+
+  module_path, cls_name = case.module.rsplit(".", 1)
+  family = module_path.split(".")[0]
+  modeling = importlib.import_module(f"transformers.models.{module_path}")
+  raw = dict(case.hf_config or case.config)
+  config_cls = transformers.AutoConfig.for_model(raw.pop("model_type")).__class__
+  assert family in config_cls.__module__
+  return getattr(modeling, cls_name), config_cls(**raw)
+
+
+def _hf_cos_sin(case, positions):
+  """transformers' per-pair cos, sin [T, R/2] float64 from a fresh module."""
+  module_cls, config = _hf_module(case)
+  module = module_cls(config)
+  pos = torch.tensor(np.asarray(positions, np.int64)[None])
+  x = torch.zeros(1, dtype=torch.float32)
+  kwargs = {"layer_type": case.layer_type} if case.layer_type else {}
+  with torch.no_grad():
+    out = module(x, pos, **kwargs)
+  if case.config["model_type"] == "gptj":
+    sin, cos = out  # [sin | cos] halves of create_sinusoidal_positions, R/2 each
+  else:
+    cos, sin = out  # cat(freqs, freqs): the first R/2 entries are the per-pair values
+    half = cos.shape[-1] // 2
+    assert np.array_equal(cos[..., :half].numpy(), cos[..., half:].numpy())
+    cos, sin = cos[..., :half], sin[..., :half]
+  return cos[0].double().numpy(), sin[0].double().numpy(), module
+
+
+def _hf_inv_freq(module, layer_type):
+  if hasattr(module, "embed_positions"):  # GPT-J: recover inv_freq from the table at position 1
+    sin1 = module.embed_positions[1, : module.embed_positions.shape[1] // 2]
+    return np.arcsin(sin1.double().numpy())  # all phases at position 1 are < pi / 2
+  name = f"{layer_type}_inv_freq" if layer_type else "inv_freq"
+  return getattr(module, name).double().numpy()
+
+
+def _hf_attention_scaling(module, layer_type):
+  if hasattr(module, "embed_positions"):
+    return 1.0
+  name = f"{layer_type}_attention_scaling" if layer_type else "attention_scaling"
+  return float(getattr(module, name))
+
+
+MEASURED = {}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_cos_sin_match_transformers_rotary_embedding(case):
+  r = rope_from_hf_config(case.config, layer_type=case.layer_type)
+  worst = {"inv_rel": 0.0, "abs": 0.0, "rel": 0.0, "bound_ratio": 0.0, "abs_small": 0.0}
+  for seq_len in case.seq_lens:
+    limit = r.max_position_embeddings if seq_len is None else seq_len
+    positions = sorted({p for p in POSITIONS if p < limit} | {limit - 1})
+    cos_hf, sin_hf, module = _hf_cos_sin(case, positions)
+    inv_hf = _hf_inv_freq(module, case.layer_type)
+    att_hf = _hf_attention_scaling(module, case.layer_type)
+    inv, att = r.frequencies(seq_len)
+    assert r.rotary_dim == 2 * inv_hf.shape[0]
+    assert att == pytest.approx(att_hf, rel=1e-12)
+    # GPT-J's table at position 1 gives inv_freq only to float32 sin rounding (1 ulp of sin(inv)).
+    inv_rtol = (
+      2.2e-6 if r.rope_type == "llama3" else (3e-7 * 4 if case.config["model_type"] == "gptj" else 1e-6)
+    )
+    inv_rel = np.abs(np.asarray(inv, np.float64) - inv_hf) / inv_hf
+    assert inv_rel.max() <= inv_rtol, (seq_len, inv_rel.max())
+    pos = jnp.asarray(np.asarray(positions, np.int32)[None])
+    phases = np.asarray(jaxpe.rope_phases(pos, inv)[0], np.float64)
+    cos_j = np.cos(phases.astype(np.float32)).astype(np.float64) * att
+    sin_j = np.sin(phases.astype(np.float32)).astype(np.float64) * att
+    p = np.asarray(positions, np.float64)[:, None]
+    phase_hf = (np.float32(1.0) * p.astype(np.float32) * inv_hf.astype(np.float32)).astype(np.float32)
+    bound = att * (p * np.abs(np.asarray(inv, np.float64) - inv_hf) + np.spacing(phase_hf) + 5e-7)
+    for got, ref in ((cos_j, cos_hf), (sin_j, sin_hf)):
+      dev = np.abs(got - ref)
+      assert np.all(dev <= bound), (seq_len, float((dev / bound).max()))
+      big = np.abs(ref) >= 0.1 * att
+      worst["abs"] = max(worst["abs"], float(dev.max()))
+      worst["rel"] = max(worst["rel"], float((dev[big] / np.abs(ref[big])).max()))
+      worst["bound_ratio"] = max(worst["bound_ratio"], float((dev / bound).max()))
+      worst["abs_small"] = max(worst["abs_small"], float(dev[p[:, 0] <= 100].max()))
+    worst["inv_rel"] = max(worst["inv_rel"], float(inv_rel.max()))
+  MEASURED[case.name] = worst
+  print(
+    f"\n{case.name}: inv_freq rel {worst['inv_rel']:.2e}; cos/sin max abs {worst['abs']:.2e}, "
+    f"max rel (|ref| >= 0.1) {worst['rel']:.2e}, max dev/bound {worst['bound_ratio']:.2f}; "
+    f"positions <= 100: max abs {worst['abs_small']:.2e}"
+  )
+
+
+# ------------------------------------------------------------------ the issue's cases by value
+
+
+def test_phi35_attention_factor_and_long_table_from_4097():
+  r = rope_from_hf_config(PHI35)
+  expected = math.sqrt(1 + math.log(131072 / 4096) / math.log(4096))
+  assert r.original_max_position_embeddings == 4096 and r.length_dependent
+  for seq_len in (4096, 4097, 8192):
+    inv, att = r.frequencies(seq_len)
+    assert att == pytest.approx(expected, rel=1e-15) and round(att, 10) == 1.1902380714
+    factors = np.asarray(PHI_LONG if seq_len > 4096 else PHI_SHORT)
+    ref = 1.0 / (factors * 10000.0 ** (np.arange(0, 96, 2) / 96))
+    np.testing.assert_allclose(inv, ref, rtol=3e-7)
+  # The top-level original length wins over a nested one (transformers' standardize_rope_params).
+  both = {**PHI35, "rope_scaling": {**PHI35["rope_scaling"], "original_max_position_embeddings": 2048}}
+  assert rope_from_hf_config(both).original_max_position_embeddings == 4096
+
+
+def test_layout_and_rotated_slice_match_transformers_apply():
+  """q rotated by jaxpe.apply_rope with the returned layout / slice equals transformers' own apply
+  function (GPT-J interleaved partial, GPT-NeoX rotate-half partial, DeepSeek-V3 interleaved
+  trailing)."""
+  rng = np.random.default_rng(0)
+  positions = np.array([[0, 5, 300, 2047]], np.int64)
+  for name, family in (("gptj", "gptj"), ("gpt_neox", "gpt_neox"), ("deepseek_v3", "deepseek_v3")):
+    case = next(c for c in CASES if c.config["model_type"] == family)
+    r = rope_from_hf_config(case.config)
+    head = r.head_dim if r.rotated_slice == "trailing" else r.head_dim
+    q = rng.normal(size=(1, 4, 2, head)).astype(np.float32)  # [B, T, N, H]
+    module_cls, config = _hf_module(case)
+    module = module_cls(config)
+    modeling = __import__(module_cls.__module__, fromlist=["x"])
+    with torch.no_grad():
+      out = module(torch.zeros(1), torch.from_numpy(positions))
+      qt = torch.from_numpy(q)
+      if family == "gptj":
+        sin, cos = out
+        rot = modeling.apply_rotary_pos_emb(qt[..., : r.rotary_dim], sin, cos)
+        hf = torch.cat([rot, qt[..., r.rotary_dim :]], -1).numpy()
+      elif family == "gpt_neox":
+        hf, _ = modeling.apply_rotary_pos_emb(qt, qt, *out, unsqueeze_dim=2)
+        hf = hf.numpy()
+      else:  # MLA: this q is the rope part of the head; HF returns it de-interleaved (evens | odds)
+        hf, _ = modeling.apply_rotary_pos_emb_interleave(qt, qt, *out, unsqueeze_dim=2)
+        hf = hf.numpy()
+    assert r.layout == {"gptj": "interleaved", "gpt_neox": "half", "deepseek_v3": "interleaved"}[name]
+    assert r.rotated_slice == ("trailing" if name == "deepseek_v3" else "leading")
+    got = np.asarray(
+      jaxpe.apply_rope(
+        jnp.asarray(q),
+        jnp.asarray(positions, jnp.int32),
+        inv_freq=r.inv_freq,
+        layout=r.layout,
+        scale=r.attention_factor,
+      )
+    )
+    if name == "deepseek_v3":
+      got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
+    np.testing.assert_allclose(got, hf, atol=2e-5 * max(1.0, r.attention_factor) * 4, rtol=0)
+    if name != "deepseek_v3":  # and the other layout would not match
+      other = "half" if r.layout == "interleaved" else "interleaved"
+      wrong = jaxpe.apply_rope(
+        jnp.asarray(q), jnp.asarray(positions, jnp.int32), inv_freq=r.inv_freq, layout=other
+      )
+      assert np.abs(np.asarray(wrong) - hf).max() > 0.1
+
+
+def test_deepseek_softmax_scale_factor():
+  case = next(c for c in CASES if c.config["model_type"] == "deepseek_v3")
+  r = rope_from_hf_config(case.config)
+  module_cls, config = _hf_module(case)
+  modeling = __import__(module_cls.__module__, fromlist=["x"])
+  qk_head_dim = 128 + 64
+  expected = modeling.yarn_apply_mscale(config.rope_parameters, qk_head_dim**-0.5) / qk_head_dim**-0.5
+  assert r.softmax_scale_factor == pytest.approx(expected, rel=1e-12)
+  assert r.softmax_scale_factor == pytest.approx((0.1 * math.log(40) + 1) ** 2, rel=1e-12)
+  assert r.attention_factor == pytest.approx(1.0, rel=1e-12)  # mscale == mscale_all_dim
+
+
+def test_pretrained_config_object_equals_its_dict():
+  for case in CASES:
+    if case.hf_config is not None:
+      continue
+    _, config = _hf_module(case)
+    a = rope_from_hf_config(config, layer_type=case.layer_type)
+    b = rope_from_hf_config(case.config, layer_type=case.layer_type)
+    for field in (
+      "rope_type",
+      "head_dim",
+      "rotary_dim",
+      "layout",
+      "rotated_slice",
+      "original_max_position_embeddings",
+    ):
+      assert getattr(a, field) == getattr(b, field), (case.name, field)
+    np.testing.assert_array_equal(a.inv_freq, b.inv_freq)
+    assert a.attention_factor == b.attention_factor
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+  "config, kwargs, match",
+  [
+    ({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "low_freq_facotr": 1}}, {}, "low_freq_facotr"),
+    ({**LLAMA31, "rope_scaling": {"rope_type": "cubic"}}, {}, "cubic"),
+    ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "alibi": True}, {}, "alibi"),
+    ({"model_type": "bloom", "hidden_size": 64, "n_head": 2}, {}, "no rotary"),
+    ({"model_type": "somefamily", "hidden_size": 64, "num_attention_heads": 2}, {}, "rope_theta"),
+    ({"model_type": "llama", "rope_theta": 1e4}, {}, "hidden_size"),
+    ({**LLAMA31}, {"layer_type": "full_attention"}, "layer_type"),
+    (CASES[-1].config, {}, "layer_type"),
+    (CASES[-1].config, {"layer_type": "local"}, "layer_type"),
+    (
+      {**LLAMA31, "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+      {},
+      "rope_scaling.*rope_parameters",
+    ),
+    ({**LLAMA31, "rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}, {}, "factor.*>= 1.*dynamic"),
+    ({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "factor": 0.5}}, {}, "factor.*llama3"),
+  ],
+)
+def test_errors_name_the_key(config, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    rope_from_hf_config(config, **kwargs)
+
+
+def test_type_errors_and_exports():
+  with pytest.raises(TypeError, match="config"):
+    rope_from_hf_config(["llama"])
+  assert "rope_from_hf_config" in jaxpe.__all__ and "HFRope" in jaxpe.__all__
+  assert "gptj" in hf_rope.INTERLEAVED_FAMILIES
