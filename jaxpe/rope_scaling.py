@@ -9,7 +9,8 @@ the factor that multiplies cos and sin (so q.k scales by its square). Pass them 
 Types (``ROPE_TYPES``) and their sources:
 
 * ``default``: ``base ** (-2i / R)`` (RoFormer, arXiv 2104.09864).
-* ``linear``: position interpolation, ``inv_freq / factor`` (Chen et al., arXiv 2306.15595).
+* ``linear``: position interpolation, ``inv_freq / factor`` (Chen et al., arXiv 2306.15595);
+  ``factor`` may be below 1 (compression), as for ``yarn``; the other types need ``factor >= 1``.
 * ``dynamic``: dynamic NTK, base grown with the sequence length (bloc97/emozilla, HF
   ``_compute_dynamic_ntk_parameters``). Stateless here: the result depends only on ``seq_len``.
 * ``ntk``: static NTK-aware base ``base * factor ** (R / (R - 2))`` (bloc97, "NTK-aware scaled
@@ -406,7 +407,8 @@ def rope_frequencies(
   """``(inv_freq, attention_factor)`` for an HF-style ``rope_scaling`` / ``rope_parameters`` dict.
 
   Args:
-    rope_scaling: mapping with ``"rope_type"`` (or the old ``"type"``) in ``ROPE_TYPES`` and that
+    rope_scaling: mapping with ``"rope_type"`` (or the old ``"type"``; legacy ``"su"`` reads as
+      ``"longrope"``, see ``normalize_rope_parameters``) in ``ROPE_TYPES`` and that
       type's keys (HF names: ``factor``, ``original_max_position_embeddings``,
       ``attention_factor``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
       ``truncate``, ``short_factor``, ``long_factor``, ``low_freq_factor``, ``high_freq_factor``,
@@ -432,7 +434,8 @@ def rope_frequencies(
 
   Raises:
     ValueError: ``rope_scaling`` not a mapping; unknown ``rope_type`` or unknown key (named);
-      missing required key (named); invalid values (``factor < 1``, ``beta_fast < beta_slow``,
+      missing required key (named); invalid values (``factor <= 0``, ``factor < 1`` except for
+      ``linear`` and ``yarn``, ``beta_fast < beta_slow``,
       ``high_freq_factor <= low_freq_factor``, factor lists of the wrong length, ...); bad
       ``head_dim`` / ``rotary_dim`` / ``seq_len``.
 
