@@ -19,7 +19,7 @@ from jaxpe.alibi import (
   alibi_slopes,
   alibi_slopes_for_heads,
 )
-from jaxpe.attention import dot_product_attention, make_attention_mask
+from jaxpe.attention import AttentionMask, dot_product_attention, make_attention_mask
 from jaxpe.emulation import (
   apply_augmented_alibi,
   apply_rope_alibi,
@@ -34,6 +34,7 @@ from jaxpe.emulation import (
   solve_emulation,
 )
 from jaxpe.hf_rope import HFRope, rope_from_hf_config
+from jaxpe.kernels import AlibiSpec
 from jaxpe.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.positions import document_mask, positions_from_mask, positions_from_segment_ids
 from jaxpe.rope import apply_rope, rope_inv_freq, rope_phases
@@ -42,6 +43,8 @@ from jaxpe.sinusoidal import sinusoidal_embedding
 from jaxpe.xpos import apply_xpos, xpos_scale, xpos_zeta
 
 __all__ = [
+  "AlibiSpec",
+  "AttentionMask",
   "HFRope",
   "ROPE_TYPES",
   "alibi_bias",

@@ -5,10 +5,44 @@ Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K,
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from jaxpe import _checks
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+  """Structured self-attention mask: what fused kernels take instead of a dense ``[B, 1, T, S]`` mask.
+
+  Queries and keys are the same T tokens (no KV cache: key slot t is query slot t). Query t may
+  attend key s when ``s <= t`` (if ``causal``), ``valid[s]`` and ``segment_ids[t] == segment_ids[s]``.
+  ``dense()`` gives the equivalent bool mask for the ``xla`` backend.
+
+  Attributes:
+    valid: optional ``[B, T]`` bool, False for padding tokens (left or right padding).
+    segment_ids: optional ``[B, T]`` integer document ids of packed sequences.
+    causal: static bool (a pytree meta field, so jit and scan see it as a Python bool).
+  """
+
+  valid: jax.Array | None = None
+  segment_ids: jax.Array | None = None
+  causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
+
+  def dense(self, batch: int, length: int) -> jax.Array:
+    """The ``[B, 1, T, T]`` bool mask (True = may attend) of ``make_attention_mask``."""
+    index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    return make_attention_mask(
+      index,
+      index,
+      causal=self.causal,
+      k_valid=self.valid,
+      q_segment_ids=self.segment_ids,
+      k_segment_ids=self.segment_ids,
+    )
 
 
 def make_attention_mask(
@@ -75,12 +109,18 @@ def dot_product_attention(
   scale: float,
   bias: jax.Array | None = None,
   mask: jax.Array | None = None,
+  precise_dims: int = 0,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias, masked) . v`` with float32 logits and softmax.
 
   q and k may carry more dims than v (the RoPE-emulated ALiBi pair); ``scale`` is then still
   ``1/sqrt(H)`` of the original head dim. Grouped-query attention: the N query heads are split into
   K groups of N/K heads that share one kv head.
+
+  Precision: the last ``precise_dims`` dims of q and k (the emulation dims, values ~1e5-1e6 whose
+  products cancel down to the ALiBi bias) are contracted in float32 with ``precision=HIGHEST``,
+  whatever ``jax.default_matmul_precision`` says (TF32 on recent NVIDIA GPUs, one bf16 pass on TPU
+  would cost whole logits there); the other dims use the default precision like every other score.
 
   Args:
     q: ``[B, T, N, Hq]`` float queries.
@@ -89,14 +129,15 @@ def dot_product_attention(
     scale: multiplies q.k, usually ``1/sqrt(H)``.
     bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
     mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
-      visible key returns zeros.
+      visible key (masked, or a bias of -inf everywhere) returns zeros.
+    precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
 
   Raises:
     ValueError: wrong ranks, mismatched batch/length/head/dim sizes, bias or mask that do not
-      broadcast, ``scale`` not a finite number > 0.
+      broadcast, ``scale`` not a finite number > 0, ``precise_dims`` outside 0..Hq.
     TypeError: non-float q/k/v or a non-bool mask.
   """
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
@@ -122,17 +163,32 @@ def dot_product_attention(
     if jnp.result_type(mask) != jnp.bool_:
       raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
 
+  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int) or not 0 <= precise_dims <= qk_dim:
+    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+
   group = num_heads // num_kv
   q_grouped = q.reshape(batch, t_len, num_kv, group, qk_dim)
-  logits = jnp.einsum("BTKGH,BSKH->BKGTS", q_grouped, k, preferred_element_type=jnp.float32).reshape(full)
-  logits = logits * jnp.float32(scale)
+  split = qk_dim - precise_dims
+  eq = "BTKGH,BSKH->BKGTS"
+  logits = jnp.einsum(eq, q_grouped[..., :split], k[..., :split], preferred_element_type=jnp.float32)
+  if precise_dims:
+    logits = logits + jnp.einsum(
+      eq,
+      q_grouped[..., split:].astype(jnp.float32),
+      k[..., split:].astype(jnp.float32),
+      precision=jax.lax.Precision.HIGHEST,
+      preferred_element_type=jnp.float32,
+    )
+  logits = logits.reshape(full) * jnp.float32(scale)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
+  # Masked keys and keys whose bias is -inf get weight 0; a row with none left gives zeros (not NaN,
+  # not a mean over masked keys).
+  keep = logits != -jnp.inf
   if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)
-  if mask is not None:
-    weights = jnp.where(mask, weights, 0.0)  # rows with no visible key give zeros, not a mean
+    keep = keep & mask
+  logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
+  weights = jnp.where(keep, jax.nn.softmax(logits, axis=-1), 0.0)
   weights = weights.reshape(batch, num_kv, group, t_len, s_len).astype(v.dtype)
   out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v)
   return out.reshape(batch, t_len, num_heads, v.shape[-1])

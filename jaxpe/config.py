@@ -19,6 +19,7 @@ import yaml
 PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi"]
 POS_ENCODINGS: tuple[str, ...] = typing.get_args(PosEncoding)
 DType = Literal["float32", "bfloat16", "float16"]
+AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
 
 
 class _Strict(pydantic.BaseModel):
@@ -111,6 +112,21 @@ class ModelConfig(_Strict):
     description="rope_alibi with the two extra dims realised by the q/k projections (H + 2 outputs per "
     "head: zero kernel columns, biases carry the fixed vectors); needs use_bias and float32",
   )
+  attention_impl: AttentionImpl = pydantic.Field(
+    "xla",
+    description="attention backend (jaxpe.kernels): xla (einsum reference), cudnn (cuDNN flash attention, "
+    "NVIDIA GPU), splash (TPU), pallas_gpu (Triton), auto (splash on TPU, cudnn on GPU, else xla); "
+    "KV-cache decoding always runs on xla",
+  )
+  attention_interpret: bool = pydantic.Field(
+    False, description="run the Pallas kernels (splash, pallas_gpu) in interpret mode (CPU tests)"
+  )
+  alibi_emulation: Literal["exact", "rotated"] = pydantic.Field(
+    "exact",
+    description="how pos_encoding='alibi' reaches bias-free kernels: exact (augmented form in bf16-exact "
+    "parts, 18 extra dims up to 65536 positions) or rotated (order rope_alibi_order, theta from "
+    "rope_alibi_max_phase / rope_alibi_context, 18 k extra dims, the solver's bound)",
+  )
   use_bias: bool = False
   embed_layernorm: bool = False
   layernorm_eps: float = pydantic.Field(1e-5, gt=0)
@@ -173,6 +189,11 @@ class ModelConfig(_Strict):
           f"rope_scaling.original_max_position_embeddings must be set and < max_len ({self.max_len}) "
           f"for rope_type={kind!r} (evaluated at seq_len = max_len), got {orig}"
         )
+    if self.alibi_emulation == "rotated" and self.alibi_heads is not None:
+      raise ValueError(
+        "alibi_emulation='rotated' needs ALiBi on every head (slopes > 0); use alibi_emulation='exact' "
+        f"with alibi_heads={self.alibi_heads}"
+      )
     if self.pos_encoding == "xpos" and self.max_len > 65536:
       # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32
       # beyond |p - offset| ~ 35,000.

@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jaxpe import _checks, alibi, attention, emulation, rope, sinusoidal, xpos
+from jaxpe import _checks, alibi, attention, emulation, kernels, rope, sinusoidal, xpos
 from jaxpe import positions as positions_lib
 from jaxpe.config import ModelConfig
 
@@ -137,8 +138,9 @@ class Attention(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
-    ``mask`` ``[B, 1, T, S]`` and ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens
-    without a cache, or all S cache slots with one.
+    ``mask`` (an ``AttentionMask`` without a cache, a dense ``[B, 1, T, S]`` bool mask with one) and
+    ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
+    slots with one. Runs on ``cfg.attention_impl`` (``jaxpe.kernels``); with a cache on ``xla``.
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     q, k = self._encode_qk(q, k, positions)
@@ -146,9 +148,18 @@ class Attention(nnx.Module):
       k_cache, v_cache = cache_kv
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
-    bias = self._score_bias(positions, kv_positions)
-    out = attention.dot_product_attention(
-      q, k, v, scale=1.0 / math.sqrt(self.cfg.head_size), bias=bias, mask=mask
+    cfg = self.cfg
+    fused = cache_kv is None and isinstance(mask, attention.AttentionMask)
+    out = kernels.attention(
+      q,
+      k,
+      v,
+      scale=1.0 / math.sqrt(cfg.head_size),
+      mask=mask,
+      alibi_spec=self._alibi_spec(positions, kv_positions),
+      precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
+      impl=cfg.attention_impl if fused else "xla",
+      interpret=cfg.attention_interpret,
     )
     return self.o(out), (k, v) if cache_kv is not None else None
 
@@ -182,14 +193,23 @@ class Attention(nnx.Module):
       )
     return q, k
 
-  def _score_bias(self, positions: jax.Array, kv_positions: jax.Array) -> jax.Array | None:
-    """ALiBi's ``[B, N, T, S]`` bias (``alibi_heads``: the first heads only), else None."""
+  def _alibi_spec(self, positions: jax.Array, kv_positions: jax.Array) -> kernels.AlibiSpec | None:
+    """ALiBi for the backend (``alibi_heads``: the first heads only, slope 0 on the rest), else None."""
     cfg = self.cfg
     if cfg.pos_encoding != "alibi":
       return None
     n_alibi = cfg.alibi_heads or cfg.num_heads
-    bias = alibi.alibi_bias(alibi.alibi_slopes(n_alibi), positions, kv_positions)
-    return jnp.pad(bias, ((0, 0), (0, cfg.num_heads - n_alibi), (0, 0), (0, 0)))
+    slopes = alibi.alibi_slopes_f64(n_alibi)
+    return kernels.AlibiSpec(
+      slopes=np.pad(slopes, (0, cfg.num_heads - n_alibi)),
+      q_positions=positions,
+      k_positions=kv_positions,
+      # positions are < max(T, max_len) unless given explicitly beyond that
+      max_position=max(cfg.max_len, cfg.rope_alibi_context or 0, positions.shape[1], kv_positions.shape[1]),
+      form=cfg.alibi_emulation,
+      order=cfg.rope_alibi_order,
+      theta=emulation_theta(cfg),
+    )
 
 
 def emulation_theta(cfg: ModelConfig) -> float:
@@ -348,9 +368,8 @@ class Decoder(nnx.Module):
     x = x.astype(jnp.float32)  # residual stream in float32
 
     if cache is None:
-      index = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
-      mask = attention.make_attention_mask(
-        index, index, k_valid=valid, q_segment_ids=segment_ids, k_segment_ids=segment_ids
+      mask = attention.AttentionMask(
+        valid=None if attention_mask is None else valid, segment_ids=segment_ids, causal=True
       )
       kv_positions, layer_caches = positions, [None] * cfg.num_layers
     else:

@@ -26,9 +26,9 @@ def _record(monkeypatch):
   calls = []
   inner = attention.dot_product_attention
 
-  def wrapper(q, k, v, *, scale, bias=None, mask=None):
+  def wrapper(q, k, v, *, scale, bias=None, mask=None, **kwargs):
     calls.append(dict(q=q, k=k, scale=scale, bias=bias, mask=mask))
-    return inner(q, k, v, scale=scale, bias=bias, mask=mask)
+    return inner(q, k, v, scale=scale, bias=bias, mask=mask, **kwargs)
 
   monkeypatch.setattr(attention, "dot_product_attention", wrapper)
   return calls

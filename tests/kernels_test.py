@@ -1,0 +1,168 @@
+"""Attention backends (jaxpe.kernels): the Pallas kernels in interpret mode against the xla path,
+errors, and the precision of the emulation term on xla."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxpe import alibi, attention, bf16_exact, kernels
+from jaxpe.config import ModelConfig
+from jaxpe.model import Decoder
+
+B, T, N, K, H = 2, 256, 4, 2, 64
+PAD = 37  # left padding of batch row 1
+
+
+def _tokens_and_masks():
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, 64, (B, T)), jnp.int32)
+  valid = jnp.asarray(np.arange(T)[None, :] >= np.array([[0], [PAD]]))
+  # row 0: three packed documents; row 1: one document after left padding
+  segments = jnp.asarray(np.stack([np.repeat([0, 1, 2], [100, 60, 96]), np.zeros(T, int)]), jnp.int32)
+  return tokens, valid, segments
+
+
+# Each kernel sees every attention-level form: plain q.k (none/learned/sinusoidal/rope/xpos), native
+# ALiBi through the exact and the rotated emulation, and rope_alibi's float32 emulation dims.
+MODEL_CASES = [
+  ("pallas_gpu", dict(pos_encoding="none")),
+  ("pallas_gpu", dict(pos_encoding="sinusoidal")),
+  ("pallas_gpu", dict(pos_encoding="rope", rope_scaling=dict(rope_type="linear", factor=2.0))),
+  ("pallas_gpu", dict(pos_encoding="alibi", alibi_emulation="exact")),
+  ("pallas_gpu", dict(pos_encoding="alibi", alibi_emulation="rotated", rope_alibi_order=3)),
+  ("pallas_gpu", dict(pos_encoding="rope_alibi", rope_alibi_order=2)),
+  ("splash", dict(pos_encoding="learned")),
+  ("splash", dict(pos_encoding="xpos")),
+  ("splash", dict(pos_encoding="alibi", alibi_emulation="exact", alibi_heads=3)),
+  ("splash", dict(pos_encoding="alibi", alibi_emulation="rotated", rope_alibi_order=3)),
+  ("splash", dict(pos_encoding="rope_alibi", rope_alibi_order=1)),
+]
+
+
+@pytest.mark.parametrize(
+  "impl,extra", MODEL_CASES, ids=[f"{i}-{e['pos_encoding']}-{len(e)}" for i, e in MODEL_CASES]
+)
+def test_decoder_on_pallas_kernel_matches_xla(impl, extra):
+  # B 2, T 256, N 4, K 2, H 64; causal, packed segments (row 0) and left padding (row 1).
+  base = dict(vocab_size=64, d_model=N * H, num_layers=1, num_heads=N, num_kv_heads=K, max_len=T, **extra)
+  ref_model = Decoder(ModelConfig(**base), rngs=nnx.Rngs(0))
+  model = Decoder(ModelConfig(**base, attention_impl=impl, attention_interpret=True), rngs=nnx.Rngs(0))
+  tokens, valid, segments = _tokens_and_masks()
+
+  def run(m):
+    return nnx.jit(lambda m, t, v, s: m(t, attention_mask=v, segment_ids=s))(m, tokens, valid, segments)
+
+  ref, out = run(ref_model), run(model)
+  ok = np.asarray(valid)
+  # exact (up to float32 reordering) for every form; the rotated ALiBi at order 3 and phase
+  # 0.1 deviates ~1e-9 relative from native ALiBi (emulation bound), far below the tolerance.
+  np.testing.assert_allclose(np.asarray(out)[ok], np.asarray(ref)[ok], atol=2e-4, rtol=0)
+
+
+def test_rotated_alibi_on_kernel_matches_its_closed_form():
+  # The rotated form against xla with the closed-form bias -(m/theta) sum_r w_r sin(r d theta)
+  # (float64): the kernel path adds no error beyond the emulation's truncation.
+  rng = np.random.default_rng(1)
+  q, k, v = (
+    jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((1, 128, N, H), (1, 128, K, H), (1, 128, K, H))
+  )
+  pos = jnp.arange(128, dtype=jnp.int32)[None]
+  slopes, order, theta = alibi.alibi_slopes_f64(N), 2, 0.5 / 128
+  spec = kernels.AlibiSpec(slopes, pos, pos, max_position=128, form="rotated", order=order, theta=theta)
+  mask = attention.AttentionMask(causal=True)
+  out = kernels.attention(
+    q, k, v, scale=H**-0.5, mask=mask, alibi_spec=spec, impl="pallas_gpu", interpret=True
+  )
+  d = np.arange(128)[:, None] - np.arange(128)[None, :]
+  w = np.asarray([4 / 3, -1 / 6])
+  bias = -(slopes[:, None, None] / theta) * sum(w[r] * np.sin((r + 1) * d * theta) for r in range(order))
+  ref = attention.dot_product_attention(
+    q, k, v, scale=H**-0.5, bias=jnp.asarray(bias[None], jnp.float32), mask=mask.dense(1, 128)
+  )
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=0)
+
+
+def test_unavailable_backend_names_the_available_ones():
+  x = jnp.zeros((1, 128, 2, 8))
+  with pytest.raises(ValueError, match=r"not available.*available: \('xla',\).*interpret=True"):
+    kernels.attention(x, x, x, scale=1.0, impl="splash")
+  with pytest.raises(ValueError, match="'cudnn' is not available"):
+    kernels.attention(x, x, x, scale=1.0, impl="cudnn", interpret=True)
+  with pytest.raises(ValueError, match="must be one of"):
+    kernels.attention(x, x, x, scale=1.0, impl="flash")
+  assert kernels.resolve_backend("auto") == "xla"  # on CPU
+
+
+def test_native_bias_on_a_bias_free_kernel_says_to_use_the_emulation():
+  x = jnp.zeros((1, 128, 2, 8))
+  with pytest.raises(ValueError, match="takes no bias.*alibi_spec.*emulated"):
+    kernels.attention(x, x, x, scale=1.0, bias=jnp.zeros((1, 2, 128, 128)), impl="pallas_gpu", interpret=True)
+  with pytest.raises(ValueError, match="AttentionMask"):
+    kernels.attention(
+      x, x, x, scale=1.0, mask=jnp.ones((1, 1, 128, 128), bool), impl="splash", interpret=True
+    )
+
+
+def test_emulation_dims_are_contracted_at_highest_precision_on_xla():
+  # CPU ignores jax.default_matmul_precision, so check what the jaxpr asks for: under a bf16 default
+  # the emulation part of the logits is a float32 dot with precision HIGHEST, the content part is not.
+  q = jnp.zeros((1, 8, 2, 10), jnp.float32)
+  with jax.default_matmul_precision("bfloat16"):
+    jaxpr = jax.make_jaxpr(
+      lambda q: attention.dot_product_attention(q, q, q[..., :8], scale=1.0, precise_dims=2)
+    )(q)
+  dots = []
+
+  def walk(jx):
+    for e in jx.eqns:
+      if e.primitive.name == "dot_general":
+        dots.append(e)
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  # the two q.k dots contract [B, T, K, H'] with [B, S, K, G, H'] over H' = 8 (content) or 2 (emulation)
+  qk = {e.invars[0].aval.shape: e for e in dots if e.invars[0].aval.shape[:3] == (1, 8, 2)}
+  highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+  emul, content = qk[(1, 8, 2, 2)], qk[(1, 8, 2, 8)]
+  assert emul.params["precision"] == highest
+  assert all(v.aval.dtype == jnp.float32 for v in emul.invars)
+  assert emul.params["preferred_element_type"] == jnp.float32
+  assert content.params["precision"] != highest
+
+
+def test_row_with_minus_inf_bias_gives_zeros_like_a_masked_row():
+  rng = np.random.default_rng(2)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, 3, 1, 4)), jnp.float32) for _ in range(3))
+  bias = np.zeros((1, 1, 3, 3), np.float32)
+  bias[0, 0, 1, :] = -np.inf  # row 1: no key visible
+  bias[0, 0, 2, 0] = -np.inf  # row 2: key 0 hidden
+  out = np.asarray(attention.dot_product_attention(q, k, v, scale=0.5, bias=jnp.asarray(bias)))
+  mask = jnp.asarray(np.isfinite(bias))
+  masked = np.asarray(attention.dot_product_attention(q, k, v, scale=0.5, mask=mask))
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(out[:, 1], 0.0)
+  np.testing.assert_allclose(out, masked, atol=1e-6)
+
+
+def test_exact_alibi_dims_are_bf16_exact_with_exact_float32_products():
+  pos_q = jnp.asarray([[0, 5, 255, 256, 1000, 65535]], jnp.int32)
+  pos_k = jnp.asarray([[0, 3, 100, 65535, 7, 65534, 40000]], jnp.int32)
+  slopes = alibi.alibi_slopes_f64(16)
+  q_e, k_e = bf16_exact.exact_alibi_dims(
+    pos_q, pos_k, slopes=slopes, dot_scale=1 / 8, max_position=65536, num_kv_heads=1
+  )
+  q_e, k_e = np.asarray(q_e, np.float64)[0], np.asarray(k_e, np.float64)[0, :, 0]
+  assert q_e.shape[-1] == bf16_exact.exact_alibi_dim_count(65536) == 18
+  for x in (q_e, k_e):
+    np.testing.assert_array_equal(x.astype(jnp.bfloat16).astype(np.float64), x)
+  prods = q_e[:, None, :, :] * k_e[None, :, None, :]  # [T, S, N, E]
+  np.testing.assert_array_equal(prods.astype(np.float32).astype(np.float64), prods)
+  # exact sum (float64 here) = -m (i - j) up to the 3-part slope split (~2^-26 relative)
+  ref = -slopes[None, None, :] * (np.asarray(pos_q)[0][:, None, None] - np.asarray(pos_k)[0][None, :, None])
+  np.testing.assert_allclose(prods.sum(-1) / 8, ref, rtol=2**-24, atol=1e-9)
+  assert math.isclose(float(np.max(np.abs(ref))), float(slopes[0]) * 65535)
