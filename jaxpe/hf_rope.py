@@ -43,40 +43,71 @@ from jaxpe import rope_scaling as _rs
 # ``rotate_half`` that slices ``x[..., ::2]``, or complex multiplication (``view_as_complex``).
 INTERLEAVED_FAMILIES: frozenset[str] = frozenset(
   {
+    "bailing_hybrid",
     "blt",
+    "blt_global_transformer",
+    "blt_local_decoder",
+    "blt_local_encoder",
+    "blt_patcher",
     "codegen",
     "cohere",
     "cohere2",
     "cohere2_moe",
     "deepseek_v2",
+    "deepseek_v32",
+    "deepseek_v4",
     "ernie4_5",
     "ernie4_5_moe",
     "glm",
     "glm4",
+    "glm4v",
+    "glm4v_text",
+    "glm_moe_dsa",
+    "glm_ocr",
+    "glm_ocr_text",
     "gptj",
     "helium",
+    "hy_v4_vl",
+    "hy_v4_vl_text",
     "llama4",
     "llama4_text",
+    "longcat_flash",
+    "mistral_large4",
+    "mistral_large4_text",
     "moonshine",
     "moonshine_streaming",
+    "openai_privacy_filter",
+    "pe_audio_encoder",
+    "pe_audio_video_encoder",
+    "pe_video_encoder",
+    "axk2",
   }
 )
-# Multi-head latent attention: q/k heads are [nope | rope], the rope part is qk_rope_head_dim wide and
-# last; a ``rope_interleave`` key (DeepSeek-V3, default True) selects the interleaved pair layout.
+# Latent-attention (MLA) families: q/k heads are [nope | rope], the rope part is qk_rope_head_dim
+# wide and last. Those with a ``rope_interleave`` config key (default True) rotate interleaved pairs
+# when it is set, rotate-half otherwise.
 _MLA_FAMILIES = frozenset(
   {
+    "axk1",
+    "axk2",
+    "bailing_hybrid",
     "deepseek_v2",
     "deepseek_v3",
     "deepseek_v32",
     "glm4_moe_lite",
     "glm_moe_dsa",
-    "kimi_k2",
+    "hy_v4",
     "longcat_flash",
     "minicpm3",
     "mistral4",
     "mistral_large4",
+    "mistral_large4_text",
+    "sarvam_mla",
     "youtu",
   }
+)
+_ROPE_INTERLEAVE_FAMILIES = frozenset(
+  {"axk1", "deepseek_v3", "glm4_moe_lite", "mistral4", "sarvam_mla", "youtu"}
 )
 # Families whose attention multiplies the softmax scale by yarn_get_mscale(factor, mscale_all_dim)**2
 # (``yarn_apply_mscale`` in their modeling code).
@@ -135,6 +166,20 @@ _PHI3_FAMILIES = frozenset({"phi3", "phi4_multimodal"})  # legacy "yarn" means l
 _MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})  # legacy "mrope" means default + mrope_section
 _GEMMA3_FAMILIES = frozenset({"gemma3", "gemma3_text"})
 _NO_ROPE_FAMILIES = frozenset({"bloom", "mpt", "gpt2", "opt", "bert", "roberta", "t5", "baichuan"})
+# Families whose nested rope_parameters are keyed by labels other than layer_types
+# (transformers' ``_rope_type_labels``).
+_ROPE_TYPE_LABELS = {"deepseek_v4": ("main", "compress"), "lfm3": ("full_attention", "sliding_attention")}
+# Where a family's config.json spells the head dim differently (transformers' attribute_map).
+_HEAD_DIM_KEYS = {"jetmoe": "kv_channels", "zamba2": "attention_head_dim"}
+_HEADS_KEYS = {"moonshine": "decoder_num_attention_heads"}
+# Families whose rotary table transformers builds in a way jaxpe's 1-D inv_freq does not describe.
+_UNSUPPORTED = {
+  "nanochat": "its rotate_half has flipped signs (rotation by -theta), neither jaxpe layout",
+  "eomt_dinov3": "it is a vision transformer with 2-D patch RoPE (jaxpe's tables are 1-D token positions)",
+  "dinov3_vit": "it is a vision transformer with 2-D patch RoPE (jaxpe's tables are 1-D token positions)",
+  "ernie4_5_vl_moe": "its text rotary embedding pre-permutes the height/width frequencies of mrope_section",
+  "ernie4_5_vl_moe_text": "its text rotary embedding pre-permutes the height/width frequencies of mrope_section",
+}
 # Types whose transformers standardisation moves an original pretraining length into the dict.
 _ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
 
@@ -150,12 +195,14 @@ class HFRope:
     parameters: the normalised rope dict passed to ``jaxpe.rope_frequencies`` (with ``rope_theta``
       and, for llama3/yarn/longrope, ``original_max_position_embeddings``).
     head_dim: H, the per-head width the rotary embedding is built for (MLA: ``qk_rope_head_dim``).
-    rotary_dim: R <= H, the rotated dims (even); ``inv_freq`` has R/2 entries.
+    rotary_dim: R <= H, the rotated dims (even); ``inv_freq`` has R/2 entries (``proportional``,
+      Gemma-4: R = H with zero frequencies past the rotated share, as transformers).
     rope_theta: base of the frequencies (radians per token at pair 0 is 1).
     layout: ``"half"`` (rotate-half, pairs (i, i + R/2)) or ``"interleaved"`` (pairs (2i, 2i+1)),
       as ``jaxpe.apply_rope(layout=...)`` takes it.
     rotated_slice: ``"leading"`` (the first R dims of each q/k head rotate; standard) or
-      ``"trailing"`` (MLA: q/k heads are ``[nope | rope]``, the last ``head_dim`` dims rotate).
+      ``"trailing"`` (DeepSeek-V2/V3/V4-style heads ``[nope | rope]``: the last R dims of each q/k
+      head rotate, e.g. the last ``qk_rope_head_dim`` of ``qk_head_dim``).
     max_position_embeddings: the config's context length in tokens (None when absent).
     original_max_position_embeddings: the pretraining length that the scaling uses (None when the
       type has none).
@@ -167,6 +214,8 @@ class HFRope:
     softmax_scale_factor: multiplies the attention softmax scale ``1/sqrt(qk_head_dim)``
       (``yarn_get_mscale(factor, mscale_all_dim) ** 2`` in DeepSeek-V2/V3 style models; else 1).
     length_dependent: True for ``dynamic`` and ``longrope``: use ``frequencies(seq_len)``.
+    query_scale_beta: Ministral-3 / Mistral-4's ``llama_4_scaling_beta`` (queries multiplied by
+      ``query_scale(positions)``), or None.
   """
 
   model_type: str | None
@@ -185,6 +234,31 @@ class HFRope:
   attention_factor: float
   softmax_scale_factor: float
   length_dependent: bool
+  query_scale_beta: float | None = None
+
+  def query_scale(self, positions: jax.Array) -> jax.Array:
+    """Ministral-3 / Mistral-4 position-dependent query scale ``[B, T]`` float32.
+
+    ``1 + beta * log(1 + floor(p / original_max_position_embeddings))`` with ``beta =
+    query_scale_beta`` (the config's ``llama_4_scaling_beta``); multiply the rotated queries by
+    ``query_scale(positions)[:, :, None, None]``. All ones when the config has no beta.
+
+    Raises:
+      ValueError: ``positions`` not ``[B, T]`` integers; a beta without an original length.
+    """
+    import jax.numpy as jnp
+
+    positions = jnp.asarray(positions)
+    if positions.ndim != 2 or not jnp.issubdtype(positions.dtype, jnp.integer):
+      raise ValueError(
+        f"positions must be [B, T] integer token indices, got {positions.shape} {positions.dtype}"
+      )
+    if self.query_scale_beta is None:
+      return jnp.ones(positions.shape, jnp.float32)
+    if self.original_max_position_embeddings is None:
+      raise ValueError("query_scale needs original_max_position_embeddings in the config's rope parameters")
+    blocks = jnp.floor_divide(positions, self.original_max_position_embeddings).astype(jnp.float32)
+    return jnp.float32(1.0) + jnp.float32(self.query_scale_beta) * jnp.log1p(blocks)
 
   def frequencies(self, seq_len: int | jax.Array | None = None) -> tuple[jax.Array, float]:
     """``(inv_freq [R/2] float32, attention_factor)`` for a sequence of ``seq_len`` tokens.
@@ -216,7 +290,13 @@ def _as_dict(config: Any) -> dict[str, Any]:
     if isinstance(out, Mapping):
       out = dict(out)
       # Properties (Falcon's head_dim) and attribute_map aliases are not in to_dict().
-      for key in ("head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+      for key in (
+        "head_dim",
+        "hidden_size",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "_rope_type_labels",
+      ):
         if out.get(key) is None:
           try:
             value = getattr(config, key, None)
@@ -282,7 +362,9 @@ def _rope_dict(cfg: dict[str, Any], model_type: str | None) -> dict[str, Any]:
 
 def _layer_types(cfg: Mapping[str, Any], raw: Mapping[str, Any], model_type: str | None) -> list[str]:
   """Keys of ``raw`` that are layer types (transformers' nested_rope_parameter_keys)."""
-  labels = set(cfg.get("layer_types") or ())
+  labels = set(
+    cfg.get("_rope_type_labels") or _ROPE_TYPE_LABELS.get(model_type) or cfg.get("layer_types") or ()
+  )
   if model_type in _GEMMA3_FAMILIES:
     labels |= {"full_attention", "sliding_attention"}
   return sorted(k for k in raw if k in labels)
@@ -297,6 +379,42 @@ def _family_rope_type(params: dict[str, Any], model_type: str | None) -> dict[st
     if model_type in _MROPE_FAMILIES and kind == "mrope":
       params[key] = "default"  # Qwen2VLConfig: mrope is default RoPE with mrope_section
   return params
+
+
+def _head_dim(cfg: Mapping[str, Any], model_type: str | None, layer_type: str | None, mla: bool) -> int:
+  """The width the rotary embedding is built for (transformers: ``config.head_dim`` or
+  ``hidden_size // num_attention_heads``, with the family's aliases and per-layer overrides)."""
+  if mla:
+    return _positive_int(cfg, "qk_rope_head_dim")
+  if layer_type is not None and isinstance(cfg.get("per_layer_config"), Mapping):
+    # Heterogeneous configs (Gemma-4): layers of this type may override head_dim.
+    types_ = list(cfg.get("layer_types") or ())
+    dims = {
+      int(v["head_dim"])
+      for k, v in cfg["per_layer_config"].items()
+      if isinstance(v, Mapping)
+      and v.get("head_dim") is not None
+      and int(k) < len(types_)
+      and types_[int(k)] == layer_type
+    }
+    if len(dims) > 1:
+      raise ValueError(f"layers of type {layer_type!r} have different head_dim overrides {sorted(dims)}")
+    if dims:
+      return dims.pop()
+  if layer_type == "full_attention" and cfg.get("global_head_dim") is not None:
+    return _positive_int(cfg, "global_head_dim")  # Gemma-4 config.json spelling
+  key = _HEAD_DIM_KEYS.get(model_type, "head_dim")
+  if cfg.get(key) is not None:
+    return _positive_int(cfg, key)
+  hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
+  heads = _first(
+    cfg, _HEADS_KEYS.get(model_type, "num_attention_heads"), "num_attention_heads", "n_head", "n_heads"
+  )
+  if hidden is None or heads is None:
+    raise ValueError("config needs head_dim, or hidden_size and num_attention_heads, for the rotary dim")
+  return _positive_int(
+    {"hidden_size // num_attention_heads": hidden // heads}, "hidden_size // num_attention_heads"
+  )
 
 
 def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope:
@@ -336,6 +454,10 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     raise ValueError("config has alibi: true (Falcon with ALiBi): the model has no rotary embedding")
   if model_type in _NO_ROPE_FAMILIES:
     raise ValueError(f"model_type {model_type!r} has no rotary embedding in transformers")
+  if model_type in _UNSUPPORTED:
+    raise ValueError(
+      f"model_type {model_type!r} is not supported by rope_from_hf_config: {_UNSUPPORTED[model_type]}"
+    )
   defaults = _FAMILY_DEFAULTS.get(model_type, {})
 
   raw = _rope_dict(cfg, model_type)
@@ -359,6 +481,7 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
       )
     params = dict(raw)
   params = _family_rope_type(params, model_type)
+  query_scale_beta = params.pop("llama_4_scaling_beta", None)  # Ministral-3 / Mistral-4: scales queries
 
   # rope_theta / partial_rotary_factor: the dict's value first, then the top-level key (and the
   # family's legacy spelling), then the family default (transformers' setdefault order).
@@ -385,21 +508,12 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   rope_type = params["rope_type"]
 
   # Head and rotary dims.
+  trailing = model_type in _MLA_FAMILIES or model_type == "deepseek_v4"
+  # MLA configs set head_dim = qk_rope_head_dim (DeepseekV3Config), unless the rope dict carries a
+  # partial_rotary_factor of head_dim (Mistral-4).
   mla = model_type in _MLA_FAMILIES and cfg.get("qk_rope_head_dim") is not None
-  if mla:
-    head_dim = _positive_int(cfg, "qk_rope_head_dim")
-  elif cfg.get("head_dim") is not None:
-    head_dim = _positive_int(cfg, "head_dim")
-  else:
-    hidden, heads = (
-      _first(cfg, "hidden_size", "n_embd", "d_model"),
-      _first(cfg, "num_attention_heads", "n_head"),
-    )
-    if hidden is None or heads is None:
-      raise ValueError("config needs head_dim, or hidden_size and num_attention_heads, for the rotary dim")
-    head_dim = _positive_int(
-      {"hidden_size // num_attention_heads": hidden // heads}, "hidden_size // num_attention_heads"
-    )
+  mla = mla and params.get("partial_rotary_factor") is None
+  head_dim = _head_dim(cfg, model_type, layer_type, mla)
   rotary_dim = None
   if model_type in _ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
     rotary_dim = _positive_int(cfg, "rotary_dim")
@@ -418,11 +532,15 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     # transformers' dynamic NTK uses max_position_embeddings as the pretraining length.
     params.pop("original_max_position_embeddings", None)
     original = max_pos
+  else:
+    original = params.get("original_max_position_embeddings")
   mrope = params.get("mrope_section")
   mrope = None if mrope is None else tuple(int(v) for v in mrope)
 
   layout: Literal["half", "interleaved"] = "half"
-  if model_type in INTERLEAVED_FAMILIES or (mla and cfg.get("rope_interleave", model_type == "deepseek_v3")):
+  if model_type in INTERLEAVED_FAMILIES or (
+    trailing and cfg.get("rope_interleave", model_type == "deepseek_v3")
+  ):
     layout = "interleaved"
   if model_type == "deepseek_v2":
     layout = "interleaved"  # complex multiplication (view_as_complex)
@@ -444,7 +562,7 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     rotary_dim=2 * int(inv_freq.shape[0]),
     rope_theta=float(params["rope_theta"]),
     layout=layout,
-    rotated_slice="trailing" if mla else "leading",
+    rotated_slice="trailing" if trailing else "leading",
     max_position_embeddings=max_pos,
     original_max_position_embeddings=original,
     mrope_section=mrope,
@@ -452,4 +570,5 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     attention_factor=float(attention_factor),
     softmax_scale_factor=softmax_scale_factor,
     length_dependent=rope_type in ("dynamic", "longrope"),
+    query_scale_beta=None if query_scale_beta is None else float(query_scale_beta),
   )

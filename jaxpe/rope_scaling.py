@@ -20,6 +20,10 @@ Types (``ROPE_TYPES``) and their sources:
   ``mscale_all_dim``, ``truncate``.
 * ``longrope``: per-frequency short/long factors (Ding et al., arXiv 2402.13753; Phi-3).
 * ``llama3``: Llama 3.1 low/high-frequency smoothing (Meta ``apply_scaling`` in llama-models).
+* ``proportional``: Gemma-4's partial rotary: the first ``int(H * partial_rotary_factor) // 2``
+  pairs get ``base ** (-2i / H)`` (exponent over the whole head), the other pairs frequency 0, and
+  ``inv_freq`` has ``H/2`` entries (rotate-half pairs span the head); divided by ``factor``
+  (default 1, below 1 allowed). HF ``_compute_proportional_rope_parameters``.
 
 Every formula matches HF transformers' ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (5.x) for the
 same dict, ``head_dim`` and ``max_position_embeddings``; jaxpe evaluates them in float64 on the
@@ -39,7 +43,16 @@ import numpy as np
 
 from jaxpe import _checks
 
-ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "ntk", "yarn", "longrope", "llama3")
+ROPE_TYPES: tuple[str, ...] = (
+  "default",
+  "linear",
+  "dynamic",
+  "ntk",
+  "yarn",
+  "longrope",
+  "llama3",
+  "proportional",
+)
 
 # Keys each type reads (besides rope_type/type, rope_theta, partial_rotary_factor).
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -50,6 +63,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
   "yarn": (),  # factor and original_max_position_embeddings: see _yarn
   "longrope": ("short_factor", "long_factor"),
   "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+  "proportional": (),
 }
 # Every key HF's RopeParameters knows, plus max_position_embeddings; other keys are typos.
 _KNOWN_KEYS = frozenset(
@@ -146,7 +160,7 @@ def _float(name: str, value: Any, *, minimum: float | None = None, strict: bool 
 
 
 # Types whose formula is defined for a factor below 1 (compression: positions closer together).
-_BELOW_ONE_TYPES = ("linear", "yarn")
+_BELOW_ONE_TYPES = ("linear", "yarn", "proportional")
 
 
 def _factor(value: Any, rope_type: str) -> float:
@@ -395,6 +409,25 @@ def _llama3(params, base, rotary_dim, max_position_embeddings):
   return _to_f32(np.where(medium, smoothed, scaled))
 
 
+def _proportional(params, base, head_dim, rotary_dim):
+  head_dim = _checks.check_positive_int("head_dim", head_dim, even=True)
+  if rotary_dim is not None and rotary_dim != head_dim:
+    raise ValueError(
+      f"rope_type='proportional' rotates the whole head (zero frequencies past the rotated share): "
+      f"rotary_dim must be None or head_dim = {head_dim}, got {rotary_dim}"
+    )
+  prf = 1.0
+  if params.get("partial_rotary_factor") is not None:
+    prf = _float("partial_rotary_factor", params["partial_rotary_factor"], minimum=0.0, strict=True)
+    if prf > 1:
+      raise ValueError(f"rope_scaling['partial_rotary_factor'] must be in (0, 1], got {prf}")
+  factor = _factor(1.0 if params.get("factor") is None else params["factor"], "proportional")
+  angles = int(prf * head_dim // 2)  # HF: int(rope_proportion * head_dim // 2)
+  inv_freq = np.zeros(head_dim // 2, np.float64)
+  inv_freq[:angles] = base ** -(np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim)
+  return _to_f32(inv_freq / factor)
+
+
 def rope_frequencies(
   rope_scaling: Mapping[str, Any] | None,
   *,
@@ -449,6 +482,8 @@ def rope_frequencies(
     raise ValueError(f"rope_scaling for rope_type={rope_type!r} is missing required keys {missing}")
   base = params.get("rope_theta")
   base = _checks.check_positive_float("rope_theta", rope_theta if base is None else base)
+  if rope_type == "proportional":
+    return _proportional(params, base, head_dim, rotary_dim), 1.0
   rotary_dim = _resolve_rotary_dim(params, head_dim, rotary_dim)
   if max_position_embeddings is not None:
     max_position_embeddings = _checks.check_positive_int("max_position_embeddings", max_position_embeddings)

@@ -476,3 +476,142 @@ def test_type_errors_and_exports():
     rope_from_hf_config(["llama"])
   assert "rope_from_hf_config" in jaxpe.__all__ and "HFRope" in jaxpe.__all__
   assert "gptj" in hf_rope.INTERLEAVED_FAMILIES
+
+
+# ------------------------------------------------------------------ every family transformers ships
+
+
+def _default_rotary_modules():
+  """(model_type, text config, rotary module) for every model type whose default config builds a
+  *RotaryEmbedding from its own modeling file."""
+  import importlib
+  import importlib.util
+  import inspect
+  import warnings
+
+  from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+  for model_type in sorted(CONFIG_MAPPING.keys()):
+    config_cls = CONFIG_MAPPING[model_type]
+    family = config_cls.__module__.split(".")[-2]
+    spec = importlib.util.find_spec(f"transformers.models.{family}.modeling_{family}")
+    if spec is None or "RotaryEmbedding(" not in open(spec.origin, encoding="utf-8").read():
+      continue  # no rotary embedding: skip the (slow) import
+    try:
+      modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except Exception:  # noqa: BLE001 - optional backends (vision, audio) missing
+      continue
+    rotary = [
+      c
+      for n, c in vars(modeling).items()
+      if n.endswith("RotaryEmbedding") and inspect.isclass(c) and c.__module__ == modeling.__name__
+    ]
+    if not rotary:
+      continue
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      config = config_cls()
+      try:
+        config = config.get_text_config()
+      except ValueError:
+        pass
+      for cls in rotary:
+        try:
+          module = cls(config)
+        except Exception:  # noqa: BLE001 - a rotary class for another sub-config
+          continue
+        yield model_type, config, module
+        break
+
+
+def _layout_matches(module, r, layer_type):
+  """jaxpe.apply_rope with r.layout on r's rotated slice equals the family's own
+  apply_rotary_pos_emb(q, k, cos, sin) (or its _interleave variant for MLA families that use it).
+  None when the family's apply function has another signature."""
+  import inspect
+  import sys
+
+  modeling = sys.modules[type(module).__module__]
+  interleave_fn = getattr(modeling, "apply_rotary_pos_emb_interleave", None)
+  mla_interleaved = r.rotated_slice == "trailing" and r.layout == "interleaved" and interleave_fn is not None
+  fn = interleave_fn if mla_interleaved else getattr(modeling, "apply_rotary_pos_emb", None)
+  if fn is None or list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]:
+    return None
+  positions = np.array([[0, 3, 50, 1000]], np.int64)
+  q = np.random.default_rng(0).normal(size=(1, 2, 4, r.head_dim)).astype(np.float32)  # [B, N, T, H]
+  kwargs = {"layer_type": layer_type} if layer_type else {}
+  try:
+    with torch.no_grad():
+      cos, sin = module(torch.zeros(1), torch.from_numpy(positions), **kwargs)
+      hf = fn(torch.from_numpy(q), torch.from_numpy(q), cos, sin)[0].numpy()
+  except (RuntimeError, TypeError, ValueError):  # partial rotary applied outside, mrope sections
+    return None
+  x = jnp.asarray(np.transpose(q, (0, 2, 1, 3)))  # [B, T, N, H]
+  got = jaxpe.apply_rope(
+    x, jnp.asarray(positions, jnp.int32), inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor
+  )
+  got = np.transpose(np.asarray(got), (0, 2, 1, 3))
+  if mla_interleaved:  # transformers returns the interleaved pairs de-interleaved (evens | odds)
+    got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
+  return bool(np.abs(got - hf).max() <= 1e-3 * max(1.0, r.attention_factor))
+
+
+def test_every_family_default_config_matches_or_is_refused():
+  """For every model type transformers 5.24 ships with a rotary embedding (default config, the text
+  config of composite models): rope_from_hf_config either raises ValueError or gives transformers'
+  inv_freq (1e-6 relative, 2.2e-6 for llama3) and attention factor, from the PretrainedConfig and
+  from its to_dict() alike, and where the family's apply_rotary_pos_emb takes (q, k, cos, sin),
+  jaxpe.apply_rope with the returned layout rotates q as it does. Never a silent mismatch."""
+  matched, refused, layouts = [], [], []
+  for model_type, config, module in _default_rotary_modules():
+    layer_types = sorted(module.rope_type) if isinstance(getattr(module, "rope_type", None), dict) else [None]
+    for layer_type in layer_types:
+      name = f"{layer_type}_inv_freq" if layer_type else "inv_freq"
+      if getattr(module, name, None) is None:
+        continue  # GPT-J / CodeGen build a sin/cos table (tested above)
+      inv_hf = getattr(module, name).double().numpy()
+      att_hf = float(
+        getattr(module, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
+      )
+      try:
+        r = rope_from_hf_config(config, layer_type=layer_type)
+      except ValueError as e:
+        refused.append((model_type, str(e)[:60]))
+        continue
+      label = f"{model_type}/{layer_type}"
+      assert r.inv_freq.shape == inv_hf.shape, label
+      rel = np.abs(np.asarray(r.inv_freq, np.float64) - inv_hf) / np.maximum(inv_hf, 1e-30)
+      assert rel.max() <= (2.2e-6 if r.rope_type == "llama3" else 1e-6), (label, rel.max())
+      assert r.attention_factor == pytest.approx(att_hf, rel=1e-12), label
+      from_dict = rope_from_hf_config(config.to_dict(), layer_type=layer_type)
+      np.testing.assert_array_equal(from_dict.inv_freq, r.inv_freq, err_msg=label)
+      assert from_dict.attention_factor == r.attention_factor, label
+      matched.append(label)
+      same_layout = _layout_matches(module, r, layer_type)
+      assert same_layout in (None, True), (label, r.layout)
+      layouts += [label] if same_layout else []
+  print(
+    f"\n{len(matched)} model types / layer types match ({len(layouts)} with the layout checked), "
+    f"{len(refused)} refused: {sorted(set(refused))}"
+  )
+  assert len(matched) >= 230 and len(layouts) >= 200  # 265 and 227 in transformers 5.24
+  for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
+    assert any(m == family or m.startswith(family + "/") for m in matched), family
+
+
+def test_llama4_query_scale_matches_ministral3():
+  """Ministral-3's llama_4_scaling_beta: jaxpe's query_scale equals transformers'
+  get_llama_4_attn_scale."""
+  from transformers.models.ministral3 import modeling_ministral3
+
+  config = transformers.AutoConfig.for_model("ministral3")
+  r = rope_from_hf_config(config)
+  assert r.query_scale_beta == config.rope_parameters["llama_4_scaling_beta"]
+  positions = np.array([[0, 1, 16383, 16384, 16385, 70000, 1_000_000]], np.int64)
+  ref = modeling_ministral3.get_llama_4_attn_scale(
+    torch.from_numpy(positions),
+    r.query_scale_beta,
+    config.rope_parameters["original_max_position_embeddings"],
+  )[:, 0, :, 0]
+  np.testing.assert_allclose(r.query_scale(jnp.asarray(positions, jnp.int32)), ref.numpy(), rtol=1e-6)
+  assert rope_from_hf_config(LLAMA31).query_scale_beta is None

@@ -354,6 +354,28 @@ def test_factor_below_one_linear_and_yarn_match_hf():
     assert att == ref_att == 1.0
 
 
+@pytest.mark.parametrize(
+  "params",
+  [
+    {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+    {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
+    {"rope_type": "proportional", "partial_rotary_factor": 0.3, "factor": 0.5},
+    {"rope_type": "proportional"},
+  ],
+)
+def test_proportional_matches_hf(params):
+  """Gemma-4's proportional RoPE: H/2 frequencies, base ** (-2i/H) on the rotated share, zeros after."""
+  for head_dim in (64, 256):
+    inv, att = rope_frequencies(params, head_dim=head_dim)
+    ref_inv, ref_att = hf_reference(params, head_dim)
+    assert inv.shape == (head_dim // 2,) and att == ref_att == 1.0
+    np.testing.assert_allclose(inv, ref_inv, rtol=1e-6, atol=0)
+    angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    assert np.all(np.asarray(inv)[angles:] == 0) and np.all(np.asarray(inv)[:angles] > 0)
+  with pytest.raises(ValueError, match="rotary_dim must be None or head_dim"):
+    rope_frequencies(params, head_dim=64, rotary_dim=32)
+
+
 def test_legacy_su_reads_as_longrope():
   params = {"short_factor": [1.0 + i for i in range(8)], "long_factor": [2.0 + i for i in range(8)]}
   kw = dict(head_dim=16, max_position_embeddings=4096)
