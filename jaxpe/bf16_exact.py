@@ -201,3 +201,124 @@ def exact_alibi_dims(
     jnp.stack(k_dims, axis=-1)[:, :, None, :], (batch, s_len, num_kv_heads, len(k_dims))
   )
   return q_extra, k_extra
+
+
+# ------------------------------------------------------------------------------------ hardware model
+
+# Explicit mantissa bits of the input formats a matmul unit reads.
+MANTISSA_BITS: dict[str, int] = {"bfloat16": 7, "tf32": 10, "float32": 23}
+
+
+def round_mantissa(x, fmt: str) -> np.ndarray:
+  """``x`` rounded (to nearest, ties to even) to the mantissa of ``fmt``, as float64 (host, numpy).
+
+  Models how a matmul unit reads float32 inputs: bf16 (TPU default precision, bf16 kernels), TF32
+  (NVIDIA default for float32 matmuls) or float32. Exponent range is not modelled (no overflow or
+  subnormals at these magnitudes).
+
+  Args:
+    x: array-like of floats.
+    fmt: ``"bfloat16"``, ``"tf32"`` or ``"float32"``.
+
+  Returns:
+    float64 array shaped like ``x``.
+
+  Raises:
+    ValueError: unknown ``fmt``.
+  """
+  if fmt not in MANTISSA_BITS:
+    raise ValueError(f"fmt must be one of {tuple(MANTISSA_BITS)}, got {fmt!r}")
+  bits = MANTISSA_BITS[fmt]
+  mant, exp = np.frexp(np.asarray(x, np.float64))  # x = mant 2^exp, 0.5 <= |mant| < 1
+  return np.ldexp(np.rint(np.ldexp(mant, bits + 1)), exp - bits - 1)
+
+
+def float32_accumulated_dot(q_dims, k_dims, fmt: str) -> np.ndarray:
+  """``sum_e q_e k_e`` as a matmul unit computes it: inputs read as ``fmt``, each product rounded to
+  float32, summed in a float32 accumulator in dim order (host model, numpy).
+
+  Args:
+    q_dims: ``[T, N, E]`` float array-like (one query row per position, per head).
+    k_dims: ``[S, E]`` (the same for every head) or ``[S, N, E]``.
+    fmt: input format, see ``round_mantissa``.
+
+  Returns:
+    ``[T, S, N]`` float32 dot products.
+
+  Raises:
+    ValueError: E differs, or an unknown ``fmt``.
+  """
+  q = round_mantissa(q_dims, fmt)
+  k = round_mantissa(k_dims, fmt)
+  if q.shape[-1] != k.shape[-1]:
+    raise ValueError(f"q_dims and k_dims need the same last dim E, got {q.shape} and {k.shape}")
+  k = k[:, None, :] if k.ndim == 2 else k
+  acc = np.zeros((q.shape[0], k.shape[0], q.shape[1]), np.float32)
+  for e in range(q.shape[-1]):
+    acc = acc + (q[:, None, :, e] * k[None, :, :, e]).astype(np.float32)
+  return acc
+
+
+def alibi_term_dims(
+  form: str,
+  q_positions,
+  k_positions,
+  *,
+  slopes,
+  head_dim: int,
+  max_len: int,
+  order: int = 1,
+  max_phase: float = 0.1,
+  representation: str = "bf16_exact",
+) -> tuple[np.ndarray, np.ndarray]:
+  """The extra q/k dims that carry ALiBi's term, as the backends build them (host copy, float64).
+
+  ``q . k / sqrt(H)`` over these dims is the emulated bias. ``form="exact"``: the augmented form
+  (``representation="float32"``: ``apply_augmented_alibi``'s two float32 dims, what ``xla`` used
+  before; ``"bf16_exact"``: ``exact_alibi_dims``). ``form="rotated"``: ``apply_rope_alibi`` of
+  ``order`` with ``theta = max_phase / max_len`` (``"float32"``: its 2k dims, what ``xla``
+  contracts at HIGHEST; ``"bf16_exact"``: ``split_product_dims`` of them, what fused kernels read).
+
+  Args:
+    form: ``"exact"`` or ``"rotated"``.
+    q_positions: ``[T]`` integer token indices.
+    k_positions: ``[S]`` integer token indices.
+    slopes: ``[N]`` ALiBi slopes, > 0.
+    head_dim: H (score scale ``1/sqrt(H)``).
+    max_len: context (digit count of the exact form; theta of the rotated form).
+    order: k of the rotated form.
+    max_phase: largest phase of the rotated form (radians).
+    representation: ``"float32"`` or ``"bf16_exact"``.
+
+  Returns:
+    ``(q [T, N, E], k [S, E])`` float64.
+
+  Raises:
+    ValueError: unknown form or representation; as the builders.
+  """
+  from jaxpe import emulation
+
+  if representation not in ("float32", "bf16_exact"):
+    raise ValueError(f"representation must be 'float32' or 'bf16_exact', got {representation!r}")
+  slopes = np.asarray(slopes, np.float64)
+  qp = jnp.asarray(q_positions, jnp.int32)[None]
+  kp = jnp.asarray(k_positions, jnp.int32)[None]
+  num_heads = slopes.shape[0]
+  if form == "exact" and representation == "bf16_exact":
+    q_e, k_e = exact_alibi_dims(
+      qp, kp, slopes=slopes, dot_scale=1 / math.sqrt(head_dim), max_position=max_len, num_kv_heads=1
+    )
+  elif form in ("exact", "rotated"):
+    zq = jnp.zeros((1, qp.shape[1], num_heads, head_dim), jnp.float32)
+    zk = jnp.zeros((1, kp.shape[1], 1, head_dim), jnp.float32)
+    if form == "exact":
+      q_aug, k_aug = emulation.apply_augmented_alibi(zq, zk, qp, kp, slopes=slopes)
+    else:
+      theta = emulation.emulation_theta(max_phase=max_phase, max_len=max_len)
+      q_aug, k_aug = emulation.apply_rope_alibi(zq, zk, qp, kp, slopes=slopes, theta=theta, order=order)
+    q_e, k_e = q_aug[..., head_dim:], k_aug[..., head_dim:]
+    if representation == "bf16_exact":
+      q_e, k_e = split_product_dims(q_e, k_e)
+  else:
+    raise ValueError(f"form must be 'exact' or 'rotated', got {form!r}")
+  return np.asarray(q_e[0], np.float64), np.asarray(k_e[0, :, 0], np.float64)
