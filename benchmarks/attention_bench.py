@@ -1,0 +1,146 @@
+"""Attention backends x encodings: time and memory, as ratios against ``xla`` in the same run.
+
+  python benchmarks/attention_bench.py [--lengths 1024 2048 ...] [--heads 16] [--head-dim 64]
+
+For each context T, encoding and backend (``jaxpe.kernels``) it compiles one causal self-attention
+forward (B = 1 sequence, N heads, K = N, head dim H) and prints:
+  * extra q/k dims of the ALiBi emulation and the head dim the kernel computes with (padding), with
+    the FLOP ratio of the two attention matmuls against an unpadded H (causal FLOPs
+    ``2 B N T^2 (Dqk + Dv) / 2``);
+  * temporaries of the compiled program (``compiled.memory_analysis().temp_size_in_bytes``; on a GPU
+    also the device's peak bytes in use after the run), and its ratio against ``xla`` for the same
+    encoding;
+  * median wall time when the run fits (``--time-max-gib`` of temporaries), and its ratio against
+    ``xla``.
+Encodings: ``rope`` (stands for every encoding that only transforms q and k: none, learned,
+sinusoidal, rope, xpos), ``alibi`` (``xla``: native bias; fused kernels: the exact bf16 emulation),
+``alibi_rot`` (rotated emulation, order 1, on fused kernels), ``rope_alibi`` (order 1).
+Backends not native to this machine are skipped, except the Pallas kernels, which run in interpret
+mode up to ``--interpret-max-len`` (marked ``interp``: their time and memory say nothing about a
+GPU or TPU). On a GPU or TPU the same command runs the real kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpe import alibi, attention, emulation, kernels, rope
+
+ENCODINGS = ("rope", "alibi", "alibi_rot", "rope_alibi")
+GIB = 2.0**30
+
+
+def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim: int, interpret: bool):
+  slopes = alibi.alibi_slopes_f64(heads)
+  mask = attention.AttentionMask(causal=True)
+  theta = emulation.emulation_theta(max_phase=0.1, max_len=t_len)
+
+  def fn(q, k, v):
+    pos = jnp.arange(t_len, dtype=jnp.int32)[None]
+    kw = dict(scale=head_dim**-0.5, mask=mask, impl=backend, interpret=interpret)
+    if encoding == "rope":
+      inv = rope.rope_inv_freq(head_dim)
+      return kernels.attention(
+        rope.apply_rope(q, pos, inv_freq=inv), rope.apply_rope(k, pos, inv_freq=inv), v, **kw
+      )
+    if encoding in ("alibi", "alibi_rot"):
+      form = "exact" if encoding == "alibi" else "rotated"
+      spec = kernels.AlibiSpec(slopes, pos, pos, max_position=t_len, form=form, order=1, theta=theta)
+      return kernels.attention(q, k, v, alibi_spec=spec, **kw)
+    q_aug, k_aug = emulation.apply_rope_alibi(q, k, pos, pos, slopes=slopes, theta=theta, order=1)
+    return kernels.attention(q_aug, k_aug, v, precise_dims=2, **kw)
+
+  return fn
+
+
+def _dims(backend: str, encoding: str, head_dim: int, t_len: int) -> tuple[int, int]:
+  """(extra q/k dims, head dim the kernel computes with)."""
+  form = {"rope": None, "alibi": "exact", "alibi_rot": "rotated", "rope_alibi": "rotated"}[encoding]
+  if backend == "xla" and encoding == "alibi_rot":
+    form = None  # xla runs ALiBi natively
+  extra = kernels.emulation_dim_count(backend, alibi_form=form, order=1, max_position=t_len)
+  return extra, kernels.padded_head_dim(backend, head_dim + extra)
+
+
+def _time(compiled, args, repeats: int) -> float:
+  jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
+  parser.add_argument("--heads", type=int, default=16)
+  parser.add_argument("--head-dim", type=int, default=64)
+  parser.add_argument(
+    "--dtype", default=None, help="q/k/v dtype; default bfloat16 on GPU/TPU, float32 on CPU"
+  )
+  parser.add_argument("--interpret-max-len", type=int, default=1024, help="longest T for interpret mode")
+  parser.add_argument("--time-max-gib", type=float, default=2.0, help="time only runs with fewer temporaries")
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args()
+  native = kernels.platform_backends()
+  on_cpu = jax.default_backend() == "cpu"
+  dtype = jnp.dtype(args.dtype or ("float32" if on_cpu else "bfloat16"))
+  n, h = args.heads, args.head_dim
+  print(f"devices: {jax.devices()}; dtype {dtype.name}; B 1, N {n}, K {n}, H {h}; causal forward")
+  print(
+    "| T | encoding | backend | extra dims | head dim used | FLOP ratio | temp GiB | temp / xla | ms | time / xla |"
+  )
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for t_len in args.lengths:
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, t_len, n, h)), dtype) for _ in range(3))
+    refs = {}  # encoding -> (temp, secs) of xla; alibi_rot is compared with native ALiBi on xla
+    for encoding in ENCODINGS:
+      for backend in kernels.BACKENDS:
+        interpret = backend not in native
+        if interpret and (backend == "cudnn" or t_len > args.interpret_max_len):
+          continue
+        if backend == "xla" and encoding == "alibi_rot":
+          continue  # the same program as xla alibi
+        fn = _attention_fn(backend, encoding, t_len, n, h, interpret)
+        try:
+          compiled = jax.jit(fn).lower(q, k, v).compile()
+        except Exception as err:  # noqa: BLE001  a kernel that refuses the size: say so, go on
+          print(
+            f"| {t_len} | {encoding} | {backend} | - | - | - | failed: {type(err).__name__}: {str(err)[:80]} | | | |"
+          )
+          continue
+        temp = compiled.memory_analysis().temp_size_in_bytes
+        extra, used = _dims(backend, encoding, h, t_len)
+        flop_ratio = (2 * used if backend != "xla" else 2 * h + extra) / (2 * h)
+        secs = None
+        if temp / GIB <= args.time_max_gib:
+          secs = _time(compiled, (q, k, v), args.repeats)
+          if not on_cpu:
+            stats = jax.devices()[0].memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+              temp = max(temp, stats["peak_bytes_in_use"])
+        if backend == "xla":
+          refs[encoding] = (temp, secs)
+        ref_temp, ref_secs = refs.get("alibi" if encoding == "alibi_rot" else encoding, (None, None))
+        name = backend + (" (interp)" if interpret else "")
+        temp_ratio = f"{temp / ref_temp:.3g}" if ref_temp else "-"
+        time_ratio = f"{secs / ref_secs:.3g}" if secs and ref_secs else "-"
+        ms = f"{secs * 1e3:.3g}" if secs else "-"
+        print(
+          f"| {t_len} | {encoding} | {name} | {extra} | {used} | {flop_ratio:.3g} | {temp / GIB:.3g} | {temp_ratio} "
+          f"| {ms} | {time_ratio} |",
+          flush=True,
+        )
+
+
+if __name__ == "__main__":
+  main()
