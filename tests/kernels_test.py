@@ -232,3 +232,24 @@ def test_bf16_exact_emulation_meets_the_goal_and_float32_dims_do_not(ctx):
           fmt == "bfloat16" or order >= 2
         ):  # k = 1 is truncation-limited (2.4 logits at 2048): TF32 hides in it
           assert np.any(rounded > 2 * f32), (ctx, order, fmt, rounded / f32)
+
+
+def test_gradients_through_a_kernel_match_xla():
+  # Training runs through the kernels' backward passes; ALiBi via the exact emulation, left padding.
+  rng = np.random.default_rng(4)
+  q, k, v = (
+    jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((1, 128, 2, H), (1, 128, 1, H), (1, 128, 1, H))
+  )
+  pos = jnp.arange(128, dtype=jnp.int32)[None]
+  mask = attention.AttentionMask(valid=jnp.asarray(np.arange(128)[None] >= 5), causal=True)
+  spec = kernels.AlibiSpec(alibi.alibi_slopes_f64(2), pos, pos, max_position=128)
+
+  def grads(impl):
+    def loss(q, k, v):
+      out = kernels.attention(q, k, v, scale=H**-0.5, mask=mask, alibi_spec=spec, impl=impl, interpret=True)
+      return jnp.sum(out**2)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+  for got, want in zip(grads("splash"), grads("xla")):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5, rtol=0)
