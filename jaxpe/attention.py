@@ -180,15 +180,16 @@ def dot_product_attention(
       preferred_element_type=jnp.float32,
     )
   logits = logits.reshape(full) * jnp.float32(scale)
+  lowest = jnp.finfo(jnp.float32).min
   if bias is not None:
-    logits = logits + bias.astype(jnp.float32)
-  # Masked keys and keys whose bias is -inf get weight 0; a row with none left gives zeros (not NaN,
-  # not a mean over masked keys).
-  keep = logits != -jnp.inf
+    logits = jnp.maximum(logits + bias.astype(jnp.float32), lowest)  # a -inf bias hides a key like the mask
   if mask is not None:
-    keep = keep & mask
-  logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min)
-  weights = jnp.where(keep, jax.nn.softmax(logits, axis=-1), 0.0)
+    logits = jnp.where(mask, logits, lowest)
+  weights = jax.nn.softmax(logits, axis=-1)
+  if mask is not None or bias is not None:
+    # a row with no visible key (masked, or -inf bias everywhere) gives zeros, not a mean or NaN
+    visible = jnp.max(logits, axis=-1, keepdims=True) > lowest
+    weights = jnp.where(visible, weights, 0.0)
   weights = weights.reshape(batch, num_kv, group, t_len, s_len).astype(v.dtype)
   out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v)
   return out.reshape(batch, t_len, num_heads, v.shape[-1])
