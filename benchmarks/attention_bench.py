@@ -16,8 +16,9 @@ Encodings: ``rope`` (stands for every encoding that only transforms q and k: non
 sinusoidal, rope, xpos), ``alibi`` (``xla``: native bias; fused kernels: the exact bf16 emulation),
 ``alibi_rot`` (rotated emulation, order 1, on fused kernels), ``rope_alibi`` (order 1).
 Backends not native to this machine are skipped, except the Pallas kernels, which run in interpret
-mode up to ``--interpret-max-len`` (marked ``interp``: their time and memory say nothing about a
-GPU or TPU). On a GPU or TPU the same command runs the real kernels.
+mode (marked ``interp``: their time and memory say nothing about a GPU or TPU), timed up to
+``--interpret-max-len`` and compiled for memory up to ``--interpret-memory-max-len``. On a GPU or TPU
+the same command runs the real kernels.
 """
 
 from __future__ import annotations
@@ -86,7 +87,13 @@ def main() -> None:
   parser.add_argument(
     "--dtype", default=None, help="q/k/v dtype; default bfloat16 on GPU/TPU, float32 on CPU"
   )
-  parser.add_argument("--interpret-max-len", type=int, default=1024, help="longest T for interpret mode")
+  parser.add_argument("--interpret-max-len", type=int, default=1024, help="longest T timed in interpret mode")
+  parser.add_argument(
+    "--interpret-memory-max-len",
+    type=int,
+    default=8192,
+    help="longest T compiled (memory only) in interpret mode",
+  )
   parser.add_argument("--time-max-gib", type=float, default=2.0, help="time only runs with fewer temporaries")
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
@@ -106,7 +113,7 @@ def main() -> None:
     for encoding in ENCODINGS:
       for backend in kernels.BACKENDS:
         interpret = backend not in native
-        if interpret and (backend == "cudnn" or t_len > args.interpret_max_len):
+        if interpret and (backend == "cudnn" or t_len > args.interpret_memory_max_len):
           continue
         if backend == "xla" and encoding == "alibi_rot":
           continue  # the same program as xla alibi
@@ -122,7 +129,7 @@ def main() -> None:
         extra, used = _dims(backend, encoding, h, t_len)
         flop_ratio = (2 * used if backend != "xla" else 2 * h + extra) / (2 * h)
         secs = None
-        if temp / GIB <= args.time_max_gib:
+        if temp / GIB <= args.time_max_gib and not (interpret and t_len > args.interpret_max_len):
           secs = _time(compiled, (q, k, v), args.repeats)
           if not on_cpu:
             stats = jax.devices()[0].memory_stats() or {}
