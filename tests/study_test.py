@@ -1,0 +1,120 @@
+"""A tiny train-short-test-long study: outputs, a learned table marked n/a beyond its size, resume of an
+interrupted model and of a finished study (nothing retrained), and one table entry recomputed
+independently (numpy float64 log-softmax over the model's logits, windows cut by hand)."""
+
+import json
+import math
+import sysconfig
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpe import data, study, trainer
+from jaxpe.config import DataConfig, ModelConfig, TrainConfig
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> str:
+  root = Path(sysconfig.get_paths()["stdlib"])
+  text = b"".join((root / name).read_bytes() for name in ("argparse.py", "textwrap.py", "shlex.py"))
+  path = tmp_path_factory.mktemp("data") / "corpus.txt"
+  path.write_bytes(text[:150_000])
+  return str(path)
+
+
+def tiny_study(workdir: Path, text_file: str, **train) -> study.StudyConfig:
+  return study.StudyConfig(
+    workdir=str(workdir),
+    encodings=("learned", "rope", "rope_linear"),
+    eval_multiples=(1, 2),
+    eval_windows=4,
+    eval_batch_size=8,
+    train=TrainConfig(
+      model=ModelConfig(d_model=32, num_layers=1, num_heads=2),
+      data=DataConfig(path=text_file, max_bytes=150_000, eval_fraction=0.1),
+      seq_len=16,
+      batch_size=8,  # the suite has 8 CPU devices on the data axis
+      num_steps=3,
+      warmup_steps=1,
+      eval_every=1000,
+      eval_batches=1,
+      checkpoint_every=1,
+      sample_len=0,
+      **train,
+    ),
+  )
+
+
+def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch):
+  # optax's Adam mixes Python floats with int32 step counts, which strict promotion (conftest) rejects:
+  # training runs under standard promotion (as in trainer_test.py), the study's evaluation under strict.
+  train = trainer.train
+
+  def train_standard(*args, **kwargs):
+    with jax.numpy_dtype_promotion("standard"):
+      return train(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, "train", train_standard)
+  # An interrupted model (stop_at) stops the study; the rerun resumes it from its checkpoint.
+  with pytest.raises(study.StudyInterrupted, match="'learned' stopped at step 2 of 3"):
+    study.run_study(tiny_study(tmp_path, text_file, stop_at=2), progress=False)
+  cfg = tiny_study(tmp_path, text_file)
+  report = study.run_study(cfg, progress=False)
+  metrics = (tmp_path / "models" / "learned" / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(r)["step"] for r in metrics] == [1, 2, 3]
+  assert set(report["models"]) == {"learned", "rope"}  # rope_linear evaluates the rope weights
+  for name in ("study.md", "study.json", "bits_per_byte.png", "loss_vs_position.png"):
+    assert (tmp_path / name).stat().st_size > 0
+  md = (tmp_path / "study.md").read_text()
+  assert report["results"]["learned"]["2"] is None
+  assert "| learned | " in md and "| n/a (table 16) |" in md
+  assert json.loads((tmp_path / "study.json").read_text())["results"] == report["results"]
+
+  # Rerun: nothing is trained (trainer.train would fail) and the numbers are the same.
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished model was trained again")
+
+  monkeypatch.setattr(trainer, "train", no_training)
+  again = study.run_study(cfg, progress=False)
+  assert again["results"] == report["results"]
+  assert not any(m["trained_now"] for m in again["models"].values())
+
+  # Independent recomputation of rope + linear interpolation at 2x: windows cut by hand, the rope
+  # weights under a hand-written linear-scaling config, float64 log-softmax in numpy.
+  t, w = 16, 4
+  corpus = data.load_corpus(text_file, max_bytes=150_000, eval_fraction=0.1)
+  n = (corpus.eval.size - 1) // (2 * t)
+  starts = np.linspace(0, n - 1, w).astype(np.int64) * (2 * t)
+  rope_cfg = study.model_train_config(cfg, "rope")
+  model_cfg = ModelConfig.model_validate(
+    {**rope_cfg.model.model_dump(), "max_len": 2 * t, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+  )
+  model = study.load_trained(rope_cfg, model_cfg)
+  windows = np.stack([corpus.eval[s : s + 2 * t + 1] for s in starts]).astype(np.int32)
+  logits = np.asarray(model(windows[:, :-1]), np.float64)  # [W, 2T, V]
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  logp -= logits.max(-1, keepdims=True)
+  nll = -np.take_along_axis(logp, windows[:, 1:, None].astype(np.int64), -1)[..., 0]
+  per_window = nll.mean(-1) / math.log(2)
+  want_mean = per_window.mean()
+  want_ci = 1.96 * per_window.std(ddof=1) / math.sqrt(w)
+  got = report["results"]["rope_linear"]["2"]
+  np.testing.assert_allclose(got["per_window"], per_window, rtol=1e-5)
+  np.testing.assert_allclose([got["bits_per_byte"], got["ci95"]], [want_mean, want_ci], rtol=1e-5)
+  np.testing.assert_allclose(got["per_position"], nll.mean(0) / math.log(2), rtol=1e-5)
+  assert f"| {want_mean:.3f} ± {want_ci:.3f} |" in md.split("| rope + linear interpolation (eval) |")[1]
+  # The scaling changed the numbers (the check could fail): plain rope at 2x differs.
+  assert report["results"]["rope"]["2"]["bits_per_byte"] != got["bits_per_byte"]
+
+
+def test_config_checks():
+  with pytest.raises(ValueError, match="encodings must be distinct names"):
+    study.StudyConfig(encodings=("rope", "nope"))
+  with pytest.raises(ValueError, match="eval_multiples must start at 1"):
+    study.StudyConfig(eval_multiples=(1, 3, 4))
+  cfg = study.StudyConfig()
+  assert study.model_train_config(cfg, "rope_alibi_k2").model.rope_alibi_context == 8 * cfg.train.seq_len
+  assert study.eval_model_config(cfg, "learned", 2) is None
+  assert study.eval_model_config(cfg, "rope_dynamic", 1).rope_scaling is None
