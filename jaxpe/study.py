@@ -417,8 +417,8 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
         summary = trainer.train(cfg, progress=progress).__dict__
         if summary["step"] < cfg.num_steps:
           raise StudyInterrupted(
-            f"model {base!r} stopped at step {summary['step']} of {cfg.num_steps} (stop_at, max_seconds or a "
-            f"signal); rerun the same command to resume it from {cfg.workdir}/checkpoints"
+            f"model {base!r} stopped at step {summary['step']} of {cfg.num_steps}; rerun the same command to "
+            f"resume it from {cfg.workdir}/checkpoints (stopped by stop_at, max_seconds or a signal)"
           )
       models[base] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}
     cache_path = Path(cfg.workdir) / f"eval_{name}.json"
