@@ -253,3 +253,39 @@ def test_gradients_through_a_kernel_match_xla():
 
   for got, want in zip(grads("splash"), grads("xla")):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5, rtol=0)
+
+
+def test_config_keys_refuse_what_cannot_run():
+  with pytest.raises(ValueError, match="attention_impl"):
+    ModelConfig(attention_impl="flash")
+  with pytest.raises(ValueError, match="alibi_emulation='rotated' needs ALiBi on every head"):
+    ModelConfig(pos_encoding="alibi", alibi_heads=2, alibi_emulation="rotated")
+  model = Decoder(
+    ModelConfig(vocab_size=16, d_model=32, num_layers=1, attention_impl="splash"), rngs=nnx.Rngs(0)
+  )
+  with pytest.raises(ValueError, match="'splash' is not available.*available: \\('xla',\\)"):
+    model(jnp.zeros((1, 128), jnp.int32))
+
+
+def test_cached_decoding_runs_on_xla_and_matches_the_kernel_forward():
+  from jaxpe.model import init_cache
+
+  cfg = ModelConfig(
+    vocab_size=32,
+    d_model=64,
+    num_layers=1,
+    num_heads=2,
+    max_len=16,
+    pos_encoding="alibi",
+    attention_impl="pallas_gpu",
+    attention_interpret=True,
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, 32, (1, 16)), jnp.int32)
+  full = model(tokens)  # pallas_gpu, exact ALiBi emulation
+  logits, cache = model(tokens[:, :12], cache=init_cache(cfg, 1, 16))  # prefill on xla, native bias
+  steps = [logits]
+  for t in range(12, 16):
+    logits, cache = model(tokens[:, t : t + 1], cache=cache)
+    steps.append(logits)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full), atol=2e-5, rtol=0)
