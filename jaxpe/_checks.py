@@ -34,8 +34,11 @@ def check_float(name: str, x) -> None:
     raise TypeError(f"{name} must be a float array, got dtype {jnp.result_type(x)}")
 
 
+MAX_POSITION = 2**31  # int32 token indices; the exact RoPE phases hold below it
+
+
 def check_positions(name: str, positions) -> None:
-  """Positions are token indices: integer dtype and, when concrete, non-negative."""
+  """Positions are token indices: integer dtype and, when concrete, in ``[0, 2^31)``."""
   if not jnp.issubdtype(jnp.result_type(positions), jnp.integer):
     raise TypeError(
       f"{name} must be an integer array of token indices, got dtype {jnp.result_type(positions)}"
@@ -44,6 +47,42 @@ def check_positions(name: str, positions) -> None:
     arr = np.asarray(positions)
     if arr.size and arr.min() < 0:
       raise ValueError(f"{name} must be >= 0 (token indices), got min {arr.min()}")
+    if arr.size and arr.max() >= MAX_POSITION:
+      raise ValueError(f"{name} must be < 2^31 (int32 token indices), got max {arr.max()}")
+
+
+def rope_positions(name: str, positions):
+  """Positions for rotary phases, as an int32 or float32 JAX array.
+
+  Integers (any int dtype) must be in ``[0, 2^31)``; floats must be finite, in ``[0, 2^31)`` and,
+  when given in float64, exactly representable in float32 (what the phases use). Value checks run
+  only on concrete arrays. Raises TypeError for other dtypes (bool, complex), ValueError otherwise.
+  """
+  if not isinstance(positions, jax.Array | np.ndarray):
+    positions = np.asarray(positions)
+  dtype = jnp.result_type(positions)
+  if jnp.issubdtype(dtype, jnp.integer):
+    check_positions(name, positions)
+    return jnp.asarray(positions).astype(jnp.int32) if dtype != jnp.int32 else jnp.asarray(positions)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{name} must be an integer or float array of token indices, got dtype {dtype}")
+  if not isinstance(positions, jax.core.Tracer):
+    arr = np.asarray(positions).astype(np.float64)
+    if arr.size and not np.all(np.isfinite(arr)):
+      raise ValueError(f"{name} must be finite (token indices)")
+    if arr.size and (arr.min() < 0 or arr.max() >= MAX_POSITION):
+      raise ValueError(
+        f"{name} must be in [0, 2^31) (token indices), got values in [{arr.min()}, {arr.max()}]"
+      )
+    lost = arr != arr.astype(np.float32).astype(np.float64)
+    if np.any(lost):
+      bad = arr[lost][0]
+      raise ValueError(
+        f"{name}: float positions are used as float32, and float32 cannot hold {float(bad)!r} (it "
+        f"would become {float(np.float32(bad))!r}); pass integer positions or values float32 holds exactly"
+      )
+    positions = np.asarray(positions, np.float32) if isinstance(positions, np.ndarray) else positions
+  return jnp.asarray(positions).astype(jnp.float32)
 
 
 def check_index_range(name: str, x, upper: int, what: str) -> None:

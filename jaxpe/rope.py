@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE) written with complex numbers.
+"""Rotary position embedding (RoPE) written with complex numbers, with exact phases.
 
 Source: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding",
 arXiv 2104.09864. The complex formulation matches Meta's LLaMA reference
@@ -11,14 +11,41 @@ Pair layouts (see ``Layout``):
 * ``"half"`` (GPT-NeoX / HF ``rotate_half``): dims ``(i, i + R/2)`` form
   ``x[i] + 1j * x[i + R/2]``.
 
-Pair ``i`` rotates by ``positions * inv_freq[i]`` radians. Only the first ``R = 2 * len(inv_freq)``
-dims (the rotary block) rotate; dims ``R..H-1`` pass through unchanged (partial rotary).
-Phases are computed in float32 from float32 inv_freq, the rotation in complex64, and the result is
-cast back to the input dtype (JAX has no bf16 complex).
+Pair ``i`` rotates by ``positions * inv_freq[i]`` radians. ``R = 2 * len(inv_freq)`` dims rotate: the
+first R of the head (``rotary_dims="leading"``, GPT-NeoX / GPT-J partial rotary) or the last R
+(``"trailing"``, DeepSeek-V2/V3 MLA's ``q_pe``/``k_pe``); the others pass through unchanged.
+
+Exact phases (``phase_precision="exact"``, the default). Every float32 implementation computes the
+phase as ``float32(p) * float32(theta)``: its rounding error grows with the position (half an ulp of
+the phase: 3.9e-3 rad at p = 131072, ~64 rad at p = 2^31), so cos/sin drift and
+``score(i, j) != score(i + s, j + s)`` at long context (arXiv 2411.13476). jaxpe instead reduces the
+phase in fixed-point turns, where integer arithmetic is exact:
+
+1. Per frequency (host, once): ``U = round(2^64 * frac(theta / 2 pi))`` as two uint32 words, from
+   the exact binary value of ``theta`` (float64 or float32 input) and 2 pi to 240 bits. A traced
+   float32 ``theta`` is converted in the graph instead: ``theta`` split in two 12-bit halves times
+   ``1 / 2 pi`` in six 12-bit pieces gives 12 exact float32 products, summed in 64-bit fixed
+   point with carries (cost on ``[R/2]`` elements only).
+2. Per position: ``F = frac(p * U / 2^64) * 2^32`` in uint32 (``p * U_hi`` wraps modulo 2^32, which
+   is exactly the modulo 1 turn; the high half of ``p * U_lo`` from 16-bit limbs). The result is
+   ``frac(p * theta / 2 pi)`` to 3 units of 2^-32 turn (4.4e-9 rad) for every ``|p| <= 2^31``.
+3. The top two bits of ``F + 2^29`` are the quadrant; the remaining 30 bits, a signed fraction of a
+   quarter turn, become ``r`` in ``[-pi/4, pi/4]`` (two-part constant, error ~3e-8 rad).
+4. sin/cos of ``r`` by the Cephes ``sinf``/``cosf`` polynomials, swapped and negated by quadrant.
+
+Measured against float64 (positions below 2^31, every frequency of H = 128, base 1e4 and 5e5):
+max |error| of cos/sin 1.2e-7 (float32 products: up to 2.0). Cost: see ``benchmarks/ops_bench.py``.
+``phase_precision="float32"`` keeps ``cos(float32(p) * float32(theta))`` bit for bit as
+HF transformers / Meta / vLLM compute it (to match an engine that uses them).
+
+The rotation is complex64; the result is cast back to the input dtype (JAX has no bf16 complex).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from fractions import Fraction
 from typing import Literal
 
 import jax
@@ -29,22 +56,39 @@ from jaxpe import _checks
 
 Layout = Literal["interleaved", "half"]
 LAYOUTS: tuple[str, ...] = ("interleaved", "half")
+PhasePrecision = Literal["exact", "float32"]
+PHASE_PRECISIONS: tuple[str, ...] = ("exact", "float32")
+RotaryDims = Literal["leading", "trailing"]
+
+# pi to 75 significant digits (A000796); 2 pi as an exact fraction from it.
+_PI = Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628")
+_TWO_PI = 2 * _PI
+_MASK16 = 0xFFFF
 
 
-def rope_inv_freq(head_dim: int, *, base: float = 10000.0, rotary_dim: int | None = None) -> jax.Array:
+def rope_inv_freq(
+  head_dim: int, *, base: float = 10000.0, rotary_dim: int | None = None, dtype=jnp.float32
+) -> jax.Array | np.ndarray:
   """Default RoPE inverse frequencies ``base ** (-2i / rotary_dim)``, ``i < rotary_dim / 2``.
 
   Args:
     head_dim: H, the per-head dimension of q and k; positive.
     base: rope_theta, > 0. Default 10000 (RoFormer, LLaMA).
-    rotary_dim: R, number of leading dims that rotate; even, ``0 < R <= H``. Default ``H``.
+    rotary_dim: R, number of dims that rotate; even, ``0 < R <= H``. Default ``H``.
+    dtype: ``jnp.float32`` (default): a float32 JAX array, the frequencies engines use.
+      ``np.float64``: a float64 numpy array (host; JAX without x64 cannot hold float64). Give this
+      to ``apply_rope`` for phases exact with respect to the float64 frequencies; a float32 array
+      is taken as the exact number it holds (within 1.2e-7 relative of the float64 one, which
+      shifts the phase by up to ``p * 6e-8 * theta`` radians).
 
   Returns:
-    inv_freq: ``[R/2]`` float32, radians per token.
+    inv_freq: ``[R/2]`` radians per token, of ``dtype``.
 
   Raises:
     ValueError: ``head_dim``/``rotary_dim`` not positive, ``rotary_dim`` odd or > ``head_dim``,
-      ``base`` not a finite number > 0.
+      ``base`` not a finite number > 0, ``dtype`` not float32 or float64.
+
+  Source: RoFormer (arXiv 2104.09864) eq. 15; HF ``compute_default_rope_parameters``.
   """
   head_dim = _checks.check_positive_int("head_dim", head_dim)
   rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -55,11 +99,19 @@ def rope_inv_freq(head_dim: int, *, base: float = 10000.0, rotary_dim: int | Non
   # float64 on the host, rounded once to float32 (HF computes base ** (arange / dim) in float32;
   # the two agree to 1 ulp).
   exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
-  return jnp.asarray(base**-exponents, dtype=jnp.float32)
+  inv_freq = base**-exponents
+  if np.dtype(dtype) == np.float64:
+    return inv_freq
+  if np.dtype(dtype) != np.float32:
+    raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+  return jnp.asarray(inv_freq, dtype=jnp.float32)
 
 
 def rope_phases(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotation angles ``positions[..., None] * inv_freq`` in float32.
+  """Rotation angles ``float32(positions[..., None]) * float32(inv_freq)``: the float32 phases.
+
+  These are the phases of ``phase_precision="float32"`` (HF, Meta, vLLM), with their rounding error
+  of half an ulp of the phase. ``rope_cos_sin`` gives exact cos/sin instead.
 
   Args:
     positions: ``[B, T]`` integer token indices, >= 0.
@@ -71,6 +123,8 @@ def rope_phases(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
   Raises:
     ValueError: ``positions`` not ``[B, T]`` or negative, ``inv_freq`` not ``[R/2]``.
     TypeError: non-integer ``positions``.
+
+  Source: Meta LLaMA ``precompute_freqs_cis``; HF ``LlamaRotaryEmbedding.forward``.
   """
   _checks.check_rank("positions", positions, 2, "[B, T]")
   _checks.check_positions("positions", positions)
@@ -79,73 +133,312 @@ def rope_phases(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
   return positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
 
 
+# ---------------------------------------------------------------- exact phases: frequencies
+
+
+@functools.lru_cache(maxsize=256)
+def _turn_words_host(inv_freq_f64: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """``(U_hi, U_lo, turns)``: ``U = round(2^64 frac(theta / 2 pi))`` as uint32 words, and the
+  float32 ``theta / 2 pi`` (for fractional positions), from the exact value of each float."""
+  hi, lo, turns = [], [], []
+  for theta in inv_freq_f64:
+    u = Fraction(theta) / _TWO_PI
+    word = round(u * 2**64) % 2**64
+    hi.append(word >> 32)
+    lo.append(word & 0xFFFFFFFF)
+    turns.append(float(u))
+  return np.asarray(hi, np.uint32), np.asarray(lo, np.uint32), np.asarray(turns, np.float32)
+
+
+def _inv_two_pi_pieces(count: int, bits: int) -> tuple[float, ...]:
+  """``1 / 2 pi`` as ``count`` floats of ``bits`` significant bits each (truncated, exact)."""
+  rest, pieces = 1 / _TWO_PI, []
+  for _ in range(count):
+    exponent = math.floor(math.log2(rest))
+    scale = Fraction(2) ** (bits - 1 - exponent)
+    piece = Fraction(math.floor(rest * scale)) / scale
+    pieces.append(float(piece))
+    rest -= piece
+  return tuple(pieces)
+
+
+_INV_TWO_PI_12 = _inv_two_pi_pieces(6, 12)  # 72 bits: exact products with 12-bit halves of theta
+
+
+def _to_fixed64(t: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Exact float32 ``t >= 0`` -> ``(hi, lo)`` uint32 words of ``frac(t) * 2^64`` (truncated)."""
+  y = t * jnp.float32(2.0**32)  # exact (power of 2)
+  high = y - jnp.floor(y * jnp.float32(2.0**-32)) * jnp.float32(2.0**32)  # y mod 2^32, exact
+  whole = jnp.floor(high)
+  low = (high - whole) * jnp.float32(2.0**32)  # exact
+  return whole.astype(jnp.uint32), jnp.floor(low).astype(jnp.uint32)
+
+
+@jax.jit
+def _turn_words_traced(inv_freq: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``_turn_words_host`` in the graph for a traced float32 ``[R/2]`` inv_freq."""
+  theta = inv_freq.astype(jnp.float32)
+  negative = theta < 0
+  mag = jnp.abs(theta)
+  top = jax.lax.bitcast_convert_type(
+    jax.lax.bitcast_convert_type(mag, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32
+  )  # 12 significant bits
+  halves = (top, mag - top)  # both exact, 12 bits each
+  hi = jnp.zeros(theta.shape, jnp.uint32)
+  lo = jnp.zeros(theta.shape, jnp.uint32)
+  for half in halves:
+    for piece in _INV_TWO_PI_12:
+      t_hi, t_lo = _to_fixed64(half * jnp.float32(piece))  # 24-bit product: exact
+      lo_sum = lo + t_lo
+      hi = hi + t_hi + (lo_sum < lo).astype(jnp.uint32)
+      lo = lo_sum
+  # theta < 0: U -> 2^64 - U (two's complement of the 64-bit word).
+  neg_lo = jnp.uint32(0) - lo
+  neg_hi = ~hi + (lo == 0).astype(jnp.uint32)
+  hi, lo = jnp.where(negative, neg_hi, hi), jnp.where(negative, neg_lo, lo)
+  turns = theta * jnp.float32(float(1 / _TWO_PI))
+  return hi, lo, turns
+
+
+def _turn_words(inv_freq) -> tuple[jax.Array, jax.Array, jax.Array]:
+  if isinstance(inv_freq, jax.core.Tracer):
+    return _turn_words_traced(inv_freq)
+  values = np.asarray(inv_freq, np.float64)
+  return _turn_words_host(tuple(values.tolist()))
+
+
+# ---------------------------------------------------------------- exact phases: cos / sin
+
+
+@jax.jit  # one XLA program per shape when called eagerly (inlined under an outer jit)
+def _exact_cos_sin(positions: jax.Array, hi, lo, turns) -> tuple[jax.Array, jax.Array]:
+  """cos/sin of ``positions * theta`` from the fixed-point turns ``U = (hi, lo)`` of theta.
+
+  ``positions`` broadcasts against ``[R/2]``; integer (any sign, ``|p| <= 2^31``) or float32.
+  """
+  hi, lo = jnp.asarray(hi, jnp.uint32), jnp.asarray(lo, jnp.uint32)
+  frac_turns = None
+  if jnp.issubdtype(positions.dtype, jnp.floating):
+    whole = jnp.floor(positions)
+    frac = positions - whole  # exact, in [0, 1)
+    d = frac * jnp.asarray(turns, jnp.float32)
+    d = d - jnp.floor(d)  # [0, 1) turns
+    frac_turns = (d * jnp.float32(2.0**32)).astype(jnp.uint32)
+    positions = whole.astype(jnp.int32)
+  p = positions.astype(jnp.int32)
+  negative = p < 0
+  mag = jnp.abs(p).astype(jnp.uint32)  # |-2^31| wraps to 2^31 as uint32: still right
+  p_hi, p_lo = mag >> 16, mag & jnp.uint32(_MASK16)
+  a_hi, a_lo = lo >> 16, lo & jnp.uint32(_MASK16)
+  # F = frac(p * U / 2^64) * 2^32 = p * U_hi + mulhi(p, U_lo) (mod 2^32), mulhi to -3 units.
+  f = mag * hi + p_hi * a_hi + ((p_hi * a_lo) >> 16) + ((p_lo * a_hi) >> 16)
+  f = jnp.where(negative, jnp.uint32(0) - f, f)
+  if frac_turns is not None:
+    f = f + frac_turns
+  g = f + jnp.uint32(1 << 29)
+  quadrant = g >> 30
+  rest = (g & jnp.uint32((1 << 30) - 1)).astype(jnp.int32) - jnp.int32(1 << 29)  # |rest| <= 2^29
+  rest_hi = rest & jnp.int32(~0xFFF)  # <= 17 significant bits: exact in float32
+  rest_lo = rest - rest_hi  # < 2^12
+  x_hi, x_lo = rest_hi.astype(jnp.float32), rest_lo.astype(jnp.float32)
+  c_hi, c_lo, c_all = _QUARTER_TURN_UNIT
+  r = x_hi * c_hi + (x_hi * c_lo + x_lo * c_all)  # radians, in [-pi/4, pi/4]
+  z = r * r
+  s = (
+    (jnp.float32(-1.9515295891e-4) * z + jnp.float32(8.3321608736e-3)) * z - jnp.float32(1.6666654611e-1)
+  ) * (z * r) + r
+  c = (
+    (
+      (jnp.float32(2.443315711809948e-5) * z - jnp.float32(1.388731625493765e-3)) * z
+      + jnp.float32(4.166664568298827e-2)
+    )
+    * (z * z)
+    - jnp.float32(0.5) * z
+    + jnp.float32(1.0)
+  )
+  swap = (quadrant & 1) == 1
+  cos, sin = jnp.where(swap, s, c), jnp.where(swap, c, s)
+  cos = jnp.where(((quadrant + 1) & 2) != 0, -cos, cos)
+  sin = jnp.where((quadrant & 2) != 0, -sin, sin)
+  return cos, sin
+
+
+def _quarter_turn_unit() -> tuple[float, float, float]:
+  """(pi/2) / 2^30 as a 7-bit head (exact products with 17-bit integers), its tail, and whole."""
+  unit = _PI / 2 / 2**30
+  exponent = math.floor(math.log2(unit))
+  scale = Fraction(2) ** (6 - exponent)
+  head = Fraction(math.floor(unit * scale)) / scale
+  return float(head), float(unit - head), float(unit)
+
+
+_QUARTER_TURN_UNIT = tuple(np.float32(v) for v in _quarter_turn_unit())
+
+
+# ---------------------------------------------------------------- public API
+
+
+def rope_cos_sin(
+  positions,
+  inv_freq,
+  *,
+  mrope_section=None,
+  phase_precision: PhasePrecision = "exact",
+) -> tuple[jax.Array, jax.Array]:
+  """``cos`` and ``sin`` of the rotation angles ``positions[..., None] * inv_freq``.
+
+  One value per pair (not duplicated as HF's ``cos``/``sin`` of ``[..., R]``).
+
+  Args:
+    positions: ``[...]`` token indices, e.g. ``[T]`` or ``[B, T]``: integers (exact below 2^31),
+      or floats (fractional positions; taken as float32, so the position itself is exact only as
+      far as float32 holds it: integers up to 2^24, then steps of ``ulp(p)``). With
+      ``mrope_section``: ``[A, ...]``, one row of positions per axis (Qwen2-VL: A = 3,
+      temporal / height / width).
+    inv_freq: ``[R/2]`` float radians per token. A float64 numpy array keeps the exact float64
+      frequencies; a float32 array is taken as the exact number it holds.
+    mrope_section: optional A positive ints summing to R/2: frequencies ``0..s0-1`` take positions
+      row 0, the next ``s1`` row 1, ... (Qwen2-VL ``rope_parameters["mrope_section"]``,
+      arXiv 2409.12191).
+    phase_precision: ``"exact"`` (default; cos/sin within 3e-7 of the float64 value, see the
+      module docstring) or ``"float32"`` (``cos(float32(p) * float32(theta))``, bit-matching HF /
+      Meta / vLLM).
+
+  Returns:
+    ``(cos, sin)``, each ``[..., R/2]`` float32.
+
+  Raises:
+    ValueError: ``inv_freq`` not rank 1 or (concrete) not finite; ``mrope_section`` not positive
+      ints summing to R/2 or ``positions.shape[0]`` not ``len(mrope_section)``; concrete positions
+      negative, >= 2^31, not finite, or float64 values float32 cannot hold; bad
+      ``phase_precision``.
+    TypeError: ``positions`` not integer or float; ``inv_freq`` not float.
+
+  Source: RoFormer arXiv 2104.09864 (phases); Qwen2-VL arXiv 2409.12191 and HF
+  ``Qwen2VLRotaryEmbedding`` (mrope_section); exact reduction: this module's docstring.
+  """
+  if phase_precision not in PHASE_PRECISIONS:
+    raise ValueError(f"phase_precision must be one of {PHASE_PRECISIONS}, got {phase_precision!r}")
+  inv_freq = _check_inv_freq(inv_freq)
+  positions = _checks.rope_positions("positions", positions)
+  if mrope_section is not None:
+    axis_of = _mrope_axes(mrope_section, inv_freq.shape[0], positions)
+    positions = jnp.moveaxis(positions, 0, -1)[..., axis_of]  # [..., R/2]
+  else:
+    positions = positions[..., None]  # [..., 1]
+  lead = (1,) * (positions.ndim - 1) + (-1,)  # [R/2] -> [1, ..., 1, R/2] (no rank promotion)
+  if phase_precision == "float32":
+    angles = positions.astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32).reshape(lead)
+    return jnp.cos(angles), jnp.sin(angles)
+  return _exact_cos_sin(positions, *(jnp.asarray(w).reshape(lead) for w in _turn_words(inv_freq)))
+
+
+def _check_inv_freq(inv_freq):
+  if not isinstance(inv_freq, jax.Array | np.ndarray):
+    inv_freq = np.asarray(inv_freq, np.float64)  # a list or tuple of frequencies
+  _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
+  _checks.check_float("inv_freq", inv_freq)
+  if not isinstance(inv_freq, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(inv_freq, np.float64))):
+    raise ValueError("inv_freq must be finite (radians per token)")
+  return inv_freq
+
+
+def _mrope_axes(mrope_section, half: int, positions) -> np.ndarray:
+  """``[R/2]`` index of the position row each frequency uses."""
+  sections = list(mrope_section)
+  if not sections or any(
+    isinstance(s, bool) or not isinstance(s, int | np.integer) or s <= 0 for s in sections
+  ):
+    raise ValueError(f"mrope_section must be a list of positive ints, got {mrope_section!r}")
+  if sum(sections) != half:
+    raise ValueError(
+      f"mrope_section must sum to R/2 = len(inv_freq) = {half}, got {sections} (sum {sum(sections)})"
+    )
+  if jnp.ndim(positions) < 1 or positions.shape[0] != len(sections):
+    raise ValueError(
+      f"with mrope_section of {len(sections)} sections, positions must have shape [{len(sections)}, ...] "
+      f"(one row per axis), got shape {jnp.shape(positions)}"
+    )
+  return np.repeat(np.arange(len(sections)), sections)
+
+
 def apply_rope(
   x: jax.Array,
   positions: jax.Array,
   *,
-  inv_freq: jax.Array | None = None,
+  inv_freq: jax.Array | np.ndarray | None = None,
   base: float = 10000.0,
   layout: Layout = "interleaved",
   scale: float | jax.Array = 1.0,
+  rotary_dims: RotaryDims = "leading",
+  mrope_section=None,
+  phase_precision: PhasePrecision = "exact",
 ) -> jax.Array:
   """Rotates queries or keys by their positions: ``x_pair * exp(1j * position * inv_freq)``.
 
   Args:
     x: ``[B, T, N, H]`` float array (queries ``[B, T, N, H]`` or keys ``[B, S, K, H]``).
-    positions: ``[B, T]`` integer token indices (>= 0) of the rows of ``x``.
-    inv_freq: ``[R/2]`` float radians per token, ``R <= H``; dims ``R..H-1`` pass through.
-      Default: ``rope_inv_freq(H, base=base)``.
+    positions: token indices of the rows of ``x``: ``[B, T]``, or ``[1, T]`` / ``[T]`` shared by
+      the batch; integers (any int dtype, values in ``[0, 2^31)``) or floats (see
+      ``rope_cos_sin``). With ``mrope_section``: ``[A, B, T]``, ``[A, 1, T]`` or ``[A, T]``.
+    inv_freq: ``[R/2]`` float radians per token, ``R <= H``; the other ``H - R`` dims pass
+      through. Default: ``rope_inv_freq(H, base=base)`` in float64.
     base: rope_theta used when ``inv_freq`` is None.
-    layout: ``"interleaved"`` (complex, Meta) or ``"half"`` (rotate-half, GPT-NeoX/HF).
+    layout: ``"interleaved"`` (complex, Meta) or ``"half"`` (rotate-half, GPT-NeoX/HF), within the
+      rotated slice.
     scale: multiplies each rotated pair: a scalar (HF's ``attention_scaling`` for YaRN/LongRoPE)
       or a float array broadcastable to ``[B, T, N, R/2]`` (xPos). Default 1.
+    rotary_dims: which R dims rotate: ``"leading"`` (``x[..., :R]``, default) or ``"trailing"``
+      (``x[..., H-R:]``, MLA-style ``[nope | rope]`` heads such as DeepSeek-V2/V3).
+    mrope_section: multi-axis RoPE (Qwen2-VL); see ``rope_cos_sin``.
+    phase_precision: ``"exact"`` (default) or ``"float32"``; see ``rope_cos_sin``.
 
   Returns:
     ``[B, T, N, H]`` array of ``x.dtype``.
 
   Raises:
-    ValueError: wrong ranks, mismatched B/T, odd H, ``R > H``, unknown ``layout``, negative
-      positions, ``scale`` not finite or not broadcastable to ``[B, T, N, R/2]``.
-    TypeError: non-float ``x`` or ``inv_freq``, non-integer ``positions``.
+    ValueError: wrong ranks, positions not ``[B, T]``/``[1, T]``/``[T]`` for x's B and T, odd H,
+      ``R > H``, unknown ``layout``/``rotary_dims``/``phase_precision``, concrete positions
+      negative or >= 2^31, ``scale`` not finite or not broadcastable to ``[B, T, N, R/2]``, bad
+      ``mrope_section``.
+    TypeError: non-float ``x`` or ``inv_freq``, positions neither integer nor float.
+
+  Source: RoFormer arXiv 2104.09864; Meta LLaMA ``apply_rotary_emb`` (interleaved), HF
+  ``apply_rotary_pos_emb`` (half), HF ``Qwen2VLRotaryEmbedding`` (mrope_section).
   """
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   _checks.check_float("x", x)
-  _checks.check_rank("positions", positions, 2, "[B, T]")
-  _checks.check_positions("positions", positions)
-  if positions.shape != x.shape[:2]:
-    raise ValueError(f"positions shape {positions.shape} must equal x.shape[:2] = {x.shape[:2]} ([B, T])")
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  if rotary_dims not in ("leading", "trailing"):
+    raise ValueError(f"rotary_dims must be 'leading' or 'trailing', got {rotary_dims!r}")
+  positions = _batch_positions(positions, x.shape[:2], multi_axis=mrope_section is not None)
   head_dim = x.shape[-1]
   if inv_freq is None:
     _checks.check_positive_int("x.shape[-1] (head_dim)", head_dim, even=True)
-    inv_freq = rope_inv_freq(head_dim, base=base)
-  if not isinstance(inv_freq, jax.Array | np.ndarray):
-    inv_freq = np.asarray(inv_freq)  # a list or tuple of frequencies
-  _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
-  if not isinstance(inv_freq, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(inv_freq, np.float64))):
-    raise ValueError("inv_freq must be finite (radians per token)")
+    inv_freq = rope_inv_freq(head_dim, base=base, dtype=np.float64)
+  inv_freq = _check_inv_freq(inv_freq)
   rotary_dim = 2 * inv_freq.shape[0]
   if rotary_dim > head_dim:
     raise ValueError(
       f"inv_freq has {inv_freq.shape[0]} frequencies (rotary_dim {rotary_dim}) but head_dim is "
       f"{head_dim}; rotary_dim must be <= head_dim"
     )
-
-  _checks.check_float("inv_freq", inv_freq)
   if isinstance(scale, list | tuple):
     scale = np.asarray(scale, np.float32)
   if isinstance(scale, jax.Array | np.ndarray) and jnp.ndim(scale) > 0:
     _checks.broadcastable("scale", scale.shape, (*x.shape[:3], rotary_dim // 2), "[B, T, N, R/2]")
   elif not isinstance(scale, jax.core.Tracer) and not np.isfinite(float(scale)):
     raise ValueError(f"scale must be finite, got {scale!r}")
-  phases = rope_phases(positions, inv_freq)[:, :, None, :]  # [B, T, 1, R/2] float32
-  cos, sin = jnp.cos(phases), jnp.sin(phases)
+  cos, sin = rope_cos_sin(positions, inv_freq, mrope_section=mrope_section, phase_precision=phase_precision)
+  cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B or 1, T, 1, R/2]
   if isinstance(scale, jax.Array | np.ndarray) or float(scale) != 1.0:
     scale = jnp.asarray(scale, jnp.float32)
     cos, sin = cos * scale, sin * scale
   rot = jax.lax.complex(cos, sin)  # exp(1j * phase), complex64
-  x_rot, x_pass = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
+  split = rotary_dim if rotary_dims == "leading" else head_dim - rotary_dim
+  first, second = x[..., :split], x[..., split:]
+  x_rot = (first if rotary_dims == "leading" else second).astype(jnp.float32)
   if layout == "interleaved":
     pairs = x_rot.reshape(*x_rot.shape[:-1], rotary_dim // 2, 2)
     z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * rot
@@ -154,4 +447,25 @@ def apply_rope(
     half = rotary_dim // 2
     z = jax.lax.complex(x_rot[..., :half], x_rot[..., half:]) * rot
     out = jnp.concatenate([z.real, z.imag], axis=-1)
-  return jnp.concatenate([out.astype(x.dtype), x_pass], axis=-1)
+  out = out.astype(x.dtype)
+  if rotary_dim == head_dim:
+    return out
+  parts = [out, second] if rotary_dims == "leading" else [first, out]
+  return jnp.concatenate(parts, axis=-1)
+
+
+def _batch_positions(positions, bt: tuple[int, int], *, multi_axis: bool):
+  """Positions as ``[B or 1, T]`` (``[A, B or 1, T]`` with ``multi_axis``) for x's ``(B, T)``."""
+  if not isinstance(positions, jax.Array | np.ndarray):
+    positions = np.asarray(positions)
+  lead = positions.shape[:1] if multi_axis else ()
+  shape = positions.shape[len(lead) :]
+  b, t = bt
+  hint = "[A, B, T], [A, 1, T] or [A, T]" if multi_axis else "[B, T], [1, T] or [T]"
+  if shape == (t,):
+    positions = positions.reshape(*lead, 1, t)
+  elif not (len(shape) == 2 and shape[1] == t and shape[0] in (1, b)):
+    raise ValueError(
+      f"positions must have shape {hint} for x of B = {b}, T = {t}, got shape {positions.shape}"
+    )
+  return positions

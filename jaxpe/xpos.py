@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import _checks
-from jaxpe.rope import Layout, apply_rope, rope_inv_freq
+from jaxpe.rope import Layout, _batch_positions, apply_rope, rope_inv_freq
 
 
 def xpos_zeta(rotary_dim: int, *, gamma: float = 0.4) -> np.ndarray:
@@ -103,10 +103,11 @@ def apply_xpos(
 
   Args:
     x: ``[B, T, N, H]`` float queries (``kind="query"``) or keys ``[B, S, K, H]`` (``kind="key"``).
-    positions: ``[B, T]`` integer token indices (>= 0).
+    positions: integer token indices in ``[0, 2^31)``: ``[B, T]``, or ``[1, T]`` / ``[T]`` shared
+      by the batch. Phases are exact (``apply_rope``'s default).
     kind: ``"query"`` or ``"key"``.
-    inv_freq: ``[R/2]`` float32 radians per token (``R <= H``, dims R..H-1 pass through unscaled);
-      default ``rope_inv_freq(H, base=base)``.
+    inv_freq: ``[R/2]`` float radians per token (``R <= H``, dims R..H-1 pass through unscaled);
+      default ``rope_inv_freq(H, base=base)`` in float64.
     base: rope_theta when ``inv_freq`` is None.
     layout: ``"interleaved"`` (torchscale's ``rotate_every_two``) or ``"half"``.
     scale_base, gamma, offset: see ``xpos_scale``.
@@ -121,10 +122,12 @@ def apply_xpos(
   """
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   if inv_freq is None:
-    inv_freq = rope_inv_freq(
-      _checks.check_positive_int("x.shape[-1] (head_dim)", x.shape[-1], even=True), base=base
-    )
+    head_dim = _checks.check_positive_int("x.shape[-1] (head_dim)", x.shape[-1], even=True)
+    inv_freq = rope_inv_freq(head_dim, base=base, dtype=np.float64)
+  elif not isinstance(inv_freq, jax.Array | np.ndarray):
+    inv_freq = np.asarray(inv_freq, np.float64)
   _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
+  positions = _batch_positions(positions, x.shape[:2], multi_axis=False)  # [B or 1, T]
   scale = xpos_scale(
     positions,
     rotary_dim=2 * inv_freq.shape[0],

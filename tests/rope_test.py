@@ -2,6 +2,9 @@
 independent float64 numpy references: Meta's complex formula, HF's rotate-half formula,
 torchscale's xPos, Vaswani et al.'s sinusoids."""
 
+import math
+from fractions import Fraction
+
 import chex
 import hypothesis.extra.numpy as hnp
 import jax
@@ -57,16 +60,6 @@ def pair_norms(x, r, layout):
   return np.concatenate([n, n], axis=-1)
 
 
-def phase_bound(positions, inv_freq32, r, layout):
-  """Per-dim bound on the float32 phase error: half an ulp of p*theta plus cos/sin error."""
-  phase = np.asarray(positions, np.float64)[..., None] * np.asarray(inv_freq32, np.float64)
-  err = 0.5 * np.spacing(phase.astype(np.float32)).astype(np.float64) * 1.01 + 3e-7
-  err = err[:, :, None, :]
-  if layout == "interleaved":
-    return np.repeat(err, 2, axis=-1)
-  return np.concatenate([err, err], axis=-1)
-
-
 def _rand(seed, shape, dtype=jnp.float32):
   return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
 
@@ -96,7 +89,9 @@ class RopeParityTest(chex.TestCase):
     np.testing.assert_allclose(inv, inv_freq_f64(rotary_dim, base), rtol=1.2e-7)
     ref = ref_fn(np.asarray(x, np.float64), pos, np.asarray(inv, np.float64))
     bound = np.zeros(x.shape)
-    bound[..., :rotary_dim] = pair_norms(x, rotary_dim, layout) * phase_bound(pos, inv, rotary_dim, layout)
+    # Exact phases: cos and sin each within 3e-7 of the float64 value (float32 phases would need
+    # half an ulp of p * theta here, up to 3.9e-3 rad; see test_float32_phases_match_engines).
+    bound[..., :rotary_dim] = pair_norms(x, rotary_dim, layout) * 6e-7
     bound += 1e-6 * np.abs(ref)
     if dtype == jnp.bfloat16:
       bound += np.abs(ref) * 2.0**-8  # final rounding to bf16
@@ -115,6 +110,30 @@ class RopeParityTest(chex.TestCase):
     ref = hf_rotate_half_rope(x, pos, np.asarray(inv, np.float64), attention_scaling=att)
     np.testing.assert_allclose(out, ref, atol=3e-4, rtol=0)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters("interleaved", "half")
+  def test_float32_phases_match_engines(self, layout):
+    # phase_precision="float32": the phase float32(p) * float32(theta), rounded as HF / Meta do.
+    x = _rand(0, (2, 16, 3, 64))
+    pos = _positions(1, (2, 16), 131073).at[0, 0].set(131072)
+    inv = rope.rope_inv_freq(64)
+    out = self.variant(
+      lambda x, p: rope.apply_rope(x, p, inv_freq=inv, layout=layout, phase_precision="float32")
+    )(x, pos)
+    f32_phase = (np.asarray(pos, np.float32)[..., None] * np.asarray(inv, np.float32)).astype(np.float64)
+    # Rotate with the float32-rounded phases in float64 (cos/sin of float32 argument: 3e-7).
+    xr = np.asarray(x, np.float64)
+    a, b = (xr[..., 0::2], xr[..., 1::2]) if layout == "interleaved" else (xr[..., :32], xr[..., 32:])
+    z = (a + 1j * b) * np.exp(1j * f32_phase)[:, :, None, :]
+    want = np.empty_like(xr)
+    if layout == "interleaved":
+      want[..., 0::2], want[..., 1::2] = z.real, z.imag
+    else:
+      want[..., :32], want[..., 32:] = z.real, z.imag
+    np.testing.assert_allclose(out, want, atol=2e-6 * np.abs(xr).max())
+    exact = rope.apply_rope(x, pos, inv_freq=inv, layout=layout)
+    assert np.max(np.abs(np.asarray(out) - np.asarray(exact))) > 1e-3  # they differ at 131072
+
   def test_phase_precision_matters_at_long_positions(self):
     # The reference test above can fail: a bf16 inv_freq (what a model in bf16 might hold)
     # moves phases by radians at position 131072.
@@ -127,6 +146,142 @@ class RopeParityTest(chex.TestCase):
     ref = meta_complex_rope(x, pos, np.asarray(inv, np.float64))
     assert np.max(np.abs(good - ref)) < 0.05
     assert np.max(np.abs(bad - ref)) > 0.5
+
+
+# ---------------------------------------------------------------- exact phases
+
+# 2 pi as an exact fraction from 75 digits of pi (OEIS A000796), independent of jaxpe's constant.
+_TWO_PI = 2 * Fraction("3.141592653589793238462643383279502884197169399375105820974944592307816")
+
+
+def exact_cos_sin(positions, inv_freq):
+  """cos/sin of p * theta with the phase reduced modulo 2 pi in exact rational arithmetic (the
+  float64 frequency's exact value times the integer position), then math.cos / math.sin."""
+  positions, inv_freq = np.asarray(positions).ravel(), np.asarray(inv_freq, np.float64)
+  cos = np.empty((positions.size, inv_freq.size))
+  sin = np.empty_like(cos)
+  for j, theta in enumerate(inv_freq):
+    t = Fraction(float(theta))
+    for i, p in enumerate(positions.tolist()):
+      phase = p * t
+      r = float(phase - round(phase / _TWO_PI) * _TWO_PI)
+      cos[i, j], sin[i, j] = math.cos(r), math.sin(r)
+  return cos, sin
+
+
+def test_17780_case_from_the_issue():
+  # Head dim 128, base 1e4, position 17780, pair 1 (dims 2, 3): the float32 product gives
+  # sin 0.0987543, cos -0.9951118; the float64 phase 17780 * 1e4 ** (-2 / 128) gives the truth.
+  theta = 10000.0 ** (-2.0 / 128.0)
+  want_cos, want_sin = math.cos(17780 * theta), math.sin(17780 * theta)
+  assert abs(want_sin - 0.0997597) < 1e-7 and abs(want_cos + 0.9950116) < 1e-7
+  x = np.zeros((1, 1, 1, 128), np.float32)
+  x[..., 2] = 1.0  # pair 1 = 1 + 0j: the output pair is (cos, sin)
+  pos = jnp.asarray([[17780]], jnp.int32)
+  out = jax.jit(rope.apply_rope)(jnp.asarray(x), pos)
+  assert abs(float(out[0, 0, 0, 2]) - want_cos) <= 3e-7 and abs(float(out[0, 0, 0, 3]) - want_sin) <= 3e-7
+  cos, sin = rope.rope_cos_sin(pos, rope.rope_inv_freq(128, dtype=np.float64))
+  assert abs(float(cos[0, 0, 1]) - want_cos) <= 3e-7 and abs(float(sin[0, 0, 1]) - want_sin) <= 3e-7
+  f32 = rope.apply_rope(jnp.asarray(x), pos, phase_precision="float32")
+  assert abs(float(f32[0, 0, 0, 3]) - want_sin) > 5e-4  # today's float32 phases: 0.0987543
+
+
+@pytest.mark.parametrize("base", [1e4, 5e5])
+def test_exact_phases_below_2_pow_31_every_frequency(base):
+  rng = np.random.default_rng(int(base))
+  pos = rng.integers(0, 2**31, 300)
+  pos[:4] = [0, 1, 2**31 - 1, 2**24 + 1]
+  inv64 = rope.rope_inv_freq(128, base=base, dtype=np.float64)  # all 64 frequencies
+  want_cos, want_sin = exact_cos_sin(pos, inv64)
+  f = jax.jit(lambda p: rope.rope_cos_sin(p, inv64))  # positions traced
+  cos, sin = (np.asarray(a, np.float64) for a in f(jnp.asarray(pos, jnp.int32)))
+  assert np.max(np.abs(cos - want_cos)) <= 3e-7 and np.max(np.abs(sin - want_sin)) <= 3e-7
+  # Against the plain float64 value cos(float64(p) * theta) too (its own rounding: <= 1.2e-7).
+  naive = np.asarray(pos, np.float64)[:, None] * inv64
+  assert np.max(np.abs(cos - np.cos(naive))) <= 3e-7 and np.max(np.abs(sin - np.sin(naive))) <= 3e-7
+  # A float32 inv_freq is the exact number it holds; traced, it is converted in the graph.
+  inv32 = np.asarray(inv64, np.float32)
+  want_cos, want_sin = exact_cos_sin(pos, inv32)
+  g = jax.jit(lambda p, inv: rope.rope_cos_sin(p, inv))
+  cos, sin = (np.asarray(a, np.float64) for a in g(jnp.asarray(pos, jnp.int32), jnp.asarray(inv32)))
+  assert np.max(np.abs(cos - want_cos)) <= 3e-7 and np.max(np.abs(sin - want_sin)) <= 3e-7
+  # The float32 products are off by up to 2 here.
+  cos32, _ = rope.rope_cos_sin(jnp.asarray(pos, jnp.int32), inv64, phase_precision="float32")
+  assert np.max(np.abs(np.asarray(cos32, np.float64) - np.cos(naive))) > 0.5
+
+
+def test_negative_and_fractional_positions_under_jit():
+  # Concrete negative positions are refused; traced ones (not checkable) rotate by p * theta.
+  inv = rope.rope_inv_freq(16, dtype=np.float64)
+  pos = np.asarray([-1, -77777, -(2**31), 5], np.int32)
+  cos, sin = jax.jit(lambda p: rope.rope_cos_sin(p, inv))(jnp.asarray(pos))
+  want_cos, want_sin = exact_cos_sin(pos, inv)
+  np.testing.assert_allclose(cos, want_cos, atol=3e-7)
+  np.testing.assert_allclose(sin, want_sin, atol=3e-7)
+  # Float positions: fractional phases, the float32 value of the position taken exactly.
+  fpos = np.asarray([0.5, 3.25, 1000.75, 2.0**23 + 0.5, 123456.0], np.float32)
+  cos, sin = jax.jit(lambda p: rope.rope_cos_sin(p, inv))(jnp.asarray(fpos))
+  phase = fpos.astype(np.float64)[:, None] * inv
+  np.testing.assert_allclose(cos, np.cos(phase), atol=3e-7)
+  np.testing.assert_allclose(sin, np.sin(phase), atol=3e-7)
+
+
+def _score(q, k, i, j, **kw):
+  rq = rope.apply_rope(q, jnp.asarray([i], jnp.int32), **kw)
+  rk = rope.apply_rope(k, jnp.asarray([j], jnp.int32), **kw)
+  return float(jnp.sum(rq.astype(jnp.float32) * rk.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_relative_invariance_up_to_2_pow_30(layout):
+  q, k = _rand(20, (1, 1, 1, 64)), _rand(21, (1, 1, 1, 64))
+  qk = float(np.sum(np.abs(np.asarray(q)) * np.abs(np.asarray(k))))
+  shifts = [1, 4096, 131072, 2**24 + 3, 2**29 + 12345, 2**30 - 1, 2**30]
+  for i, j in [(10, 13), (5000, 17), (0, 0)]:
+    base_score = _score(q, k, i, j, layout=layout)
+    for s in shifts:
+      # cos/sin within 3e-7 each plus float32 rounding of the 64-term sum: ~1e-6 of sum |q||k|.
+      assert abs(_score(q, k, i + s, j + s, layout=layout) - base_score) <= 2e-6 * qk, (i, j, s)
+  # The float32 phases break it (issue 8: -15.56 against -11.50 at s = 2^25).
+  f32 = dict(layout=layout, phase_precision="float32")
+  drift = max(abs(_score(q, k, 10 + s, 13 + s, **f32) - _score(q, k, 10, 13, **f32)) for s in shifts[-3:])
+  assert drift > 0.05 * qk
+
+
+def test_bf16_error_does_not_grow_with_position():
+  # bf16 activations: the output rounding (2^-9 relative per element) is the whole error, at any
+  # position, and the float64 truth is the same score at every shift.
+  q = _rand(22, (1, 1, 8, 64), jnp.bfloat16)
+  k = _rand(23, (1, 1, 8, 64), jnp.bfloat16)
+  q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  inv = rope.rope_inv_freq(64, dtype=np.float64)
+  truth = np.einsum("bthd,bthd->h", meta_complex_rope(q64, [[3]], inv), meta_complex_rope(k64, [[1]], inv))
+  errors = []
+  for s in [0, 4096, 2**20, 2**27 + 5, 2**30]:
+    rq = rope.apply_rope(q, jnp.asarray([3 + s], jnp.int32))
+    rk = rope.apply_rope(k, jnp.asarray([1 + s], jnp.int32))
+    score = np.einsum("bthd,bthd->h", np.asarray(rq, np.float64), np.asarray(rk, np.float64))
+    errors.append(np.max(np.abs(score - truth)))
+  bound = 2 * 2.0**-8 * np.max(np.sum(np.abs(q64) * np.abs(k64), axis=-1))
+  assert max(errors) <= bound, (errors, bound)
+  assert max(errors) <= 4 * max(errors[0], bound / 16), errors  # no growth with the shift
+
+
+def test_xpos_and_sinusoidal_phases_are_exact():
+  # xPos at positions near 2^30 (scales centred by offset) against torchscale's formula in float64.
+  x = _rand(24, (1, 4, 2, 32))
+  pos = jnp.asarray([[2**30 + 3, 2**30 + 999, 2**30 - 7, 2**30 - 1000]], jnp.int32)
+  offset = 2**30
+  for kind in ("query", "key"):
+    out = jax.jit(lambda x, p, kind=kind: xpos.apply_xpos(x, p, kind=kind, offset=offset))(x, pos)
+    ref = torchscale_xpos(x, np.asarray(pos, np.int64), kind, offset=offset)
+    np.testing.assert_allclose(out, ref, atol=2e-6 * np.abs(ref).max(), rtol=0)
+  # Sinusoids at large positions against the paper's formula in float64.
+  spos = jnp.asarray([[2**31 - 1, 2**30 + 12345, 17780]], jnp.int32)
+  emb = jax.jit(lambda p: sinusoidal.sinusoidal_embedding(p, d_model=64))(spos)
+  ang = np.asarray(spos, np.float64)[..., None] / 10000 ** (np.arange(32) * 2 / 64)
+  np.testing.assert_allclose(emb[..., 0::2], np.sin(ang), atol=3e-7)
+  np.testing.assert_allclose(emb[..., 1::2], np.cos(ang), atol=3e-7)
 
 
 # ---------------------------------------------------------------- RoPE properties (Hypothesis)
@@ -179,16 +334,32 @@ def test_rope_errors_name_the_argument():
   with pytest.raises(ValueError, match="x must have shape"):
     rope.apply_rope(jnp.zeros((4, 2, 8)), p)
   with pytest.raises(ValueError, match="positions must have shape"):
-    rope.apply_rope(x, jnp.zeros((4,), jnp.int32))
+    rope.apply_rope(x, jnp.zeros((5,), jnp.int32))
+  with pytest.raises(ValueError, match="positions must have shape"):
+    rope.apply_rope(jnp.zeros((3, 4, 2, 8)), jnp.zeros((2, 4), jnp.int32))
+  with pytest.raises(ValueError, match=r"positions must be < 2\^31"):
+    rope.apply_rope(x, np.full((1, 4), 2**31, np.int64))
+  with pytest.raises(ValueError, match="float32 cannot hold"):
+    rope.apply_rope(x, np.full((1, 4), 2.0**24 + 1.0))
+  with pytest.raises(ValueError, match="finite"):
+    rope.apply_rope(x, np.full((1, 4), np.inf, np.float32))
+  with pytest.raises(ValueError, match="rotary_dims"):
+    rope.apply_rope(x, p, rotary_dims="last")
+  with pytest.raises(ValueError, match="phase_precision"):
+    rope.apply_rope(x, p, phase_precision="float64")
+  with pytest.raises(ValueError, match="mrope_section must sum"):
+    rope.apply_rope(x, jnp.zeros((3, 1, 4), jnp.int32), mrope_section=[1, 1, 1])
+  with pytest.raises(ValueError, match=r"positions must have shape \[3, \.\.\.\]"):
+    rope.apply_rope(x, jnp.zeros((2, 1, 4), jnp.int32), mrope_section=[2, 1, 1])
   with pytest.raises(ValueError, match="head_dim.*even"):
     rope.apply_rope(jnp.zeros((1, 4, 2, 7)), p)
   with pytest.raises(ValueError, match="positions must be >= 0"):
     rope.apply_rope(x, p.at[0, 1].set(-1))
-  with pytest.raises(TypeError, match="positions must be an integer"):
-    rope.apply_rope(x, p.astype(jnp.float32))
+  with pytest.raises(TypeError, match="positions must be an integer or float"):
+    rope.apply_rope(x, p.astype(bool))
   with pytest.raises(TypeError, match="x must be a float"):
     rope.apply_rope(x.astype(jnp.int32), p)
-  with pytest.raises(ValueError, match="positions shape"):
+  with pytest.raises(ValueError, match="positions must have shape"):
     rope.apply_rope(x, jnp.zeros((1, 5), jnp.int32))
   with pytest.raises(ValueError, match="rotary_dim must be <= head_dim"):
     rope.apply_rope(x, p, inv_freq=jnp.ones((5,), jnp.float32))
@@ -288,31 +459,183 @@ class XposTest(chex.TestCase):
 # ---------------------------------------------------------------- sinusoidal
 
 
+def t2t_timing_signal(positions, channels, min_timescale=1.0, max_timescale=1.0e4):
+  """tensor2tensor common_attention.get_timing_signal_1d, in float64 numpy (at given positions)."""
+  num_timescales = channels // 2
+  log_timescale_increment = math.log(max_timescale / min_timescale) / max(num_timescales - 1, 1)
+  inv_timescales = min_timescale * np.exp(np.arange(num_timescales) * -log_timescale_increment)
+  scaled_time = np.asarray(positions, np.float64)[..., None] * inv_timescales
+  return np.concatenate([np.sin(scaled_time), np.cos(scaled_time)], axis=-1)
+
+
+def fairseq_sinusoidal(positions, embedding_dim):
+  """fairseq SinusoidalPositionalEmbedding.get_embedding (even dim), float64 numpy."""
+  half_dim = embedding_dim // 2
+  emb = math.log(10000) / (half_dim - 1)
+  emb = np.exp(np.arange(half_dim) * -emb)
+  emb = np.asarray(positions, np.float64)[..., None] * emb
+  return np.concatenate([np.sin(emb), np.cos(emb)], axis=-1)
+
+
+def vaswani_table(positions, d_model, concat=False):
+  """Vaswani et al. 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
+  ang = np.asarray(positions, np.float64)[..., None] / 10000 ** (2 * np.arange(d_model // 2) / d_model)
+  if concat:
+    return np.concatenate([np.sin(ang), np.cos(ang)], axis=-1)
+  out = np.zeros((*ang.shape[:-1], d_model))
+  out[..., 0::2], out[..., 1::2] = np.sin(ang), np.cos(ang)
+  return out
+
+
 class SinusoidalTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.parameters("interleaved", "concat")
-  def test_matches_vaswani(self, layout):
-    pos = _positions(9, (2, 11), 2000)
-    out = self.variant(lambda p: sinusoidal.sinusoidal_embedding(p, d_model=32, layout=layout))(pos)
-    p = np.asarray(pos, np.float64)[..., None]
-    i = np.arange(16)
-    ang = p / 10000 ** (2 * i / 32)
-    ref = np.zeros((2, 11, 32))
-    if layout == "interleaved":
-      ref[..., 0::2], ref[..., 1::2] = np.sin(ang), np.cos(ang)
+  @parameterized.parameters("vaswani", "tensor2tensor", "concat")
+  def test_each_convention_matches_its_source(self, convention):
+    pos = _positions(9, (2, 11), 2**31).at[0, 0].set(0).at[0, 1].set(17780)
+    out = self.variant(lambda p: sinusoidal.sinusoidal_embedding(p, d_model=32, convention=convention))(pos)
+    if convention == "vaswani":
+      refs = [vaswani_table(pos, 32)]
+    elif convention == "concat":
+      refs = [vaswani_table(pos, 32, concat=True)]
     else:
-      ref[..., :16], ref[..., 16:] = np.sin(ang), np.cos(ang)
-    np.testing.assert_allclose(out, ref, atol=3e-4)
-    assert out.dtype == jnp.float32
+      refs = [t2t_timing_signal(pos, 32), fairseq_sinusoidal(pos, 32)]
+    for ref in refs:  # float64 tables (their own phase rounding: <= 1.2e-7 at 2^31)
+      np.testing.assert_allclose(out, ref, atol=3e-7, rtol=0)
+    assert out.dtype == jnp.float32 and out.shape == (2, 11, 32)
 
-  def test_dtype_and_errors(self):
+  def test_tensor2tensor_frequencies_are_not_the_papers(self):
+    np.testing.assert_allclose(
+      sinusoidal.sinusoidal_frequencies(8, convention="tensor2tensor"),
+      [1, 0.046416, 0.0021544, 1e-4],
+      rtol=1e-4,
+    )
+    np.testing.assert_allclose(sinusoidal.sinusoidal_frequencies(8), [1, 0.1, 0.01, 0.001], rtol=1e-12)
+    pos = jnp.arange(200, dtype=jnp.int32)[None, :]
+    t2t = sinusoidal.sinusoidal_embedding(pos, d_model=8, convention="tensor2tensor")
+    concat = sinusoidal.sinusoidal_embedding(pos, d_model=8, convention="concat")
+    assert float(jnp.max(jnp.abs(t2t - concat))) > 1.5
+    # D = 2: t2t's max(D/2 - 1, 1) guard gives the single frequency 1.
+    np.testing.assert_allclose(
+      sinusoidal.sinusoidal_embedding(pos, d_model=2, convention="tensor2tensor"),
+      t2t_timing_signal(pos, 2),
+      atol=3e-7,
+    )
+
+  def test_dtype_shapes_and_errors(self):
     pos = jnp.zeros((1, 3), jnp.int32)
     assert sinusoidal.sinusoidal_embedding(pos, d_model=8, dtype=jnp.bfloat16).dtype == jnp.bfloat16
+    assert sinusoidal.sinusoidal_embedding(jnp.arange(3), d_model=8).shape == (3, 8)  # [T]
     with pytest.raises(ValueError, match="d_model must be even"):
       sinusoidal.sinusoidal_embedding(pos, d_model=7)
-    with pytest.raises(ValueError, match="positions must have shape"):
-      sinusoidal.sinusoidal_embedding(jnp.zeros((3,), jnp.int32), d_model=8)
-    with pytest.raises(TypeError, match="positions must be an integer"):
-      sinusoidal.sinusoidal_embedding(pos.astype(jnp.float32), d_model=8)
-    with pytest.raises(ValueError, match="layout"):
-      sinusoidal.sinusoidal_embedding(pos, d_model=8, layout="split")
+    with pytest.raises(TypeError, match="positions must be an integer or float"):
+      sinusoidal.sinusoidal_embedding(pos.astype(bool), d_model=8)
+    with pytest.raises(ValueError, match="convention"):
+      sinusoidal.sinusoidal_embedding(pos, d_model=8, convention="split")
+    with pytest.raises(ValueError, match=r"positions must be < 2\^31"):
+      sinusoidal.sinusoidal_embedding(np.asarray([[2**31]], np.int64), d_model=8)
+    with pytest.raises(ValueError, match="float32 cannot hold"):
+      sinusoidal.sinusoidal_embedding(np.asarray([[2.0**25 + 1]]), d_model=8)
+
+
+# ---------------------------------------------------------------- library API
+
+
+def test_positions_broadcast_over_the_batch_and_float_positions():
+  x = _rand(30, (2, 5, 3, 16))
+  pos = jnp.arange(5, dtype=jnp.int32) + 1000
+  full = rope.apply_rope(x, jnp.broadcast_to(pos, (2, 5)))
+  np.testing.assert_array_equal(rope.apply_rope(x, pos), full)  # [T]
+  np.testing.assert_array_equal(rope.apply_rope(x, pos[None]), full)  # [1, T]
+  np.testing.assert_array_equal(rope.apply_rope(x, np.asarray(pos, np.int64)), full)  # int64, < 2^31
+  np.testing.assert_array_equal(rope.apply_rope(x, pos.astype(jnp.float32)), full)  # integral floats
+  # Fractional positions rotate by p * theta (float64 reference).
+  fpos = np.asarray([0.5, 1.25, 99.75, 1000.5, 4096.125], np.float32)
+  out = jax.jit(rope.apply_rope)(x, jnp.asarray(fpos))
+  ref = meta_complex_rope(x, np.broadcast_to(fpos, (2, 5)), inv_freq_f64(16))
+  np.testing.assert_allclose(out, ref, atol=1e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_trailing_rotary_dims_rotate_the_last_r(layout):
+  # MLA-style heads [nope | rope]: rotating the last R dims = rotating the first R of the head with
+  # its two parts swapped.
+  x = _rand(31, (2, 6, 2, 24))
+  pos = _positions(32, (2, 6), 100000)
+  inv = rope.rope_inv_freq(24, rotary_dim=8, dtype=np.float64)
+  out = rope.apply_rope(x, pos, inv_freq=inv, layout=layout, rotary_dims="trailing")
+  swapped = jnp.concatenate([x[..., 16:], x[..., :16]], axis=-1)
+  ref_fn = meta_complex_rope if layout == "interleaved" else hf_rotate_half_rope
+  ref = ref_fn(swapped, pos, inv)
+  ref = np.concatenate([ref[..., 8:], ref[..., :8]], axis=-1)
+  np.testing.assert_allclose(out, ref, atol=1e-6 * np.abs(ref).max())
+  np.testing.assert_array_equal(out[..., :16], x[..., :16])  # pass-through dims untouched
+
+
+def test_rope_cos_sin_matches_the_formula():
+  inv = inv_freq_f64(32, base=5e5)
+  pos = _positions(33, (3, 7), 5000)
+  cos, sin = jax.jit(lambda p: rope.rope_cos_sin(p, inv))(pos)  # inv stays float64 (a constant)
+  assert cos.shape == sin.shape == (3, 7, 16) and cos.dtype == jnp.float32
+  phase = np.asarray(pos, np.float64)[..., None] * inv
+  np.testing.assert_allclose(cos, np.cos(phase), atol=3e-7)
+  np.testing.assert_allclose(sin, np.sin(phase), atol=3e-7)
+
+
+def test_mrope_matches_qwen2_vl():
+  torch = pytest.importorskip("torch")
+  from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
+  from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
+
+  section = [4, 6, 6]  # head_dim 32: 16 frequencies
+  cfg = Qwen2VLTextConfig(
+    hidden_size=64,
+    num_attention_heads=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
+  )
+  rotary = Qwen2VLRotaryEmbedding(cfg)
+  rng = np.random.default_rng(34)
+  pos = rng.integers(0, 3000, (3, 2, 9))  # [3, B, T]: temporal, height, width
+  q, k = rng.standard_normal((2, 2, 9, 32)), rng.standard_normal((2, 2, 9, 32))  # HF: [B, N, T, H]
+  cos, sin = rotary(torch.zeros(1, dtype=torch.float64), torch.as_tensor(pos))
+  hq, hk = apply_rotary_pos_emb(
+    torch.as_tensor(q), torch.as_tensor(k), cos.to(torch.float64), sin.to(torch.float64)
+  )
+  inv = np.asarray(rotary.inv_freq, np.float32)  # HF's float32 frequencies
+  jq = rope.apply_rope(
+    jnp.asarray(q.transpose(0, 2, 1, 3), jnp.float32),
+    jnp.asarray(pos, jnp.int32),
+    inv_freq=inv,
+    layout="half",
+    mrope_section=section,
+  )
+  jk = rope.apply_rope(
+    jnp.asarray(k.transpose(0, 2, 1, 3), jnp.float32),
+    jnp.asarray(pos, jnp.int32),
+    inv_freq=inv,
+    layout="half",
+    mrope_section=section,
+  )
+  # HF's float32 phases at positions < 3000: error <= half an ulp of 3000 rad (1.2e-4) per pair.
+  np.testing.assert_allclose(jq, hq.numpy().transpose(0, 2, 1, 3), atol=5e-4)
+  np.testing.assert_allclose(jk, hk.numpy().transpose(0, 2, 1, 3), atol=5e-4)
+  # And exactly (3e-7) against the float64 formula with each frequency's own position row.
+  axis = np.repeat(np.arange(3), section)
+  phase = np.moveaxis(pos, 0, -1)[..., axis] * inv.astype(np.float64)  # [B, T, 16]
+  qt = q.transpose(0, 2, 1, 3)
+  z = (qt[..., :16] + 1j * qt[..., 16:]) * np.exp(1j * phase)[:, :, None, :]
+  np.testing.assert_allclose(jq, np.concatenate([z.real, z.imag], axis=-1), atol=2e-6)
+  # One row for all three axes (text tokens) is plain RoPE.
+  same = np.broadcast_to(pos[:1], pos.shape)
+  np.testing.assert_allclose(
+    rope.apply_rope(
+      jnp.asarray(qt, jnp.float32),
+      jnp.asarray(same, jnp.int32),
+      inv_freq=inv,
+      layout="half",
+      mrope_section=section,
+    ),
+    rope.apply_rope(
+      jnp.asarray(qt, jnp.float32), jnp.asarray(pos[0], jnp.int32), inv_freq=inv, layout="half"
+    ),
+    atol=1e-6,
+  )
