@@ -12,7 +12,7 @@ Pair layouts (see ``Layout``):
   ``x[i] + 1j * x[i + R/2]``.
 
 Pair ``i`` rotates by ``positions * inv_freq[i]`` radians. ``R = 2 * len(inv_freq)`` dims rotate: the
-first R of the head (``rotary_dims="leading"``, GPT-NeoX / GPT-J partial rotary) or the last R
+first R of the head (``rotated_slice="leading"``, GPT-NeoX / GPT-J partial rotary) or the last R
 (``"trailing"``, DeepSeek-V2/V3 MLA's ``q_pe``/``k_pe``); the others pass through unchanged.
 
 Exact phases (``phase_precision="exact"``, the default). Every float32 implementation computes the
@@ -58,7 +58,7 @@ Layout = Literal["interleaved", "half"]
 LAYOUTS: tuple[str, ...] = ("interleaved", "half")
 PhasePrecision = Literal["exact", "float32"]
 PHASE_PRECISIONS: tuple[str, ...] = ("exact", "float32")
-RotaryDims = Literal["leading", "trailing"]
+RotatedSlice = Literal["leading", "trailing"]
 
 # pi to 75 significant digits (A000796); 2 pi as an exact fraction from it.
 _PI = Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628")
@@ -370,7 +370,7 @@ def apply_rope(
   base: float = 10000.0,
   layout: Layout = "interleaved",
   scale: float | jax.Array = 1.0,
-  rotary_dims: RotaryDims = "leading",
+  rotated_slice: RotatedSlice = "leading",
   mrope_section=None,
   phase_precision: PhasePrecision = "exact",
 ) -> jax.Array:
@@ -388,7 +388,7 @@ def apply_rope(
       rotated slice.
     scale: multiplies each rotated pair: a scalar (HF's ``attention_scaling`` for YaRN/LongRoPE)
       or a float array broadcastable to ``[B, T, N, R/2]`` (xPos). Default 1.
-    rotary_dims: which R dims rotate: ``"leading"`` (``x[..., :R]``, default) or ``"trailing"``
+    rotated_slice: which R dims rotate: ``"leading"`` (``x[..., :R]``, default) or ``"trailing"``
       (``x[..., H-R:]``, MLA-style ``[nope | rope]`` heads such as DeepSeek-V2/V3).
     mrope_section: multi-axis RoPE (Qwen2-VL); see ``rope_cos_sin``.
     phase_precision: ``"exact"`` (default) or ``"float32"``; see ``rope_cos_sin``.
@@ -398,7 +398,7 @@ def apply_rope(
 
   Raises:
     ValueError: wrong ranks, positions not ``[B, T]``/``[1, T]``/``[T]`` for x's B and T, odd H,
-      ``R > H``, unknown ``layout``/``rotary_dims``/``phase_precision``, concrete positions
+      ``R > H``, unknown ``layout``/``rotated_slice``/``phase_precision``, concrete positions
       negative or >= 2^31, ``scale`` not finite or not broadcastable to ``[B, T, N, R/2]``, bad
       ``mrope_section``.
     TypeError: non-float ``x`` or ``inv_freq``, positions neither integer nor float.
@@ -410,8 +410,8 @@ def apply_rope(
   _checks.check_float("x", x)
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-  if rotary_dims not in ("leading", "trailing"):
-    raise ValueError(f"rotary_dims must be 'leading' or 'trailing', got {rotary_dims!r}")
+  if rotated_slice not in ("leading", "trailing"):
+    raise ValueError(f"rotated_slice must be 'leading' or 'trailing', got {rotated_slice!r}")
   positions = _batch_positions(positions, x.shape[:2], multi_axis=mrope_section is not None)
   head_dim = x.shape[-1]
   if inv_freq is None:
@@ -436,9 +436,9 @@ def apply_rope(
     scale = jnp.asarray(scale, jnp.float32)
     cos, sin = cos * scale, sin * scale
   rot = jax.lax.complex(cos, sin)  # exp(1j * phase), complex64
-  split = rotary_dim if rotary_dims == "leading" else head_dim - rotary_dim
+  split = rotary_dim if rotated_slice == "leading" else head_dim - rotary_dim
   first, second = x[..., :split], x[..., split:]
-  x_rot = (first if rotary_dims == "leading" else second).astype(jnp.float32)
+  x_rot = (first if rotated_slice == "leading" else second).astype(jnp.float32)
   if layout == "interleaved":
     pairs = x_rot.reshape(*x_rot.shape[:-1], rotary_dim // 2, 2)
     z = jax.lax.complex(pairs[..., 0], pairs[..., 1]) * rot
@@ -450,7 +450,7 @@ def apply_rope(
   out = out.astype(x.dtype)
   if rotary_dim == head_dim:
     return out
-  parts = [out, second] if rotary_dims == "leading" else [first, out]
+  parts = [out, second] if rotated_slice == "leading" else [first, out]
   return jnp.concatenate(parts, axis=-1)
 
 

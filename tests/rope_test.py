@@ -343,8 +343,8 @@ def test_rope_errors_name_the_argument():
     rope.apply_rope(x, np.full((1, 4), 2.0**24 + 1.0))
   with pytest.raises(ValueError, match="finite"):
     rope.apply_rope(x, np.full((1, 4), np.inf, np.float32))
-  with pytest.raises(ValueError, match="rotary_dims"):
-    rope.apply_rope(x, p, rotary_dims="last")
+  with pytest.raises(ValueError, match="rotated_slice"):
+    rope.apply_rope(x, p, rotated_slice="last")
   with pytest.raises(ValueError, match="phase_precision"):
     rope.apply_rope(x, p, phase_precision="float64")
   with pytest.raises(ValueError, match="mrope_section must sum"):
@@ -556,13 +556,13 @@ def test_positions_broadcast_over_the_batch_and_float_positions():
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_trailing_rotary_dims_rotate_the_last_r(layout):
+def test_trailing_rotated_slice_rotate_the_last_r(layout):
   # MLA-style heads [nope | rope]: rotating the last R dims = rotating the first R of the head with
   # its two parts swapped.
   x = _rand(31, (2, 6, 2, 24))
   pos = _positions(32, (2, 6), 100000)
   inv = rope.rope_inv_freq(24, rotary_dim=8, dtype=np.float64)
-  out = rope.apply_rope(x, pos, inv_freq=inv, layout=layout, rotary_dims="trailing")
+  out = rope.apply_rope(x, pos, inv_freq=inv, layout=layout, rotated_slice="trailing")
   swapped = jnp.concatenate([x[..., 16:], x[..., :16]], axis=-1)
   ref_fn = meta_complex_rope if layout == "interleaved" else hf_rotate_half_rope
   ref = ref_fn(swapped, pos, inv)
