@@ -37,9 +37,9 @@ from jaxpe.hf_rope import HFRope, rope_from_hf_config
 from jaxpe.kernels import AlibiSpec
 from jaxpe.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.positions import document_mask, positions_from_mask, positions_from_segment_ids
-from jaxpe.rope import apply_rope, rope_inv_freq, rope_phases
+from jaxpe.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_phases
 from jaxpe.rope_scaling import ROPE_TYPES, normalize_rope_parameters, ntk_aware_base, rope_frequencies
-from jaxpe.sinusoidal import sinusoidal_embedding
+from jaxpe.sinusoidal import sinusoidal_embedding, sinusoidal_frequencies
 from jaxpe.xpos import apply_xpos, xpos_scale, xpos_zeta
 
 __all__ = [
@@ -74,11 +74,13 @@ __all__ = [
   "pad_head_dim",
   "positions_from_mask",
   "positions_from_segment_ids",
+  "rope_cos_sin",
   "rope_frequencies",
   "rope_from_hf_config",
   "rope_inv_freq",
   "rope_phases",
   "sinusoidal_embedding",
+  "sinusoidal_frequencies",
   "solve_base_constrained",
   "solve_emulation",
   "xpos_scale",

@@ -18,7 +18,7 @@ from jaxpe.positions import positions_from_mask
 
 
 def alibi_slopes_f64(num_heads: int) -> np.ndarray:
-  """ALiBi slopes in float64 on the host (see ``alibi_slopes``)."""
+  """ALiBi slopes in float64 on the host: ``alibi_slopes(num_heads, dtype=np.float64)``."""
   num_heads = _checks.check_positive_int("num_heads", num_heads)
 
   def power_of_2(n: int) -> list[float]:
@@ -32,7 +32,7 @@ def alibi_slopes_f64(num_heads: int) -> np.ndarray:
   return np.asarray(slopes, dtype=np.float64)
 
 
-def alibi_slopes(num_heads: int) -> jax.Array:
+def alibi_slopes(num_heads: int, *, dtype=jnp.float32) -> jax.Array | np.ndarray:
   """Per-head ALiBi slopes m_h.
 
   For ``n`` a power of two: ``m_h = 2 ** (-8 h / n)``, h = 1..n. Otherwise the paper's rule: the
@@ -40,14 +40,24 @@ def alibi_slopes(num_heads: int) -> jax.Array:
 
   Args:
     num_heads: N, positive.
+    dtype: ``jnp.float32`` (default): a float32 JAX array, what attention adds. ``np.float64``: a
+      float64 numpy array (host; JAX without x64 cannot hold float64), e.g. for the emulation
+      solvers (``jaxpe.solve_emulation``, ``jaxpe.emulation_amplitudes``), which take float64.
 
   Returns:
-    ``[N]`` float32 slopes (per token).
+    ``[N]`` slopes (per token) of ``dtype``.
 
   Raises:
-    ValueError: ``num_heads`` not a positive integer.
+    ValueError: ``num_heads`` not a positive integer; ``dtype`` not float32 or float64.
+
+  Source: Press et al. arXiv 2108.12409; ofirpress/attention_with_linear_biases ``get_slopes``.
   """
-  return jnp.asarray(alibi_slopes_f64(num_heads), jnp.float32)
+  slopes = alibi_slopes_f64(num_heads)
+  if np.dtype(dtype) == np.float64:
+    return slopes
+  if np.dtype(dtype) != np.float32:
+    raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+  return jnp.asarray(slopes, jnp.float32)
 
 
 def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
@@ -104,6 +114,9 @@ def alibi_slopes_for_heads(num_heads: int, *, alibi_heads) -> jax.Array:
 
   Raises:
     ValueError: ``num_heads`` not positive; ``alibi_heads`` empty, out of range or repeated.
+
+  Source: slopes from Press et al. arXiv 2108.12409; ALiBi on a subset of heads is jaxpe's own
+  option (the paper applies it to every head).
   """
   num_heads = _checks.check_positive_int("num_heads", num_heads)
   if isinstance(alibi_heads, (int, np.integer)) and not isinstance(alibi_heads, bool):
@@ -140,6 +153,9 @@ def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=Non
   Raises:
     ValueError: bad slopes, ``q_len``/``k_len`` not positive, ``k_len < q_len``, ``q_offset`` out
       of range.
+
+  Source: Press et al. arXiv 2108.12409 (bias ``-m_h (i - j)``); the offset is the KV-cache
+  position of the first query.
   """
   _checks.check_slopes("slopes", slopes, allow_zero=True)
   q_len = _checks.check_positive_int("q_len", q_len)

@@ -66,6 +66,9 @@ def positions_from_segment_ids(segment_ids: jax.Array) -> jax.Array:
   Raises:
     ValueError: ``segment_ids`` not rank 2.
     TypeError: non-integer ``segment_ids``.
+
+  Source: sequence packing as in T5 / t5x (``inputs_positions`` from ``inputs_segmentation``,
+  Raffel et al. arXiv 1910.10683) and Flax's lm1b example.
   """
   _checks.check_rank("segment_ids", segment_ids, 2, "[B, T]")
   if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
@@ -96,6 +99,9 @@ def document_mask(
   Raises:
     ValueError: wrong ranks, batch sizes differ, bad ``q_offset``.
     TypeError: non-integer segment ids.
+
+  Source: the packed-example mask of t5x / Flax lm1b (``make_attention_mask(segmentation,
+  segmentation, jnp.equal)`` combined with the causal mask).
   """
   for name, ids in (("q_segment_ids", q_segment_ids), ("k_segment_ids", k_segment_ids)):
     _checks.check_rank(name, ids, 2, "[B, T]" if name[0] == "q" else "[B, S]")

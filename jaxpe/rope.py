@@ -330,7 +330,27 @@ def rope_cos_sin(
   if phase_precision == "float32":
     angles = positions.astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32).reshape(lead)
     return jnp.cos(angles), jnp.sin(angles)
-  return _exact_cos_sin(positions, *(jnp.asarray(w).reshape(lead) for w in _turn_words(inv_freq)))
+  hi, lo, turns = (jnp.asarray(w).reshape(lead) for w in _turn_words(inv_freq))
+  theta = jnp.asarray(inv_freq, jnp.float32).reshape(lead)
+  return _exact_cos_sin_jvp(positions, theta, hi, lo, turns)
+
+
+@jax.custom_jvp
+def _exact_cos_sin_jvp(positions, theta, hi, lo, turns):
+  """``_exact_cos_sin`` with the derivative of cos/sin(p * theta) in ``theta`` and float ``p``
+  (the integer reduction itself has none): learnable frequencies and float positions differentiate."""
+  return _exact_cos_sin(positions, hi, lo, turns)
+
+
+@_exact_cos_sin_jvp.defjvp
+def _exact_cos_sin_tangent(primals, tangents):
+  positions, theta, hi, lo, turns = primals
+  d_positions, d_theta = tangents[0], tangents[1]
+  cos, sin = _exact_cos_sin(positions, hi, lo, turns)
+  d_phase = positions.astype(jnp.float32) * d_theta
+  if jnp.issubdtype(positions.dtype, jnp.floating):
+    d_phase = d_phase + d_positions * theta
+  return (cos, sin), (-sin * d_phase, cos * d_phase)
 
 
 def _check_inv_freq(inv_freq):

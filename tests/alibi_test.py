@@ -29,6 +29,9 @@ def paper_slopes(n):
 @pytest.mark.parametrize("n", list(range(1, 41)) + [48, 64, 71, 96, 112, 128])
 def test_slopes_any_head_count(n):
   np.testing.assert_allclose(alibi.alibi_slopes(n), paper_slopes(n), rtol=1e-7)
+  f64 = alibi.alibi_slopes(n, dtype=np.float64)  # for the float64 emulation solvers
+  assert isinstance(f64, np.ndarray) and f64.dtype == np.float64
+  np.testing.assert_allclose(f64, paper_slopes(n), rtol=1e-15)
   hf = build_alibi_tensor(torch.ones(1, 2), n, torch.float32)[:, 0, 1].numpy()
   np.testing.assert_allclose(alibi.alibi_slopes(n), hf, rtol=1e-6)
 
@@ -120,6 +123,8 @@ class AlibiFormsTest(chex.TestCase):
 def test_errors_name_the_argument():
   s = alibi.alibi_slopes(2)
   p = jnp.zeros((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+    alibi.alibi_slopes(2, dtype=np.int32)
   with pytest.raises(ValueError, match="k_len .* must be >= q_len"):
     alibi.alibi_bias_causal(s, q_len=5, k_len=3)
   with pytest.raises(ValueError, match="q_offset must be in"):

@@ -639,3 +639,20 @@ def test_mrope_matches_qwen2_vl():
     ),
     atol=1e-6,
   )
+
+
+def test_gradients_in_frequencies_and_float_positions():
+  # The integer reduction has no derivative; the custom JVP gives d/dtheta and d/dp of p * theta.
+  # Reference: JAX's own autodiff of cos/sin of the float32 product (small positions, where the
+  # two phases agree to float32 rounding).
+  x = _rand(35, (1, 5, 2, 8))
+  pos = jnp.arange(5, dtype=jnp.int32) + 100
+  inv = jnp.asarray([1.0, 0.1, 0.01, 0.001], jnp.float32)
+
+  def loss(inv, p, precision):
+    return jnp.sum(rope.apply_rope(x, p, inv_freq=inv, phase_precision=precision) * x[..., ::-1])
+
+  for argnum, p in ((0, pos), (1, pos.astype(jnp.float32))):
+    exact = jax.jit(jax.grad(loss, argnums=argnum), static_argnums=2)(inv, p, "exact")
+    f32 = jax.grad(loss, argnums=argnum)(inv, p, "float32")
+    np.testing.assert_allclose(exact, f32, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(f32))))
