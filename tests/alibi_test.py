@@ -31,7 +31,7 @@ def test_slopes_any_head_count(n):
   np.testing.assert_allclose(alibi.alibi_slopes(n), paper_slopes(n), rtol=1e-7)
   f64 = alibi.alibi_slopes(n, dtype=np.float64)  # for the float64 emulation solvers
   assert isinstance(f64, np.ndarray) and f64.dtype == np.float64
-  np.testing.assert_allclose(f64, paper_slopes(n), rtol=1e-15)
+  np.testing.assert_allclose(f64, paper_slopes(n), rtol=1e-14)  # a few float64 ulps
   hf = build_alibi_tensor(torch.ones(1, 2), n, torch.float32)[:, 0, 1].numpy()
   np.testing.assert_allclose(alibi.alibi_slopes(n), hf, rtol=1e-6)
 
