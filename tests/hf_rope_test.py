@@ -370,8 +370,7 @@ def test_layout_and_rotated_slice_match_transformers_apply():
   for name, family in (("gptj", "gptj"), ("gpt_neox", "gpt_neox"), ("deepseek_v3", "deepseek_v3")):
     case = next(c for c in CASES if c.config["model_type"] == family)
     r = rope_from_hf_config(case.config)
-    head = r.head_dim if r.rotated_slice == "trailing" else r.head_dim
-    q = rng.normal(size=(1, 4, 2, head)).astype(np.float32)  # [B, T, N, H]
+    q = rng.normal(size=(1, 4, 2, r.head_dim)).astype(np.float32)  # [B, T, N, H]; MLA: the rope part
     module_cls, config = _hf_module(case)
     module = module_cls(config)
     modeling = __import__(module_cls.__module__, fromlist=["x"])
