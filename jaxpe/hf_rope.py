@@ -284,6 +284,12 @@ class HFRope:
 def _as_dict(config: Any) -> dict[str, Any]:
   if isinstance(config, Mapping):
     return dict(config)
+  get_text_config = getattr(config, "get_text_config", None)
+  if callable(get_text_config):  # composite (vision-language) configs: the decoder's config
+    try:
+      config = get_text_config()
+    except ValueError:  # several candidate text configs: keep the whole config
+      pass
   to_dict = getattr(config, "to_dict", None)
   if callable(to_dict):  # transformers PretrainedConfig (already standardised by transformers)
     out = to_dict()
