@@ -447,11 +447,14 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
     _write_atomic(cache_path, json.dumps({"key": key, "results": row}))
     results[name] = row
   emu = emulation_check(study, windows) if "alibi" in study.encodings else []
+  ref = "rope" if "rope" in study.encodings else study.encodings[0]
   report = {
     "config": study.model_dump(mode="json"),
     "eval_lengths": [m * study.train.seq_len for m in study.eval_multiples],
     "models": models,
     "results": results,
+    "paired_reference": ref,
+    "paired": paired(results, ref),
     "emulation_check": emu,
     "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
     f"{jax.devices()[0].platform})",
@@ -465,11 +468,31 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
   return report
 
 
-def cell(entry: dict[str, Any] | None, table_size: int | None = None) -> str:
-  """A table cell: ``"mean ± ci95"`` (3 decimals), or ``"n/a (table N)"`` for a row that cannot run."""
+def cell(entry: dict[str, Any] | None, table_size: int | None = None, *, signed: bool = False) -> str:
+  """A table cell: ``"mean ± ci95"`` (3 decimals; ``signed``: with a sign), or ``"n/a (table N)"``
+  for a row that cannot run."""
   if entry is None:
     return f"n/a (table {table_size})" if table_size else "n/a"
-  return f"{entry['bits_per_byte']:.3f} ± {entry['ci95']:.3f}"
+  return f"{entry['bits_per_byte']:{'+' if signed else ''}.3f} ± {entry['ci95']:.3f}"
+
+
+def paired(results: dict[str, dict[str, Any]], ref: str) -> dict[str, dict[str, Any]]:
+  """Per row and length, the mean and 1.96 standard errors (ddof 1) of the per-window differences
+  ``row - ref`` in bits/byte (None where either side cannot run)."""
+  out: dict[str, dict[str, Any]] = {}
+  for name, row in results.items():
+    out[name] = {}
+    for k, entry in row.items():
+      base = results[ref][k]
+      if entry is None or base is None:
+        out[name][k] = None
+        continue
+      d = np.asarray(entry["per_window"]) - np.asarray(base["per_window"])
+      out[name][k] = {
+        "bits_per_byte": float(d.mean()),
+        "ci95": float(1.96 * d.std(ddof=1) / math.sqrt(d.size)),
+      }
+  return out
 
 
 def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
@@ -501,6 +524,21 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
     f"Steps trained: {steps}. Machine: {report['machine']}; {report['date_utc']} UTC; this process "
     f"{report['wall_seconds_this_process']:.0f} s.",
   ]
+  ref = report["paired_reference"]
+  if len(study.encodings) > 1:
+    text += [
+      "",
+      f"Paired difference from {ENCODINGS[ref].label} on the same windows (bits/byte, mean ± 1.96 standard "
+      "errors of the per-window differences; negative is better). Pairing removes the variation in how "
+      "hard each window's text is, which dominates the intervals above.",
+      "",
+      head,
+      lines[1],
+    ]
+    for name in study.encodings:
+      if name != ref:
+        cells = [cell(report["paired"][name][str(k)], t.seq_len, signed=True) for k in study.eval_multiples]
+        text.append(f"| {ENCODINGS[name].label} | " + " | ".join(cells) + " |")
   if report["emulation_check"]:
     text += [
       "",
@@ -535,45 +573,72 @@ def _pyplot():
   return plt
 
 
+def _styles(study: StudyConfig) -> list[dict[str, Any]]:
+  """A distinct color per row; dashed for eval-time scalings, dotted for rope_alibi."""
+  import matplotlib
+
+  colors = matplotlib.colormaps["tab20"].colors
+  return [
+    {
+      "color": colors[(2 * i) % 20 + (i >= 10)],
+      "ls": "--" if ENCODINGS[n].base else ":" if n.startswith("rope_alibi") else "-",
+    }
+    for i, n in enumerate(study.encodings)
+  ]
+
+
 def plot_bits_per_byte(study: StudyConfig, report: dict[str, Any], path: Path) -> None:
-  """Bits/byte (with the 95% interval) against eval length, one line per encoding, to PNG ``path``."""
+  """Bits/byte against eval length, one line per encoding, to PNG ``path``: left the values with their
+  95% intervals, right the paired difference from ``report["paired_reference"]`` with its interval
+  (points shifted slightly left/right per row so the bars do not overlap)."""
   plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for name in study.encodings:
-    pts = [
-      (k * study.train.seq_len, e["bits_per_byte"], e["ci95"])
-      for k, e in ((k, report["results"][name][str(k)]) for k in study.eval_multiples)
-      if e is not None
-    ]
-    x, y, err = zip(*pts)
-    ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=ENCODINGS[name].label)
-  ax.set_xscale("log", base=2)
-  ax.set_xticks(report["eval_lengths"], [str(x) for x in report["eval_lengths"]])
-  ax.axvline(study.train.seq_len, ls=":", c="gray")
-  ax.set_xlabel("eval length (bytes); training length dotted")
-  ax.set_ylabel("held-out bits per byte")
-  ax.legend(fontsize=8)
+  fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+  n = len(study.encodings)
+  ref = report["paired_reference"]
+  for i, (name, style) in enumerate(zip(study.encodings, _styles(study))):
+    shift = 2 ** (0.08 * (i - (n - 1) / 2) / max(n - 1, 1))
+    for ax, table in zip(axes, (report["results"], report["paired"])):
+      pts = [
+        (k * study.train.seq_len * shift, e["bits_per_byte"], e["ci95"])
+        for k, e in ((k, table[name][str(k)]) for k in study.eval_multiples)
+        if e is not None
+      ]
+      if table is report["paired"] and name == ref:
+        continue
+      x, y, err = zip(*pts)
+      ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, lw=1.2, label=ENCODINGS[name].label, **style)
+  for ax in axes:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(report["eval_lengths"], [str(x) for x in report["eval_lengths"]])
+    ax.minorticks_off()
+    ax.axvline(study.train.seq_len, ls=":", c="gray")
+    ax.set_xlabel("eval length (bytes); training length dotted")
+  axes[0].set_ylabel("held-out bits per byte (95% interval over windows)")
+  axes[1].axhline(0.0, c="gray", lw=0.8)
+  axes[1].set_ylabel(f"paired difference from {ENCODINGS[ref].label} (bits/byte)")
+  axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
 def plot_loss_vs_position(study: StudyConfig, report: dict[str, Any], path: Path) -> None:
-  """Per-position loss (bits, moving average over T/16 positions) at the longest length each
-  encoding can run, one line per encoding, to PNG ``path``."""
+  """Per-position loss (bits, mean over bins of T/8 positions) at the longest length each encoding
+  can run, one line per encoding, to PNG ``path``."""
   plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(9, 5))
-  width = max(1, study.train.seq_len // 16)
-  for name in study.encodings:
+  fig, ax = plt.subplots(figsize=(12, 5))
+  width = max(1, study.train.seq_len // 8)
+  for name, style in zip(study.encodings, _styles(study)):
     row = report["results"][name]
     k = max(k for k in study.eval_multiples if row[str(k)] is not None)
     curve = np.asarray(row[str(k)]["per_position"])
-    smooth = np.convolve(curve, np.ones(width) / width, mode="valid")
-    ax.plot(np.arange(smooth.size) + (width - 1) / 2, smooth, lw=1, label=f"{ENCODINGS[name].label} ({k}x)")
+    binned = curve[: curve.size // width * width].reshape(-1, width).mean(axis=1)
+    x = np.arange(binned.size) * width + (width - 1) / 2
+    ax.plot(x, binned, lw=1.2, marker=".", label=f"{ENCODINGS[name].label} ({k}x)", **style)
   ax.axvline(study.train.seq_len, ls=":", c="gray")
-  ax.set_xlabel(f"position (bytes); training length dotted; moving average over {width}")
+  ax.set_xlabel(f"position (bytes), mean over bins of {width}; training length dotted")
   ax.set_ylabel("held-out loss (bits)")
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

@@ -99,6 +99,14 @@ def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch
   np.testing.assert_allclose([got["bits_per_byte"], got["ci95"]], [want_mean, want_ci], rtol=1e-5)
   np.testing.assert_allclose(got["per_position"], nll.mean(0) / math.log(2), rtol=1e-5)
   assert f"| {want_mean:.3f} ± {want_ci:.3f} |" in md.split("| rope + linear interpolation (eval) |")[1]
+  # The paired difference from rope (the reference) is the mean of the per-window differences.
+  rope_windows = np.asarray(report["results"]["rope"]["2"]["per_window"])
+  assert report["paired_reference"] == "rope"
+  np.testing.assert_allclose(
+    report["paired"]["rope_linear"]["2"]["bits_per_byte"],
+    (np.asarray(got["per_window"]) - rope_windows).mean(),
+    rtol=1e-9,
+  )
   # The scaling changed the numbers (the check could fail): plain rope at 2x differs.
   assert report["results"]["rope"]["2"]["bits_per_byte"] != got["bits_per_byte"]
 
