@@ -4,24 +4,67 @@ Orbax writes each step to a temporary directory and renames it when complete, so
 save never replaces a good checkpoint. Restores are sharded: each leaf is read straight into the
 sharding of the target (``jax.ShapeDtypeStruct(..., sharding=...)``), which also moves a state
 saved on one mesh shape onto another.
+
+Failures are reported, not hidden: a save that cannot write (permission, full disk) raises
+``CheckpointError`` at once with the operating system's reason, and a restore skips a damaged newest
+step (naming it and moving it aside) for the previous intact one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(OSError):
+  """A checkpoint could not be written, or no intact checkpoint could be read."""
+
 
 def manager(directory: str | Path, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """A CheckpointManager over ``directory`` (created if missing), keeping the newest
-  ``max_to_keep`` (> 0) checkpoints; each step is a subdirectory named by the step number."""
+  ``max_to_keep`` (> 0) checkpoints; each step is a subdirectory named by the step number.
+  Saves are synchronous (``save`` returns when the step is on disk).
+
+  Raises:
+    CheckpointError: ``directory`` cannot be created or written (checked up front).
+  """
+  directory = Path(directory).absolute()
+  check_writable(directory)
   return ocp.CheckpointManager(
-    Path(directory).absolute(),
-    options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+    directory,
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+    ),
   )
+
+
+def check_writable(directory: Path) -> None:
+  """Creates ``directory`` if needed and writes and removes a small file in it.
+
+  Raises:
+    CheckpointError: naming the directory and the operating system's reason.
+  """
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-") as f:
+      f.write(b"\0" * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise CheckpointError(f"cannot write checkpoints to {str(directory)!r}: {e.strerror or e}") from e
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
@@ -29,36 +72,178 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
   dict ``meta`` at ``step`` (an optimizer step, >= 0) and waits for completion.
 
   Raises:
+    CheckpointError: the directory is not writable, lacks the space for the state, or a write
+      failed (full disk, quota); one message naming the step, the directory and the reason. The incomplete step is left in a
+      temporary directory (``<step>.orbax-checkpoint-tmp*``) that restores ignore.
     ValueError: orbax's error when ``step`` is already saved.
   """
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
-  mngr.wait_until_finished()
+  directory = Path(mngr.directory)
+  check_writable(directory)
+  _check_space(directory, step, state)
+  try:
+    with _quiet_orbax():
+      mngr.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+      )
+      mngr.wait_until_finished()
+  except Exception as e:
+    if isinstance(e, ValueError) and step in mngr.all_steps():
+      raise
+    raise CheckpointError(
+      f"could not write checkpoint step {step} to {str(directory)!r}: {_reason(e)}"
+    ) from e
 
 
-def restore_latest(mngr: ocp.CheckpointManager, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
-  """Restores the newest checkpoint into the shapes, dtypes and shardings of ``abstract_state``.
+def _check_space(directory: Path, step: int, state: Any) -> None:
+  """Refuses a save that cannot fit: the bytes this process writes (its replica-0 shards) against
+  the free space of ``directory``'s filesystem."""
+  needed = sum(
+    shard.data.nbytes
+    for leaf in jax.tree.leaves(state)
+    if isinstance(leaf, jax.Array)
+    for shard in leaf.addressable_shards
+    if shard.replica_id == 0
+  )
+  free = shutil.disk_usage(directory).free
+  if needed > free:
+    raise CheckpointError(
+      f"could not write checkpoint step {step} to {str(directory)!r}: it needs {needed / 2**20:.1f} MiB and "
+      f"only {free / 2**20:.1f} MiB are free"
+    )
+
+
+def restore_latest(
+  mngr: ocp.CheckpointManager,
+  abstract_state: Any,
+  *,
+  check_meta: Callable[[dict[str, Any]], None] | None = None,
+  check_state: Callable[[Any], str | None] | None = None,
+) -> tuple[Any, dict[str, Any]] | None:
+  """Restores the newest intact checkpoint into the shapes, dtypes and shardings of ``abstract_state``.
+
+  A step that cannot be read (truncated or altered files, missing items, corrupt metadata) or that
+  ``check_state`` rejects is damaged: it is logged (a warning naming the step and the reason) and
+  the previous step is tried. When an older step restores, the damaged newer ones are moved to
+  ``<directory>.damaged/<step>`` (nothing is deleted), so later saves of those steps succeed.
 
   Args:
     abstract_state: pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` set.
+    check_meta: called with each step's metadata before its state is read; its exceptions (e.g.
+      a ``ValueError`` for a changed run) propagate.
+    check_state: returns a reason (string) when a restored state must not be used (e.g. it holds
+      non-finite values), else None.
 
   Returns:
     ``(state, meta)``, or None when the directory holds no checkpoint.
 
   Raises:
-    ValueError: orbax's error when the saved tree or shapes do not match ``abstract_state`` (the
-      trainer refuses changed model configs before this, naming the keys).
+    CheckpointError: there are checkpoints but none is intact (each step and reason named;
+      nothing is moved).
   """
-  step = mngr.latest_step()
-  if step is None:
-    return None
-  restored = mngr.restore(
-    step,
-    args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()),
-  )
-  return restored["state"], dict(restored["meta"])
+  failures: list[tuple[int, str]] = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      with _quiet_orbax():
+        meta = dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+    except Exception as e:
+      failures.append(_damaged(mngr, step, f"unreadable metadata ({_reason(e)})"))
+      continue
+    if check_meta is not None:
+      check_meta(meta)
+    try:
+      with _quiet_orbax():
+        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))[
+          "state"
+        ]
+    except Exception as e:
+      failures.append(_damaged(mngr, step, f"unreadable state ({_reason(e)})"))
+      continue
+    problem = check_state(state) if check_state is not None else None
+    if problem:
+      failures.append(_damaged(mngr, step, problem))
+      continue
+    _move_aside(mngr, [s for s, _ in failures])
+    return state, meta
+  if failures:
+    detail = "; ".join(f"step {s}: {why}" for s, why in failures)
+    raise CheckpointError(
+      f"no intact checkpoint in {str(mngr.directory)!r} ({detail}); move that directory away to start afresh"
+    )
+  return None
 
 
 def abstract_with_shardings(state: Any, shardings: Any) -> Any:
   """Restore targets: a pytree like ``state`` of ``jax.ShapeDtypeStruct`` with each leaf's shape and
   dtype and the matching ``NamedSharding`` from ``shardings`` (same tree structure)."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+
+
+def _damaged(mngr: ocp.CheckpointManager, step: int, why: str) -> tuple[int, str]:
+  log.warning("checkpoint step %d in %s is damaged: %s; trying the previous one", step, mngr.directory, why)
+  return step, why
+
+
+def _move_aside(mngr: ocp.CheckpointManager, steps: list[int]) -> None:
+  if not steps:
+    return
+  directory = Path(mngr.directory)
+  aside = directory.with_name(directory.name + ".damaged")
+  aside.mkdir(exist_ok=True)
+  for step in steps:
+    target = aside / str(step)
+    n = 1
+    while target.exists():
+      target, n = aside / f"{step}.{n}", n + 1
+    os.replace(directory / str(step), target)
+    log.warning("moved damaged checkpoint step %d to %s", step, target)
+  mngr.reload()
+
+
+def _reason(e: BaseException) -> str:
+  """The operating system's reason inside an orbax/tensorstore error, else the first line of the
+  innermost error of the chain (tensorstore's, which names the file)."""
+  chain = list(_chain(e))
+  for err in chain:
+    if isinstance(err, OSError) and err.strerror:
+      return f"{err.strerror} ({err.filename})" if err.filename else err.strerror
+    code = re.search(r"os_error_code='(\d+)'", str(err))
+    if code:
+      return f"{os.strerror(int(code.group(1)))} (errno {code.group(1)})"
+  text = str(chain[-1]).strip()
+  first = text.splitlines()[0].split(". See full")[0] if text else ""
+  return f"{type(chain[-1]).__name__}: {first[:300]}"
+
+
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+  """Holds back what orbax and tensorstore print while they work: absl's logged tracebacks, and the
+  tracebacks tensorstore's C++ callbacks print straight to file descriptor 2 after a failed write
+  ("Event loop is closed"). A failure surfaces as one exception (its chain keeps the details);
+  after a success, anything printed to descriptor 2 is passed on."""
+  absl = logging.getLogger("absl")
+  level = absl.level
+  absl.setLevel(logging.CRITICAL)
+  sys.stderr.flush()
+  with tempfile.TemporaryFile() as held:
+    saved = os.dup(2)
+    os.dup2(held.fileno(), 2)
+    ok = False
+    try:
+      yield
+      ok = True
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      absl.setLevel(level)
+      if ok and held.tell():
+        held.seek(0)
+        os.write(2, held.read())

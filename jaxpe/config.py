@@ -23,7 +23,7 @@ AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
 
 
 class _Strict(pydantic.BaseModel):
-  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class RopeScalingConfig(_Strict):
@@ -282,10 +282,20 @@ class TrainConfig(_Strict):
   stop_at: int | None = pydantic.Field(
     None, gt=0, description="stop (with a checkpoint) after this step; rerun to resume"
   )
+  skip_nonfinite: int = pydantic.Field(
+    0,
+    ge=0,
+    description="steps with a non-finite loss, gradient or update to skip (not applied, batch dropped) "
+    "before the run stops; 0 = stop at the first",
+  )
 
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:
     m = self.model
+    if m.vocab_size < 256:
+      raise ValueError(
+        f"model.vocab_size ({m.vocab_size}) must be >= 256: the training data is bytes (token ids 0..255)"
+      )
     if m.pos_encoding == "learned" and self.seq_len > m.max_len:
       raise ValueError(
         f"seq_len ({self.seq_len}) must be <= model.max_len ({m.max_len}) for learned positions"
@@ -328,7 +338,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
   """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax.
 
   Raises:
-    ValueError: an override without ``=`` or with an empty key.
+    ValueError: an override without ``=`` or with an empty key, or whose value is not valid YAML.
+    A key given twice takes the later value (so scripts can append overrides).
   """
   tree: dict[str, Any] = {}
   for item in overrides:
@@ -339,10 +350,41 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
   return tree
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+  """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML keeps the last)."""
+
+  def construct_mapping(self, node, deep=False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+      key = self.construct_object(key_node, deep=True)
+      line = key_node.start_mark.line + 1
+      if key in seen:
+        raise yaml.constructor.ConstructorError(
+          None, None, f"duplicate key {key!r} (first given on line {seen[key]})", key_node.start_mark
+        )
+      seen[key] = line
+    return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+  """Parses YAML ``text``; errors name ``source`` (a file or an override) and the line.
+
+  Raises:
+    ValueError: invalid YAML or a duplicate key.
+  """
+  try:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e)
+    raise ValueError(f"{source}{where}: {problem}") from None
+
+
 def _parse_value(raw: str) -> Any:
   """YAML value syntax, plus unquoted numbers YAML 1.1 reads as strings (``1e-2``); quoted values
   (``'1e3'``) stay strings."""
-  value = yaml.safe_load(raw) if raw else None
+  value = _load_yaml(raw, f"override value {raw!r}") if raw else None
   if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
     try:
       return float(value)
@@ -367,14 +409,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
   Raises:
     FileNotFoundError: ``path`` does not exist.
     ValueError: an unknown key, a wrong type or an out-of-range value (pydantic's
-      ``ValidationError``, a ``ValueError``, names the dotted key).
+      ``ValidationError``, a ``ValueError``, names the dotted key); a file that is not valid YAML or
+      gives a key twice (named with the line).
   """
   raw: dict[str, Any] = {}
   if path is not None:
     path = Path(path)
     if not path.is_file():
       raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
     if not isinstance(raw, dict):
       raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
   raw = _merge(raw, parse_overrides(list(overrides)))

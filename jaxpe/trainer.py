@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import time
@@ -21,10 +22,12 @@ import pydantic
 from flax import nnx
 from tqdm import tqdm
 
-from jaxpe import checkpoint, data, sharding
+from jaxpe import checkpoint, data, run_guard, sharding
 from jaxpe.config import TrainConfig
 from jaxpe.generate import generate
 from jaxpe.model import Decoder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -122,17 +125,23 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def check_resume_config(saved_json: str, cfg: TrainConfig) -> None:
-  """Compares a run's saved ``config.json`` text with ``cfg`` before resuming it.
+def check_resume_config(
+  saved: str | dict[str, Any], cfg: TrainConfig, *, source: str = "config.json"
+) -> None:
+  """Compares a run's saved config (``config.json`` text or the dict a checkpoint's metadata
+  carries) with ``cfg`` before resuming it.
 
   Raises:
     ValueError: a key under ``RUN_DEFINING_KEYS`` differs; the message names the dotted keys with
-      both values and suggests a new workdir.
+      both values, where the saved values come from (``source``) and suggests a new workdir.
   """
   try:
-    saved = TrainConfig.model_validate_json(saved_json).model_dump(mode="json")
+    if isinstance(saved, str):
+      saved = TrainConfig.model_validate_json(saved).model_dump(mode="json")
+    else:
+      saved = TrainConfig.model_validate(saved).model_dump(mode="json")
   except pydantic.ValidationError:  # written by another version of the schema: compare as saved
-    saved = json.loads(saved_json)
+    saved = json.loads(saved) if isinstance(saved, str) else saved
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
   differing = sorted(
     k for k in old.keys() | new.keys() if k.split(".")[0] in RUN_DEFINING_KEYS and old.get(k) != new.get(k)
@@ -140,9 +149,25 @@ def check_resume_config(saved_json: str, cfg: TrainConfig) -> None:
   if differing:
     detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differing)
     raise ValueError(
-      f"cannot resume {cfg.workdir!r} with a different model, data or batch stream ({detail}); "
-      "these keys are fixed for a run: use a new workdir (or the saved values)"
+      f"cannot resume {cfg.workdir!r} with a different model, data or batch stream ({detail}, saved in "
+      f"{source}); these keys are fixed for a run: use a new workdir (or the saved values)"
     )
+
+
+def _read_saved_config(path: Path) -> str | None:
+  """``config.json``'s text, or None (with a warning) when it is missing or does not parse: the
+  checkpoints' metadata carries the same keys, so a damaged file never blocks a resume."""
+  if not path.is_file():
+    return None
+  text = path.read_text()
+  try:
+    json.loads(text)
+  except json.JSONDecodeError as e:
+    log.warning(
+      "ignoring %s: it is not valid JSON (%s); the run is checked against its checkpoint instead", path, e
+    )
+    return None
+  return text
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -152,41 +177,80 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
+  """The records of ``metrics.jsonl``; lines that do not parse as a record with a step (a torn
+  write, an edit) are skipped with a warning naming the file and line."""
   if not path.is_file():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      if isinstance(record, dict) and isinstance(record.get("step"), int):
+        records.append(record)
+        continue
+    except json.JSONDecodeError:
+      pass
+    log.warning("%s line %d is not a metrics record; skipped: %.80r", path, number, line)
+  return records
 
 
 def _truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
-  """Drops records after ``step`` (written after the last checkpoint by a crashed process)."""
+  """Drops records after ``step`` (written after the last checkpoint by a crashed process) and lines
+  that do not parse."""
+  lines = path.read_text().splitlines() if path.is_file() else []
   records = _read_metrics(path)
   kept = [r for r in records if r["step"] <= step]
-  if len(kept) != len(records) or not path.is_file():
+  if len(kept) != len([line for line in lines if line.strip()]) or not path.is_file():
     _write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
   return kept
+
+
+def _nonfinite_reason(state: Any) -> str | None:
+  """Restore check: a reason when ``state`` holds a NaN or infinity (written by an older version)."""
+  leaves = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if leaves and not bool(jnp.isfinite(optax.tree.norm(leaves))):
+    return "it holds non-finite values"
+  return None
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   """Trains (or resumes) the run described by ``cfg`` in ``cfg.workdir``.
 
-  Rerunning with the same workdir resumes from the newest checkpoint with the same batches; a run
-  at or past ``stop_at`` (or ``num_steps``) does no steps and only reports. ``metrics.jsonl`` keeps
-  one record per step (records after the restored step are dropped). Tokens/s exclude each
-  process's first step (compilation).
+  Rerunning with the same workdir resumes from the newest intact checkpoint with the same batches;
+  a run at or past ``stop_at`` (or ``num_steps``) does no steps and only reports. ``metrics.jsonl``
+  keeps one record per step (records after the restored step are dropped). Tokens/s exclude each
+  process's first step (compilation). What a run guarantees (locking, signals, non-finite steps,
+  damaged files) is described in docs/training.md.
 
   Raises:
-    ValueError: resuming with changed run-defining keys (``check_resume_config``), data too small
-      for ``seq_len``/``batch_size``, sizes that do not divide the mesh.
+    ValueError: resuming with changed run-defining keys (``check_resume_config``, against
+      ``config.json`` and the checkpoint's metadata), data too small for ``seq_len``/``batch_size``,
+      sizes that do not divide the mesh.
     FileNotFoundError: ``cfg.data.path`` does not exist.
+    run_guard.WorkdirInUseError: another live trainer holds the workdir.
+    run_guard.NonFiniteError: a step's loss, gradient norm or update was non-finite more than
+      ``cfg.skip_nonfinite`` times; nothing non-finite was applied or saved.
+    run_guard.TrainingInterrupted: SIGTERM/SIGINT; a checkpoint of the current step was written.
+    checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start = time.time()
   workdir = Path(cfg.workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  mngr = checkpoint.manager(workdir / "checkpoints", max_to_keep=cfg.keep_checkpoints)
-  config_path = workdir / "config.json"
-  if mngr.latest_step() is not None and config_path.is_file():
-    check_resume_config(config_path.read_text(), cfg)
-  _write_atomic(config_path, cfg.model_dump_json(indent=2))
+  with run_guard.workdir_lock(workdir), run_guard.stop_signals() as stop:
+    saved_config = _read_saved_config(workdir / "config.json")
+    ckpt_dir = workdir / "checkpoints"
+    if saved_config is not None and ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+      check_resume_config(saved_config, cfg, source=str(workdir / "config.json"))  # before anything is loaded
+    with checkpoint.manager(ckpt_dir, max_to_keep=cfg.keep_checkpoints) as mngr:
+      return _train(cfg, workdir, mngr, stop, progress=progress, start=start)
+
+
+def _train(
+  cfg, workdir: Path, mngr, stop: run_guard.StopRequest, *, progress: bool, start: float
+) -> TrainResult:
+  """The body of ``train`` once the workdir is locked and the checkpoint manager open."""
+  config_path, ckpt_dir = workdir / "config.json", workdir / "checkpoints"
 
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   eval_set = data.eval_batches(
@@ -199,12 +263,22 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   batch_sharding = sharding.batch_sharding(mesh)
   graphdef, state, state_shardings = create_state(cfg, mesh)
 
-  step = 0
-  restored = checkpoint.restore_latest(mngr, checkpoint.abstract_with_shardings(state, state_shardings))
+  def check_meta(meta):
+    if "config" in meta:
+      check_resume_config(meta["config"], cfg, source=f"the checkpoint of step {meta['step']}")
+
+  step, skipped = 0, 0
+  restored = checkpoint.restore_latest(
+    mngr,
+    checkpoint.abstract_with_shardings(state, state_shardings),
+    check_meta=check_meta,
+    check_state=_nonfinite_reason,
+  )
   if restored is not None:
     state, meta = restored
-    step = int(meta["data_position"])
-    print(f"resumed from {workdir / 'checkpoints'} at step {step}")
+    step, skipped = int(meta["data_position"]), int(meta.get("skipped_steps", 0))
+    print(f"resumed from {ckpt_dir} at step {step}")
+  _write_atomic(config_path, cfg.model_dump_json(indent=2))  # only once the restore succeeded
   metrics_path = workdir / "metrics.jsonl"
   previous = _truncate_metrics(metrics_path, step)
 
@@ -218,7 +292,16 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     model, optimizer = nnx.merge(graphdef, state)
     loss, grads = nnx.value_and_grad(next_token_loss)(model, batch)
     optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    new_state = nnx.state((model, optimizer))
+    out = {
+      "loss": loss,
+      "grad_norm": optax.tree.norm(grads),
+      "param_norm": optax.tree.norm(nnx.state(model, nnx.Param)),
+    }
+    finite = jnp.all(jnp.isfinite(jnp.stack(list(out.values()))))
+    # A non-finite step is not applied: the state stays the last finite one (never saved otherwise).
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+    return new_state, {**out, "finite": finite}
 
   @functools.partial(jax.jit, in_shardings=(state_shardings, batch_sharding))
   def eval_step(state, batch):
@@ -230,15 +313,21 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     return data.bits_per_byte(float(np.mean(jax.device_get(losses))))
 
   def save(state, step):
-    checkpoint.save(mngr, step, state, {"step": step, "data_position": step})
+    meta = {
+      "step": step,
+      "data_position": step,
+      "skipped_steps": skipped,
+      "config": cfg.model_dump(mode="json"),
+    }
+    checkpoint.save(mngr, step, state, meta)
 
   target = cfg.num_steps if cfg.stop_at is None else min(cfg.num_steps, cfg.stop_at)
   tokens_per_step = cfg.batch_size * cfg.seq_len
   loss = previous[-1]["loss"] if previous else float("nan")
   eval_bpb, timed_tokens, timed_seconds, process_steps = float("nan"), 0, 0.0, 0
   bar = tqdm(total=cfg.num_steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
-  with metrics_path.open("a") as metrics_file:
-    while step < target:
+  with bar, metrics_path.open("a") as metrics_file:  # the bar ends its line before any error
+    while step < target and stop.signum is None:
       batch = data.train_batch(
         corpus.train, step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len
       )
@@ -252,6 +341,13 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
         timed_tokens, timed_seconds = timed_tokens + tokens_per_step, timed_seconds + dt
       tok_s = timed_tokens / timed_seconds if timed_seconds else 0.0
       record = {"step": step, "loss": loss, "grad_norm": float(out["grad_norm"]), "tokens_per_second": tok_s}
+      if not bool(out["finite"]):
+        skipped += 1
+        record.update(skipped=True, param_norm=float(out["param_norm"]))
+        if skipped > cfg.skip_nonfinite:
+          metrics_file.write(json.dumps(record) + "\n")
+          raise run_guard.NonFiniteError(_nonfinite_message(record, skipped, cfg, mngr))
+        bar.write(f"step {step}: non-finite step, update skipped ({skipped} of {cfg.skip_nonfinite})")
       out_of_time = cfg.max_seconds is not None and time.time() - start > cfg.max_seconds
       last = step == target or out_of_time
       if step % cfg.eval_every == 0 or last:
@@ -266,8 +362,14 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
         save(state, step)
       if out_of_time:
         break
-  bar.close()
-  mngr.close()
+  if stop.signum is not None:
+    if mngr.latest_step() != step:
+      save(state, step)
+    raise run_guard.TrainingInterrupted(
+      f"stopped by {stop.name} at step {step}; checkpoint saved in {ckpt_dir}: rerun the same command to resume",
+      signum=stop.signum,
+      step=step,
+    )
   if step < cfg.num_steps:
     print(f"stopped at step {step} of {cfg.num_steps}; rerun with the same workdir to resume")
 
@@ -290,6 +392,24 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   )
   _write_atomic(workdir / "summary.json", json.dumps(result.__dict__, indent=2))
   return result
+
+
+def _nonfinite_message(record: dict[str, Any], skipped: int, cfg: TrainConfig, mngr) -> str:
+  last = mngr.latest_step()
+  good = (
+    f"the last good checkpoint is step {last} in {mngr.directory}"
+    if last is not None
+    else "no checkpoint yet"
+  )
+  allowed = (
+    f" ({skipped} non-finite steps, skip_nonfinite={cfg.skip_nonfinite})" if cfg.skip_nonfinite else ""
+  )
+  return (
+    f"non-finite training step {record['step']}{allowed}: loss {record['loss']}, gradient norm "
+    f"{record['grad_norm']}, parameter norm after the update {record['param_norm']}; the update was not "
+    f"applied and nothing was saved; {good}. Lower "
+    "learning_rate (or set skip_nonfinite=N to skip such batches) and rerun with the same workdir to resume"
+  )
 
 
 def sample_text(model: Decoder, prompt: str, length: int, *, seed: int, temperature: float = 0.8) -> str:
@@ -328,7 +448,7 @@ def plot_loss_curve(metrics_path: Path, out_path: Path, unigram: float) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+  records = _read_metrics(metrics_path)
   steps = [r["step"] for r in records]
   train_bpb = [data.bits_per_byte(r["loss"]) for r in records]
   evals = [(r["step"], r["eval_bits_per_byte"]) for r in records if "eval_bits_per_byte" in r]

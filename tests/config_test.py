@@ -141,3 +141,48 @@ def test_learned_positions_need_room_for_the_sample():
   with pytest.raises(pydantic.ValidationError, match="sample_prompt"):
     load_config(None, [*base, "sample_prompt=abcdefgh"])
   assert load_config(None, [*base, "sample_prompt=abcdefgh", "sample_len=0"]).sample_len == 0
+
+
+@pytest.mark.parametrize(
+  "override",
+  [
+    "learning_rate=.inf",
+    "learning_rate=.nan",
+    "max_seconds=.inf",
+    "grad_clip=-.inf",
+    "model.rope_theta=.inf",
+  ],
+)
+def test_rates_and_other_floats_must_be_finite(override):
+  with pytest.raises(
+    pydantic.ValidationError, match=rf"{override.split('=')[0].split('.')[-1]}\n.*finite number"
+  ):
+    load_config(None, [override])
+
+
+@pytest.mark.parametrize("vocab", [1, 100, 255])
+def test_byte_data_needs_vocab_of_at_least_256(vocab):
+  with pytest.raises(pydantic.ValidationError, match=rf"model.vocab_size \({vocab}\) must be >= 256.*bytes"):
+    load_config(None, [f"model.vocab_size={vocab}"])
+  assert load_config(None, ["model.vocab_size=300"]).model.vocab_size == 300
+
+
+def test_yaml_files_with_duplicate_keys_or_bad_syntax_are_named(tmp_path):
+  dup = tmp_path / "dup.yaml"
+  dup.write_text("num_steps: 3\nmodel:\n  d_model: 64\n  d_model: 32\n")
+  with pytest.raises(
+    ValueError,
+    match=rf"config file '{dup}' line 4 column 3: duplicate key 'd_model' \(first given on line 3\)",
+  ):
+    load_config(dup)
+  bad = tmp_path / "bad.yaml"
+  bad.write_text("num_steps: 3\nseq_len: 32\n  x: 2\n")
+  with pytest.raises(
+    ValueError, match=rf"config file '{bad}' line 3 column 4: mapping values are not allowed here"
+  ):
+    load_config(bad)
+  with pytest.raises(ValueError, match=r"override value '\[1' line 1 column 3: "):
+    parse_overrides(["mesh_shape=[1"])
+  ok = tmp_path / "ok.yaml"
+  ok.write_text("num_steps: 3\nmodel:\n  d_model: 64\ndata:\n  max_bytes: 64\n")  # same key in two sections
+  assert load_config(ok).model.d_model == 64

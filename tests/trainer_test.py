@@ -105,7 +105,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, text_file):
   result = trainer.train(resumed, progress=False)
   assert result.step == 12
   (a, meta_a), (b, meta_b) = _params(straight), _params(resumed)
-  assert meta_a == meta_b == {"step": 12, "data_position": 12}
+  position = {"step": 12, "data_position": 12, "skipped_steps": 0}
+  assert {k: meta_a[k] for k in position} == {k: meta_b[k] for k in position} == position
+  assert meta_b["config"] == resumed.model_dump(mode="json")  # the run travels with its checkpoint
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
 
 

@@ -3,6 +3,10 @@
 python train/train.py                                  # defaults: stdlib corpus, configs/default.yaml
 python train/train.py --config configs/tiny.yaml model.pos_encoding=alibi
 python train/train.py --data my_corpus/ workdir=runs/mine num_steps=5000
+
+Options and key=value overrides may come in any order. Exit status: 0 done (or stopped at
+stop_at/max_seconds), 1 stopped on a non-finite step, 2 a usage or configuration error (one line;
+--debug shows the traceback), 128 + N stopped by signal N after a checkpoint (143 SIGTERM, 130 Ctrl-C).
 """
 
 from __future__ import annotations
@@ -11,21 +15,33 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxpe.config import load_config
-from jaxpe.trainer import train
-
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
   parser.add_argument("--data", default=None, help="text file or directory (default: Python stdlib sources)")
+  parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
-  args = parser.parse_args(argv)
+  args = parser.parse_intermixed_args(argv)
   overrides = list(args.overrides) + ([f"data.path={args.data}"] if args.data else [])
-  cfg = load_config(args.config, overrides)
-  result = train(cfg)
+
+  from jaxpe import run_guard
+  from jaxpe.config import load_config
+  from jaxpe.trainer import train
+
+  try:
+    cfg = load_config(args.config, overrides)
+    result = train(cfg)
+  except run_guard.TrainingInterrupted as e:
+    print(f"train.py: {e}", file=sys.stderr)
+    return e.exit_code
+  except (ValueError, TypeError, OSError, run_guard.RunError) as e:
+    if args.debug:
+      raise
+    print(f"train.py: error: {_one_line(e)}", file=sys.stderr)
+    return 1 if isinstance(e, run_guard.NonFiniteError) else 2
   print(
     f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
   )
@@ -34,6 +50,22 @@ def main(argv: list[str] | None = None) -> None:
     f"  ratio: {result.eval_bits_per_byte / result.unigram_bits_per_byte:.1%}"
   )
   print(f"loss curve: {Path(cfg.workdir) / 'loss.png'}\nsample:\n{result.sample}")
+  return 0
+
+
+def _one_line(e: BaseException) -> str:
+  """The error as one line: pydantic's multi-line validation report joined, its URLs dropped."""
+  text = str(e)
+  if hasattr(e, "errors") and callable(e.errors):  # pydantic.ValidationError
+    try:
+      return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
+        + (f" (got {err['input']!r})" if err["loc"] else "")
+        for err in e.errors()
+      )
+    except (TypeError, KeyError):
+      pass
+  return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""What keeps a training run safe: one trainer per workdir, signals that stop it after a checkpoint,
+and the errors the trainer raises when a run cannot go on.
+
+``workdir_lock`` takes an exclusive ``fcntl.flock`` on ``<workdir>/lock``. The kernel drops the lock
+when its process dies (even by SIGKILL), so a lock left by a killed trainer is taken over by the
+next one without any staleness rule; the file's text (``pid host``) only names the holder in the
+refusal message. ``stop_signals`` turns the first SIGTERM or SIGINT into a request the training loop
+honours after the current step (checkpoint, then ``TrainingInterrupted``); a second one exits at
+once with status ``128 + signal``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class RunError(Exception):
+  """Base of the errors that end a run for a reason the user can act on (printed as one line)."""
+
+
+class WorkdirInUseError(RunError):
+  """Another live process holds the workdir's lock."""
+
+
+class NonFiniteError(RunError):
+  """The loss, gradient norm or updated parameters went non-finite (more often than allowed)."""
+
+
+class TrainingInterrupted(RunError):
+  """The run stopped on SIGTERM/SIGINT after writing a checkpoint.
+
+  Attributes:
+    signum: the signal number; ``exit_code`` is the conventional ``128 + signum`` (143 for
+      SIGTERM, 130 for SIGINT).
+    step: the step the checkpoint holds.
+  """
+
+  def __init__(self, message: str, *, signum: int, step: int):
+    super().__init__(message)
+    self.signum, self.step = signum, step
+    self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path) -> Iterator[None]:
+  """Holds an exclusive lock on ``workdir`` (created if missing) for the duration of the block.
+
+  The lock is an ``fcntl.flock`` on ``<workdir>/lock`` (POSIX local filesystems; the file is kept,
+  never deleted, so there is no unlink race). A lock whose holder died is free again at once.
+
+  Raises:
+    WorkdirInUseError: another live process holds it ("in use by pid N on host H").
+  """
+  workdir.mkdir(parents=True, exist_ok=True)
+  path = workdir / "lock"
+  with open(path, "a+") as f:
+    try:
+      fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      pid, _, host = f.read().strip().partition(" ")
+      raise WorkdirInUseError(
+        f"workdir {str(workdir)!r} is in use by pid {pid or '?'} on host {host or '?'} ({path}); "
+        "wait for that run to end or use another workdir"
+      ) from None
+    try:
+      f.seek(0)
+      f.truncate()
+      f.write(f"{os.getpid()} {socket.gethostname()}\n")
+      f.flush()
+      yield
+    finally:
+      fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class StopRequest:
+  """Set by ``stop_signals``: ``signum`` is None until the first SIGTERM/SIGINT arrives."""
+
+  signum: int | None = None
+
+  @property
+  def name(self) -> str:
+    """The signal's name (``"SIGTERM"``), or ``""``."""
+    return signal.Signals(self.signum).name if self.signum else ""
+
+
+@contextlib.contextmanager
+def stop_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[StopRequest]:
+  """Within the block, the first of ``signals`` sets the yielded ``StopRequest`` (the caller stops
+  at its next check, after the current step) and a second one exits at once with ``128 + signum``.
+
+  Previous handlers are restored afterwards. Outside the main thread (where Python cannot install
+  handlers) the request is never set and signals keep their usual effect.
+  """
+  request = StopRequest()
+  if threading.current_thread() is not threading.main_thread():
+    yield request
+    return
+
+  def handle(signum, frame):
+    if request.signum is not None:
+      os._exit(128 + signum)
+    request.signum = signum
+    print(
+      f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (send it again to exit "
+      "at once, losing the work since the last checkpoint)",
+      file=sys.stderr,
+      flush=True,
+    )
+
+  previous = {s: signal.signal(s, handle) for s in signals}
+  try:
+    yield request
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
