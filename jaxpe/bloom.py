@@ -38,6 +38,7 @@ need them, so ``import jaxpe`` never does.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -655,47 +656,107 @@ def to_hf_state_dict(model: Decoder) -> dict[str, np.ndarray]:
   return out
 
 
-def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False) -> Path:
+EXPORT_FILES = ("config.json", "model.safetensors")
+"""The files ``save_hf`` writes (and the only ones it ever replaces)."""
+
+
+def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force: bool = False) -> Path:
   """Writes an HF checkpoint directory (``config.json`` + ``model.safetensors``) that
   ``transformers.BloomForCausalLM.from_pretrained(path)`` loads.
 
-  The files are written to a temporary sibling directory which is then renamed into place, so an
-  interrupted export never leaves a half-written checkpoint, and an existing one is replaced only
-  with ``overwrite=True``.
+  Only those two files are ever written or replaced; nothing else in ``path`` is touched (an HF
+  directory keeps its ``tokenizer.json`` and ``README.md``). A new directory is written under a
+  temporary name and renamed into place; in an existing one each file is written to a temporary
+  name and renamed over the old one, so an interrupted export never leaves a half-written file.
+  Directories and files get the usual permissions (0777 / 0666 less the umask).
 
   Args:
     model: a BLOOM-compatible ``Decoder`` (see ``check_bloom_compatible``).
-    path: the directory to create.
-    overwrite: replace ``path`` if it already exists.
+    path: the directory to create or write into; never the current directory or one of its parents.
+    overwrite: replace the two files of an existing BLOOM export (a directory whose ``config.json``
+      says ``model_type: bloom``).
+    force: also write into a non-empty directory that is not a BLOOM export (its files are kept).
 
   Returns:
     the directory.
 
   Raises:
-    FileExistsError: ``path`` exists and ``overwrite`` is False.
-    ValueError: see ``to_hf_state_dict``.
+    ValueError: ``path`` is the current directory or one of its parents; ``path`` holds other
+      weight files (``*.safetensors``, ``*.bin``, an index) that would shadow or mix with the new
+      ones; see also ``to_hf_state_dict``.
+    FileExistsError: ``path`` is a BLOOM export and ``overwrite`` is False, or a non-empty
+      directory that is not one and ``force`` is False, or not a directory.
   """
-  import shutil
   import tempfile
 
   from safetensors.numpy import save_file
 
   root = Path(path)
-  if root.exists() and not overwrite:
-    raise FileExistsError(f"{str(root)!r} already exists; pass overwrite=True to replace it")
+  _check_export_target(root, overwrite=overwrite, force=force)
   state = to_hf_state_dict(model)
+  config_text = json.dumps(hf_config_from(model.cfg), indent=2) + "\n"
+  umask = os.umask(0)
+  os.umask(umask)
+  fresh = not root.exists()
   root.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+  tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent if fresh else root))
   try:
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(hf_config_from(model.cfg), indent=2) + "\n")
-    if root.exists():
-      shutil.rmtree(root)
-    tmp.rename(root)
+    (tmp / "config.json").write_text(config_text)
+    for name in EXPORT_FILES:
+      (tmp / name).chmod(0o666 & ~umask)
+    if fresh:
+      tmp.chmod(0o777 & ~umask)
+      tmp.rename(root)
+    else:
+      for name in EXPORT_FILES:
+        os.replace(tmp / name, root / name)
+      tmp.rmdir()
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    for name in EXPORT_FILES:
+      (tmp / name).unlink(missing_ok=True)
+    if tmp.exists():
+      tmp.rmdir()
     raise
   return root
+
+
+def _check_export_target(root: Path, *, overwrite: bool, force: bool) -> None:
+  """Raises unless ``save_hf`` may write ``EXPORT_FILES`` into ``root`` (see there)."""
+  resolved, cwd = root.resolve(), Path.cwd().resolve()
+  if resolved == cwd or resolved in cwd.parents:
+    raise ValueError(
+      f"refusing to export into {str(root)!r}: it is the current directory or one of its parents; "
+      "give a new subdirectory"
+    )
+  if not root.exists():
+    return
+  if not root.is_dir():
+    raise FileExistsError(f"{str(root)!r} exists and is not a directory")
+  others = sorted(p.name for p in root.iterdir() if p.name not in EXPORT_FILES)
+  weights = [
+    n for n in others if n.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json"))
+  ]
+  if weights:
+    raise ValueError(
+      f"{str(root)!r} holds other weight files ({', '.join(weights)}) that would mix with the export; "
+      "remove them or choose another directory"
+    )
+  try:
+    is_export = json.loads((root / "config.json").read_text()).get("model_type") == "bloom"
+  except (OSError, ValueError, AttributeError):
+    is_export = False
+  if is_export and not overwrite:
+    raise FileExistsError(
+      f"{str(root)!r} already holds a BLOOM export; pass overwrite=True to replace its config.json and "
+      "model.safetensors (other files are kept)"
+    )
+  if not is_export and any(root.iterdir()) and not force:
+    listed = ", ".join(sorted(p.name for p in root.iterdir())[:5])
+    raise FileExistsError(
+      f"{str(root)!r} is not empty ({listed}) and not a BLOOM export; pass force=True to write "
+      "config.json and model.safetensors into it (other files are kept), or choose another directory"
+    )
 
 
 def to_transformers(model: Decoder):

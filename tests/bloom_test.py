@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import chex
 import jax
@@ -218,6 +220,53 @@ def test_round_trip_identical_logits(hf_model, jx_model, tmp_path):
   bloom.save_hf(jx_model, tmp_path / "out", overwrite=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
   assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_save_hf_writes_only_its_own_files_with_normal_permissions(jx_model, tmp_path, monkeypatch):
+  umask = os.umask(0)
+  os.umask(umask)
+  out = tmp_path / "hf"
+  bloom.save_hf(jx_model, out)
+  assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+  assert all(stat.S_IMODE((out / n).stat().st_mode) == 0o666 & ~umask for n in bloom.EXPORT_FILES)
+  # An HF directory keeps the files it had besides the export's two.
+  (out / "tokenizer.json").write_text('{"tok": 1}')
+  (out / "README.md").write_text("model card")
+  bloom.save_hf(jx_model, out, overwrite=True)
+  assert sorted(p.name for p in out.iterdir()) == [
+    "README.md",
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+  ]
+  assert (out / "tokenizer.json").read_text() == '{"tok": 1}' and (
+    out / "README.md"
+  ).read_text() == "model card"
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  # Never the current directory or one of its parents, whatever the flags.
+  monkeypatch.chdir(out)
+  for target in (".", "..", str(tmp_path), "/", str(out) + "/./"):
+    with pytest.raises(ValueError, match="current directory or one of its parents"):
+      bloom.save_hf(jx_model, target, overwrite=True, force=True)
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+  # A non-empty directory that is not a BLOOM export is refused unless forced, and then kept.
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "todo.txt").write_text("keep me")
+  for kwargs in ({}, {"overwrite": True}):
+    with pytest.raises(FileExistsError, match="not a BLOOM export; pass force=True"):
+      bloom.save_hf(jx_model, notes, **kwargs)
+  assert [p.name for p in notes.iterdir()] == ["todo.txt"]
+  bloom.save_hf(jx_model, notes, force=True)
+  assert sorted(p.name for p in notes.iterdir()) == ["config.json", "model.safetensors", "todo.txt"]
+  assert transformers.BloomConfig.from_pretrained(notes).n_layer == jx_model.cfg.num_layers
+  # Other weight files would mix with the export: refused even when forced.
+  (notes / "pytorch_model.bin").write_bytes(b"")
+  with pytest.raises(ValueError, match=r"other weight files \(pytorch_model.bin\)"):
+    bloom.save_hf(jx_model, notes, overwrite=True, force=True)
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(FileExistsError, match="not a directory"):
+    bloom.save_hf(jx_model, tmp_path / "file", force=True)
 
 
 # ------------------------------------------------------------------------------------------------
