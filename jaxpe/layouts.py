@@ -93,14 +93,20 @@ def convert_layout(x: Array, *, src: str, dst: str, rotary_dim: int | None = Non
 
 
 def convert_qk_proj_weight(
-  w: Array, *, num_heads: int, src: str, dst: str, rotary_dim: int | None = None
+  w: Array, *, num_heads: int, head_dim: int, src: str, dst: str, rotary_dim: int | None = None
 ) -> Array:
   """Converts a fused q or k projection weight ``[N*H, D]`` (or bias ``[N*H]``), the PyTorch/HF layout.
+
+  The fused axis must come first. A Flax/JAX ``[D, N*H]`` kernel is the other orientation: transpose
+  it (``w.T``) first. ``head_dim`` is required so that such a kernel is refused (``w.shape[0]`` must
+  be ``N*H``); a square kernel (``N*H == D``) cannot be told apart from its transpose by shape, so
+  its orientation is the caller's to get right.
 
   Args:
     w: ``[N*H, D]`` or ``[N*H]`` (torch ``nn.Linear.weight`` / ``.bias``), numpy or JAX. For the k
       projection of grouped-query attention pass ``num_heads=K``.
-    num_heads: heads in the fused axis (N for q, K for k); positive, divides ``w.shape[0]``.
+    num_heads: heads in the fused axis (N for q, K for k); positive.
+    head_dim: H, positive; ``w.shape[0]`` must be ``num_heads * head_dim``.
     src, dst: ``"interleaved"`` or ``"half"``.
     rotary_dim: R, even, ``<= H``; default H.
 
@@ -108,16 +114,20 @@ def convert_qk_proj_weight(
     Same shape, dtype and kind as ``w``.
 
   Raises:
-    ValueError: wrong rank, ``num_heads`` not dividing ``w.shape[0]``, bad layout or
-      ``rotary_dim``.
+    ValueError: wrong rank, ``w.shape[0] != num_heads * head_dim`` (the message says when ``w``
+      looks transposed), bad layout or ``rotary_dim``.
   """
   if np.ndim(w) not in (1, 2):
     raise ValueError(f"w must have shape [N*H, D] or [N*H], got shape {np.shape(w)}")
   num_heads = _checks.check_positive_int("num_heads", num_heads)
-  fused = np.shape(w)[0]
-  if fused % num_heads:
-    raise ValueError(f"w.shape[0] ({fused}) must be a multiple of num_heads ({num_heads})")
-  head_dim = fused // num_heads
+  head_dim = _checks.check_positive_int("head_dim", head_dim)
+  if np.shape(w)[0] != num_heads * head_dim:
+    transposed = np.ndim(w) == 2 and np.shape(w)[1] == num_heads * head_dim
+    hint = "; it looks like a Flax/JAX [D, N*H] kernel: pass w.T" if transposed else ""
+    raise ValueError(
+      f"w must have shape [N*H, D] or [N*H] with N*H = num_heads * head_dim = {num_heads} * {head_dim}, "
+      f"got shape {np.shape(w)}{hint}"
+    )
   perm = layout_permutation(head_dim, src=src, dst=dst, rotary_dim=rotary_dim)
   full = (np.arange(num_heads)[:, None] * head_dim + perm[None, :]).reshape(-1)
   return _take(w, full, 0)

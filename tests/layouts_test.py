@@ -21,10 +21,10 @@ def hf_permute(w, n_heads):
 
 def test_fused_weight_matches_hf_permute():
   w = np.random.default_rng(0).normal(size=(4 * 16, 24)).astype(np.float32)
-  out = layouts.convert_qk_proj_weight(w, num_heads=4, src="interleaved", dst="half")
+  out = layouts.convert_qk_proj_weight(w, num_heads=4, head_dim=16, src="interleaved", dst="half")
   assert isinstance(out, np.ndarray)
   np.testing.assert_array_equal(out, hf_permute(w, 4))
-  back = layouts.convert_qk_proj_weight(out, num_heads=4, src="half", dst="interleaved")
+  back = layouts.convert_qk_proj_weight(out, num_heads=4, head_dim=16, src="half", dst="interleaved")
   np.testing.assert_array_equal(back, w)
 
 
@@ -90,9 +90,26 @@ class ModelScoresTest(chex.TestCase):
     # The fused torch form [N*H, D] agrees with the jaxpe kernel form [D, N, H].
     fused = np.asarray(wq).reshape(d, n * h).T
     np.testing.assert_array_equal(
-      layouts.convert_qk_proj_weight(fused, num_heads=n, src=src, dst=dst, rotary_dim=rotary_dim),
+      layouts.convert_qk_proj_weight(fused, num_heads=n, head_dim=h, src=src, dst=dst, rotary_dim=rotary_dim),
       np.asarray(conv(wq)).reshape(d, n * h).T,
     )
+
+
+def test_a_kernel_in_the_flax_orientation_is_refused():
+  # A GQA k kernel in the Flax/JAX orientation [D, K*H] (D = 48, K = 2, H = 8): D is a multiple of K,
+  # so without head_dim its D axis would be permuted as 2 "heads" of 24.
+  rng = np.random.default_rng(0)
+  torch_w = rng.normal(size=(2 * 8, 48)).astype(np.float32)
+  with pytest.raises(
+    ValueError, match=r"got shape \(48, 16\); it looks like a Flax/JAX \[D, N\*H\] kernel: pass w.T"
+  ):
+    layouts.convert_qk_proj_weight(torch_w.T, num_heads=2, head_dim=8, src="interleaved", dst="half")
+  # Transposed, it is converted like the torch weight (the jaxpe [D, K, H] kernel route agrees).
+  out = layouts.convert_qk_proj_weight(torch_w, num_heads=2, head_dim=8, src="interleaved", dst="half")
+  kernel = torch_w.T.reshape(48, 2, 8)
+  expected = layouts.convert_layout(kernel, src="interleaved", dst="half").reshape(48, 16).T
+  np.testing.assert_array_equal(out, expected)
+  np.testing.assert_array_equal(out, hf_permute(torch_w, 2))
 
 
 def test_errors_name_the_argument():
@@ -102,10 +119,14 @@ def test_errors_name_the_argument():
     layouts.layout_permutation(8, src="half", dst="interleaved", rotary_dim=5)
   with pytest.raises(ValueError, match="rotary_dim must be <= head_dim"):
     layouts.layout_permutation(8, src="half", dst="interleaved", rotary_dim=10)
-  with pytest.raises(ValueError, match="num_heads"):
-    layouts.convert_qk_proj_weight(np.zeros((30, 4)), num_heads=4, src="half", dst="interleaved")
+  with pytest.raises(ValueError, match=r"num_heads \* head_dim = 4 \* 8, got shape \(30, 4\)$"):
+    layouts.convert_qk_proj_weight(np.zeros((30, 4)), num_heads=4, head_dim=8, src="half", dst="interleaved")
   with pytest.raises(ValueError, match="w must have shape"):
-    layouts.convert_qk_proj_weight(np.zeros((2, 8, 4)), num_heads=2, src="half", dst="interleaved")
+    layouts.convert_qk_proj_weight(
+      np.zeros((2, 8, 4)), num_heads=2, head_dim=4, src="half", dst="interleaved"
+    )
+  with pytest.raises(ValueError, match="head_dim must be a positive integer"):
+    layouts.convert_qk_proj_weight(np.zeros((8, 4)), num_heads=2, head_dim=0, src="half", dst="interleaved")
   with pytest.raises(ValueError, match="axis"):
     layouts.convert_layout(np.zeros((2, 8)), src="half", dst="interleaved", axis=2)
   with pytest.raises(ValueError, match="rotary_dim must be even"):
