@@ -212,6 +212,18 @@ class Attention(nnx.Module):
     )
 
 
+def _check_rope_alibi_span(cfg: ModelConfig, span: int) -> None:
+  """Refuses a ``rope_alibi`` model a sequence (or KV cache) longer than the context its emulation
+  is tuned for: beyond it the emulated bias leaves ALiBi (it turns positive past the phase's
+  quarter turn)."""
+  context = cfg.rope_alibi_context or cfg.max_len
+  if cfg.pos_encoding == "rope_alibi" and span > context:
+    raise ValueError(
+      f"pos_encoding='rope_alibi' follows ALiBi only within rope_alibi_context = {context} tokens, got a "
+      f"sequence or KV cache of {span} tokens; build the model with a larger rope_alibi_context (or max_len)"
+    )
+
+
 def emulation_theta(cfg: ModelConfig) -> float:
   """theta of the ``rope_alibi`` pair: max phase over the configured context."""
   return emulation.emulation_theta(
@@ -325,14 +337,16 @@ class Decoder(nnx.Module):
       ``[B, T, V]`` float32 logits, or ``(logits, new_cache)`` when ``cache`` is given.
 
     Raises:
-      ValueError: tokens not ``[B, T]``; T beyond ``max_len`` for learned positions; segment ids
-        together with a cache.
+      ValueError: tokens not ``[B, T]``; T beyond ``max_len`` for learned positions; T (or the
+        cache's slots) beyond ``rope_alibi_context`` for ``rope_alibi``; segment ids together with a
+        cache.
     """
     cfg = self.cfg
     if tokens.ndim != 2:
       raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
     _checks.check_index_range("tokens", tokens, cfg.vocab_size, "vocab_size")
     batch, t_len = tokens.shape
+    _check_rope_alibi_span(cfg, t_len if cache is None else cache.positions.shape[1])
     if cache is not None:
       slots = cache.positions.shape[1]
       if t_len > slots or (not isinstance(cache.end, jax.core.Tracer) and int(cache.end) + t_len > slots):

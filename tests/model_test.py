@@ -121,3 +121,32 @@ def test_xpos_stays_finite_over_a_long_context():
   for start in (0, 40000, 65530):
     positions = jnp.arange(start, start + 4, dtype=jnp.int32)[None]
     assert bool(jnp.all(jnp.isfinite(model(tokens, positions=positions))))
+
+
+def test_rope_alibi_refuses_sequences_and_caches_beyond_its_context():
+  # Past rope_alibi_context the emulated bias leaves ALiBi (at distance 1000 with context 16 it is
+  # positive where ALiBi's is -62.5): the model refuses, at trace time, instead of running on.
+  cfg = ModelConfig(
+    vocab_size=256,
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    max_len=64,
+    pos_encoding="rope_alibi",
+    rope_alibi_context=16,
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  assert model(jnp.zeros((1, 16), jnp.int32)).shape == (1, 16, 256)
+  message = r"rope_alibi_context = 16 tokens, got a sequence or KV cache of 17 tokens"
+  with pytest.raises(ValueError, match=message):
+    model(jnp.zeros((1, 17), jnp.int32))
+  with pytest.raises(ValueError, match=message):
+    jax.jit(lambda t: model(t))(jnp.zeros((2, 17), jnp.int32))
+  with pytest.raises(ValueError, match=message):
+    model(jnp.zeros((1, 1), jnp.int32), cache=init_cache(cfg, 1, 17))
+  model(jnp.zeros((1, 1), jnp.int32), cache=init_cache(cfg, 1, 16))
+  # Unset, the context is max_len.
+  default = Decoder(cfg.model_copy(update={"rope_alibi_context": None}), rngs=nnx.Rngs(0))
+  default(jnp.zeros((1, 64), jnp.int32))
+  with pytest.raises(ValueError, match=r"rope_alibi_context = 64 tokens, got a sequence or KV cache of 65"):
+    default(jnp.zeros((1, 65), jnp.int32))
