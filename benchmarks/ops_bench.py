@@ -1,15 +1,19 @@
-"""Speed of jaxpe's ops against references measured in the same run.
+"""Speed of jaxpe's ops and train steps against references measured in the same run.
 
   python benchmarks/ops_bench.py [--small]
 
-Prints, for each op, its time and a ratio against a reference:
+Prints one row per measurement (also the ``ops``, ``train`` and ``growth`` groups of
+``benchmarks/run.py``, which records them):
+  * the machine's ceilings: a float32 matmul's FLOP/s and ``x * 2 + 1``'s bytes/s;
   * RoPE with exact phases vs the float32-product phases (``phase_precision="float32"``, what
-    apply_rope computed before exact phases; goal <= 1.15x).
-  * RoPE (complex multiplication) vs HF-style rotate-half with precomputed cos/sin, and its memory
-    bandwidth as a fraction of a plain elementwise op over the same bytes (the ceiling).
-  * RoPE-emulated ALiBi attention vs native ALiBi attention (the cost of the 2 extra dims).
-  * jaxpe.dot_product_attention vs jax.nn.dot_product_attention, forward + backward.
-  * A decoder train step's achieved FLOP/s vs a 2048^3 float32 matmul (MFU on this machine).
+    apply_rope computed before exact phases; goal <= 1.15x), vs HF-style rotate-half in JAX with
+    precomputed cos/sin, vs transformers' torch ``apply_rotary_pos_emb`` (with its rotary embedding),
+    and as a fraction of the elementwise ceiling over the same bytes; xPos, the RoPE-emulated ALiBi
+    dims and the sinusoidal embedding against the same ceiling;
+  * RoPE-emulated ALiBi attention vs native ALiBi attention (the cost of the 2 extra dims);
+  * jaxpe.dot_product_attention vs jax.nn.dot_product_attention, forward + backward;
+  * a decoder train step's achieved FLOP/s vs the matmul (MFU on this machine), at the default size
+    and at d_model 512 / 8 layers / 8 heads / B 8 x T 512; step time as T and D grow.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +29,18 @@ import numpy as np
 
 import jaxpe
 
+Row = dict[str, Any]
 
-def bench(fn, *args, repeats: int = 7) -> float:
-  """Median wall seconds of ``fn(*args)`` (jitted, compiled first)."""
-  fn = jax.jit(fn)
+
+def row(group: str, name: str, value: float, unit: str, **extra) -> Row:
+  """One measurement: ``value`` in ``unit``; optional ``ratio`` (against ``vs``) and ``goal``
+  (``">= 0.6"`` / ``"<= 1.15"``, on the ratio)."""
+  return {"group": group, "name": name, "value": float(value), "unit": unit, **extra}
+
+
+def bench(fn, *args, repeats: int = 7, jit: bool = True) -> float:
+  """Median wall seconds of ``fn(*args)`` (jitted and compiled first unless ``jit=False``)."""
+  fn = jax.jit(fn) if jit else fn
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
@@ -48,40 +61,138 @@ def rope_rotate_half_reference(x, positions, base=10000.0):
   return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--small", action="store_true", help="smaller shapes (quick check)")
-  args = parser.parse_args()
-  b, t, n, h = (2, 512, 8, 64) if args.small else (8, 2048, 16, 64)
+def ceilings(*, small: bool) -> dict[str, float]:
+  """``{"matmul_flops": FLOP/s of a float32 m^3 matmul, "elementwise_bytes": bytes/s of x * 2 + 1}``
+  (m = 1024 small, else 2048; x of 16.7 M float32 elements, 4.2 M small)."""
+  m = 1024 if small else 2048
+  a = jax.random.normal(jax.random.key(0), (m, m), jnp.float32)
+  repeats = 3 if small else 7
+  t_mm = bench(lambda a: a @ a, a, repeats=repeats)
+  x = jax.random.normal(jax.random.key(1), (2, 512, 16, 256) if small else (8, 2048, 16, 64), jnp.float32)
+  t_el = bench(lambda x: x * 2.0 + 1.0, x, repeats=repeats)
+  return {"matmul_flops": 2 * m**3 / t_mm, "elementwise_bytes": 2 * x.size * 4 / t_el, "matmul_m": m}
+
+
+def ceiling_rows(ceil: dict[str, float]) -> list[Row]:
+  return [
+    row("ceiling", f"matmul {ceil['matmul_m']}^3 float32", ceil["matmul_flops"] / 1e9, "GFLOP/s"),
+    row("ceiling", "elementwise x*2+1 float32", ceil["elementwise_bytes"] / 1e9, "GB/s"),
+  ]
+
+
+def _torch_rope_seconds(shape, repeats: int) -> float | None:
+  """transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb on q and k of ``shape`` [B, T, N, H]
+  (laid out [B, N, T, H] as HF holds them), median seconds; None without torch/transformers."""
+  try:
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+  except ImportError:
+    return None
+  b, t, n, h = shape
+  config = LlamaConfig(hidden_size=n * h, num_attention_heads=n, max_position_embeddings=max(t, 2048))
+  rotary = LlamaRotaryEmbedding(config)
+  gen = torch.Generator().manual_seed(0)
+  q = torch.randn(b, n, t, h, generator=gen)
+  k = torch.randn(b, n, t, h, generator=gen)
+  pos = torch.arange(t)[None].expand(b, t)
+
+  def run():
+    cos, sin = rotary(q, pos)
+    return apply_rotary_pos_emb(q, k, cos, sin)
+
+  times = []
+  with torch.no_grad():
+    run()
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      run()
+      times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def op_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
+  """RoPE (exact and float32 phases), xPos, emulation dims, sinusoidal; attention comparisons."""
+  b, t, n, h = (2, 512, 8, 64) if small else (8, 2048, 16, 64)
+  shape = f"[{b},{t},{n},{h}]"
   key = jax.random.key(0)
   x = jax.random.normal(key, (b, t, n, h), jnp.float32)
+  x2 = jax.random.normal(jax.random.key(3), (b, t, n, h), jnp.float32)
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  print(f"devices: {jax.devices()}")
+  bw = ceil["elementwise_bytes"]
+  io_bytes = 2 * x.size * 4  # read x, write the result
+  rows = []
 
-  t_jaxpe = bench(lambda x, p: jaxpe.apply_rope(x, p), x, pos)
+  def bandwidth_row(name, seconds, nbytes=io_bytes):
+    return row(
+      "ops", name, seconds * 1e3, "ms", ratio=nbytes / seconds / bw, vs="elementwise ceiling", goal=">= 0.6"
+    )
+
+  t_exact = bench(lambda x, p: jaxpe.apply_rope(x, p), x, pos)
   t_f32 = bench(lambda x, p: jaxpe.apply_rope(x, p, phase_precision="float32"), x, pos)
   t_ref = bench(rope_rotate_half_reference, x, pos)
-  print(
-    f"RoPE exact phases {t_jaxpe * 1e3:.2f} ms vs float32-product phases (phase_precision='float32', "
-    f"the pre-exact apply_rope) {t_f32 * 1e3:.2f} ms: ratio {t_jaxpe / t_f32:.2f}x (goal <= 1.15)"
+  rows.append(bandwidth_row(f"apply_rope exact {shape}", t_exact))
+  rows.append(
+    row(
+      "ops",
+      "apply_rope exact vs rotate-half JAX",
+      t_exact * 1e3,
+      "ms",
+      ratio=t_ref / t_exact,
+      vs="rotate-half (x faster)",
+      goal=">= 1.0",
+    )
   )
-  t_copy = bench(lambda x: x * 2.0 + 1.0, x)
-  gbytes = 2 * x.size * 4 / 1e9
-  print(
-    f"RoPE [B,T,N,H]={x.shape}: jaxpe {t_jaxpe * 1e3:.2f} ms, rotate-half reference {t_ref * 1e3:.2f} ms, "
-    f"ratio {t_ref / t_jaxpe:.2f}x (>1 = jaxpe faster)"
+  rows.append(
+    row(
+      "ops",
+      "apply_rope exact / float32 phases (time)",
+      t_exact * 1e3,
+      "ms",
+      ratio=t_exact / t_f32,
+      vs="phase_precision=float32",
+      goal="<= 1.15",
+    )
   )
-  print(
-    f"  bandwidth {gbytes / t_jaxpe:.1f} GB/s vs elementwise ceiling {gbytes / t_copy:.1f} GB/s "
-    f"= {t_copy / t_jaxpe:.0%} of ceiling"
+  rows.append(bandwidth_row(f"apply_rope float32 phases {shape}", t_f32))
+
+  def both(x, k, p):
+    return jaxpe.apply_rope(x, p, layout="half"), jaxpe.apply_rope(k, p, layout="half")
+
+  t_both = bench(both, x, x2, pos)
+  t_torch = _torch_rope_seconds((b, t, n, h), repeats=5)
+  if t_torch is not None:
+    rows.append(
+      row(
+        "ops",
+        "apply_rope q,k (half) vs torch HF apply_rotary_pos_emb",
+        t_both * 1e3,
+        "ms",
+        ratio=t_torch / t_both,
+        vs=f"torch {t_torch * 1e3:.1f} ms (x faster)",
+        goal=">= 1.0",
+      )
+    )
+
+  t_xpos = bench(lambda x, p: jaxpe.apply_xpos(x, p, kind="query"), x, pos)
+  rows.append(bandwidth_row(f"apply_xpos {shape}", t_xpos))
+  slopes = np.asarray(jaxpe.alibi_slopes(n))
+  theta = jaxpe.emulation_theta(max_phase=0.1, max_len=t)
+  t_emu = bench(lambda q, k, p: jaxpe.apply_rope_alibi(q, k, p, p, slopes=slopes, theta=theta), x, x2, pos)
+  rows.append(
+    bandwidth_row(
+      f"apply_rope_alibi q,k (H+2 out) {shape}", t_emu, 4 * (2 * x.size + 2 * b * t * n * (h + 2))
+    )
+  )
+  d_model = n * h
+  t_sin = bench(lambda p: jaxpe.sinusoidal_embedding(p, d_model=d_model), pos)
+  rows.append(
+    bandwidth_row(f"sinusoidal_embedding [{b},{t},{d_model}] (write only)", t_sin, b * t * d_model * 4)
   )
 
   ta = min(t, 1024)
-  q = jax.random.normal(key, (b, ta, n, h), jnp.float32)
-  k = jax.random.normal(jax.random.key(1), (b, ta, n, h), jnp.float32)
-  v = jax.random.normal(jax.random.key(2), (b, ta, n, h), jnp.float32)
+  q, k, v = (jax.random.normal(jax.random.key(i), (b, ta, n, h), jnp.float32) for i in range(3))
   p = pos[:, :ta]
-  slopes = jaxpe.alibi_slopes(n)
   mask = jaxpe.make_attention_mask(p, p)
   theta = jaxpe.emulation_theta(max_phase=0.1, max_len=ta)
 
@@ -89,16 +200,23 @@ def main() -> None:
     return jaxpe.dot_product_attention(q, k, v, scale=h**-0.5, bias=jaxpe.alibi_bias(slopes, p, p), mask=mask)
 
   def emulated(q, k, v):
-    qa, ka = jaxpe.apply_rope_alibi(q, k, p, p, slopes=np.asarray(slopes), theta=theta)
+    qa, ka = jaxpe.apply_rope_alibi(q, k, p, p, slopes=slopes, theta=theta)
     return jaxpe.dot_product_attention(qa, ka, v, scale=h**-0.5, mask=mask)
 
-  t_native, t_emul = bench(native, q, k, v), bench(emulated, q, k, v)
-  print(
-    f"ALiBi attention T={ta}: native {t_native * 1e3:.1f} ms, RoPE-emulated {t_emul * 1e3:.1f} ms, "
-    f"ratio {t_emul / t_native:.2f}x (extra q.k FLOPs {2 / h:.1%})"
+  t_native, t_emul = bench(native, q, k, v, repeats=3), bench(emulated, q, k, v, repeats=3)
+  rows.append(
+    row(
+      "ops",
+      f"ALiBi attention RoPE-emulated T={ta}",
+      t_emul * 1e3,
+      "ms",
+      ratio=t_emul / t_native,
+      vs=f"native ALiBi {t_native * 1e3:.0f} ms (time)",
+      goal="<= 1.1",
+    )
   )
 
-  def loss(fn):
+  def grads(fn):
     return lambda q, k, v: jax.grad(lambda q, k, v: fn(q, k, v).sum(), argnums=(0, 1, 2))(q, k, v)
 
   def ours(q, k, v):
@@ -107,50 +225,127 @@ def main() -> None:
   def theirs(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, scale=h**-0.5, is_causal=True)
 
-  t_ours, t_theirs = bench(loss(ours), q, k, v), bench(loss(theirs), q, k, v)
-  print(
-    f"attention fwd+bwd T={ta}: jaxpe {t_ours * 1e3:.1f} ms, jax.nn.dot_product_attention "
-    f"{t_theirs * 1e3:.1f} ms, ratio {t_theirs / t_ours:.2f}x (>1 = jaxpe faster)"
+  t_ours, t_theirs = bench(grads(ours), q, k, v, repeats=3), bench(grads(theirs), q, k, v, repeats=3)
+  rows.append(
+    row(
+      "ops",
+      f"attention fwd+bwd T={ta}",
+      t_ours * 1e3,
+      "ms",
+      ratio=t_theirs / t_ours,
+      vs="jax.nn.dot_product_attention (x faster)",
+      goal=">= 1.0",
+    )
   )
-
-  m = 1024 if args.small else 2048
-  a = jax.random.normal(key, (m, m), jnp.float32)
-  t_mm = bench(lambda a: a @ a, a)
-  peak = 2 * m**3 / t_mm
-  step_flops, t_step, tokens = train_step_cost(small=args.small)
-  print(
-    f"matmul {m}^3: {peak / 1e9:.0f} GFLOP/s (ceiling); decoder train step: {step_flops / t_step / 1e9:.0f} "
-    f"GFLOP/s = {step_flops / t_step / peak:.0%} MFU, {tokens / t_step:,.0f} tokens/s"
-  )
+  return rows
 
 
-def train_step_cost(*, small: bool) -> tuple[float, float, int]:
-  """(FLOPs, seconds, tokens) of one default-config train step (6 N tokens + attention)."""
-  import optax
+def train_step_cost(
+  model_cfg=None, *, batch: int = 32, seq: int = 256, repeats: int = 5
+) -> tuple[float, float, int]:
+  """(FLOPs, median seconds, tokens) of one train step of ``model_cfg`` (default ``ModelConfig()``)
+  on ``[batch, seq + 1]`` tokens, AdamW as the trainer uses it. FLOPs: ``6 N`` per token for the
+  N parameters plus ``12 L T D`` per token for attention (q.k and w.v, forward and backward)."""
   from flax import nnx
 
-  from jaxpe.config import ModelConfig
+  from jaxpe.config import ModelConfig, TrainConfig
   from jaxpe.model import Decoder
-  from jaxpe.trainer import next_token_loss
+  from jaxpe.trainer import make_optimizer, next_token_loss
 
-  cfg = ModelConfig()
-  bsz, seq = (8, 256) if small else (32, 256)
+  cfg = model_cfg or ModelConfig()
   model = Decoder(cfg, rngs=nnx.Rngs(0))
-  opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+  opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
   graphdef, state = nnx.split((model, opt))
-  batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (bsz, seq + 1)), jnp.int32)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
 
-  def step(state, batch):
+  def step(state, tokens):
     model, opt = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(next_token_loss)(model, batch)
+    _, grads = nnx.value_and_grad(next_token_loss)(model, tokens)
     opt.update(model, grads)
     return nnx.state((model, opt))
 
-  seconds = bench(step, state, batch, repeats=5)
+  seconds = bench(step, state, tokens, repeats=repeats)
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  tokens = bsz * seq
-  attn = 2 * 2 * cfg.num_layers * bsz * seq * seq * cfg.d_model  # q.k and w.v, forward
-  return 6 * params * tokens + 3 * attn, seconds, tokens
+  n_tokens = batch * seq
+  return (6 * params + 12 * cfg.num_layers * seq * cfg.d_model) * n_tokens, seconds, n_tokens
+
+
+def train_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
+  """Default-config step and the d_model 512 step as MFU against the matmul ceiling."""
+  from jaxpe.config import ModelConfig
+
+  big = ModelConfig(d_model=512, num_layers=8, num_heads=8, max_len=512)
+  cases = [
+    ("default (D 128, L 4, N 4)", ModelConfig(), 8 if small else 32, 256),
+    ("D 512, L 8, N 8", big, 2 if small else 8, 256 if small else 512),
+  ]
+  rows = []
+  for name, cfg, batch, seq in cases:
+    flops, seconds, tokens = train_step_cost(cfg, batch=batch, seq=seq, repeats=3)
+    rows.append(
+      row(
+        "train",
+        f"train step {name}, B {batch} x T {seq}",
+        seconds * 1e3,
+        "ms",
+        ratio=flops / seconds / ceil["matmul_flops"],
+        vs="matmul ceiling (MFU)",
+        goal=">= 0.55" if "512" in name else None,
+        tokens_per_s=tokens / seconds,
+      )
+    )
+  return rows
+
+
+def growth_rows(*, small: bool) -> list[Row]:
+  """Train-step time per token as T grows (D 128) and as D grows (T 256), relative to the first."""
+  from jaxpe.config import ModelConfig
+
+  lengths = (128, 256) if small else (128, 256, 512, 1024)
+  widths = (64, 128) if small else (64, 128, 256, 512)
+  batch = 4 if small else 8
+  rows = []
+  first = None
+  for t in lengths:
+    _, seconds, tokens = train_step_cost(ModelConfig(max_len=t), batch=batch, seq=t, repeats=3)
+    first = first or seconds / tokens
+    rows.append(
+      row(
+        "growth",
+        f"step time per token, D 128, T {t}",
+        seconds / tokens * 1e6,
+        "us/token",
+        ratio=seconds / tokens / first,
+        vs=f"T {lengths[0]}",
+      )
+    )
+  first = None
+  for d in widths:
+    cfg = ModelConfig(d_model=d, num_heads=max(1, d // 32))
+    _, seconds, tokens = train_step_cost(cfg, batch=batch, seq=256, repeats=3)
+    first = first or seconds / tokens
+    rows.append(
+      row(
+        "growth",
+        f"step time per token, T 256, D {d}",
+        seconds / tokens * 1e6,
+        "us/token",
+        ratio=seconds / tokens / first,
+        vs=f"D {widths[0]}",
+      )
+    )
+  return rows
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--small", action="store_true", help="smaller shapes (quick check)")
+  args = parser.parse_args()
+  print(f"devices: {jax.devices()}")
+  ceil = ceilings(small=args.small)
+  for r in ceiling_rows(ceil) + op_rows(ceil, small=args.small) + train_rows(ceil, small=args.small):
+    ratio = f"  {r['ratio']:.2f} vs {r['vs']}" if "ratio" in r else ""
+    print(f"{r['name']}: {r['value']:.4g} {r['unit']}{ratio}")
 
 
 if __name__ == "__main__":

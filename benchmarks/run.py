@@ -1,0 +1,339 @@
+"""jaxpe's benchmark suite: every benchmark, one table, one JSON record per run, the history.
+
+  python benchmarks/run.py                  # everything (about 10 min on 2 idle CPU cores)
+  python benchmarks/run.py --quick          # small shapes, under 3 min
+  python benchmarks/run.py --only ops train # some groups (ceiling always runs)
+  python benchmarks/run.py --plot           # also plot the history of benchmarks/results/
+  python benchmarks/run.py --update-readme  # rewrite README's "Measured" block from the newest record
+
+Groups (each row is a figure and, where there is one, a ratio against a reference measured in the
+same run, with the issue's goal):
+  ceiling    float32 matmul FLOP/s and elementwise bytes/s (the references)    ops_bench.py
+  ops        RoPE / xPos / emulation dims / sinusoidal vs the bandwidth ceiling,
+             RoPE vs rotate-half and vs transformers' torch apply_rotary_pos_emb,
+             emulated vs native ALiBi attention, attention fwd+bwd vs jax.nn      ops_bench.py
+  attention  backends x encodings vs xla (subprocess)                           attention_bench.py
+  scale      step time per mesh on 8 fake devices (subprocess, not --quick)      scale_bench.py
+  train      train step MFU at the default size and at D 512 / L 8 / B 8 x T 512 ops_bench.py
+  bloom      560M importer time and peak memory, forward and generate vs HF    bloom_bench.py
+  growth     step time per token as T and D grow                                 ops_bench.py
+
+Each run appends ``benchmarks/results/<UTC time>-<commit>.json`` (commit, date, machine and its load
+average, jax/flax/torch/transformers versions, rows); ``--no-record`` skips that. Timings on a shared
+machine are noisy: compare ratios within one record, and the load average says how busy it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bloom_bench  # noqa: E402
+import jax  # noqa: E402
+import ops_bench  # noqa: E402
+from ops_bench import Row, row  # noqa: E402
+
+GROUPS = ("ceiling", "ops", "attention", "scale", "train", "bloom", "growth")
+BEGIN, END = (
+  "<!-- benchmarks:begin (written by benchmarks/run.py --update-readme) -->",
+  "<!-- benchmarks:end -->",
+)
+
+
+def _subprocess_rows(args: list[str], timeout: float) -> str:
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  out = subprocess.run(
+    [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, check=True
+  )
+  return out.stdout
+
+
+def attention_rows(*, quick: bool) -> list[Row]:
+  """Timed rows of ``attention_bench.py`` (its markdown table), time ratio against ``xla``."""
+  lengths = ["512"] if quick else ["1024", "2048"]
+  text = _subprocess_rows(
+    [
+      str(HERE / "attention_bench.py"),
+      "--lengths",
+      *lengths,
+      "--interpret-max-len",
+      "512",
+      "--interpret-memory-max-len",
+      lengths[-1],
+      "--repeats",
+      "1" if quick else "3",
+    ],
+    timeout=600,
+  )
+  rows = []
+  for line in text.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 10 or not cells[0].isdigit() or cells[8] in ("-", ""):
+      continue
+    t_len, encoding, backend, *_, temp_gib, temp_ratio, ms, time_ratio = cells
+    extra = {} if time_ratio == "-" else {"ratio": float(time_ratio), "vs": "xla (time)"}
+    rows.append(
+      row(
+        "attention",
+        f"{encoding} on {backend}, T {t_len}, fwd",
+        float(ms),
+        "ms",
+        temp_gib=float(temp_gib),
+        **extra,
+      )
+    )
+  return rows
+
+
+def scale_rows(*, quick: bool) -> list[Row]:
+  """``scale_bench.py --part meshes``: the fastest mesh per device count, step time vs 1 device."""
+  script = HERE / "scale_bench.py"
+  if quick or not script.is_file():
+    return []
+  text = _subprocess_rows(
+    [str(script), "--part", "meshes", "--steps", "2", "batch_size=8", "seq_len=128"], timeout=600
+  )
+  best: dict[int, tuple[float, str, float]] = {}
+  for line in text.splitlines():
+    m = re.match(r"\s*(\d+)\s+(\(\d+, \d+, \d+\))\s+([\d.]+)\s+([\d.]+)", line)
+    if m:
+      n, mesh, secs, rel = int(m[1]), m[2], float(m[3]), float(m[4])
+      if n not in best or secs < best[n][0]:
+        best[n] = (secs, mesh, rel)
+  return [
+    row(
+      "scale",
+      f"default model B 8 x T 128 on {n} fake devices, mesh {mesh}",
+      secs * 1e3,
+      "ms",
+      ratio=rel,
+      vs="1 device (time)",
+    )
+    for n, (secs, mesh, rel) in sorted(best.items())
+  ]
+
+
+def machine() -> dict:
+  cpu = next(
+    (
+      line.split(":", 1)[1].strip()
+      for line in _read("/proc/cpuinfo").splitlines()
+      if line.startswith("model name")
+    ),
+    platform.processor(),
+  )
+  mem = re.search(r"MemTotal:\s+(\d+) kB", _read("/proc/meminfo"))
+  return {
+    "cpu": cpu,
+    "cores": os.cpu_count(),
+    "memory_gib": round(int(mem[1]) / 2**20, 1) if mem else None,
+    "platform": platform.platform(),
+    "devices": [str(d) for d in jax.devices()],
+  }
+
+
+def _read(path: str) -> str:
+  try:
+    return Path(path).read_text()
+  except OSError:
+    return ""
+
+
+def versions() -> dict:
+  out = {"python": platform.python_version()}
+  for name in ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers"):
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      out[name] = None
+  return out
+
+
+def commit() -> str:
+  try:
+    sha = subprocess.run(
+      ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return sha + ("-dirty" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def goal_met(r: Row) -> bool | None:
+  goal, ratio = r.get("goal"), r.get("ratio")
+  if not goal or ratio is None:
+    return None
+  op, value = goal.split()
+  return ratio >= float(value) if op == ">=" else ratio <= float(value)
+
+
+def table(rows: list[Row]) -> str:
+  lines = ["| group | benchmark | figure | ratio | against | goal |", "|---|---|---|---|---|---|"]
+  for r in rows:
+    ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else ""
+    met = goal_met(r)
+    goal = "" if met is None else f"{r['goal']} {'met' if met else '**not met**'}"
+    lines.append(
+      f"| {r['group']} | {r['name']} | {r['value']:.4g} {r['unit']} | {ratio} | {r.get('vs', '')} | {goal} |"
+    )
+  return "\n".join(lines)
+
+
+def run(groups: list[str], *, quick: bool) -> tuple[list[Row], dict]:
+  small = quick
+  rows: list[Row] = []
+  ceil = ops_bench.ceilings(small=small)
+  rows += ops_bench.ceiling_rows(ceil)
+  seconds = {}
+  for group in groups:
+    t0 = time.time()
+    print(f"[{time.strftime('%H:%M:%S')}] {group} ...", file=sys.stderr, flush=True)
+    if group == "ops":
+      rows += ops_bench.op_rows(ceil, small=small)
+    elif group == "attention":
+      rows += attention_rows(quick=quick)
+    elif group == "scale":
+      rows += scale_rows(quick=quick)
+    elif group == "train":
+      rows += ops_bench.train_rows(ceil, small=small)
+    elif group == "bloom":
+      rows += bloom_bench.bloom_rows(ceil, small=small)
+    elif group == "growth":
+      rows += ops_bench.growth_rows(small=small)
+    seconds[group] = round(time.time() - t0, 1)
+  return rows, seconds
+
+
+def readme_block(record: dict) -> str:
+  m = record["machine"]
+  load = record["load_average"]
+  return "\n".join(
+    [
+      BEGIN,
+      f"`{record['command']}` at commit `{record['commit']}`, {record['date']}, {record['wall_seconds']:.0f} s; "
+      f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; load average {load['start']:.1f} at the start, "
+      f"{load['end']:.1f} at the end; jax {record['versions']['jax']}, torch {record['versions']['torch']}, "
+      f"transformers {record['versions']['transformers']}. Ratios are measured within the run; "
+      "goals are issue 12's.",
+      "",
+      table(record["rows"]),
+      END,
+    ]
+  )
+
+
+def update_readme(readme: Path, record: dict) -> None:
+  text = readme.read_text()
+  block = readme_block(record)
+  pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+  if not pattern.search(text):
+    raise ValueError(f"{readme} has no block between {BEGIN!r} and {END!r}")
+  readme.write_text(pattern.sub(lambda _: block, text))
+
+
+def history(results_dir: Path) -> list[dict]:
+  return [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+
+
+def plot_history(records: list[dict], out: Path) -> None:
+  """Ratios of the rows with a goal, one line each, over the records (full runs and quick runs
+  apart: their shapes differ)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(13, 5), squeeze=False)
+  for ax, quick in zip(axes[0], (False, True)):
+    recs = [r for r in records if r.get("quick") == quick]
+    series: dict[str, list[tuple[int, float]]] = {}
+    for i, rec in enumerate(recs):
+      for r in rec["rows"]:
+        if r.get("goal") and r.get("ratio") is not None:
+          series.setdefault(r["name"], []).append((i, r["ratio"]))
+    for name, points in series.items():
+      ax.plot(*zip(*points), "o-", label=name[:50])
+    ax.set_xticks(range(len(recs)), [f"{r['date'][:10]}\n{r['commit'][:7]}" for r in recs], fontsize=7)
+    ax.set_title("--quick runs" if quick else "full runs")
+    ax.set_ylabel("ratio (see the table for its reference)")
+    if series:
+      ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--quick", action="store_true", help="small shapes (under 3 min)")
+  parser.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
+  parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+  parser.add_argument("--no-record", action="store_true", help="do not write a JSON record")
+  parser.add_argument("--plot", action="store_true", help="plot the history to <results-dir>/history.png")
+  parser.add_argument(
+    "--update-readme", action="store_true", help="rewrite the README block from the newest record"
+  )
+  parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+  parser.add_argument("--no-run", action="store_true", help="run nothing (with --plot / --update-readme)")
+  args = parser.parse_args(argv)
+  record = None
+  if not args.no_run:
+    groups = [g for g in GROUPS if g != "ceiling" and (args.only is None or g in args.only)]
+    start = time.time()
+    load_start = os.getloadavg()[0]
+    rows, seconds = run(groups, quick=args.quick)
+    record = {
+      "command": "python benchmarks/run.py"
+      + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+      "commit": commit(),
+      "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+      "quick": args.quick,
+      "groups": groups,
+      "group_seconds": seconds,
+      "wall_seconds": time.time() - start,
+      "machine": machine(),
+      "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+      "versions": versions(),
+      "rows": rows,
+    }
+    print(table(rows))
+    print(
+      f"\nload average {load_start:.1f} -> {record['load_average']['end']:.1f}; {record['wall_seconds']:.0f} s"
+    )
+    if not args.no_record:
+      args.results_dir.mkdir(parents=True, exist_ok=True)
+      path = args.results_dir / f"{record['date'].replace(':', '').replace('-', '')}-{record['commit']}.json"
+      path.write_text(json.dumps(record, indent=1) + "\n")
+      print(f"record: {path}")
+  if args.plot or args.update_readme:
+    records = history(args.results_dir)
+    if args.plot:
+      plot_history(records, args.results_dir / "history.png")
+      print(f"history: {args.results_dir / 'history.png'}")
+    if args.update_readme:
+      full = [r for r in records if not r.get("quick")] or records
+      if not full:
+        raise SystemExit(f"no records in {args.results_dir}")
+      update_readme(args.readme, full[-1])
+      print(f"updated {args.readme} from the record of {full[-1]['date']}")
+  return record or {}
+
+
+if __name__ == "__main__":
+  main()
