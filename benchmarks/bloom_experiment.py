@@ -32,9 +32,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxpe import alibi, attention, bloom, data, emulation, positions, rope, sharding, trainer
+from jaxpe import alibi, attention, bloom, data, emulation, positions, rope, study, trainer
 from jaxpe.config import DataConfig, ModelConfig, TrainConfig
 from jaxpe.generate import generate
 from jaxpe.model import emulation_theta
@@ -406,21 +405,6 @@ def small_train_config(args) -> TrainConfig:
   )
 
 
-def load_trained(cfg: TrainConfig):
-  """The trained ``Decoder`` from ``cfg.workdir``'s latest checkpoint (unsharded copy)."""
-  from jaxpe import checkpoint
-
-  mesh = sharding.make_mesh(cfg.mesh_shape)
-  graphdef, state, shardings = trainer.create_state(cfg, mesh)
-  mngr = checkpoint.manager(Path(cfg.workdir) / "checkpoints")
-  restored = checkpoint.restore_latest(mngr, checkpoint.abstract_with_shardings(state, shardings))
-  mngr.close()
-  if restored is None:
-    raise FileNotFoundError(f"no checkpoint in {cfg.workdir}")
-  model, _ = nnx.merge(graphdef, restored[0])
-  return bloom.build_model(cfg.model, bloom.model_params(model))
-
-
 def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
   """Mean next-token cross-entropy in nats of ``logits [B, T, V]`` for ``targets [B, T]``."""
   lg = logits.astype(np.float64)
@@ -442,7 +426,7 @@ def run_small(args, out: Path) -> tuple[str, dict]:
     train_info = result.__dict__
   else:
     train_info = json.loads(summary_path.read_text())
-  model = load_trained(cfg)
+  model = study.load_trained(cfg)
   hf_dir = bloom.save_hf(model, out / "small_hf", overwrite=True)
   hf = transformers.BloomForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
   long_ctx = 4 * args.small_context

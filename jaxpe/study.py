@@ -47,6 +47,7 @@ from flax import nnx
 
 from jaxpe import checkpoint, data, emulation, trainer
 from jaxpe.alibi import alibi_slopes_f64
+from jaxpe.bloom import build_model, model_params
 from jaxpe.config import ModelConfig, TrainConfig, _merge, parse_overrides
 from jaxpe.model import Decoder, emulation_theta
 
@@ -55,7 +56,6 @@ __all__ = [
   "Encoding",
   "StudyConfig",
   "StudyInterrupted",
-  "build_model",
   "eval_model_config",
   "evaluate",
   "load_study_config",
@@ -204,8 +204,10 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
   return ModelConfig.model_validate({**base.model_dump(mode="python"), **update})
 
 
-def trained_params(cfg: TrainConfig) -> nnx.State:
-  """The parameters (``nnx.Param`` state, host-local arrays) of ``cfg.workdir``'s latest checkpoint.
+def trained_params(cfg: TrainConfig) -> dict[str, np.ndarray]:
+  """The parameters (dotted path -> numpy array, as ``jaxpe.bloom.model_params``) of
+  ``cfg.workdir``'s latest checkpoint; ``jaxpe.bloom.build_model(model_cfg, params)`` builds a model
+  from them for any ``model_cfg`` with the same parameter shapes.
 
   Raises:
     FileNotFoundError: no checkpoint in ``cfg.workdir``.
@@ -225,22 +227,17 @@ def trained_params(cfg: TrainConfig) -> nnx.State:
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {cfg.workdir!r}")
   trained, _ = nnx.merge(graphdef, restored[0])
-  return jax.device_get(nnx.state(trained, nnx.Param))
-
-
-def build_model(model_cfg: ModelConfig, params: nnx.State) -> Decoder:
-  """A ``Decoder(model_cfg)`` holding ``params`` (same parameter shapes: any config that changes only
-  how positions are encoded, or ``max_len`` for encodings without a table)."""
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0))))
-  return nnx.merge(graphdef, params)
+  return model_params(trained)
 
 
 def load_trained(cfg: TrainConfig, model_cfg: ModelConfig | None = None) -> Decoder:
   """The ``Decoder`` of ``cfg.workdir``'s latest checkpoint built with ``model_cfg`` (default
-  ``cfg.model``; see ``build_model``), with host-local weights.
+  ``cfg.model``: same parameter shapes, e.g. another position encoding without parameters or another
+  ``max_len`` for encodings without a table), with host-local weights.
 
   Raises:
     FileNotFoundError: no checkpoint in ``cfg.workdir``.
+    jaxpe.bloom.CheckpointError: ``model_cfg`` has other parameters or shapes.
   """
   return build_model(model_cfg or cfg.model, trained_params(cfg))
 
