@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpe import alibi, emulation
+from jaxpe import _checks, alibi, emulation
 from jaxpe.config import ModelConfig
 from jaxpe.generate import generate  # re-exported: greedy/sampled decoding with the KV cache, left padding
 from jaxpe.model import Decoder
@@ -805,7 +805,7 @@ def emulation_parameters(
     ValueError: both ``max_phase`` and ``target_error``; ``context`` not a positive integer;
       ``max_phase`` outside (0, pi/2); a target below the float32 rounding floor.
   """
-  context = cfg.max_len if context is None else context
+  context = cfg.max_len if context is None else _checks.check_positive_int("context", context)
   if max_phase is not None and target_error is not None:
     raise ValueError("give at most one of max_phase (radians) or target_error (logits)")
   if max_phase is None and target_error is None:

@@ -320,6 +320,13 @@ class TrainConfig(_Strict):
         f"sample_prompt ({len(self.sample_prompt.encode())} bytes) must be shorter than model.max_len "
         f"({m.max_len}) for learned positions (the sample is clipped to fit max_len)"
       )
+    context = m.rope_alibi_context or m.max_len
+    if self.sample_len > 0 and m.pos_encoding == "rope_alibi" and len(self.sample_prompt.encode()) >= context:
+      raise ValueError(
+        f"sample_prompt ({len(self.sample_prompt.encode())} bytes) must be shorter than "
+        f"model.rope_alibi_context (or model.max_len when unset) = {context} for pos_encoding='rope_alibi' "
+        "(the sample is clipped to fit it)"
+      )
     return self
 
 

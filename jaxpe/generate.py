@@ -37,7 +37,8 @@ def generate(
   Raises:
     ValueError: bad shapes (including an empty prompt, T = 0), ``max_new_tokens <= 0``, prompt
       token ids outside ``[0, V)`` (checked when ``prompt`` is concrete), ``T + max_new_tokens >
-      max_len`` for learned positions (the table has ``max_len`` rows), negative temperature,
+      max_len`` for learned positions (the table has ``max_len`` rows) or ``> rope_alibi_context``
+      for ``rope_alibi`` (the emulation follows ALiBi only within it), negative temperature,
       sampling without rng.
     TypeError: a non-integer prompt.
   """
@@ -49,9 +50,15 @@ def generate(
   _checks.check_index_range("prompt", prompt, model.cfg.vocab_size, "vocab_size")
   if max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-  if model.cfg.pos_encoding == "learned" and prompt.shape[1] + max_new_tokens > model.cfg.max_len:
+  cfg = model.cfg
+  limits = {
+    "learned": ("max_len", cfg.max_len),
+    "rope_alibi": ("rope_alibi_context", cfg.rope_alibi_context or cfg.max_len),
+  }
+  if cfg.pos_encoding in limits and prompt.shape[1] + max_new_tokens > limits[cfg.pos_encoding][1]:
+    name, limit = limits[cfg.pos_encoding]
     raise ValueError(
-      f"prompt length T + max_new_tokens must be <= max_len ({model.cfg.max_len}) for learned positions, "
+      f"prompt length T + max_new_tokens must be <= {name} ({limit}) for pos_encoding={cfg.pos_encoding!r}, "
       f"got T={prompt.shape[1]} + max_new_tokens={max_new_tokens}"
     )
   if temperature < 0:

@@ -143,6 +143,15 @@ def test_learned_positions_need_room_for_the_sample():
   assert load_config(None, [*base, "sample_prompt=abcdefgh", "sample_len=0"]).sample_len == 0
 
 
+def test_rope_alibi_needs_room_for_the_sample_within_its_context():
+  base = ["model.pos_encoding=rope_alibi", "model.max_len=64", "model.rope_alibi_context=8", "seq_len=8"]
+  assert load_config(None, [*base, "sample_prompt=abcdefg"]).sample_prompt == "abcdefg"
+  with pytest.raises(
+    pydantic.ValidationError, match=r"sample_prompt \(8 bytes\) must be shorter than model.rope_alibi_context"
+  ):
+    load_config(None, [*base, "sample_prompt=abcdefgh"])
+
+
 @pytest.mark.parametrize(
   "override",
   [

@@ -86,3 +86,24 @@ def test_generate_learned_positions_must_fit_max_len():
     generate(model, prompt, max_new_tokens=6)
   rope = Decoder(cfg.model_copy(update={"pos_encoding": "rope"}), rngs=nnx.Rngs(0))
   assert generate(rope, prompt, max_new_tokens=6).shape == (1, 6)  # relative positions: no table
+
+
+def test_generate_rope_alibi_must_fit_its_context_and_says_so_in_the_callers_terms():
+  cfg = ModelConfig(
+    vocab_size=16,
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    max_len=64,
+    pos_encoding="rope_alibi",
+    rope_alibi_context=8,
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  prompt = jnp.ones((1, 3), jnp.int32)
+  assert generate(model, prompt, max_new_tokens=5).shape == (1, 5)  # 3 + 5 = rope_alibi_context
+  with pytest.raises(
+    ValueError,
+    match=r"T \+ max_new_tokens must be <= rope_alibi_context \(8\) for pos_encoding='rope_alibi', "
+    r"got T=3 \+ max_new_tokens=6$",
+  ):
+    generate(model, prompt, max_new_tokens=6)

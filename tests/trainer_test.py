@@ -237,3 +237,9 @@ def test_sample_is_clipped_to_max_len_for_learned_positions(monkeypatch, tmp_pat
   rope = Decoder(cfg.model.model_copy(update={"pos_encoding": "rope"}), rngs=nnx.Rngs(0))
   trainer.sample_text(rope, "def ", 20, seed=0)
   assert calls[-1] == (4, 20)  # relative positions: not clipped
+  # rope_alibi follows ALiBi only within its context: clipped to it (it would refuse the cache).
+  emulated = cfg.model.model_copy(update={"pos_encoding": "rope_alibi", "rope_alibi_context": 12})
+  trainer.sample_text(Decoder(emulated, rngs=nnx.Rngs(0)), "def ", 20, seed=0)
+  assert calls[-1] == (4, 8)
+  with pytest.raises(ValueError, match=r"no room in rope_alibi_context \(12\)"):
+    trainer.sample_text(Decoder(emulated, rngs=nnx.Rngs(0)), "x" * 12, 20, seed=0)
