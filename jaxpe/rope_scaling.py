@@ -19,7 +19,8 @@ Types (``ROPE_TYPES``) and their sources:
   arXiv 2309.00071), with ``attention_factor``, ``beta_fast``, ``beta_slow``, ``mscale``,
   ``mscale_all_dim``, ``truncate``.
 * ``longrope``: per-frequency short/long factors (Ding et al., arXiv 2402.13753; Phi-3).
-* ``llama3``: Llama 3.1 low/high-frequency smoothing (Meta ``apply_scaling`` in llama-models).
+* ``llama3``: Llama 3.1 low/high-frequency smoothing (Meta ``apply_scaling`` in llama-models);
+  ``low_freq_factor == high_freq_factor`` (Llama-4) has no smoothing band, a step at that wavelength.
 * ``proportional``: Gemma-4's partial rotary: the first ``int(H * partial_rotary_factor) // 2``
   pairs get ``base ** (-2i / H)`` (exponent over the whole head), the other pairs frequency 0, and
   ``inv_freq`` has ``H/2`` entries (rotate-half pairs span the head); divided by ``factor``
@@ -393,9 +394,9 @@ def _llama3(params, base, rotary_dim, max_position_embeddings):
   factor = _factor(params["factor"], "llama3")
   low_freq_factor = _float("low_freq_factor", params["low_freq_factor"], minimum=0.0, strict=True)
   high_freq_factor = _float("high_freq_factor", params["high_freq_factor"], minimum=0.0, strict=True)
-  if high_freq_factor <= low_freq_factor:
+  if high_freq_factor < low_freq_factor:
     raise ValueError(
-      f"rope_scaling['high_freq_factor'] ({high_freq_factor}) must be > "
+      f"rope_scaling['high_freq_factor'] ({high_freq_factor}) must be >= "
       f"rope_scaling['low_freq_factor'] ({low_freq_factor})"
     )
   inv_freq = base ** -_exponents(rotary_dim)
@@ -403,6 +404,9 @@ def _llama3(params, base, rotary_dim, max_position_embeddings):
   high_freq_wavelen = orig / high_freq_factor
   wavelen = 2 * math.pi / inv_freq
   scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+  if high_freq_factor == low_freq_factor:
+    # Llama-4: no smoothing band, a step at wavelength original / low_freq_factor.
+    return _to_f32(scaled)
   smooth = (orig / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
   smoothed = (1 - smooth) * scaled / factor + smooth * scaled
   medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
@@ -469,7 +473,7 @@ def rope_frequencies(
     ValueError: ``rope_scaling`` not a mapping; unknown ``rope_type`` or unknown key (named);
       missing required key (named); invalid values (``factor <= 0``, ``factor < 1`` except for
       ``linear`` and ``yarn``, ``beta_fast < beta_slow``,
-      ``high_freq_factor <= low_freq_factor``, factor lists of the wrong length, ...); bad
+      ``high_freq_factor < low_freq_factor``, factor lists of the wrong length, ...); bad
       ``head_dim`` / ``rotary_dim`` / ``seq_len``.
 
   Source: HF transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (and

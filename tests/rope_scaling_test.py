@@ -227,6 +227,25 @@ def test_llama3_large_factor_parity_within_float32_conditioning():
   print(f"llama3 factor 32: max rel dev {worst:.2e}, max rel dev / kappa {worst_scaled:.2e}")
 
 
+def test_llama3_equal_low_and_high_freq_factor_matches_hf():
+  """Llama-4 Scout / Maverick ship llama3 scaling with low_freq_factor == high_freq_factor == 1 (no
+  smoothing band: wavelengths above original / 1 are divided by factor, the others kept).
+  transformers computes it (its band is empty); jaxpe must not refuse it."""
+  params = {
+    "rope_type": "llama3",
+    "factor": 16.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+  }
+  ref_inv, ref_att = hf_reference(params, 128, max_pos=10485760)
+  inv, att = rope_frequencies(params, head_dim=128, max_position_embeddings=10485760)
+  assert np.all(np.isfinite(ref_inv)) and rel_dev(inv, ref_inv) <= 1e-6 and att == ref_att == 1.0
+  plain = 500000.0 ** -(np.arange(0, 128, 2) / 128)  # closed form: a step at wavelength 8192
+  np.testing.assert_allclose(inv, np.where(2 * np.pi / plain > 8192, plain / 16, plain), rtol=3e-7)
+
+
 def test_parity_rotary_dim_argument_equals_partial_factor():
   params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
   a, fa = rope_frequencies(dict(params, partial_rotary_factor=0.5), head_dim=64)
