@@ -423,6 +423,32 @@ def _head_dim(cfg: Mapping[str, Any], model_type: str | None, layer_type: str | 
   )
 
 
+def _family(model_type: Any) -> Any:
+  """The name jaxpe's family tables use: a composite model's text config (``qwen2_5_vl_text``,
+  ``mistral_large4_text``) is its family's decoder, so ``<family>_text`` reads as ``<family>`` unless
+  the family is unknown to them (each table that names a ``<family>_text`` names ``<family>`` too)."""
+  if not isinstance(model_type, str) or not model_type.endswith("_text"):
+    return model_type
+  tables = (
+    INTERLEAVED_FAMILIES,
+    _MLA_FAMILIES,
+    _ROPE_INTERLEAVE_FAMILIES,
+    _MSCALE_SOFTMAX_FAMILIES,
+    _FAMILY_DEFAULTS,
+    _ROTARY_DIM_FAMILIES,
+    _PHI3_FAMILIES,
+    _MROPE_FAMILIES,
+    _GEMMA3_FAMILIES,
+    _NO_ROPE_FAMILIES,
+    _ROPE_TYPE_LABELS,
+    _HEAD_DIM_KEYS,
+    _HEADS_KEYS,
+    _UNSUPPORTED,
+  )
+  family = model_type[: -len("_text")]
+  return family if any(family in t for t in tables) else model_type
+
+
 def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope:
   """Everything a RoPE layer needs from a Hugging Face model config.
 
@@ -456,18 +482,19 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   """
   cfg = _text_config(_as_dict(config))
   model_type = cfg.get("model_type")
-  if model_type == "falcon" and cfg.get("alibi"):
+  family = _family(model_type)
+  if family == "falcon" and cfg.get("alibi"):
     raise ValueError("config has alibi: true (Falcon with ALiBi): the model has no rotary embedding")
-  if model_type in _NO_ROPE_FAMILIES:
+  if family in _NO_ROPE_FAMILIES:
     raise ValueError(f"model_type {model_type!r} has no rotary embedding in transformers")
-  if model_type in _UNSUPPORTED:
+  if family in _UNSUPPORTED:
     raise ValueError(
-      f"model_type {model_type!r} is not supported by rope_from_hf_config: {_UNSUPPORTED[model_type]}"
+      f"model_type {model_type!r} is not supported by rope_from_hf_config: {_UNSUPPORTED[family]}"
     )
-  defaults = _FAMILY_DEFAULTS.get(model_type, {})
+  defaults = _FAMILY_DEFAULTS.get(family, {})
 
-  raw = _rope_dict(cfg, model_type)
-  nested = _layer_types(cfg, raw, model_type)
+  raw = _rope_dict(cfg, family)
+  nested = _layer_types(cfg, raw, family)
   if nested:
     if layer_type is None or layer_type not in nested:
       raise ValueError(
@@ -486,14 +513,14 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
         f"layer_type must be None for a config without per-layer-type rope parameters, got {layer_type!r}"
       )
     params = dict(raw)
-  params = _family_rope_type(params, model_type)
+  params = _family_rope_type(params, family)
   query_scale_beta = params.pop("llama_4_scaling_beta", None)  # Ministral-3 / Mistral-4: scales queries
 
   # rope_theta / partial_rotary_factor: the dict's value first, then the top-level key (and the
   # family's legacy spelling), then the family default (transformers' setdefault order).
   if params.get("rope_theta") is None:
     theta = _first(cfg, "rope_theta", "rotary_emb_base")
-    if theta is None and model_type in _ROTARY_DIM_FAMILIES:
+    if theta is None and family in _ROTARY_DIM_FAMILIES:
       theta = 10000.0  # hard-coded in create_sinusoidal_positions
     if theta is None:
       theta = defaults.get("rope_theta")
@@ -514,14 +541,14 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   rope_type = params["rope_type"]
 
   # Head and rotary dims.
-  trailing = model_type in _MLA_FAMILIES or model_type == "deepseek_v4"
+  trailing = family in _MLA_FAMILIES or family == "deepseek_v4"
   # MLA configs set head_dim = qk_rope_head_dim (DeepseekV3Config), unless the rope dict carries a
   # partial_rotary_factor of head_dim (Mistral-4).
-  mla = model_type in _MLA_FAMILIES and cfg.get("qk_rope_head_dim") is not None
+  mla = family in _MLA_FAMILIES and cfg.get("qk_rope_head_dim") is not None
   mla = mla and params.get("partial_rotary_factor") is None
-  head_dim = _head_dim(cfg, model_type, layer_type, mla)
+  head_dim = _head_dim(cfg, family, layer_type, mla)
   rotary_dim = None
-  if model_type in _ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
+  if family in _ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
     rotary_dim = _positive_int(cfg, "rotary_dim")
 
   max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length")
@@ -544,18 +571,16 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   mrope = None if mrope is None else tuple(int(v) for v in mrope)
 
   layout: Literal["half", "interleaved"] = "half"
-  if model_type in INTERLEAVED_FAMILIES or (
-    trailing and cfg.get("rope_interleave", model_type == "deepseek_v3")
-  ):
+  if family in INTERLEAVED_FAMILIES or (trailing and cfg.get("rope_interleave", family == "deepseek_v3")):
     layout = "interleaved"
-  if model_type == "deepseek_v2":
+  if family == "deepseek_v2":
     layout = "interleaved"  # complex multiplication (view_as_complex)
 
   inv_freq, attention_factor = _rs.rope_frequencies(
     params, head_dim=head_dim, rotary_dim=rotary_dim, max_position_embeddings=max_pos
   )
   softmax_scale_factor = 1.0
-  if model_type in _MSCALE_SOFTMAX_FAMILIES and rope_type != "default" and params.get("mscale_all_dim"):
+  if family in _MSCALE_SOFTMAX_FAMILIES and rope_type != "default" and params.get("mscale_all_dim"):
     factor = float(params["factor"])
     mscale = 1.0 if factor <= 1 else 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0
     softmax_scale_factor = mscale * mscale

@@ -422,6 +422,48 @@ def test_deepseek_softmax_scale_factor():
   assert r.attention_factor == pytest.approx(1.0, rel=1e-12)  # mscale == mscale_all_dim
 
 
+def test_text_config_model_types_use_their_family_rules():
+  """A composite model's text config has its own model_type (``qwen2_5_vl_text``,
+  ``mistral_large4_text``, ...): the family's rules still apply. Qwen2.5-VL config.json as saved
+  with a text_config (legacy "mrope" type), and Mistral-Large-3's yarn softmax scale, against
+  transformers."""
+  import importlib
+
+  qwen = {
+    "model_type": "qwen2_5_vl",
+    "text_config": {
+      "model_type": "qwen2_5_vl_text",
+      "hidden_size": 2048,
+      "num_attention_heads": 16,
+      "max_position_embeddings": 128000,
+      "rope_theta": 1000000.0,
+      "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    },
+  }
+  hf = transformers.AutoConfig.for_model(**qwen).get_text_config()
+  r = rope_from_hf_config(qwen)
+  assert r.rope_type == "default" and r.mrope_section == tuple(hf.rope_parameters["mrope_section"])
+  module_cls = importlib.import_module("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
+  inv_hf = module_cls.Qwen2_5_VLRotaryEmbedding(hf).inv_freq.double().numpy()
+  np.testing.assert_allclose(r.inv_freq, inv_hf, rtol=1e-6)
+  for family in ("mistral_large4", "hy_v4_vl"):
+    text = transformers.AutoConfig.for_model(family).get_text_config()
+    yarn = {
+      "rope_type": "yarn",
+      "factor": 40.0,
+      "mscale": 0.707,
+      "mscale_all_dim": 0.707,
+      "original_max_position_embeddings": 4096,
+      "rope_theta": 10000.0,
+    }
+    text = type(text)(**{**text.to_dict(), "rope_parameters": yarn, "max_position_embeddings": 163840})
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    expected = modeling.yarn_apply_mscale(text.rope_parameters, 1.0)
+    assert expected > 1.5
+    for config in (text, text.to_dict()):
+      assert rope_from_hf_config(config).softmax_scale_factor == pytest.approx(expected, rel=1e-12), family
+
+
 def test_pretrained_config_object_equals_its_dict():
   for case in CASES:
     if case.hf_config is not None:
