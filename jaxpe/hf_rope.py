@@ -97,6 +97,7 @@ _MLA_FAMILIES = frozenset(
     "glm4_moe_lite",
     "glm_moe_dsa",
     "hy_v4",
+    "hy_v4_vl",
     "longcat_flash",
     "minicpm3",
     "mistral4",

@@ -461,7 +461,11 @@ def test_text_config_model_types_use_their_family_rules():
     expected = modeling.yarn_apply_mscale(text.rope_parameters, 1.0)
     assert expected > 1.5
     for config in (text, text.to_dict()):
-      assert rope_from_hf_config(config).softmax_scale_factor == pytest.approx(expected, rel=1e-12), family
+      r = rope_from_hf_config(config)
+      assert r.softmax_scale_factor == pytest.approx(expected, rel=1e-12), family
+      # Both rotate the last qk_rope_head_dim dims of [nope | rope] heads (their modeling code's
+      # torch.split(q, [qk_nope_head_dim, qk_rope_head_dim])), in interleaved pairs.
+      assert (r.rotated_slice, r.layout) == ("trailing", "interleaved"), family
 
 
 def test_pretrained_config_object_equals_its_dict():
