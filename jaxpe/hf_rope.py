@@ -14,8 +14,9 @@ scale factor some families add, and ``frequencies(seq_len)`` for the length-depe
 * ``rope_theta`` and ``partial_rotary_factor`` inside the dict win over the top-level keys (v4
   configs have them at the top level; GPT-NeoX spells them ``rotary_emb_base`` / ``rotary_pct``);
 * for ``llama3``, ``yarn`` and ``longrope`` a top-level ``original_max_position_embeddings`` wins
-  over the nested one (Phi-3.5 ships it only at the top level), else the nested one, else
-  ``max_position_embeddings``; ``dynamic`` uses ``max_position_embeddings`` (transformers ignores
+  over the nested one (Phi-3.5 ships it only at the top level; Phi-3 / Phi-4-multimodal config
+  classes declare 4096, so their top-level value is 4096 when config.json omits it), else the
+  nested one, else ``max_position_embeddings``; ``dynamic`` uses ``max_position_embeddings`` (transformers ignores
   a nested original length for it);
 * head dim: ``head_dim`` when set, else ``hidden_size // num_attention_heads``; MLA families
   (DeepSeek-V2/V3...) rotate ``qk_rope_head_dim`` trailing dims; GPT-J / CodeGen rotate
@@ -132,10 +133,11 @@ _MSCALE_SOFTMAX_FAMILIES = frozenset(
   }
 )
 # Config-class defaults that a config.json written by transformers leaves out (it saves only values
-# that differ from the class defaults): rope_theta and partial_rotary_factor per family, transformers
-# 5.24. Families not listed use the generic defaults (theta 1e4 is *not* assumed: a config without
+# that differ from the class defaults): rope_theta, partial_rotary_factor and the top-level
+# original_max_position_embeddings (Phi-3: a class attribute, so transformers always prefers it to a
+# nested one) per family, transformers 5.24. Families not listed use the generic defaults (theta 1e4 is *not* assumed: a config without
 # rope_theta from an unlisted family is an error).
-_FAMILY_DEFAULTS: dict[str, dict[str, float]] = {
+_FAMILY_DEFAULTS: dict[str, dict[str, float | int]] = {
   "llama": {"rope_theta": 10000.0},
   "mistral": {"rope_theta": 10000.0},
   "mixtral": {"rope_theta": 1e6},
@@ -144,7 +146,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, float]] = {
   "qwen3": {"rope_theta": 10000.0},
   "gemma": {"rope_theta": 10000.0},
   "gemma2": {"rope_theta": 10000.0},
-  "phi3": {"rope_theta": 10000.0},
+  "phi3": {"rope_theta": 10000.0, "original_max_position_embeddings": 4096},
+  "phi4_multimodal": {"original_max_position_embeddings": 4096},
   "phi": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
   "persimmon": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
   "gpt_neox": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25},
@@ -557,9 +560,17 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     max_pos = _positive_int({"max_position_embeddings": max_pos}, "max_position_embeddings")
   original = None
   if rope_type in _ORIGINAL_LENGTH_TYPES:
-    # standardize_rope_params: Phi-3 style top-level original length wins; nested configs ignore it.
-    top = None if nested else cfg.get("original_max_position_embeddings")
-    original = top if top is not None else params.get("original_max_position_embeddings", max_pos)
+    # standardize_rope_params: Phi-3 style top-level original length (the config.json key, else the
+    # config class's attribute) wins; nested configs ignore it. None values mean absent.
+    top = None if nested else _first(cfg, "original_max_position_embeddings")
+    if top is None and not nested:
+      top = defaults.get("original_max_position_embeddings")
+    original = _first(
+      {"top": top, "nested": params.get("original_max_position_embeddings"), "max": max_pos},
+      "top",
+      "nested",
+      "max",
+    )
     if original is not None:
       params["original_max_position_embeddings"] = original
   elif rope_type == "dynamic":

@@ -361,6 +361,28 @@ def test_phi35_attention_factor_and_long_table_from_4097():
   assert rope_from_hf_config(both).original_max_position_embeddings == 4096
 
 
+def test_phi3_original_length_is_the_class_default_over_a_nested_one():
+  """Phi3Config declares original_max_position_embeddings = 4096, so transformers' standardisation
+  always has a top-level value: a nested-only 8192 is overridden by 4096 (the long table from 4097,
+  attention factor from 131072 / 4096). An explicit None nested length means absent."""
+  nested = {**PHI35, "rope_scaling": {**PHI35["rope_scaling"], "original_max_position_embeddings": 8192}}
+  del nested["original_max_position_embeddings"]
+  case = Case("phi3 nested 8192", nested, "phi3.modeling_phi3.Phi3RotaryEmbedding")
+  r = rope_from_hf_config(nested)
+  for seq_len in (4097, 8193):
+    module_cls, config = _hf_module(case)
+    module = module_cls(config)
+    with torch.no_grad():
+      module(torch.zeros(1), torch.tensor([[seq_len - 1]]))
+    inv, att = r.frequencies(seq_len)
+    np.testing.assert_allclose(inv, module.inv_freq.double().numpy(), rtol=1e-6)
+    assert att == pytest.approx(module.attention_scaling, rel=1e-12)
+  assert r.original_max_position_embeddings == config.rope_parameters["original_max_position_embeddings"]
+  llama = {**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "original_max_position_embeddings": None}}
+  r = rope_from_hf_config(llama)
+  assert r.original_max_position_embeddings == r.parameters["original_max_position_embeddings"] == 131072
+
+
 def test_layout_and_rotated_slice_match_transformers_apply():
   """q rotated by jaxpe.apply_rope with the returned layout / slice equals transformers' own apply
   function (GPT-J interleaved partial, GPT-NeoX rotate-half partial, DeepSeek-V3 interleaved
