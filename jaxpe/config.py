@@ -135,6 +135,19 @@ class ModelConfig(_Strict):
   dtype: DType = "float32"
   init_std: float = pydantic.Field(0.02, gt=0)
 
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _rope_theta_from_scaling(cls, data: Any) -> Any:
+    """One base: a ``rope_scaling`` dict's ``rope_theta`` (transformers v5) becomes ``rope_theta``
+    when that is not given, so ``cfg.rope_theta`` is the base the model uses and a dumped config
+    validates again (the two are checked to agree after validation)."""
+    if isinstance(data, dict) and data.get("rope_theta") is None:
+      scaling = data.get("rope_scaling")
+      theta = scaling.get("rope_theta") if isinstance(scaling, dict) else getattr(scaling, "rope_theta", None)
+      if theta is not None:
+        data = {**data, "rope_theta": theta}
+    return data
+
   @pydantic.model_validator(mode="after")
   def _check_sizes(self) -> ModelConfig:
     if self.head_dim is None and self.d_model % self.num_heads:

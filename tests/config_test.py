@@ -89,6 +89,21 @@ def test_rope_scaling_accepts_hf_v5_dicts_and_legacy_names():
     ModelConfig(pos_encoding="rope", rope_scaling={"rope_type": "dynamic", "factor": 0.5})
 
 
+def test_rope_theta_inside_rope_scaling_is_the_config_base_and_round_trips():
+  """A v5 dict's rope_theta is the base the model uses: ModelConfig.rope_theta reports it, and a
+  dumped config (the trainer's config.json) validates again instead of finding two bases."""
+  from jaxpe.config import TrainConfig
+
+  v5 = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
+  cfg = ModelConfig(pos_encoding="rope", rope_scaling=v5)
+  assert cfg.rope_theta == 500000.0
+  assert ModelConfig.model_validate(cfg.model_dump()) == cfg
+  train = TrainConfig(model=cfg)
+  assert TrainConfig.model_validate_json(train.model_dump_json()) == train
+  with pytest.raises(pydantic.ValidationError, match="rope_theta .* differ"):
+    ModelConfig(pos_encoding="rope", rope_theta=1e4, rope_scaling=v5)
+
+
 def test_xpos_max_len_limit():
   assert ModelConfig(pos_encoding="xpos", max_len=65536).max_len == 65536
   with pytest.raises(pydantic.ValidationError, match="max_len"):
