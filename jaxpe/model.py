@@ -76,6 +76,12 @@ def _ones(names: tuple[str | None, ...]):
   return nnx.with_partitioning(nnx.initializers.ones_init(), names)
 
 
+def _token_embed_std(cfg: ModelConfig) -> float:
+  """Init std of the token embedding: ``D ** -0.5`` for ``sinusoidal`` (scaled by ``sqrt(D)`` in
+  ``Decoder.embed_inputs``, as Vaswani et al. and fairseq), else ``init_std``."""
+  return cfg.d_model**-0.5 if cfg.pos_encoding == "sinusoidal" else cfg.init_std
+
+
 def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
   return nnx.LayerNorm(
     cfg.d_model,
@@ -287,7 +293,7 @@ class Decoder(nnx.Module):
       cfg.vocab_size,
       cfg.d_model,
       dtype=cfg.dtype,
-      embedding_init=_init(cfg.init_std, ("vocab", "embed")),
+      embedding_init=_init(_token_embed_std(cfg), ("vocab", "embed")),
       rngs=rngs,
     )
     if cfg.pos_encoding == "learned":
@@ -312,6 +318,42 @@ class Decoder(nnx.Module):
         cfg.init_std,
         rngs,
       )
+
+  def embed_inputs(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+    """Token embeddings plus the absolute position encoding, the input of the first block.
+
+    ``sinusoidal`` follows Vaswani et al. (arXiv 1706.03762, section 3.4) and fairseq's
+    ``TransformerEncoder``: token embeddings initialised with std ``D ** -0.5`` and multiplied by
+    ``sqrt(D)`` (unit scale, like the sinusoids), so neither drowns the other; ``learned`` adds its
+    table; the relative encodings add nothing here.
+
+    Args:
+      tokens: ``[B, T]`` int token ids in ``[0, V)``.
+      positions: ``[B, T]`` int32 token indices.
+
+    Returns:
+      ``[B, T, D]`` float32 (the residual stream's dtype), after ``embed_layernorm`` if configured.
+
+    Raises:
+      ValueError: T or a concrete position beyond ``max_len`` for learned positions.
+    """
+    cfg = self.cfg
+    t_len = tokens.shape[1]
+    x = self.embed(tokens)
+    if cfg.pos_encoding == "learned":
+      if t_len > cfg.max_len:
+        raise ValueError(
+          f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
+        )
+      _checks.check_index_range("positions", positions, cfg.max_len, "max_len (learned position table)")
+      x = x + self.pos_embed(positions)
+    elif cfg.pos_encoding == "sinusoidal":
+      x = x * math.sqrt(cfg.d_model) + sinusoidal.sinusoidal_embedding(
+        positions, d_model=cfg.d_model, dtype=x.dtype
+      )
+    if cfg.embed_layernorm:
+      x = self.embed_norm(x)
+    return x.astype(jnp.float32)  # residual stream in float32
 
   def __call__(
     self,
@@ -367,19 +409,7 @@ class Decoder(nnx.Module):
         positions = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
     positions = positions.astype(jnp.int32)
 
-    x = self.embed(tokens)
-    if cfg.pos_encoding == "learned":
-      if t_len > cfg.max_len:
-        raise ValueError(
-          f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
-        )
-      _checks.check_index_range("positions", positions, cfg.max_len, "max_len (learned position table)")
-      x = x + self.pos_embed(positions)
-    elif cfg.pos_encoding == "sinusoidal":
-      x = x + sinusoidal.sinusoidal_embedding(positions, d_model=cfg.d_model, dtype=x.dtype)
-    if cfg.embed_layernorm:
-      x = self.embed_norm(x)
-    x = x.astype(jnp.float32)  # residual stream in float32
+    x = self.embed_inputs(tokens, positions)
 
     if cache is None:
       mask = attention.AttentionMask(

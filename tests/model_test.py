@@ -150,3 +150,30 @@ def test_rope_alibi_refuses_sequences_and_caches_beyond_its_context():
   default(jnp.zeros((1, 64), jnp.int32))
   with pytest.raises(ValueError, match=r"rope_alibi_context = 64 tokens, got a sequence or KV cache of 65"):
     default(jnp.zeros((1, 65), jnp.int32))
+
+
+@pytest.mark.parametrize("pe", ["sinusoidal", "learned", "rope"])
+def test_embed_inputs_scale_against_numpy(pe):
+  """The first block's input against a float64 numpy recomputation from the parameters: the
+  sinusoidal form is sqrt(D) E[token] + PE(position) (Vaswani et al., section 3.4) with E drawn at
+  std D**-0.5, so token and position terms have the same order of magnitude; other encodings keep
+  init_std and no scale."""
+  model = _model(pe)
+  d = TINY["d_model"]
+  tokens = _tokens(3, (2, 9))
+  positions = jnp.broadcast_to(jnp.arange(9, dtype=jnp.int32), (2, 9)) + jnp.array([[0], [5]], jnp.int32)
+  got = np.asarray(model.embed_inputs(tokens, positions), np.float64)
+  table = np.asarray(model.embed.embedding[...], np.float64)
+  want = table[np.asarray(tokens)]
+  pos = np.asarray(positions, np.float64)[..., None]
+  if pe == "sinusoidal":
+    w = 10000.0 ** (-np.arange(0, d, 2) / d)  # the paper's frequencies, interleaved sin/cos
+    pe_table = np.empty((2, 9, d))
+    pe_table[..., 0::2], pe_table[..., 1::2] = np.sin(pos * w), np.cos(pos * w)
+    want = np.sqrt(d) * want + pe_table
+    assert abs(table.std() - d**-0.5) < 0.15 * d**-0.5
+  else:
+    assert abs(table.std() - ModelConfig().init_std) < 0.15 * ModelConfig().init_std
+  if pe == "learned":
+    want = want + np.asarray(model.pos_embed.embedding[...], np.float64)[np.asarray(positions)]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
