@@ -60,8 +60,11 @@ class AlibiSpec:
     slopes: ``[N]`` float64 numpy slopes, >= 0 (0 = no ALiBi on that head).
     q_positions: ``[B, T]`` integer token indices of the queries.
     k_positions: ``[B, S]`` integer token indices of the keys.
-    max_position: static bound on positions (the exact form's digit count; the rotated form's
-      context for theta when ``theta`` is None).
+    max_position: static bound on positions: the exact form uses base-256 digits enough for
+      positions below it (2 digits up to 65536, 3 up to 2^24); concrete positions at or above it
+      raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
+      give a bound that holds for every position (the decoder uses at least 65536). The rotated
+      form's context for theta when ``theta`` is None.
     form: ``"exact"`` (augmented, bf16-exact, no truncation error) or ``"rotated"`` (order k).
     order: k of the rotated form, 1..8.
     theta: radians per token of the rotated form.

@@ -210,8 +210,11 @@ class Attention(nnx.Module):
       slopes=np.pad(slopes, (0, cfg.num_heads - n_alibi)),
       q_positions=positions,
       k_positions=kv_positions,
-      # positions are < max(T, max_len) unless given explicitly beyond that
-      max_position=max(cfg.max_len, cfg.rope_alibi_context or 0, positions.shape[1], kv_positions.shape[1]),
+      # positions are < max(T, max_len) unless given explicitly; the exact form's two base-256
+      # digits (18 dims) cover every position below 65536 whatever the model's lengths
+      max_position=max(
+        65536, cfg.max_len, cfg.rope_alibi_context or 0, positions.shape[1], kv_positions.shape[1]
+      ),
       form=cfg.alibi_emulation,
       order=cfg.rope_alibi_order,
       theta=emulation_theta(cfg),
