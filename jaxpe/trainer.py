@@ -136,10 +136,8 @@ def check_resume_config(
       both values, where the saved values come from (``source``) and suggests a new workdir.
   """
   try:
-    if isinstance(saved, str):
-      saved = TrainConfig.model_validate_json(saved).model_dump(mode="json")
-    else:
-      saved = TrainConfig.model_validate(saved).model_dump(mode="json")
+    text = saved if isinstance(saved, str) else json.dumps(saved)  # JSON mode: lists validate as tuples
+    saved = TrainConfig.model_validate_json(text).model_dump(mode="json")
   except pydantic.ValidationError:  # written by another version of the schema: compare as saved
     saved = json.loads(saved) if isinstance(saved, str) else saved
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
