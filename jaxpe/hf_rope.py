@@ -476,7 +476,8 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
       RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); no ``rope_theta`` where transformers' default
       for the ``model_type`` is not known to jaxpe; missing ``hidden_size`` / ``num_attention_heads``;
       ``layer_type`` missing, unknown or given for a config without per-layer entries; both
-      ``rope_scaling`` and ``rope_parameters`` set and different; every value check of
+      ``rope_scaling`` and ``rope_parameters`` set and different; ``mscale_all_dim`` without
+      ``factor`` in a family that scales its softmax by it; every value check of
       ``jaxpe.rope_frequencies``.
 
   Source: transformers 5.24 ``modeling_rope_utils`` (``RotaryEmbeddingConfigMixin``
@@ -593,6 +594,11 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   )
   softmax_scale_factor = 1.0
   if family in _MSCALE_SOFTMAX_FAMILIES and rope_type != "default" and params.get("mscale_all_dim"):
+    if params.get("factor") is None:
+      raise ValueError(
+        f"model_type {model_type!r} scales the softmax by yarn_get_mscale(factor, mscale_all_dim) ** 2: "
+        "its rope dict needs 'factor' when it has 'mscale_all_dim'"
+      )
     factor = float(params["factor"])
     mscale = 1.0 if factor <= 1 else 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0
     softmax_scale_factor = mscale * mscale

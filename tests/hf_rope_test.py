@@ -298,6 +298,7 @@ def _hf_attention_scaling(module, layer_type):
 
 
 MEASURED = {}
+DEEPSEEK_V3 = next(c.config for c in CASES if c.config["model_type"] == "deepseek_v3")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -532,6 +533,14 @@ def test_pretrained_config_object_equals_its_dict():
     ),
     ({**LLAMA31, "rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}, {}, "factor.*>= 1.*dynamic"),
     ({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "factor": 0.5}}, {}, "factor.*llama3"),
+    (  # the softmax scale (yarn_apply_mscale) reads factor; transformers raises KeyError
+      {
+        **DEEPSEEK_V3,
+        "rope_scaling": {k: v for k, v in DEEPSEEK_V3["rope_scaling"].items() if k != "factor"},
+      },
+      {},
+      "factor.*mscale_all_dim",
+    ),
   ],
 )
 def test_errors_name_the_key(config, kwargs, match):
