@@ -427,6 +427,42 @@ def _head_dim(cfg: Mapping[str, Any], model_type: str | None, layer_type: str | 
   )
 
 
+def _check_rotary_dim(
+  cfg: Mapping[str, Any],
+  params: Mapping[str, Any],
+  family: Any,
+  head_dim: int,
+  rotary_dim: int | None,
+  mla: bool,
+) -> None:
+  """ValueError in the config's terms when the rotated dims would be odd or zero (transformers rounds
+  an odd partial dim up, which jaxpe's pairs cannot express)."""
+  prf = params.get("partial_rotary_factor")
+  if rotary_dim is not None or params.get("rope_type") == "proportional":
+    return
+  if prf is not None and (isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1):
+    return  # rope_frequencies names the bad partial_rotary_factor
+  dim = head_dim if prf is None else int(head_dim * prf)
+  if dim > 0 and dim % 2 == 0:
+    return
+  key = _HEAD_DIM_KEYS.get(family, "head_dim")
+  if mla:
+    source = "'qk_rope_head_dim'"
+  elif cfg.get(key) is not None:
+    source = repr(key)
+  else:
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
+    heads = _first(
+      cfg, _HEADS_KEYS.get(family, "num_attention_heads"), "num_attention_heads", "n_head", "n_heads"
+    )
+    source = f"hidden_size // num_attention_heads = {hidden} // {heads}"
+  scaled = "" if prf is None else f" * partial_rotary_factor {prf}"
+  raise ValueError(
+    f"config gives rotary dim {dim} = head_dim {head_dim} (from {source}){scaled}; the rotated dims "
+    "must be even and > 0 (RoPE rotates pairs)"
+  )
+
+
 def _family(model_type: Any) -> Any:
   """The name jaxpe's family tables use: a composite model's text config (``qwen2_5_vl_text``,
   ``mistral_large4_text``) is its family's decoder, so ``<family>_text`` reads as ``<family>`` unless
@@ -555,6 +591,7 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   rotary_dim = None
   if family in _ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
     rotary_dim = _positive_int(cfg, "rotary_dim")
+  _check_rotary_dim(cfg, params, family, head_dim, rotary_dim, mla)
 
   max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length")
   if max_pos is not None:

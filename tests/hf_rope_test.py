@@ -533,6 +533,10 @@ def test_pretrained_config_object_equals_its_dict():
     ),
     ({**LLAMA31, "rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}, {}, "factor.*>= 1.*dynamic"),
     ({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "factor": 0.5}}, {}, "factor.*llama3"),
+    # Odd rotary dims name where the head dim comes from and the partial factor.
+    ({**LLAMA31, "hidden_size": 4000}, {}, "rotary dim 125.*hidden_size // num_attention_heads = 4000 // 32"),
+    ({**LLAMA31, "head_dim": 100, "partial_rotary_factor": 0.25}, {}, "rotary dim 25.*'head_dim'.*0.25"),
+    ({**LLAMA31, "partial_rotary_factor": 0.001}, {}, "rotary dim 0.*partial_rotary_factor"),
     (  # the softmax scale (yarn_apply_mscale) reads factor; transformers raises KeyError
       {
         **DEEPSEEK_V3,
