@@ -358,10 +358,12 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
   factors = {}
   for key in ("short_factor", "long_factor"):
     value = params[key]
-    try:
-      arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-      raise ValueError(f"rope_scaling[{key!r}] must be a list of numbers, got {value!r}") from None
+    numbers = isinstance(value, (list, tuple, np.ndarray)) and all(
+      isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in value
+    )
+    if not numbers:
+      raise ValueError(f"rope_scaling[{key!r}] must be a list of numbers, got {value!r}")
+    arr = np.asarray(value, dtype=np.float64)
     if arr.shape != (rotary_dim // 2,):
       raise ValueError(
         f"rope_scaling[{key!r}] must have rotary_dim / 2 = {rotary_dim // 2} entries, got shape {arr.shape}"
@@ -485,7 +487,10 @@ def rope_frequencies(
   if missing:
     raise ValueError(f"rope_scaling for rope_type={rope_type!r} is missing required keys {missing}")
   base = params.get("rope_theta")
-  base = _checks.check_positive_float("rope_theta", rope_theta if base is None else base)
+  if base is None:
+    base = _checks.check_positive_float("rope_theta", rope_theta)
+  else:  # a config value: a number (not a string or bool), as every other key of the dict
+    base = _float("rope_theta", base, minimum=0.0, strict=True)
   if rope_type == "proportional":
     return _proportional(params, base, head_dim, rotary_dim), 1.0
   rotary_dim = _resolve_rotary_dim(params, head_dim, rotary_dim)

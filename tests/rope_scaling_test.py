@@ -445,6 +445,14 @@ def test_yarn_attention_factor_closed_form():
     ({"rope_type": "yarn", "factor": -2.0, "original_max_position_embeddings": 64}, {}, "factor.*> 0"),
     ({"type": "su", "rope_type": "linear", "factor": 2.0}, {}, "differ"),
     ({"rope_type": "linear", "factor": "2"}, {}, "factor.*number"),
+    # Strings and bools are not numbers, for the base and the factor lists too.
+    ({"rope_type": "default", "rope_theta": "500000"}, {}, "rope_theta.*number"),
+    ({"rope_type": "default", "rope_theta": True}, {}, "rope_theta.*number"),
+    (
+      {"rope_type": "longrope", "short_factor": ["1.0"] * 8, "long_factor": [1.0] * 8, "factor": 2.0},
+      {"max_position_embeddings": 64},
+      "short_factor.*numbers",
+    ),
     ({"rope_type": "dynamic", "factor": 2.0}, {}, "max_position_embeddings"),
     ({"rope_type": "yarn", "factor": 2.0}, {}, "original_max_position_embeddings"),
     (
