@@ -21,8 +21,9 @@ scale factor some families add, and ``frequencies(seq_len)`` for the length-depe
 * head dim: ``head_dim`` when set, else ``hidden_size // num_attention_heads``; MLA families
   (DeepSeek-V2/V3...) rotate ``qk_rope_head_dim`` trailing dims; GPT-J / CodeGen rotate
   ``rotary_dim`` leading dims;
-* per-layer-type parameters (Gemma-3: ``sliding_attention`` / ``full_attention``; v4 Gemma-3
-  configs spell the sliding base ``rope_local_base_freq``): pass ``layer_type``.
+* per-layer-type parameters (Gemma-3 / Gemma-3n / ModernBERT: ``sliding_attention`` /
+  ``full_attention``; their v4 configs spell the bases ``rope_theta`` / ``rope_local_base_freq``,
+  ModernBERT ``global_rope_theta`` / ``local_rope_theta``): pass ``layer_type``.
 
 Keys of the rope dict that jaxpe does not understand raise ``ValueError`` naming them.
 """
@@ -168,7 +169,17 @@ _FAMILY_DEFAULTS: dict[str, dict[str, float | int]] = {
 _ROTARY_DIM_FAMILIES = frozenset({"gptj", "codegen"})
 _PHI3_FAMILIES = frozenset({"phi3", "phi4_multimodal"})  # legacy "yarn" means longrope here
 _MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})  # legacy "mrope" means default + mrope_section
-_GEMMA3_FAMILIES = frozenset({"gemma3", "gemma3_text"})
+# Families whose v4 config.json gives one base per layer type outside the rope dict (transformers'
+# convert_rope_params_to_dict): (full-attention base key, sliding base key, their class defaults,
+# whether rope_scaling applies to the sliding layers too).
+_LOCAL_THETA_FAMILIES: dict[str, tuple[str, str, float, float, bool]] = {
+  "gemma3": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
+  "gemma3_text": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
+  "gemma3n": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
+  "modernbert": ("global_rope_theta", "local_rope_theta", 160_000.0, 10_000.0, True),
+  "modernbert-decoder": ("global_rope_theta", "local_rope_theta", 160_000.0, 10_000.0, True),
+}
+_GEMMA3_FAMILIES = frozenset(_LOCAL_THETA_FAMILIES)
 _NO_ROPE_FAMILIES = frozenset({"bloom", "mpt", "gpt2", "opt", "bert", "roberta", "t5", "baichuan"})
 # Families whose nested rope_parameters are keyed by labels other than layer_types
 # (transformers' ``_rope_type_labels``).
@@ -356,17 +367,21 @@ def _rope_dict(cfg: dict[str, Any], model_type: str | None) -> dict[str, Any]:
   if not isinstance(raw, Mapping):
     raise ValueError(f"config['rope_scaling' / 'rope_parameters'] must be a dict, got {raw!r}")
   raw = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
-  if model_type in _GEMMA3_FAMILIES and not any(k in raw for k in ("full_attention", "sliding_attention")):
-    # v4 Gemma-3: rope_scaling is the full-attention entry; rope_local_base_freq the sliding base.
-    full = dict(raw)
-    full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-    sliding = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
-    raw = {"full_attention": full, "sliding_attention": sliding}
-  elif model_type in _GEMMA3_FAMILIES:
-    raw.setdefault("full_attention", {"rope_type": "default"})
-    raw.setdefault("sliding_attention", {"rope_type": "default"})
-    raw["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-    raw["sliding_attention"].setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+  if model_type in _LOCAL_THETA_FAMILIES:
+    full_key, local_key, full_default, local_default, both = _LOCAL_THETA_FAMILIES[model_type]
+    if not any(k in raw for k in ("full_attention", "sliding_attention")):
+      # v4 Gemma-3 / ModernBERT: rope_scaling is the full-attention entry (ModernBERT: both entries)
+      # and the bases are top-level keys.
+      scaling = dict(raw)
+      raw = {"full_attention": dict(scaling), "sliding_attention": dict(scaling) if both else {}}
+    for layer, key, default in (
+      ("full_attention", full_key, full_default),
+      ("sliding_attention", local_key, local_default),
+    ):
+      entry = raw.setdefault(layer, {"rope_type": "default"})
+      if entry is not None:
+        entry.setdefault("rope_type", entry.get("type", "default"))
+        entry.setdefault("rope_theta", _first(cfg, key) or default)
   return raw
 
 

@@ -384,6 +384,49 @@ def test_phi3_original_length_is_the_class_default_over_a_nested_one():
   assert r.original_max_position_embeddings == r.parameters["original_max_position_embeddings"] == 131072
 
 
+def test_local_and_global_bases_of_v4_configs_per_layer_type():
+  """Gemma-3n (rope_local_base_freq) and ModernBERT (global_rope_theta / local_rope_theta) config.json
+  files carry one base per layer type outside any rope dict; transformers splits them by layer type
+  (ModernBERT's rope_scaling applies to both, Gemma's to full attention only)."""
+  types_ = (["sliding_attention"] * 4 + ["full_attention"]) * 2
+  gemma3n = {
+    "model_type": "gemma3n",
+    "text_config": {
+      "model_type": "gemma3n_text",
+      "hidden_size": 2048,
+      "num_attention_heads": 8,
+      "head_dim": 256,
+      "num_hidden_layers": 10,
+      "layer_types": types_,
+      "max_position_embeddings": 32768,
+      "rope_theta": 1000000.0,
+      "rope_local_base_freq": 10000.0,
+      "rope_scaling": None,
+    },
+  }
+  modernbert = {
+    "model_type": "modernbert",
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 8192,
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+  }
+  for config in (gemma3n, modernbert):
+    hf = transformers.AutoConfig.for_model(**config).get_text_config()
+    for layer_type in ("full_attention", "sliding_attention"):
+      ref = dict(hf.rope_parameters[layer_type])
+      head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+      inv_ref, _ = hf_rope._rs.rope_frequencies(ref, head_dim=head_dim)
+      r = rope_from_hf_config(config, layer_type=layer_type)
+      assert r.rope_theta == ref["rope_theta"] and r.rope_type == ref["rope_type"], (
+        config["model_type"],
+        layer_type,
+      )
+      np.testing.assert_array_equal(r.inv_freq, inv_ref)
+
+
 def test_layout_and_rotated_slice_match_transformers_apply():
   """q rotated by jaxpe.apply_rope with the returned layout / slice equals transformers' own apply
   function (GPT-J interleaved partial, GPT-NeoX rotate-half partial, DeepSeek-V3 interleaved
