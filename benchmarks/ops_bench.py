@@ -270,6 +270,56 @@ def train_step_cost(
   return (6 * params + 12 * cfg.num_layers * seq * cfg.d_model) * n_tokens, seconds, n_tokens
 
 
+def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict[str, float]:
+  """Median seconds of the parts of a train step, each jitted alone: ``forward`` (the loss),
+  ``forward_backward`` (``value_and_grad``), ``update`` (the AdamW update from given gradients) and
+  ``attention`` (the L layers' softmax attention forward + backward on ``[B, T, N, H]``)."""
+  from flax import nnx
+
+  from jaxpe import kernels
+  from jaxpe.config import TrainConfig
+  from jaxpe.model import Decoder
+  from jaxpe.trainer import make_optimizer, next_token_loss
+
+  cfg = model_cfg
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, opt))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
+
+  def forward(state, tokens):
+    model, _ = nnx.merge(graphdef, state)
+    return next_token_loss(model, tokens)
+
+  def forward_backward(state, tokens):
+    model, _ = nnx.merge(graphdef, state)
+    return nnx.value_and_grad(next_token_loss)(model, tokens)
+
+  grads = jax.jit(forward_backward)(state, tokens)[1]
+
+  def update(state, grads):
+    model, opt = nnx.merge(graphdef, state)
+    opt.update(model, grads)
+    return nnx.state((model, opt))
+
+  n, h = cfg.num_heads, cfg.head_size
+  q = jax.random.normal(jax.random.key(0), (batch, seq, n, h), jnp.float32)
+  mask = jaxpe.AttentionMask(causal=True)
+
+  def attention(q):
+    def one(q):
+      return kernels.attention(q, q, q, scale=h**-0.5, mask=mask, impl="xla").sum()  # as the model
+
+    return [jax.grad(one)(q + i) for i in range(cfg.num_layers)]
+
+  return {
+    "forward": bench(forward, state, tokens, repeats=repeats),
+    "forward_backward": bench(forward_backward, state, tokens, repeats=repeats),
+    "update": bench(update, state, grads, repeats=repeats),
+    "attention": bench(attention, q, repeats=repeats),
+  }
+
+
 def train_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
   """Default-config step and the d_model 512 step as MFU against the matmul ceiling."""
   from jaxpe.config import ModelConfig
@@ -292,6 +342,18 @@ def train_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
         vs="matmul ceiling (MFU)",
         goal=">= 0.55" if "512" in name else None,
         tokens_per_s=tokens / seconds,
+      )
+    )
+  parts = step_breakdown(big, batch=batch, seq=seq)  # the D 512 case's parts, same shapes
+  for part, secs in parts.items():
+    rows.append(
+      row(
+        "train",
+        f"D 512 step part: {part.replace('_', ' + ')}",
+        secs * 1e3,
+        "ms",
+        ratio=secs / seconds,
+        vs="whole step (time)",
       )
     )
   return rows

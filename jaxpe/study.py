@@ -372,7 +372,7 @@ def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
   if not path.is_file():
     return None
   summary = json.loads(path.read_text())
-  return summary if summary["step"] >= cfg.num_steps else None
+  return summary if summary["step"] >= (summary.get("num_steps") or cfg.num_steps) else None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -412,9 +412,10 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
       if trained_now:
         print(f"[study] training {base} in {cfg.workdir}", flush=True)
         summary = trainer.train(cfg, progress=progress).__dict__
-        if summary["step"] < cfg.num_steps:
+        length = summary.get("num_steps") or cfg.num_steps  # the schedule (fitted to max_seconds)
+        if summary["step"] < length:
           raise StudyInterrupted(
-            f"model {base!r} stopped at step {summary['step']} of {cfg.num_steps}; rerun the same command to "
+            f"model {base!r} stopped at step {summary['step']} of {length}; rerun the same command to "
             f"resume it from {cfg.workdir}/checkpoints (stopped by stop_at, max_seconds or a signal)"
           )
       models[base] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}

@@ -20,9 +20,8 @@ import numpy as np
 import optax
 import pydantic
 from flax import nnx
-from tqdm import tqdm
 
-from jaxpe import checkpoint, data, run_guard, sharding
+from jaxpe import checkpoint, data, pacing, run_guard, sharding
 from jaxpe.config import TrainConfig
 from jaxpe.generate import generate
 from jaxpe.model import Decoder
@@ -38,7 +37,8 @@ class TrainResult:
   ``eval_bits_per_byte`` and ``unigram_bits_per_byte``: held-out cross-entropy and the held-out
   unigram entropy (bits/byte); ``tokens_per_second``: training throughput of the last process that
   timed steps (first step of each process excluded); ``wall_seconds``: this process's wall time;
-  ``sample``: prompt + generated text.
+  ``sample``: prompt + generated text; ``num_steps``: the schedule's length (``cfg.num_steps``, or
+  fewer when fitted to ``max_seconds``: see ``jaxpe.pacing``), the run is complete at that step.
   """
 
   step: int
@@ -48,6 +48,7 @@ class TrainResult:
   tokens_per_second: float
   wall_seconds: float
   sample: str
+  num_steps: int = 0
 
 
 def decay_mask(params):
@@ -266,6 +267,7 @@ def _train(
       check_resume_config(meta["config"], cfg, source=f"the checkpoint of step {meta['step']}")
 
   step, skipped = 0, 0
+  schedule_steps, fitted = cfg.num_steps, False  # the schedule's length; fitted to max_seconds once
   restored = checkpoint.restore_latest(
     mngr,
     checkpoint.abstract_with_shardings(state, state_shardings),
@@ -275,31 +277,39 @@ def _train(
   if restored is not None:
     state, meta = restored
     step, skipped = int(meta["data_position"]), int(meta.get("skipped_steps", 0))
-    print(f"resumed from {ckpt_dir} at step {step}")
+    schedule_steps, fitted = _resumed_schedule(meta, cfg)
+    print(f"resumed from {ckpt_dir} at step {step} (schedule of {schedule_steps} steps)")
+  if schedule_steps != cfg.num_steps:
+    graphdef = _with_schedule(graphdef, state, cfg, schedule_steps)
   _write_atomic(config_path, cfg.model_dump_json(indent=2))  # only once the restore succeeded
   metrics_path = workdir / "metrics.jsonl"
   previous = _truncate_metrics(metrics_path, step)
 
-  @functools.partial(
-    jax.jit,
-    in_shardings=(state_shardings, batch_sharding),
-    out_shardings=(state_shardings, None),
-    donate_argnums=0,
-  )
-  def train_step(state, batch):
-    model, optimizer = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(next_token_loss)(model, batch)
-    optimizer.update(model, grads)
-    new_state = nnx.state((model, optimizer))
-    out = {
-      "loss": loss,
-      "grad_norm": optax.tree.norm(grads),
-      "param_norm": optax.tree.norm(nnx.state(model, nnx.Param)),
-    }
-    finite = jnp.all(jnp.isfinite(jnp.stack(list(out.values()))))
-    # A non-finite step is not applied: the state stays the last finite one (never saved otherwise).
-    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
-    return new_state, {**out, "finite": finite}
+  def make_train_step(graphdef):  # again when the schedule is fitted (the optimizer is in graphdef)
+    @functools.partial(
+      jax.jit,
+      in_shardings=(state_shardings, batch_sharding),
+      out_shardings=(state_shardings, None),
+      donate_argnums=0,
+    )
+    def train_step(state, batch):
+      model, optimizer = nnx.merge(graphdef, state)
+      loss, grads = nnx.value_and_grad(next_token_loss)(model, batch)
+      optimizer.update(model, grads)
+      new_state = nnx.state((model, optimizer))
+      out = {
+        "loss": loss,
+        "grad_norm": optax.tree.norm(grads),
+        "param_norm": optax.tree.norm(nnx.state(model, nnx.Param)),
+      }
+      finite = jnp.all(jnp.isfinite(jnp.stack(list(out.values()))))
+      # A non-finite step is not applied: the state stays the last finite one (never saved otherwise).
+      new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+      return new_state, {**out, "finite": finite}
+
+    return train_step
+
+  train_step = make_train_step(graphdef)
 
   @functools.partial(jax.jit, in_shardings=(state_shardings, batch_sharding))
   def eval_step(state, batch):
@@ -316,14 +326,17 @@ def _train(
       "data_position": step,
       "skipped_steps": skipped,
       "config": cfg.model_dump(mode="json"),
+      "schedule_steps": schedule_steps,
+      "schedule_fitted": fitted,
     }
     checkpoint.save(mngr, step, state, meta)
 
-  target = cfg.num_steps if cfg.stop_at is None else min(cfg.num_steps, cfg.stop_at)
+  target = schedule_steps if cfg.stop_at is None else min(schedule_steps, cfg.stop_at)
   tokens_per_step = cfg.batch_size * cfg.seq_len
   loss = previous[-1]["loss"] if previous else float("nan")
   eval_bpb, timed_tokens, timed_seconds, process_steps = float("nan"), 0, 0.0, 0
-  bar = tqdm(total=cfg.num_steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
+  first_dt, compiled = 0.0, False
+  bar = pacing.Progress(schedule_steps, step, enabled=progress)
   with bar, metrics_path.open("a") as metrics_file:  # the bar ends its line before any error
     while step < target and stop.signum is None:
       batch = data.train_batch(
@@ -335,10 +348,28 @@ def _train(
       dt = time.time() - t0
       step += 1
       process_steps += 1
-      if process_steps > 1:  # the first step of every process includes compilation
+      if compiled:  # the first step of every process (and the first after a fit) includes compilation
         timed_tokens, timed_seconds = timed_tokens + tokens_per_step, timed_seconds + dt
+      else:
+        first_dt, compiled = first_dt or dt, True
       tok_s = timed_tokens / timed_seconds if timed_seconds else 0.0
       record = {"step": step, "loss": loss, "grad_norm": float(out["grad_norm"]), "tokens_per_second": tok_s}
+      if not fitted and cfg.max_seconds is not None and process_steps == FIT_AFTER_STEPS + 1:
+        fitted, step_s = True, timed_seconds / FIT_AFTER_STEPS
+        new_steps = _fit_schedule(cfg, step, schedule_steps, start, step_s, first_dt)
+        if new_steps < schedule_steps:
+          bar.write(
+            f"step {step}: {step_s:.2f} s/step leaves room for {new_steps} of the {schedule_steps} steps in "
+            f"max_seconds={cfg.max_seconds:g}: the schedule (warmup {cfg.warmup_steps}, cosine decay) now "
+            f"ends at step {new_steps}"
+            + ("" if step <= cfg.warmup_steps else " (fitted after the warmup: the decay so far differs)")
+          )
+          schedule_steps = new_steps
+          graphdef = _with_schedule(graphdef, state, cfg, schedule_steps)
+          train_step, compiled = make_train_step(graphdef), False
+          target = schedule_steps if cfg.stop_at is None else min(schedule_steps, cfg.stop_at)
+          bar.set_total(schedule_steps)
+        record["schedule_steps"] = schedule_steps
       if not bool(out["finite"]):
         skipped += 1
         record.update(skipped=True, param_norm=float(out["param_norm"]))
@@ -354,8 +385,7 @@ def _train(
         bar.write(f"step {step}: held-out {eval_bpb:.3f} bits/byte (unigram {unigram:.3f})")
       metrics_file.write(json.dumps(record) + "\n")
       metrics_file.flush()
-      bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-      bar.update(1)
+      bar.update(step, loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
       if step % cfg.checkpoint_every == 0 or last:
         save(state, step)
       if out_of_time:
@@ -368,8 +398,8 @@ def _train(
       signum=stop.signum,
       step=step,
     )
-  if step < cfg.num_steps:
-    print(f"stopped at step {step} of {cfg.num_steps}; rerun with the same workdir to resume")
+  if step < schedule_steps:
+    print(f"stopped at step {step} of {schedule_steps}; rerun with the same workdir to resume")
 
   model, _ = nnx.merge(graphdef, state)
   sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed) if cfg.sample_len else ""
@@ -387,9 +417,50 @@ def _train(
     tokens_per_second=tokens_per_second,
     wall_seconds=time.time() - start,
     sample=sample,
+    num_steps=schedule_steps,
   )
   _write_atomic(workdir / "summary.json", json.dumps(result.__dict__, indent=2))
   return result
+
+
+FIT_AFTER_STEPS = 5
+"""Timed steps (after each process's compiling first step) before the schedule is fitted to
+``max_seconds``; within the default warmup, where the schedule does not depend on its length."""
+
+
+def _fit_schedule(
+  cfg: TrainConfig, step: int, schedule_steps: int, start: float, step_s: float, first_dt: float
+) -> int:
+  """The schedule length that ends within ``cfg.max_seconds`` of ``start`` (``pacing.fit_num_steps``
+  with this run's measured step time and estimates of evaluation, checkpoint, compile and sample)."""
+  compile_s = max(first_dt - step_s, 0.0)
+  costs = pacing.StepCosts(step=step_s, compile=compile_s, eval=cfg.eval_batches * step_s / 3, save=1.0)
+  return pacing.fit_num_steps(
+    step=step,
+    num_steps=schedule_steps,
+    warmup_steps=cfg.warmup_steps,
+    seconds_left=cfg.max_seconds - (time.time() - start),
+    costs=costs,
+    eval_every=cfg.eval_every,
+    checkpoint_every=cfg.checkpoint_every,
+    fixed_seconds=1.5 * compile_s if cfg.sample_len else 0.5 * compile_s,  # eval compile, sample
+  )
+
+
+def _with_schedule(graphdef, state, cfg: TrainConfig, num_steps: int):
+  """``graphdef`` whose optimizer runs the schedule of ``num_steps`` steps (same state layout)."""
+  model, optimizer = nnx.merge(graphdef, state)
+  optimizer.tx = make_optimizer(cfg.model_copy(update={"num_steps": num_steps}))
+  return nnx.graphdef((model, optimizer))
+
+
+def _resumed_schedule(meta: dict[str, Any], cfg: TrainConfig) -> tuple[int, bool]:
+  """(schedule length, already fitted) to continue a checkpoint with: the saved schedule unless the
+  configured ``num_steps`` changed since (then ``cfg.num_steps``, to be fitted again)."""
+  saved_num_steps = meta.get("config", {}).get("num_steps")
+  if "schedule_steps" in meta and saved_num_steps == cfg.num_steps:
+    return int(meta["schedule_steps"]), bool(meta.get("schedule_fitted", False))
+  return cfg.num_steps, False
 
 
 def _nonfinite_message(record: dict[str, Any], skipped: int, cfg: TrainConfig, mngr) -> str:
