@@ -24,7 +24,8 @@ Masks: fused kernels take an ``AttentionMask`` (self-attention: causal, padding,
 padding and segments become segment ids (padding tokens get their own id), grouped-query heads are
 kept where the kernel has them (splash, cudnn) and repeated for ``pallas_gpu``. Rows of padding
 queries return zeros on the fused kernels (on ``xla`` they return what the dense mask gives: zeros
-for left padding). KV-cache decoding stays on ``xla``.
+for left padding). KV-cache decoding stays on ``xla``. The Pallas kernels get T padded to whole blocks
+(``kernel_length``: padding tokens, sliced off), so any T runs.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
 """
@@ -177,8 +178,8 @@ def attention(
 
   Raises:
     ValueError: an unavailable backend (lists the available ones); a bias or dense mask on a fused
-      kernel (says to use ``alibi_spec`` / ``AttentionMask``); T != S on a fused kernel; sizes the
-      kernel refuses (sequence length not a multiple of its block, head dim too large); a float16
+      kernel (says to use ``alibi_spec`` / ``AttentionMask``); T != S on a fused kernel; a head dim
+      cudnn refuses (> 256 with the emulation dims); a float16
       kernel with an emulation (bf16 parts overflow float16).
     TypeError: non-float q, k, v.
   """
@@ -248,14 +249,44 @@ def attention(
   valid = mask.valid
   if impl == "cudnn":
     out = _cudnn(qf, kf, vf, mask, scale=dot_scale)
-  elif impl == "pallas_gpu":
-    out = _pallas_gpu(qf, kf, vf, mask, scale=dot_scale, interpret=interpret)
   else:
-    out = _splash(qf, kf, vf, mask, interpret=interpret)
-  out = out[..., :head_dim]
+    # The Pallas kernels tile T in blocks: pad T to a whole number of blocks with tokens that are
+    # padding (their own segment id, so no real query sees them) and slice the output back.
+    qf, kf, vf, kernel_mask = _pad_length(qf, kf, vf, mask, kernel_length(impl, t_len))
+    if impl == "pallas_gpu":
+      out = _pallas_gpu(qf, kf, vf, kernel_mask, scale=dot_scale, interpret=interpret)
+    else:
+      out = _splash(qf, kf, vf, kernel_mask, interpret=interpret)
+  out = out[:, :t_len, :, :head_dim]
   if valid is not None:
     out = jnp.where(valid.astype(bool)[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)
+
+
+def kernel_length(impl: str, length: int) -> int:
+  """Sequence length the kernel computes with for T = ``length`` (padded to whole blocks).
+
+  splash: a multiple of 128 (its block). pallas_gpu: the next power of two >= 16 up to 128 (Triton
+  blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
+  """
+  if impl == "splash":
+    return -(-length // 128) * 128
+  if impl == "pallas_gpu":
+    return max(16, 1 << (length - 1).bit_length()) if length <= 128 else -(-length // 128) * 128
+  return length
+
+
+def _pad_length(q, k, v, mask: attention_lib.AttentionMask, length: int):
+  """q, k, v ``[B, T, ., .]`` and the mask padded to ``length`` tokens; padding tokens are invalid."""
+  batch, t_len = q.shape[:2]
+  extra = length - t_len
+  if extra == 0:
+    return q, k, v, mask
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))  # noqa: E731
+  valid = jnp.ones((batch, t_len), bool) if mask.valid is None else mask.valid.astype(bool)
+  valid = jnp.pad(valid, ((0, 0), (0, extra)), constant_values=False)
+  segments = None if mask.segment_ids is None else jnp.pad(mask.segment_ids, ((0, 0), (0, extra)))
+  return pad(q), pad(k), pad(v), dataclasses.replace(mask, valid=valid, segment_ids=segments)
 
 
 def _xla(q, k, v, *, scale, mask, bias, alibi_spec, precise_dims):
@@ -358,9 +389,7 @@ def _pallas_gpu(q, k, v, mask: attention_lib.AttentionMask, *, scale, interpret)
   from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 
   batch, t_len, num_heads, _ = q.shape
-  block = min(128, t_len)
-  if t_len % block:
-    raise ValueError(f"pallas_gpu needs T <= 128 or a multiple of 128, got T={t_len}")
+  block = min(128, t_len)  # attention() pads T to kernel_length: a power of two or a multiple of 128
   if k.shape[2] != num_heads:  # the kernel has no grouped-query heads
     k = jnp.repeat(k, num_heads // k.shape[2], axis=2)
     v = jnp.repeat(v, num_heads // v.shape[2], axis=2)
@@ -399,8 +428,7 @@ def _splash(q, k, v, mask: attention_lib.AttentionMask, *, interpret):
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   batch, t_len, num_heads, _ = q.shape
-  if t_len % 128:
-    raise ValueError(f"splash needs T a multiple of 128 (its block size), got T={t_len}")
+  # attention() pads T to a multiple of 128 (kernel_length)
   kernel = _splash_kernel(t_len, num_heads, mask.causal, interpret)
   ids = _segment_ids(mask, batch, t_len)
   swap = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, N, H] <-> [B, N, T, H]

@@ -289,3 +289,23 @@ def test_cached_decoding_runs_on_xla_and_matches_the_kernel_forward():
     logits, cache = model(tokens[:, t : t + 1], cache=cache)
     steps.append(logits)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+  "impl,t_len,causal", [("splash", 1, True), ("splash", 100, False), ("pallas_gpu", 200, True)]
+)
+def test_sequence_length_off_the_kernel_block_is_padded(impl, t_len, causal):
+  # T = 1 (a one-token prompt), T < block and T > 128 not a multiple of 128: the kernels pad T to
+  # their block (padded keys hidden by their own segment id) instead of refusing the length.
+  rng = np.random.default_rng(6)
+  q, k, v = (
+    jnp.asarray(rng.normal(size=s), jnp.float32)
+    for s in ((1, t_len, 2, 8), (1, t_len, 1, 8), (1, t_len, 1, 8))
+  )
+  pos = jnp.arange(t_len, dtype=jnp.int32)[None]
+  spec = kernels.AlibiSpec(alibi.alibi_slopes_f64(2), pos, pos, max_position=65536)
+  mask = attention.AttentionMask(causal=causal)
+  kw = dict(scale=8**-0.5, mask=mask, alibi_spec=spec)
+  out = kernels.attention(q, k, v, impl=impl, interpret=True, **kw)
+  want = kernels.attention(q, k, v, impl="xla", **kw)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=0)
