@@ -680,15 +680,19 @@ def emulated_alibi_attention(
   order: int | None = 1,
   mask: jax.Array | None = None,
   is_causal: bool = False,
-  pad_multiple: int = 8,
   implementation: str | None = None,
+  interpret: bool = False,
 ) -> jax.Array:
-  """ALiBi attention through a bias-free kernel (``jax.nn.dot_product_attention``).
+  """ALiBi attention without a bias tensor: a thin wrapper over ``jaxpe.kernels.attention``.
 
-  q and k get the emulation dims (``apply_rope_alibi``, or ``apply_augmented_alibi`` for
-  ``order=None``) in float32; q, k and v are zero-padded to the same head dim, a multiple of
-  ``pad_multiple`` (the kernel needs equal head dims and dtypes); the output is sliced back to H and
-  cast to ``v.dtype``. The score scale is ``1/sqrt(H)`` of the original head dim.
+  ``xla`` (``implementation`` None or ``"xla"``): q and k get the float32 emulation dims
+  (``apply_rope_alibi``, or ``apply_augmented_alibi`` for ``order=None``) and go through the einsum
+  path with those dims contracted at ``precision=HIGHEST`` (``precise_dims``), so TF32 / bf16-pass
+  default matmul precision cannot round them. Fused kernels (``"cudnn"``, ``"splash"``,
+  ``"pallas_gpu"``): ``kernels.attention`` with an ``AlibiSpec`` (the exact form for ``order=None``,
+  else the rotated form of that order), whose emulation dims are bf16-exact (cuDNN reads bf16/fp16
+  only; float32 emulation dims rounded to bf16 cost whole logits). The score scale is ``1/sqrt(H)``
+  of the original head dim; head-dim padding is the kernel's (``kernels.padded_head_dim``).
 
   Args:
     q: ``[B, T, N, H]`` float queries.
@@ -699,44 +703,74 @@ def emulated_alibi_attention(
     slopes: ``[N]`` ALiBi slopes (> 0), concrete.
     theta: base frequency (radians per token) of the rotated form; unused for ``order=None``.
     order: k for the rotated form, None for the exact augmented form.
-    mask: optional bool mask broadcastable to ``[B, N, T, S]`` (True = may attend).
-    is_causal: apply the kernel's causal mask (query index >= key index in the arrays).
-    pad_multiple: head-dim multiple for the kernel; positive.
-    implementation: passed to ``jax.nn.dot_product_attention`` (None, ``"xla"``, ``"cudnn"``).
+    mask: optional bool mask broadcastable to ``[B, N, T, S]`` (True = may attend); ``xla`` only
+      (fused kernels take ``kernels.attention(mask=AttentionMask(...))``).
+    is_causal: causal mask (query index >= key index in the arrays).
+    implementation: None or ``"xla"``, or a fused backend of ``jaxpe.kernels.BACKENDS``.
+    interpret: run the Pallas kernels in interpret mode (CPU).
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
 
   Raises:
-    ValueError: as ``apply_rope_alibi``; ``v`` not ``[B, S, K, H]``; theta missing for the
-      rotated form.
+    ValueError: as ``apply_rope_alibi`` / ``kernels.attention`` (an unavailable backend lists the
+      available ones); ``v`` not ``[B, S, K, H]``; theta missing for the rotated form; a dense
+      ``mask`` on a fused kernel.
   """
+  from jaxpe import kernels  # kernels imports this module
+  from jaxpe.attention import AttentionMask
+
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
   if v.shape != k.shape:
     raise ValueError(f"v must have the shape of k, [B, S, K, H] = {k.shape}, got {v.shape}")
+  if order is not None and theta is None:
+    raise ValueError("theta (radians per token) is required for the rotated form (order >= 1)")
+  impl = kernels.resolve_backend(implementation or "xla", interpret=interpret)
   head_dim = q.shape[-1]
+  scale = 1.0 / math.sqrt(head_dim)
+  if impl != "xla":
+    if mask is not None:
+      raise ValueError(
+        f"implementation {impl!r} takes no dense mask: use jaxpe.kernels.attention with "
+        "mask=AttentionMask(valid=..., segment_ids=..., causal=...), or implementation='xla'"
+      )
+    bound = 65536
+    for pos in (q_positions, k_positions):
+      bound = max(bound, pos.shape[1])
+      if not isinstance(pos, jax.core.Tracer):
+        bound = max(bound, int(np.max(np.asarray(pos), initial=0)) + 1)
+    spec = kernels.AlibiSpec(
+      slopes=np.asarray(slopes, np.float64),
+      q_positions=q_positions,
+      k_positions=k_positions,
+      max_position=bound,
+      form="exact" if order is None else "rotated",
+      order=1 if order is None else order,
+      theta=theta,
+    )
+    return kernels.attention(
+      q,
+      k,
+      v,
+      scale=scale,
+      mask=AttentionMask(causal=is_causal),
+      alibi_spec=spec,
+      impl=impl,
+      interpret=interpret,
+    )
   if order is None:
     q_aug, k_aug = apply_augmented_alibi(q, k, q_positions, k_positions, slopes=slopes)
   else:
-    if theta is None:
-      raise ValueError("theta (radians per token) is required for the rotated form (order >= 1)")
     q_aug, k_aug = apply_rope_alibi(q, k, q_positions, k_positions, slopes=slopes, theta=theta, order=order)
     if k_aug.shape[2] != v.shape[2]:
       v = jnp.repeat(v, k_aug.shape[2] // v.shape[2], axis=2)
-  q_aug, k_aug = pad_head_dim(q_aug, multiple=pad_multiple), pad_head_dim(k_aug, multiple=pad_multiple)
-  v_pad = jnp.concatenate(
-    [v.astype(jnp.float32), jnp.zeros((*v.shape[:3], q_aug.shape[-1] - head_dim), jnp.float32)], axis=-1
+  if is_causal:
+    t_len, s_len = q.shape[1], k.shape[1]
+    causal = jnp.tril(jnp.ones((t_len, s_len), bool))[None, None]
+    mask = causal if mask is None else mask & causal
+  return kernels.attention(
+    q_aug, k_aug, v, scale=scale, mask=mask, precise_dims=q_aug.shape[-1] - head_dim, impl="xla"
   )
-  out = jax.nn.dot_product_attention(
-    q_aug,
-    k_aug,
-    v_pad,
-    mask=mask,
-    scale=1.0 / math.sqrt(head_dim),
-    is_causal=is_causal,
-    implementation=implementation,
-  )
-  return out[..., :head_dim].astype(v.dtype)
 
 
 # ------------------------------------------------------------------------------------ base-constrained

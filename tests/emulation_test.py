@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from jaxpe import attention, emulation, rope
+from jaxpe import attention, emulation, kernels, rope
 
 
 def paper_slopes(n):
@@ -479,3 +479,40 @@ def test_report_tables_have_measured_within_predicted(tmp_path):
     for pred, meas in zip(values[0::2], values[1::2]):
       assert meas <= pred, row
   assert "Base-constrained mode: base 10000" in text
+
+
+@pytest.mark.parametrize("order", [None, 2])
+def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
+  # cuDNN flash attention reads bf16/fp16 only: emulated_alibi_attention(implementation="cudnn") used
+  # to hand it the float32 emulation dims. A GPU is modelled here: cudnn is reported available and
+  # jax.nn.dot_product_attention checks the dtypes it gets, then computes on xla from those inputs.
+  real = jax.nn.dot_product_attention
+  seen = []
+
+  def fake_cudnn(q, k, v, *args, implementation=None, **kw):
+    assert implementation == "cudnn"
+    seen.append((q.dtype, k.dtype, v.dtype))
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (jnp.bfloat16, jnp.float16), seen[-1]
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731  exact products of bf16 inputs
+    return real(f32(q), f32(k), f32(v), *args, implementation="xla", **kw).astype(q.dtype)
+
+  monkeypatch.setattr(kernels, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
+  monkeypatch.setattr(jax.nn, "dot_product_attention", fake_cudnn)
+  n, kv, h, t = 4, 2, 8, 16
+  slopes = paper_slopes(4)
+  q = jax.random.normal(jax.random.key(2), (2, t, n, h))
+  k = jax.random.normal(jax.random.key(3), (2, t, kv, h))
+  v = jax.random.normal(jax.random.key(4), (2, t, kv, h))
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 1000, (2, t))
+  theta = emulation.emulation_theta(max_phase=0.1, max_len=2048)
+  out = emulation.emulated_alibi_attention(
+    q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True, implementation="cudnn"
+  )
+  assert seen
+  bias = -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
+    pos[:, None, :, None] - pos[:, None, None, :]
+  ).astype(jnp.float32)
+  mask = attention.make_attention_mask(pos, pos)
+  native = attention.dot_product_attention(q, k, v, scale=1 / math.sqrt(h), bias=bias, mask=mask)
+  chex.assert_shape(out, (2, t, n, h))
+  np.testing.assert_allclose(out, native, atol=3e-2)  # bf16 content dims
