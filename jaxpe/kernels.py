@@ -376,10 +376,12 @@ def _segment_ids(mask: attention_lib.AttentionMask, batch: int, length: int):
 
 
 def _cudnn(q, k, v, mask: attention_lib.AttentionMask, *, scale):
-  dense = None
-  if mask.valid is not None or mask.segment_ids is not None:
-    # cuDNN has no segment ids here: padding/packing go in as a dense [B, 1, T, S] mask (O(T^2)).
-    dense = dataclasses.replace(mask, causal=False).dense(q.shape[0], q.shape[1])
+  # cuDNN has no segment ids here: padding/packing go in as a dense [B, 1, T, S] mask (O(T^2)) built
+  # from the same ids as the Pallas kernels' (padding tokens see each other), so no query row is
+  # fully masked (cuDNN gives NaN there, e.g. left padding under causality); attention() zeroes
+  # the padding rows.
+  ids = _segment_ids(mask, q.shape[0], q.shape[1])
+  dense = None if ids is None else ids[:, None, :, None] == ids[:, None, None, :]
   return jax.nn.dot_product_attention(
     q, k, v, mask=dense, scale=scale, is_causal=mask.causal, implementation="cudnn"
   )

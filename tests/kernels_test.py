@@ -309,3 +309,38 @@ def test_sequence_length_off_the_kernel_block_is_padded(impl, t_len, causal):
   out = kernels.attention(q, k, v, impl=impl, interpret=True, **kw)
   want = kernels.attention(q, k, v, impl="xla", **kw)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=0)
+
+
+def test_cudnn_gets_no_query_row_without_a_visible_key(monkeypatch):
+  # cuDNN's flash attention gives NaN (and NaN gradients) for a query row with every key masked.
+  # With left padding and causality, the padding queries before the first real token see no real
+  # key: like the Pallas kernels' segment ids, padding tokens must see each other. A GPU is modelled:
+  # cudnn reported available, jax.nn.dot_product_attention checks its mask, then computes on xla.
+  real = jax.nn.dot_product_attention
+  rows = []
+
+  def fake_cudnn(q, k, v, *, mask=None, scale=None, is_causal=False, implementation=None):
+    assert implementation == "cudnn" and q.dtype == jnp.bfloat16
+    t_len = q.shape[1]
+    full = jnp.ones((1, 1, t_len, t_len), bool) if mask is None else mask
+    if is_causal:
+      full = full & jnp.tril(jnp.ones((t_len, t_len), bool))[None, None]
+    rows.append(np.asarray(full).any(-1))
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    return real(f32(q), f32(k), f32(v), mask=mask, scale=scale, is_causal=is_causal).astype(q.dtype)
+
+  monkeypatch.setattr(kernels, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
+  monkeypatch.setattr(jax.nn, "dot_product_attention", fake_cudnn)
+  rng = np.random.default_rng(7)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 12, 2, 8)), jnp.float32) for _ in range(3))
+  valid = jnp.asarray(np.arange(12)[None] >= np.array([[0], [5]]))  # row 1: 5 left-padding tokens
+  segments = jnp.asarray(np.repeat([[4, 1, 4]], 4, axis=1), jnp.int32).repeat(2, axis=0)
+  for mask in (
+    attention.AttentionMask(valid=valid, causal=True),
+    attention.AttentionMask(valid=valid, segment_ids=segments, causal=True),
+  ):
+    out = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, impl="cudnn")
+    assert np.all(rows[-1]), "a query row with no visible key reached cuDNN"
+    want = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, impl="xla")
+    ok = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(out)[ok], np.asarray(want)[ok], atol=3e-2, rtol=0)
