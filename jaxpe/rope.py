@@ -460,6 +460,8 @@ def apply_rope(
   if isinstance(scale, jax.Array | np.ndarray) or float(scale) != 1.0:
     scale = jnp.asarray(scale, jnp.float32)
     cos, sin = cos * scale, sin * scale
+  if 4 * cos.size <= x.size:
+    cos, sin = _computed_once(cos, sin, positions)
   rot = jax.lax.complex(cos, sin)  # exp(1j * phase), complex64
   split = rotary_dim if rotated_slice == "leading" else head_dim - rotary_dim
   first, second = x[..., :split], x[..., split:]
@@ -477,6 +479,21 @@ def apply_rope(
     return out
   parts = [out, second] if rotated_slice == "leading" else [first, out]
   return jnp.concatenate(parts, axis=-1)
+
+
+def _computed_once(cos: jax.Array, sin: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(cos, sin)`` unchanged, computed once rather than per element of the rotation.
+
+  XLA fuses the cos/sin computation (about 60 operations with exact phases, or ``cos``/``sin``)
+  into the rotation's loop over ``[B, T, N, R]`` and redoes it for every head and both halves of
+  each pair. Dividing by a 1.0 that XLA cannot fold (``1 + 0 * position``, exact: ``c / 1 == c``)
+  is an "expensive" op whose result the broadcast over heads reuses, which XLA does not duplicate:
+  cos/sin are computed once into ``[B or 1, T, 1, R/2]`` (``jax.lax.optimization_barrier`` would
+  say the same, but XLA:CPU removes it before fusion).
+  """
+  first = jax.lax.slice(positions, (0,) * positions.ndim, (1,) * positions.ndim).astype(jnp.float32)
+  one = (jnp.float32(1) + jnp.float32(0) * first).reshape((1,) * cos.ndim)  # 1.0 for finite positions
+  return cos / one, sin / one
 
 
 def _batch_positions(positions, bt: tuple[int, int], *, multi_axis: bool):
