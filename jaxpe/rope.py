@@ -351,7 +351,8 @@ def _exact_cos_sin_jvp(positions, theta, hi, lo, turns):
 def _exact_cos_sin_tangent(primals, tangents):
   positions, theta, hi, lo, turns = primals
   d_positions, d_theta = tangents[0], tangents[1]
-  cos, sin = _exact_cos_sin(positions, hi, lo, turns)
+  # The primal through the custom JVP itself, so the rule differentiates again (hessians).
+  cos, sin = _exact_cos_sin_jvp(positions, theta, hi, lo, turns)
   d_phase = positions.astype(jnp.float32) * d_theta
   if jnp.issubdtype(positions.dtype, jnp.floating):
     d_phase = d_phase + d_positions * theta

@@ -656,3 +656,17 @@ def test_gradients_in_frequencies_and_float_positions():
     exact = jax.jit(jax.grad(loss, argnums=argnum), static_argnums=2)(inv, p, "exact")
     f32 = jax.grad(loss, argnums=argnum)(inv, p, "float32")
     np.testing.assert_allclose(exact, f32, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(f32))))
+
+
+def test_second_derivatives_in_frequencies_and_float_positions():
+  # d^2 cos(p theta) / d theta^2 = -p^2 cos(p theta), d^2 sin(p theta) / dp^2 = -theta^2 sin(p theta):
+  # closed forms in float64 (the custom JVP's rule must itself be differentiable, not stop at order 1).
+  inv = jnp.asarray([1.0, 0.1, 0.01], jnp.float32)
+  pos = jnp.asarray([3, 100, 1777], jnp.int32)
+  p64, t64 = np.asarray(pos, np.float64)[:, None], np.asarray(inv, np.float64)[None, :]
+  h_theta = jax.hessian(lambda t: jnp.sum(rope.rope_cos_sin(pos, t)[0]))(inv)
+  np.testing.assert_allclose(np.diag(h_theta), np.sum(-(p64**2) * np.cos(p64 * t64), 0), rtol=1e-4)
+  pf = jnp.asarray([3.5, 100.25, 1000.75], jnp.float32)
+  pf64 = np.asarray(pf, np.float64)[:, None]
+  h_pos = jax.hessian(lambda p: jnp.sum(rope.rope_cos_sin(p, inv)[1]))(pf)
+  np.testing.assert_allclose(np.diag(h_pos), np.sum(-(t64**2) * np.sin(pf64 * t64), 1), rtol=1e-4, atol=1e-6)
