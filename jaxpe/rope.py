@@ -189,14 +189,15 @@ def _turn_words_traced(inv_freq: jax.Array) -> tuple[jax.Array, jax.Array, jax.A
     jax.lax.bitcast_convert_type(mag, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32
   )  # 12 significant bits
   halves = (top, mag - top)  # both exact, 12 bits each
-  hi = jnp.zeros(theta.shape, jnp.uint32)
-  lo = jnp.zeros(theta.shape, jnp.uint32)
-  for half in halves:
-    for piece in _INV_TWO_PI_12:
-      t_hi, t_lo = _to_fixed64(half * jnp.float32(piece))  # 24-bit product: exact
-      lo_sum = lo + t_lo
-      hi = hi + t_hi + (lo_sum < lo).astype(jnp.uint32)
-      lo = lo_sum
+  pieces = jnp.asarray(_INV_TWO_PI_12, jnp.float32)[:, None]  # [6, 1]
+  t_hi, t_lo = _to_fixed64(jnp.concatenate([h[None, :] * pieces for h in halves]))  # [12, R/2], exact
+  # Sum the 12 words with carries in 16-bit limbs. The sums are reductions, which XLA does not fuse
+  # into (and so recompute in) every [B, T, R/2] element of the phases as it did a chain of adds
+  # (a traced inv_freq cost 8-20x the concrete one).
+  low = jnp.sum(t_lo & jnp.uint32(_MASK16), axis=0)  # < 12 * 2^16
+  mid = jnp.sum(t_lo >> 16, axis=0) + (low >> 16)
+  lo = (mid << 16) | (low & jnp.uint32(_MASK16))
+  hi = jnp.sum(t_hi, axis=0) + (mid >> 16)  # modulo 2^32: whole turns drop out
   # theta < 0: U -> 2^64 - U (two's complement of the 64-bit word).
   neg_lo = jnp.uint32(0) - lo
   neg_hi = ~hi + (lo == 0).astype(jnp.uint32)
