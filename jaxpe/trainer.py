@@ -134,13 +134,19 @@ def check_resume_config(
 
   Raises:
     ValueError: a key under ``RUN_DEFINING_KEYS`` differs; the message names the dotted keys with
-      both values, where the saved values come from (``source``) and suggests a new workdir.
+      both values, where the saved values come from (``source``) and suggests a new workdir; or
+      the saved config is not a mapping.
   """
   try:
     text = saved if isinstance(saved, str) else json.dumps(saved)  # JSON mode: lists validate as tuples
     saved = TrainConfig.model_validate_json(text).model_dump(mode="json")
   except pydantic.ValidationError:  # written by another version of the schema: compare as saved
     saved = json.loads(saved) if isinstance(saved, str) else saved
+    if not isinstance(saved, dict):
+      raise ValueError(
+        f"the config saved in {source} is not a mapping (got {type(saved).__name__}); it cannot be "
+        "checked against this run: use a new workdir"
+      ) from None
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
   differing = sorted(
     k for k in old.keys() | new.keys() if k.split(".")[0] in RUN_DEFINING_KEYS and old.get(k) != new.get(k)
@@ -154,16 +160,20 @@ def check_resume_config(
 
 
 def _read_saved_config(path: Path) -> str | None:
-  """``config.json``'s text, or None (with a warning) when it is missing or does not parse: the
-  checkpoints' metadata carries the same keys, so a damaged file never blocks a resume."""
+  """``config.json``'s text, or None (with a warning) when it is missing or is not a JSON object
+  (bytes that are not UTF-8, a syntax error, a list...): the checkpoints' metadata carries the same
+  keys, so a damaged file never blocks a resume."""
   if not path.is_file():
     return None
-  text = path.read_text()
   try:
-    json.loads(text)
-  except json.JSONDecodeError as e:
+    text = path.read_bytes().decode()
+    if not isinstance(json.loads(text), dict):
+      raise ValueError("not a JSON object")
+  except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
     log.warning(
-      "ignoring %s: it is not valid JSON (%s); the run is checked against its checkpoint instead", path, e
+      "ignoring %s: it is not a valid JSON object (%s); the run is checked against its checkpoint instead",
+      path,
+      e,
     )
     return None
   return text
@@ -181,12 +191,12 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
   if not path.is_file():
     return []
   records = []
-  for number, line in enumerate(path.read_text().splitlines(), 1):
+  for number, line in enumerate(_read_lines(path), 1):
     if not line.strip():
       continue
     try:
       record = json.loads(line)
-      if isinstance(record, dict) and isinstance(record.get("step"), int):
+      if _is_metrics_record(record):
         records.append(record)
         continue
     except json.JSONDecodeError:
@@ -195,10 +205,31 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
   return records
 
 
+def _read_lines(path: Path) -> list[str]:
+  """The lines of a text file the trainer wrote; bytes that are not UTF-8 (damage) become U+FFFD."""
+  return path.read_bytes().decode(errors="replace").splitlines()
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _is_metrics_record(record: Any) -> bool:
+  """A dict with an integer ``step``, a numeric ``loss``, and numbers for the other keys read back
+  (``eval_bits_per_byte``, ``tokens_per_second``) where present."""
+  return (
+    isinstance(record, dict)
+    and isinstance(record.get("step"), int)
+    and not isinstance(record["step"], bool)
+    and _is_number(record.get("loss"))
+    and all(_is_number(record[k]) for k in ("eval_bits_per_byte", "tokens_per_second") if k in record)
+  )
+
+
 def _truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
   """Drops records after ``step`` (written after the last checkpoint by a crashed process) and lines
   that do not parse."""
-  lines = path.read_text().splitlines() if path.is_file() else []
+  lines = _read_lines(path) if path.is_file() else []
   records = _read_metrics(path)
   kept = [r for r in records if r["step"] <= step]
   if len(kept) != len([line for line in lines if line.strip()]) or not path.is_file():

@@ -353,19 +353,44 @@ def test_config_json_damaged_or_missing_cannot_hide_a_changed_run(tmp_path, save
 
   (run / "config.json").write_text('{"seed": ')
   result = trainer.train(_cfg(run, text_file, "num_steps=5"), progress=False)
-  assert result.step == 5 and f"ignoring {run / 'config.json'}: it is not valid JSON" in caplog.text
+  assert result.step == 5 and f"ignoring {run / 'config.json'}: it is not a valid JSON object" in caplog.text
   assert json.loads((run / "config.json").read_text())["num_steps"] == 5
 
 
 def test_metrics_lines_that_do_not_parse_are_skipped_with_a_warning(tmp_path, caplog):
+  # Each bad line is a kind of damage: torn, not a record, bytes that are not UTF-8 (these stopped
+  # the run with "'utf-8' codec can't decode"), records without a numeric loss or an integer step
+  # (KeyError / TypeError when the loss curve is plotted).
   path = tmp_path / "metrics.jsonl"
-  path.write_text(
-    '{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n\n[3]\n{"step": 3, "loss": 1.0}\n{"step": 4, "loss": 0.5}\n'
+  path.write_bytes(
+    b'{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n\n[3]\n\xff\xfe{"step": 2, "loss": 1.0}\n{"step": 2}\n'
+    b'{"step": 2, "loss": "x"}\n{"step": true, "loss": 1.0}\n{"step": 2, "loss": 1.0, "tokens_per_second": null}\n'
+    b'{"step": 3, "loss": 1.0}\n{"step": 4, "loss": 0.5}\n'
   )
   kept = trainer._truncate_metrics(path, 3)
   assert [r["step"] for r in kept] == [1, 3]
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 3]
-  assert f"{path} line 2 is not a metrics record" in caplog.text and "line 4 is not" in caplog.text
+  assert f"{path} line 2 is not a metrics record" in caplog.text
+  assert all(f"line {n} is not" in caplog.text for n in (4, 5, 6, 7, 8, 9))
+
+
+@pytest.mark.parametrize(
+  "content", [b"\xf4\x8f\xff\x00garbage", b"", b"[]", b"null", b'"config"', b"3", b'{"seed": ']
+)
+def test_config_json_that_is_not_a_json_object_is_ignored_with_a_warning(tmp_path, content, caplog):
+  # Random bytes stopped the run with "'utf-8' codec can't decode byte 0xf4" (no file named);
+  # '[]' with an AttributeError traceback.
+  path = tmp_path / "config.json"
+  path.write_bytes(content)
+  assert trainer._read_saved_config(path) is None
+  assert f"ignoring {path}: it is not a valid JSON object" in caplog.text
+
+
+def test_a_saved_config_that_is_not_a_mapping_is_refused_naming_its_source(tmp_path, text_file):
+  cfg = _cfg(tmp_path, text_file)
+  for saved in ([1, 2], "[1, 2]", None):
+    with pytest.raises(ValueError, match=r"config saved in the checkpoint of step 4 is not a mapping"):
+      trainer.check_resume_config(saved, cfg, source="the checkpoint of step 4")
 
 
 def test_skip_nonfinite_skips_bad_batches_up_to_its_limit_across_resumes(tmp_path, text_file, monkeypatch):
