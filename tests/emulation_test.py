@@ -505,9 +505,11 @@ def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
   v = jax.random.normal(jax.random.key(4), (2, t, kv, h))
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 1000, (2, t))
   theta = emulation.emulation_theta(max_phase=0.1, max_len=2048)
-  out = emulation.emulated_alibi_attention(
-    q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True, implementation="cudnn"
-  )
+  out = jax.jit(
+    lambda q, k, v: emulation.emulated_alibi_attention(
+      q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True, implementation="cudnn"
+    )
+  )(q, k, v)
   assert seen
   bias = -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
     pos[:, None, :, None] - pos[:, None, None, :]
