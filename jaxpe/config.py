@@ -386,6 +386,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     return super().construct_mapping(node, deep=deep)
 
 
+def _read_text(path: Path, source: str) -> str:
+  """``path``'s UTF-8 text.
+
+  Raises:
+    ValueError: bytes that are not UTF-8, naming ``source``, the line and the byte.
+  """
+  data = path.read_bytes()
+  try:
+    return data.decode()
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{source} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+
+
 def _load_yaml(text: str, source: str) -> Any:
   """Parses YAML ``text``; errors name ``source`` (a file or an override) and the line.
 
@@ -429,7 +443,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
   Raises:
     FileNotFoundError: ``path`` does not exist.
     ValueError: an unknown key, a wrong type or an out-of-range value (pydantic's
-      ``ValidationError``, a ``ValueError``, names the dotted key); a file that is not valid YAML or
+      ``ValidationError``, a ``ValueError``, names the dotted key); a file that is not UTF-8, not valid YAML or
       gives a key twice (named with the line).
   """
   raw: dict[str, Any] = {}
@@ -437,7 +451,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
     path = Path(path)
     if not path.is_file():
       raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    raw = _load_yaml(path.read_text(), f"config file {str(path)!r}") or {}
+    raw = _load_yaml(_read_text(path, f"config file {str(path)!r}"), f"config file {str(path)!r}") or {}
     if not isinstance(raw, dict):
       raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
   raw = _merge(raw, parse_overrides(list(overrides)))

@@ -207,6 +207,10 @@ def test_yaml_files_with_duplicate_keys_or_bad_syntax_are_named(tmp_path):
     load_config(bad)
   with pytest.raises(ValueError, match=r"override value '\[1' line 1 column 3: "):
     parse_overrides(["mesh_shape=[1"])
+  binary = tmp_path / "binary.yaml"  # was "'utf-8' codec can't decode byte 0xff in position 13" (no file)
+  binary.write_bytes(b"num_steps: 3\n\xff\xfe\x00model: x\n")
+  with pytest.raises(ValueError, match=rf"config file '{binary}' line 2: not UTF-8 text \(byte 0xff\)"):
+    load_config(binary)
   ok = tmp_path / "ok.yaml"
   ok.write_text("num_steps: 3\nmodel:\n  d_model: 64\ndata:\n  max_bytes: 64\n")  # same key in two sections
   assert load_config(ok).model.d_model == 64
