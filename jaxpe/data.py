@@ -205,7 +205,7 @@ def unigram_bits_per_byte(tokens: np.ndarray) -> float:
   ``[0, 256)``) itself: the cross-entropy of the best context-free model, for reference."""
   counts = np.bincount(tokens, minlength=256).astype(np.float64)
   p = counts[counts > 0] / counts.sum()
-  return float(-(p * np.log2(p)).sum())
+  return float(-(p * np.log2(p)).sum()) + 0.0  # + 0.0: one distinct byte gives 0.0, not -0.0
 
 
 def bits_per_byte(mean_nats_per_token: float) -> float:

@@ -424,10 +424,15 @@ def test_skip_nonfinite_skips_bad_batches_up_to_its_limit_across_resumes(tmp_pat
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state) if np.issubdtype(x.dtype, np.inexact))
 
 
-def test_command_line_user_errors_are_one_line_and_status_2(tmp_path, capsys):
+def _cli():
   spec = importlib.util.spec_from_file_location("train_cli", TRAIN)
   cli = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(cli)
+  return cli
+
+
+def test_command_line_user_errors_are_one_line_and_status_2(tmp_path, capsys):
+  cli = _cli()
   dup = tmp_path / "dup.yaml"
   dup.write_text("seq_len: 32\nseq_len: 64\n")
   cases = [
@@ -452,3 +457,17 @@ def test_command_line_user_errors_are_one_line_and_status_2(tmp_path, capsys):
     assert re.search(message, err), err
   with pytest.raises(pydantic.ValidationError):
     cli.main(["--debug", "learning_rate=.inf"])
+
+
+def test_command_line_reports_a_corpus_of_one_repeated_byte(tmp_path, monkeypatch, capsys):
+  # Its unigram entropy is 0: the finished run crashed in the summary line (ZeroDivisionError, exit 1).
+  cli = _cli()
+  corpus = tmp_path / "a.txt"
+  corpus.write_text("a" * 4000)
+  unigram = trainer.data.unigram_bits_per_byte(np.frombuffer(corpus.read_bytes(), np.uint8))
+  assert unigram == 0.0 and np.copysign(1.0, unigram) == 1.0  # not -0.0 ("-0.000" in the log)
+  result = trainer.TrainResult(4, 0.1, 0.2, unigram, 1.0, 1.0, "", 4)
+  monkeypatch.setattr(trainer, "train", lambda c, **kw: result)
+  assert cli.main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--data", str(corpus)]) == 0
+  out = capsys.readouterr().out
+  assert "unigram bits/byte: 0.000" in out and "ratio" not in out

@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
   print(
     f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
   )
+  unigram = result.unigram_bits_per_byte  # 0 for a corpus of one repeated byte
   print(
-    f"held-out bits/byte: {result.eval_bits_per_byte:.3f}  unigram bits/byte: {result.unigram_bits_per_byte:.3f}"
-    f"  ratio: {result.eval_bits_per_byte / result.unigram_bits_per_byte:.1%}"
+    f"held-out bits/byte: {result.eval_bits_per_byte:.3f}  unigram bits/byte: {unigram:.3f}"
+    + (f"  ratio: {result.eval_bits_per_byte / unigram:.1%}" if unigram > 0 else "")
   )
   print(f"loss curve: {Path(cfg.workdir) / 'loss.png'}\nsample:\n{result.sample}")
   return 0
