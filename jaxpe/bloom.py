@@ -675,7 +675,8 @@ def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force:
     path: the directory to create or write into; never the current directory or one of its parents.
     overwrite: replace the two files of an existing BLOOM export (a directory whose ``config.json``
       says ``model_type: bloom``).
-    force: also write into a non-empty directory that is not a BLOOM export (its files are kept).
+    force: also write into a non-empty directory that is not a BLOOM export (its files are kept;
+      one holding its own ``config.json`` or ``model.safetensors`` is refused even so).
 
   Returns:
     the directory.
@@ -685,7 +686,9 @@ def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force:
       weight files (``*.safetensors``, ``*.bin``, an index) that would shadow or mix with the new
       ones; see also ``to_hf_state_dict``.
     FileExistsError: ``path`` is a BLOOM export and ``overwrite`` is False, or a non-empty
-      directory that is not one and ``force`` is False, or not a directory.
+      directory that is not one and ``force`` is False, or not a directory; or, whatever the flags,
+      it holds a ``config.json`` or ``model.safetensors`` that is not a BLOOM export's (another
+      model's HF directory).
   """
   import tempfile
 
@@ -746,6 +749,12 @@ def _check_export_target(root: Path, *, overwrite: bool, force: bool) -> None:
     is_export = json.loads((root / "config.json").read_text()).get("model_type") == "bloom"
   except (OSError, ValueError, AttributeError):
     is_export = False
+  foreign = [n for n in EXPORT_FILES if (root / n).exists()] if not is_export else []
+  if foreign:
+    raise FileExistsError(
+      f"{str(root)!r} holds {' and '.join(foreign)} not from a BLOOM export; the export would replace them "
+      "(force=True keeps only other files): choose another directory"
+    )
   if is_export and not overwrite:
     raise FileExistsError(
       f"{str(root)!r} already holds a BLOOM export; pass overwrite=True to replace its config.json and "

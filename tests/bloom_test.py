@@ -267,6 +267,20 @@ def test_save_hf_writes_only_its_own_files_with_normal_permissions(jx_model, tmp
   (tmp_path / "file").write_text("x")
   with pytest.raises(FileExistsError, match="not a directory"):
     bloom.save_hf(jx_model, tmp_path / "file", force=True)
+  # Another model's HF directory (or a config.json that is not a BLOOM one): force=True kept its
+  # other files but replaced its config.json and model.safetensors. Refused whatever the flags.
+  for name, files in (
+    ("llama", {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"llama weights"}),
+    ("broken", {"config.json": b"{not json", "notes.txt": b"x"}),
+    ("weights", {"model.safetensors": b"someone's weights"}),
+  ):
+    other = tmp_path / name
+    other.mkdir()
+    for file, content in files.items():
+      (other / file).write_bytes(content)
+    with pytest.raises(FileExistsError, match=r"not from a BLOOM export.* would replace them"):
+      bloom.save_hf(jx_model, other, overwrite=True, force=True)
+    assert {f.name: f.read_bytes() for f in other.iterdir()} == files
 
 
 # ------------------------------------------------------------------------------------------------
