@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -122,3 +122,45 @@ def stop_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> 
   finally:
     for s, h in previous.items():
       signal.signal(s, h)
+
+
+def run_cli(prog: str, body: Callable[[], int], *, debug: bool = False) -> int:
+  """Run a command-line entry point's ``body`` and turn the errors a user can act on into one line.
+
+  Shared by ``train/train.py`` and ``train/study.py``, so both report errors and signals alike.
+
+  Args:
+    prog: the program name that prefixes each message (``"train.py"``).
+    body: does the work and returns the exit status.
+    debug: re-raise user errors with their traceback instead of the one-line message.
+
+  Returns:
+    ``body()``'s status; for ``TrainingInterrupted`` its ``128 + signal`` (143 SIGTERM, 130 Ctrl-C);
+    1 for ``NonFiniteError``; 2 for configuration and usage errors (``ValueError``, ``TypeError``,
+    ``OSError``, other ``RunError``), printed as ``<prog>: error: <one line>`` on stderr.
+  """
+  try:
+    return body()
+  except TrainingInterrupted as e:
+    print(f"{prog}: {e}", file=sys.stderr)
+    return e.exit_code
+  except (ValueError, TypeError, OSError, RunError) as e:
+    if debug:
+      raise
+    print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+    return 1 if isinstance(e, NonFiniteError) else 2
+
+
+def one_line(e: BaseException) -> str:
+  """The error as one line: pydantic's multi-line validation report joined, its URLs dropped."""
+  text = str(e)
+  if hasattr(e, "errors") and callable(e.errors):  # pydantic.ValidationError
+    try:
+      return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
+        + (f" (got {err['input']!r})" if err["loc"] else "")
+        for err in e.errors()
+      )
+    except (TypeError, KeyError):
+      pass
+  return " ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -132,3 +132,28 @@ def test_config_checks():
   assert study.model_train_config(cfg, "rope_alibi_k2").model.rope_alibi_context == 8 * cfg.train.seq_len
   assert study.eval_model_config(cfg, "learned", 2) is None
   assert study.eval_model_config(cfg, "rope_dynamic", 1).rope_scaling is None
+
+
+def test_study_command_line_reports_errors_and_signals_in_one_line(tmp_path, monkeypatch, capsys):
+  """train/study.py reports like train/train.py: a config error is one line with status 2, a run
+  stopped by SIGTERM says where its checkpoint is with status 143 (it printed a traceback)."""
+  import importlib.util
+
+  from jaxpe import run_guard
+
+  spec = importlib.util.spec_from_file_location(
+    "study_cli", Path(__file__).parent.parent / "train" / "study.py"
+  )
+  cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cli)
+  assert cli.main(["train.num_steps=0", f"workdir={tmp_path}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("study.py: error: ") and err.count("\n") == 1 and "num_steps" in err, err
+
+  def stopped(cfg):
+    raise run_guard.TrainingInterrupted("stopped by SIGTERM at step 7; checkpoint saved", signum=15, step=7)
+
+  monkeypatch.setattr(cli, "run_study", stopped)
+  assert cli.main([f"workdir={tmp_path}", "--quick"]) == 143
+  err = capsys.readouterr().err
+  assert err == "study.py: stopped by SIGTERM at step 7; checkpoint saved\n", err

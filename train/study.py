@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxpe import run_guard
 from jaxpe.study import StudyInterrupted, load_study_config, run_study
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -26,21 +27,26 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--config", default=None, help=f"study YAML (default: {CONFIGS / 'study.yaml'})")
   parser.add_argument("--quick", action="store_true", help="use configs/study_quick.yaml")
   parser.add_argument("--data", default=None, help="text file or directory (default: Python stdlib sources)")
+  parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_steps=100")
-  args = parser.parse_args(argv)
+  args = parser.parse_intermixed_args(argv)
   if args.quick and args.config:
     parser.error("--quick and --config are exclusive")
   path = args.config or CONFIGS / ("study_quick.yaml" if args.quick else "study.yaml")
   overrides = list(args.overrides) + ([f"train.data.path={args.data}"] if args.data else [])
-  study = load_study_config(path, overrides)
-  try:
-    run_study(study)
-  except StudyInterrupted as e:
-    print(e, file=sys.stderr)
-    return 1
-  print((Path(study.workdir) / "study.md").read_text())
-  print(f"wrote {study.workdir}/study.md, study.json, bits_per_byte.png, loss_vs_position.png")
-  return 0
+
+  def body() -> int:
+    study = load_study_config(path, overrides)
+    try:
+      run_study(study)
+    except StudyInterrupted as e:
+      print(e, file=sys.stderr)
+      return 1
+    print((Path(study.workdir) / "study.md").read_text())
+    print(f"wrote {study.workdir}/study.md, study.json, bits_per_byte.png, loss_vs_position.png")
+    return 0
+
+  return run_guard.run_cli("study.py", body, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -31,42 +31,21 @@ def main(argv: list[str] | None = None) -> int:
   from jaxpe.config import load_config
   from jaxpe.trainer import train
 
-  try:
+  def body() -> int:
     cfg = load_config(args.config, overrides)
     result = train(cfg)
-  except run_guard.TrainingInterrupted as e:
-    print(f"train.py: {e}", file=sys.stderr)
-    return e.exit_code
-  except (ValueError, TypeError, OSError, run_guard.RunError) as e:
-    if args.debug:
-      raise
-    print(f"train.py: error: {_one_line(e)}", file=sys.stderr)
-    return 1 if isinstance(e, run_guard.NonFiniteError) else 2
-  print(
-    f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
-  )
-  unigram = result.unigram_bits_per_byte  # 0 for a corpus of one repeated byte
-  print(
-    f"held-out bits/byte: {result.eval_bits_per_byte:.3f}  unigram bits/byte: {unigram:.3f}"
-    + (f"  ratio: {result.eval_bits_per_byte / unigram:.1%}" if unigram > 0 else "")
-  )
-  print(f"loss curve: {Path(cfg.workdir) / 'loss.png'}\nsample:\n{result.sample}")
-  return 0
+    print(
+      f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
+    )
+    unigram = result.unigram_bits_per_byte  # 0 for a corpus of one repeated byte
+    print(
+      f"held-out bits/byte: {result.eval_bits_per_byte:.3f}  unigram bits/byte: {unigram:.3f}"
+      + (f"  ratio: {result.eval_bits_per_byte / unigram:.1%}" if unigram > 0 else "")
+    )
+    print(f"loss curve: {Path(cfg.workdir) / 'loss.png'}\nsample:\n{result.sample}")
+    return 0
 
-
-def _one_line(e: BaseException) -> str:
-  """The error as one line: pydantic's multi-line validation report joined, its URLs dropped."""
-  text = str(e)
-  if hasattr(e, "errors") and callable(e.errors):  # pydantic.ValidationError
-    try:
-      return "; ".join(
-        f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
-        + (f" (got {err['input']!r})" if err["loc"] else "")
-        for err in e.errors()
-      )
-    except (TypeError, KeyError):
-      pass
-  return " ".join(line.strip() for line in text.splitlines() if line.strip())
+  return run_guard.run_cli("train.py", body, debug=args.debug)
 
 
 if __name__ == "__main__":
