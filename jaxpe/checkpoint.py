@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,18 @@ class CheckpointError(OSError):
   """A checkpoint could not be written, or no intact checkpoint could be read."""
 
 
-def manager(directory: str | Path, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
+def manager(
+  directory: str | Path, *, max_to_keep: int = 2, async_save: bool = False
+) -> ocp.CheckpointManager:
   """A CheckpointManager over ``directory`` (created if missing), keeping the newest
   ``max_to_keep`` (> 0) checkpoints; each step is a subdirectory named by the step number.
-  Saves are synchronous (``save`` returns when the step is on disk).
+
+  Saves are synchronous (``save`` returns when the step is on disk) unless ``async_save``: then
+  ``save`` returns once the arrays are copied to host memory (the caller may donate or overwrite
+  them at once) and a background thread writes them; the step directory still appears only when
+  complete. The next ``save``, ``finish`` and closing the manager wait for a pending write. In a
+  multi-process run every process makes the same calls; orbax writes each process's shards and
+  process 0 the metadata.
 
   Raises:
     CheckpointError: ``directory`` cannot be created or written (checked up front).
@@ -46,7 +55,7 @@ def manager(directory: str | Path, *, max_to_keep: int = 2) -> ocp.CheckpointMan
   return ocp.CheckpointManager(
     directory,
     options=ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
     ),
   )
 
@@ -69,7 +78,9 @@ def check_writable(directory: Path) -> None:
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
   """Saves ``state`` (a pytree of arrays, any shapes, dtypes and shardings) and the JSON-serialisable
-  dict ``meta`` at ``step`` (an optimizer step, >= 0) and waits for completion.
+  dict ``meta`` at ``step`` (an optimizer step, >= 0): completely with a synchronous manager; with
+  an asynchronous one (``manager(async_save=True)``) it returns after the copy to host memory, and
+  a failure of the background write is raised by the next ``save`` or by ``finish``.
 
   Raises:
     CheckpointError: the directory is not writable, lacks the space for the state, or a write
@@ -82,16 +93,28 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
   _check_space(directory, step, state)
   try:
     with _quiet_orbax():
-      mngr.save(
+      mngr.save(  # waits for the previous asynchronous save first (raising its error)
         step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
       )
-      mngr.wait_until_finished()
   except Exception as e:
     if isinstance(e, ValueError) and step in mngr.all_steps():
       raise
     raise CheckpointError(
       f"could not write checkpoint step {step} to {str(directory)!r}: {_reason(e)}"
     ) from e
+
+
+def finish(mngr: ocp.CheckpointManager) -> None:
+  """Waits until a pending asynchronous save is on disk.
+
+  Raises:
+    CheckpointError: the background write failed (naming the directory and the reason).
+  """
+  try:
+    with _quiet_orbax():
+      mngr.wait_until_finished()
+  except Exception as e:
+    raise CheckpointError(f"could not write a checkpoint to {str(mngr.directory)!r}: {_reason(e)}") from e
 
 
 def _check_space(directory: Path, step: int, state: Any) -> None:
@@ -114,7 +137,7 @@ def _check_space(directory: Path, step: int, state: Any) -> None:
 
 def restore_latest(
   mngr: ocp.CheckpointManager,
-  abstract_state: Any,
+  abstract_state: Any | Callable[[dict[str, Any]], Any],
   *,
   check_meta: Callable[[dict[str, Any]], None] | None = None,
   check_state: Callable[[Any], str | None] | None = None,
@@ -127,7 +150,8 @@ def restore_latest(
   ``<directory>.damaged/<step>`` (nothing is deleted), so later saves of those steps succeed.
 
   Args:
-    abstract_state: pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` set.
+    abstract_state: pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` set, or a function of a
+      step's metadata returning it (e.g. the layer layout the checkpoint was written in).
     check_meta: called with each step's metadata before its state is read; its exceptions (e.g.
       a ``ValueError`` for a changed run) propagate.
     check_state: returns a reason (string) when a restored state must not be used (e.g. it holds
@@ -152,9 +176,8 @@ def restore_latest(
       check_meta(meta)
     try:
       with _quiet_orbax():
-        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))[
-          "state"
-        ]
+        target = abstract_state(meta) if callable(abstract_state) else abstract_state
+        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
     except Exception as e:
       failures.append(_damaged(mngr, step, f"unreadable state ({_reason(e)})"))
       continue
@@ -188,14 +211,16 @@ def _move_aside(mngr: ocp.CheckpointManager, steps: list[int]) -> None:
     return
   directory = Path(mngr.directory)
   aside = directory.with_name(directory.name + ".damaged")
-  aside.mkdir(exist_ok=True)
-  for step in steps:
+  for step in steps if jax.process_index() == 0 else ():  # one process moves (shared directory)
+    aside.mkdir(exist_ok=True)
     target = aside / str(step)
     n = 1
     while target.exists():
       target, n = aside / f"{step}.{n}", n + 1
     os.replace(directory / str(step), target)
     log.warning("moved damaged checkpoint step %d to %s", step, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("jaxpe: damaged checkpoints moved aside")
   mngr.reload()
 
 

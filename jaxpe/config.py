@@ -20,6 +20,9 @@ PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "xpos", "alibi", 
 POS_ENCODINGS: tuple[str, ...] = typing.get_args(PosEncoding)
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
+Remat = Literal["none", "full", "dots_saveable"]
+MeshAxis = Literal["data", "fsdp", "tensor"]
+MESH_AXES: tuple[str, ...] = typing.get_args(MeshAxis)
 
 
 class _Strict(pydantic.BaseModel):
@@ -134,6 +137,16 @@ class ModelConfig(_Strict):
   tie_embeddings: bool = True
   dtype: DType = "float32"
   init_std: float = pydantic.Field(0.02, gt=0)
+  scan_layers: bool = pydantic.Field(
+    False,
+    description="one compiled block run by nnx.scan over parameters stacked on a leading 'layers' axis "
+    "(compile time independent of num_layers); the same parameters as the loop, stacked",
+  )
+  remat: Remat = pydantic.Field(
+    "none",
+    description="rematerialise each block in the backward pass: none (keep activations), full (keep "
+    "only block inputs) or dots_saveable (keep matmul outputs, recompute the rest)",
+  )
 
   @pydantic.model_validator(mode="before")
   @classmethod
@@ -263,6 +276,71 @@ class DataConfig(_Strict):
   )
 
 
+Axes = MeshAxis | tuple[MeshAxis, ...] | None
+
+
+class LogicalRules(_Strict):
+  """Where each logical axis of parameters and activations goes on the mesh ``(data, fsdp, tensor)``.
+
+  A value is one mesh axis, a list of them (the dimension is split over their product) or null
+  (replicated). Within one array a mesh axis is used once: a later dimension whose axis is already
+  taken is replicated (activations ``[B, T, D]`` are ``(batch, length, embed)``, so with the
+  defaults B is split over ``data`` x ``fsdp`` and D, whose ``fsdp`` is taken, is not). Defaults:
+  data parallelism over ``data``, FSDP over ``fsdp`` (parameters and optimizer state split along D,
+  the batch over ``data`` x ``fsdp``), tensor parallelism over ``tensor`` (heads, MLP, vocab).
+  """
+
+  batch: Axes = ("data", "fsdp")
+  length: Axes = None
+  embed: Axes = "fsdp"
+  heads: Axes = "tensor"
+  kv_heads: Axes = "tensor"
+  head_dim: Axes = None
+  mlp: Axes = "tensor"
+  vocab: Axes = "tensor"
+  pos: Axes = None
+  layers: Axes = None
+
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _lists_to_tuples(cls, data: Any) -> Any:
+    if isinstance(data, dict):
+      data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return data
+
+  @pydantic.model_validator(mode="after")
+  def _check_repeats(self) -> LogicalRules:
+    for name, axes in self.as_tuple():
+      if isinstance(axes, tuple) and len(set(axes)) != len(axes):
+        raise ValueError(f"logical_rules.{name} names a mesh axis twice: {list(axes)}")
+    return self
+
+  def as_tuple(self) -> tuple[tuple[str, Any], ...]:
+    """``((logical name, mesh axes or None), ...)`` in field order."""
+    return tuple((name, getattr(self, name)) for name in type(self).model_fields)
+
+
+class DistributedConfig(_Strict):
+  """Multi-process (multi-host) runs through ``jax.distributed.initialize``.
+
+  Unset values come from the environment: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+  ``JAX_PROCESS_ID``; what is still unset is left to JAX's cluster detection (SLURM, Open MPI,
+  Kubernetes, Cloud TPU).
+  """
+
+  enabled: bool | None = pydantic.Field(
+    None,
+    description="None = initialise when a coordinator address is configured or JAX_COORDINATOR_ADDRESS "
+    "is set; true = always (cluster auto-detection); false = never",
+  )
+  coordinator_address: str | None = pydantic.Field(None, description="host:port of process 0")
+  num_processes: int | None = pydantic.Field(None, gt=0)
+  process_id: int | None = pydantic.Field(None, ge=0)
+  cpu_collectives: Literal["gloo", "mpi"] = pydantic.Field(
+    "gloo", description="collectives between processes on the CPU backend"
+  )
+
+
 class TrainConfig(_Strict):
   """One training run."""
 
@@ -284,9 +362,21 @@ class TrainConfig(_Strict):
   eval_batches: int = pydantic.Field(16, gt=0)
   checkpoint_every: int = pydantic.Field(500, gt=0)
   keep_checkpoints: int = pydantic.Field(2, gt=0)
-  mesh_shape: tuple[int, int] = pydantic.Field(
-    (-1, 1), description="(data, model) axis sizes; -1 = all remaining devices"
+  mesh_shape: tuple[int, int, int] = pydantic.Field(
+    (-1, 1, 1),
+    description="(data, fsdp, tensor) mesh axis sizes; one may be -1 = all remaining devices. The old "
+    "(data, model) form is read as (data, 1, model)",
   )
+  logical_rules: LogicalRules = LogicalRules()
+  grad_accum_steps: int = pydantic.Field(
+    1, gt=0, description="micro-batches per optimizer step (batch_size / grad_accum_steps rows each)"
+  )
+  async_checkpoints: bool = pydantic.Field(
+    False,
+    description="write checkpoints in the background while the next steps run (a write failure is "
+    "then reported at the next save or at the end, not at once)",
+  )
+  distributed: DistributedConfig = DistributedConfig()
   sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end")
   sample_prompt: str = "def "
   max_seconds: float | None = pydantic.Field(
@@ -302,8 +392,25 @@ class TrainConfig(_Strict):
     "before the run stops; 0 = stop at the first",
   )
 
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _old_mesh_shape(cls, data: Any) -> Any:
+    if isinstance(data, dict) and isinstance(data.get("mesh_shape"), (list, tuple)):
+      shape = tuple(data["mesh_shape"])
+      # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism.
+      data = {**data, "mesh_shape": (shape[0], 1, shape[1]) if len(shape) == 2 else shape}
+    return data
+
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:
+    if sum(1 for s in self.mesh_shape if s == -1) > 1 or any(s == 0 or s < -1 for s in self.mesh_shape):
+      raise ValueError(
+        f"mesh_shape (data, fsdp, tensor) takes positive sizes and at most one -1, got {list(self.mesh_shape)}"
+      )
+    if self.batch_size % self.grad_accum_steps:
+      raise ValueError(
+        f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})"
+      )
     m = self.model
     if m.vocab_size < 256:
       raise ValueError(
@@ -455,7 +562,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
     if not isinstance(raw, dict):
       raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
   raw = _merge(raw, parse_overrides(list(overrides)))
-  # YAML gives lists; the schema's tuples are validated from them in lax mode for that field only.
-  if "mesh_shape" in raw and isinstance(raw["mesh_shape"], list):
-    raw["mesh_shape"] = tuple(raw["mesh_shape"])
+  # YAML lists become the schema's tuples in TrainConfig's and LogicalRules' "before" validators.
   return TrainConfig.model_validate(raw)

@@ -151,7 +151,9 @@ def load_corpus(path: str | None, *, max_bytes: int, eval_fraction: float) -> Co
   return Corpus(train=train_arr, eval=eval_arr, num_files=len(files))
 
 
-def train_batch(tokens: np.ndarray, *, step: int, seed: int, batch_size: int, seq_len: int) -> np.ndarray:
+def train_batch(
+  tokens: np.ndarray, *, step: int, seed: int, batch_size: int, seq_len: int, rows: slice = slice(None)
+) -> np.ndarray:
   """Random windows of ``seq_len + 1`` bytes for training step ``step``.
 
   Deterministic in ``(seed, step)``, so a resumed run continues with exactly the batches it would
@@ -161,9 +163,12 @@ def train_batch(tokens: np.ndarray, *, step: int, seed: int, batch_size: int, se
   Args:
     tokens: ``[n]`` uint8 training bytes, ``n >= seq_len + 1``.
     step: training step (0-based); seed: the run's seed; batch_size: B; seq_len: T.
+    rows: the rows of the global batch to read (a process's share in a multi-process run); the
+      window starts are drawn for all B rows, so row i is the same whatever the slice.
 
   Returns:
-    ``[B, T + 1]`` int32 (inputs ``[:, :-1]``, next-token targets ``[:, 1:]``).
+    ``[B, T + 1]`` int32 (inputs ``[:, :-1]``, next-token targets ``[:, 1:]``), or the ``rows``
+    of it.
 
   Raises:
     ValueError: fewer than ``seq_len + 1`` tokens.
@@ -172,7 +177,7 @@ def train_batch(tokens: np.ndarray, *, step: int, seed: int, batch_size: int, se
     raise ValueError(f"training data has {tokens.size} bytes; seq_len + 1 = {seq_len + 1} needed")
   rng = np.random.default_rng([seed, step])
   starts = rng.integers(0, tokens.size - seq_len, size=batch_size)  # high is exclusive
-  return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
+  return np.stack([tokens[s : s + seq_len + 1] for s in starts[rows]]).astype(np.int32)
 
 
 def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int, num_batches: int) -> list[np.ndarray]:

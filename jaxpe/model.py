@@ -17,14 +17,14 @@ D model dim, F MLP dim, V vocab, L layers.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpe import _checks, alibi, attention, emulation, kernels, rope, sinusoidal, xpos
+from jaxpe import _checks, alibi, attention, emulation, kernels, rope, sharding, sinusoidal, xpos
 from jaxpe import positions as positions_lib
 from jaxpe.config import ModelConfig
 
@@ -309,7 +309,8 @@ class Decoder(nnx.Module):
       )
     if cfg.embed_layernorm:
       self.embed_norm = _layer_norm(cfg, rngs)
-    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+    self.blocks = stack_blocks(blocks) if cfg.scan_layers else nnx.List(blocks)
     self.final_norm = _layer_norm(cfg, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = _dense(
@@ -418,7 +419,7 @@ class Decoder(nnx.Module):
       mask = attention.AttentionMask(
         valid=None if attention_mask is None else valid, segment_ids=segment_ids, causal=True
       )
-      kv_positions, layer_caches = positions, [None] * cfg.num_layers
+      kv_positions, layer_caches = positions, None
     else:
       if segment_ids is not None:
         raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
@@ -428,19 +429,11 @@ class Decoder(nnx.Module):
       q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
       k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
       mask = attention.make_attention_mask(q_index, k_index, k_valid=k_valid)
-      kv_positions, layer_caches = k_positions, list(zip(cache.k, cache.v))
+      kv_positions, layer_caches = k_positions, (cache.k, cache.v)
 
-    new_kv = []
-    for block, layer_cache in zip(self.blocks, layer_caches):
-      x, kv = block(
-        x,
-        positions,
-        mask,
-        kv_positions=kv_positions,
-        cache_kv=layer_cache,
-        cache_end=None if cache is None else cache.end,
-      )
-      new_kv.append(kv)
+    x, new_kv = self._blocks(
+      x, positions, mask, kv_positions, layer_caches, cache_end=None if cache is None else cache.end
+    )
     x = self.final_norm(x)
     if cfg.tie_embeddings:
       logits = jnp.einsum("BTD,VD->BTV", x, self.embed.embedding[...].astype(jnp.float32))
@@ -449,10 +442,108 @@ class Decoder(nnx.Module):
     if cache is None:
       return logits
     new_cache = KVCache(
-      k=tuple(k for k, _ in new_kv),
-      v=tuple(v for _, v in new_kv),
+      k=new_kv[0],
+      v=new_kv[1],
       positions=kv_positions,
       valid=k_valid,
       end=cache.end + t_len,
     )
     return logits, new_cache
+
+  def _blocks(self, x, positions, mask, kv_positions, layer_caches, *, cache_end):
+    """The L blocks on the residual stream ``x [B, T, D]`` float32, pinned to the ``(batch,
+    length, embed)`` sharding at every block boundary (``jaxpe.sharding.constrain``).
+
+    ``layer_caches``: None, or ``(k, v)`` tuples of L cache arrays. Returns ``(x, None or (k, v))``
+    with the updated caches. ``scan_layers`` runs one block under ``nnx.scan`` over the stacked
+    parameters (caches stacked to ``[L, ...]`` for it and split back); ``remat`` wraps each block
+    in ``nnx.remat`` with the configured policy.
+    """
+    cfg = self.cfg
+
+    def run(block, x, kv):
+      x, new_kv = block(x, positions, mask, kv_positions=kv_positions, cache_kv=kv, cache_end=cache_end)
+      return sharding.constrain(x, sharding.ACTIVATION), new_kv
+
+    if cfg.remat != "none":
+      policy = jax.checkpoint_policies.dots_saveable if cfg.remat == "dots_saveable" else None
+      run = nnx.remat(run, policy=policy, prevent_cse=not cfg.scan_layers)
+    x = sharding.constrain(x, sharding.ACTIVATION)
+    if cfg.scan_layers:
+      stacked = None if layer_caches is None else tuple(jnp.stack(c) for c in layer_caches)
+      scan = nnx.scan(
+        run,
+        in_axes=(0, nnx.Carry, 0),
+        out_axes=(nnx.Carry, 0),
+        transform_metadata={nnx.PARTITION_NAME: "layers"},
+      )
+      x, new_kv = scan(self.blocks, x, stacked)
+      if new_kv is None:
+        return x, None
+      return x, tuple(tuple(c[i] for i in range(cfg.num_layers)) for c in new_kv)
+    new_k, new_v = [], []
+    for i, block in enumerate(self.blocks):
+      kv = None if layer_caches is None else (layer_caches[0][i], layer_caches[1][i])
+      x, kv = run(block, x, kv)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    return x, None if layer_caches is None else (tuple(new_k), tuple(new_v))
+
+
+def stack_blocks(blocks: list[Block]) -> Block:
+  """One ``Block`` whose parameters are those of ``blocks`` stacked on a new leading ``layers``
+  axis (``[L, ...]``; logical name ``layers`` prepended), for ``nnx.scan``.
+
+  Built from the same per-layer modules as the loop, so a ``scan_layers`` model starts with the
+  same parameters as the loop model of the same config and seed.
+  """
+  graphdef, first = nnx.split(blocks[0])
+  states = [first, *(nnx.split(b)[1] for b in blocks[1:])]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  stacked = nnx.spmd.add_axis(stacked, 0, {nnx.PARTITION_NAME: "layers"})
+  return nnx.merge(graphdef, stacked)
+
+
+def _is_layer_dict(key, value) -> bool:
+  return (
+    key == "blocks" and isinstance(value, dict) and bool(value) and all(isinstance(i, int) for i in value)
+  )
+
+
+def to_scan_layout(tree: Any) -> Any:
+  """Converts the pure-dict state (``nnx.State.to_pure_dict()``) of a loop model - or of anything
+  holding it, such as ``(model, optimizer)`` with its Adam moments - to ``scan_layers`` layout:
+  every ``blocks`` dict ``{0: layer, 1: layer, ...}`` becomes one layer tree of ``[L, ...]`` arrays.
+  Other leaves are returned as they are.
+  """
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if _is_layer_dict(key, value):
+      out[key] = jax.tree.map(lambda *xs: jnp.stack(xs), *(value[i] for i in sorted(value)))
+    else:
+      out[key] = to_scan_layout(value)
+  return out
+
+
+def to_loop_layout(tree: Any) -> Any:
+  """The inverse of ``to_scan_layout``: every ``blocks`` tree of ``[L, ...]`` arrays becomes
+  ``{0: layer, ..., L-1: layer}``.
+
+  Raises:
+    ValueError: a ``blocks`` tree whose arrays disagree on L.
+  """
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if key == "blocks" and isinstance(value, dict) and not _is_layer_dict(key, value):
+      sizes = {x.shape[0] for x in jax.tree.leaves(value)}
+      if len(sizes) != 1:
+        raise ValueError(f"stacked blocks disagree on the number of layers: {sorted(sizes)}")
+      out[key] = {i: jax.tree.map(lambda x, i=i: x[i], value) for i in range(sizes.pop())}
+    else:
+      out[key] = to_loop_layout(value)
+  return out

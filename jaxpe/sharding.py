@@ -1,81 +1,153 @@
-"""Device mesh, logical-axis rules and sharded model creation (``jax.jit`` shardings).
+"""Device mesh, logical-axis rules, sharded model creation and multi-process batches.
 
-The decoder's parameters carry logical axis names; ``LOGICAL_RULES`` maps them onto the two mesh
-axes ``data`` (batch, data parallelism) and ``model`` (heads / MLP / vocab, tensor parallelism).
+The mesh has three named axes: ``data`` (data parallelism), ``fsdp`` (fully sharded data
+parallelism: parameters and optimizer state split, the batch split too) and ``tensor`` (tensor
+parallelism: heads, MLP and vocab split). The decoder's parameters carry logical axis names
+(``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``pos``, ``layers``);
+activations at block boundaries are ``(batch, length, embed)``. Logical rules
+(``jaxpe.config.LogicalRules``) map logical names onto mesh axes; within one array each mesh axis
+is used at most once (a later dimension whose mesh axis is taken is replicated).
+
+Source: the logical-axis scheme of Flax's ``nn.partitioning`` / MaxText (``logical_axis_rules``),
+with FSDP as in ZeRO-3 (Rajbhandari et al., arXiv 1910.02054) and Megatron-style tensor
+parallelism (Shoeybi et al., arXiv 1909.08053).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpe.config import ModelConfig
+from jaxpe.config import MESH_AXES, DistributedConfig, LogicalRules, ModelConfig
 
-MESH_AXES = ("data", "model")
-LOGICAL_RULES = (
-  ("batch", "data"),
-  ("vocab", "model"),
-  ("heads", "model"),
-  ("kv_heads", "model"),
-  ("mlp", "model"),
-  ("embed", None),
-  ("head_dim", None),
-  ("pos", None),
-)
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = LogicalRules().as_tuple()
+"""The default logical rules as ``((name, mesh axes or None), ...)``: batch over ``(data, fsdp)``,
+embed over ``fsdp``, heads / kv_heads / mlp / vocab over ``tensor``, the rest replicated."""
+
+ACTIVATION = ("batch", "length", "embed")
+"""Logical names of the residual stream ``[B, T, D]`` at block boundaries."""
 
 
-def make_mesh(shape: tuple[int, int] = (-1, 1)) -> jax.sharding.Mesh:
-  """A ``(data, model)`` mesh over all devices; ``-1`` takes the remaining devices.
+def _rules(rules) -> tuple[tuple[str, Any], ...]:
+  return rules.as_tuple() if isinstance(rules, LogicalRules) else tuple(rules)
 
-  Axes are ``Auto`` (jax.make_mesh's default Explicit axes break NNX embedding lookups).
 
-  Args:
-    shape: ``(data, model)`` axis sizes in devices; at most one may be ``-1``.
+def mesh_dims(shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:
+  """Resolves a ``(data, fsdp, tensor)`` shape (one entry may be ``-1``) against ``num_devices``.
+
+  A 2-tuple is the old ``(data, model)`` form and reads as ``(data, 1, model)``.
 
   Raises:
-    ValueError: more than one ``-1``, or the shape does not multiply out to the device count.
+    ValueError: not 2 or 3 entries, more than one ``-1``, a size < 1, or sizes whose product is not
+      ``num_devices``.
   """
-  n = jax.device_count()
-  data, model = shape
-  if data == -1 and model == -1:
-    raise ValueError(f"mesh_shape may have at most one -1, got {shape}")
-  if data == -1:
-    data = n // model if model > 0 and n % model == 0 else 0
-  if model == -1:
-    model = n // data if data > 0 and n % data == 0 else 0
-  if data <= 0 or model <= 0 or data * model != n:
-    raise ValueError(f"mesh_shape {shape} does not fit {n} devices (data * model must equal {n})")
-  return jax.make_mesh((data, model), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  shape = tuple(int(s) for s in shape)
+  if len(shape) == 2:
+    shape = (shape[0], 1, shape[1])
+  if len(shape) != 3 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ValueError(
+      f"mesh_shape must be (data, fsdp, tensor) sizes >= 1 with at most one -1, got {list(shape)}"
+    )
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if num_devices % known:
+      raise ValueError(f"mesh_shape {list(shape)}: {num_devices} devices do not divide by {known}")
+    shape = tuple(num_devices // known if s == -1 else s for s in shape)
+  if math.prod(shape) != num_devices:
+    raise ValueError(
+      f"mesh_shape {list(shape)} does not fit {num_devices} devices (data * fsdp * tensor must equal "
+      f"{num_devices}; use -1 for one axis to take the rest)"
+    )
+  return shape  # type: ignore[return-value]
 
 
-def state_shardings(state, mesh: jax.sharding.Mesh):
-  """NamedShardings for an NNX state (or abstract state) from its logical axis names.
+def make_mesh(
+  shape: Sequence[int] = (-1, 1, 1), devices: Sequence[jax.Device] | None = None
+) -> jax.sharding.Mesh:
+  """A ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all devices of all processes).
 
-  Returns a pytree like ``state`` whose leaves are ``NamedSharding`` on ``mesh`` (``LOGICAL_RULES``
-  maps e.g. ``heads`` to ``model``; unnamed axes are replicated).
+  Axes are ``Auto`` (jax.make_mesh's default Explicit axes break NNX embedding lookups). With
+  several processes, ``jax.make_mesh`` orders devices so that each process holds a contiguous
+  block of the ``data`` x ``fsdp`` rows.
+
+  Args:
+    shape: ``(data, fsdp, tensor)`` sizes in devices, one may be ``-1``; ``(data, model)`` reads as
+      ``(data, 1, model)``.
+    devices: the devices to use (e.g. ``jax.devices()[:4]``); default all.
+
+  Raises:
+    ValueError: see ``mesh_dims``.
   """
-  with nnx.logical_axis_rules(LOGICAL_RULES):
-    return nnx.get_named_sharding(state, mesh)
+  devices = list(jax.devices() if devices is None else devices)
+  dims = mesh_dims(shape, len(devices))
+  return jax.make_mesh(dims, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
 
 
-def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-  """Sharding for ``[B, ...]`` arrays (token batches ``[B, T + 1]``): B split over the ``data``
-  axis, the rest replicated. B must divide by the data axis size (``check_divisible``)."""
-  return NamedSharding(mesh, P("data"))
+def logical_to_spec(names: Sequence[str | None], rules=DEFAULT_RULES) -> P:
+  """``PartitionSpec`` for an array whose dimensions have the logical ``names`` (None = no name).
+
+  Each name is looked up in ``rules`` (``LogicalRules`` or ``((name, axes), ...)``); a mesh axis
+  already used by an earlier dimension of the same array is dropped (that dimension is then split
+  over the remaining axes, or replicated). Unknown names are replicated.
+  """
+  table = dict(_rules(rules))
+  used: set[str] = set()
+  spec = []
+  for name in names:
+    axes = table.get(name) if name is not None else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    free = tuple(a for a in axes if a not in used)
+    used.update(free)
+    spec.append(None if not free else free[0] if len(free) == 1 else free)
+  return P(*spec)
 
 
-def create_sharded(make, mesh: jax.sharding.Mesh):
-  """Builds ``make()`` (a function returning an NNX object) directly into its shardings.
+def _names(x) -> tuple[str | None, ...]:
+  if isinstance(x, nnx.Variable):
+    return tuple(x.get_metadata().get("out_sharding") or ())
+  return ()
+
+
+def state_shardings(state, mesh: jax.sharding.Mesh, rules=DEFAULT_RULES):
+  """``NamedSharding`` on ``mesh`` for every leaf of an NNX state (or abstract state), from the
+  ``out_sharding`` logical names its Variables carry and ``rules`` (``logical_to_spec``).
+
+  Leaves without names (optimizer step counts, RNG keys) are replicated. Returns a pytree like
+  ``state``.
+  """
+
+  def one(x):
+    spec = logical_to_spec(_names(x), rules)
+    return x.replace(NamedSharding(mesh, spec)) if isinstance(x, nnx.Variable) else NamedSharding(mesh, spec)
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+  """Sharding for ``[B, ...]`` arrays (token batches ``[B, T + 1]``): B split as the ``batch``
+  rule says (default ``data`` x ``fsdp``), the rest replicated. ``check_divisible`` checks B."""
+  return NamedSharding(mesh, logical_to_spec(("batch",), rules))
+
+
+def create_sharded(make: Callable[[], Any], mesh: jax.sharding.Mesh, rules=DEFAULT_RULES):
+  """Builds ``make()`` (a function returning NNX objects) directly into their shardings.
 
   Shapes come from ``nnx.eval_shape``; the init is jitted with ``out_shardings`` so that no
-  device holds an unsharded copy. Returns the NNX object (same graph as ``make()``) with its
-  arrays sharded on ``mesh``.
+  device holds an unsharded copy. Returns what ``make()`` returns, its arrays sharded on ``mesh``.
   """
   abstract = nnx.eval_shape(make)
   graphdef, abstract_state = nnx.split(abstract)
-  shardings = state_shardings(abstract_state, mesh)
+  shardings = state_shardings(abstract_state, mesh, rules)
 
   def init():
     return nnx.state(make())
@@ -84,22 +156,152 @@ def create_sharded(make, mesh: jax.sharding.Mesh):
   return nnx.merge(graphdef, state)
 
 
-def check_divisible(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch_size: int) -> None:
-  """Checks that sharded sizes divide by their mesh axes: ``batch_size`` (B) by ``data``; N, K, F
-  and V by ``model``.
+def param_bytes_per_device(state) -> dict[jax.Device, int]:
+  """Bytes of the arrays of ``state`` (any pytree of ``jax.Array``) that each device holds."""
+  out: dict[jax.Device, int] = {}
+  for leaf in jax.tree.leaves(state):
+    for shard in leaf.addressable_shards:
+      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
+
+
+def logical_sizes(cfg: ModelConfig, *, batch_size: int, seq_len: int) -> dict[str, int]:
+  """The size of every logical axis for a model ``cfg``, a (micro-)batch of ``batch_size`` rows
+  and ``seq_len`` tokens: batch B, length T, embed D, heads N, kv_heads K, head_dim H, mlp F,
+  vocab V, pos max_len, layers L."""
+  return {
+    "batch": batch_size,
+    "length": seq_len,
+    "embed": cfg.d_model,
+    "heads": cfg.num_heads,
+    "kv_heads": cfg.kv_heads,
+    "head_dim": cfg.head_size,
+    "mlp": cfg.mlp_size,
+    "vocab": cfg.vocab_size,
+    "pos": cfg.max_len,
+    "layers": cfg.num_layers,
+  }
+
+
+def check_divisible(
+  cfg: ModelConfig, mesh: jax.sharding.Mesh, batch_size: int, *, seq_len: int = 1, rules=DEFAULT_RULES
+) -> None:
+  """Checks that every sharded size divides by the product of the mesh axes its rule names:
+  ``batch_size`` (B, per micro-batch) by ``data`` x ``fsdp`` by default, D by ``fsdp``, N, K, F
+  and V by ``tensor``, and so on for the configured ``rules``.
 
   Raises:
-    ValueError: naming the size (``batch_size``, ``num_heads``, ``num_kv_heads``, ``mlp_dim``,
-      ``vocab_size``) and the axis size it must divide by.
+    ValueError: naming the size (``batch_size``, ``d_model``, ``num_heads``, ...), the mesh axes and
+      their product.
   """
-  data, model = mesh.shape["data"], mesh.shape["model"]
-  if batch_size % data:
-    raise ValueError(f"batch_size ({batch_size}) must be divisible by the data axis ({data})")
-  for name, size in (
-    ("num_heads", cfg.num_heads),
-    ("num_kv_heads", cfg.kv_heads),
-    ("mlp_dim", cfg.mlp_size),
-    ("vocab_size", cfg.vocab_size),
-  ):
-    if size % model:
-      raise ValueError(f"{name} ({size}) must be divisible by the model axis ({model})")
+  config_names = {
+    "batch": "batch_size / grad_accum_steps",
+    "length": "seq_len",
+    "embed": "d_model",
+    "heads": "num_heads",
+    "kv_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "mlp": "mlp_dim",
+    "vocab": "vocab_size",
+    "pos": "max_len",
+    "layers": "num_layers",
+  }
+  sizes = logical_sizes(cfg, batch_size=batch_size, seq_len=seq_len)
+  for name, axes in _rules(rules):
+    if axes is None or name not in sizes:
+      continue
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    ways = math.prod(mesh.shape[a] for a in axes)
+    if sizes[name] % ways:
+      raise ValueError(
+        f"{config_names[name]} ({sizes[name]}) must be divisible by the mesh axes {list(axes)} "
+        f"(size {ways}) that logical_rules.{name} splits it over; change mesh_shape or logical_rules"
+      )
+
+
+_ACTIVATIONS = threading.local()
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: jax.sharding.Mesh, rules=DEFAULT_RULES) -> Iterator[None]:
+  """While tracing inside this context, ``constrain`` pins activations to ``mesh`` by ``rules``;
+  outside it ``constrain`` does nothing (single-device use, generation)."""
+  old = getattr(_ACTIVATIONS, "value", None)
+  _ACTIVATIONS.value = (mesh, _rules(rules))
+  try:
+    yield
+  finally:
+    _ACTIVATIONS.value = old
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """``jax.lax.with_sharding_constraint`` of ``x`` to the logical ``names`` (one per dimension)
+  under the innermost ``activation_sharding`` context; ``x`` unchanged outside one."""
+  active = getattr(_ACTIVATIONS, "value", None)
+  if active is None:
+    return x
+  mesh, rules = active
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(names, rules)))
+
+
+def process_rows(sharding: NamedSharding, num_rows: int) -> slice:
+  """The rows ``[start, stop)`` of a ``[num_rows, ...]`` array with ``sharding`` whose shards live
+  on this process's devices (one contiguous block for meshes from ``make_mesh``).
+
+  Raises:
+    ValueError: this process's rows are not contiguous (a hand-made device order).
+  """
+  index_map = sharding.addressable_devices_indices_map((num_rows,))
+  rows = set()
+  for index in index_map.values():
+    rows.update(range(num_rows)[index[0]])
+  start, stop = min(rows), max(rows) + 1
+  if len(rows) != stop - start:
+    raise ValueError("this process's batch rows are not contiguous; build the mesh with make_mesh")
+  return slice(start, stop)
+
+
+def global_batch(
+  make_rows: Callable[[slice], np.ndarray], sharding: NamedSharding, global_shape: tuple[int, ...]
+) -> jax.Array:
+  """A global ``[B, ...]`` array with ``sharding`` whose rows this process builds itself.
+
+  ``make_rows(rows)`` returns the rows ``rows`` of the global batch (this process's block,
+  ``process_rows``); with one process that is the whole batch. Every process must describe the
+  same global batch, so results do not depend on the process count.
+  """
+  rows = process_rows(sharding, global_shape[0])
+  local = make_rows(rows)
+  if jax.process_count() == 1:
+    return jax.device_put(local, sharding)
+  return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
+
+def initialize_distributed(cfg: DistributedConfig) -> bool:
+  """Starts JAX's multi-controller runtime (``jax.distributed.initialize``) when ``cfg`` asks for
+  it; call before any other JAX use. Returns True when this process is part of a multi-process run.
+
+  ``enabled=None`` initialises when ``cfg.coordinator_address`` or ``JAX_COORDINATOR_ADDRESS`` is
+  set. Unset fields come from ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
+  ``JAX_PROCESS_ID``, then from JAX's cluster detection. On the CPU backend the cross-process
+  collectives are ``cfg.cpu_collectives`` (gloo by default).
+
+  Raises:
+    ValueError: JAX's error for an incomplete setting (no coordinator, process id out of range).
+  """
+  env = os.environ
+  address = cfg.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+  enabled = cfg.enabled if cfg.enabled is not None else address is not None
+  if not enabled:
+    return jax.process_count() > 1
+  if jax.distributed.is_initialized():
+    return True
+  num = cfg.num_processes if cfg.num_processes is not None else env.get("JAX_NUM_PROCESSES")
+  pid = cfg.process_id if cfg.process_id is not None else env.get("JAX_PROCESS_ID")
+  jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
+  jax.distributed.initialize(
+    coordinator_address=address,
+    num_processes=None if num is None else int(num),
+    process_id=None if pid is None else int(pid),
+  )
+  return True

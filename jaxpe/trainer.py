@@ -4,6 +4,7 @@ checkpoints -> loss curve and sample. One readable path; ``train/train.py`` only
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -20,11 +21,24 @@ import numpy as np
 import optax
 import pydantic
 from flax import nnx
+from jax.experimental import multihost_utils
 
-from jaxpe import checkpoint, data, pacing, run_guard, sharding
+from jaxpe import checkpoint, data, pacing, run_guard, sharding, steps
+from jaxpe import model as model_lib
 from jaxpe.config import TrainConfig
 from jaxpe.generate import generate
 from jaxpe.model import Decoder
+from jaxpe.steps import decay_mask, next_token_loss
+
+__all__ = [
+  "TrainResult",
+  "abstract_state",
+  "create_state",
+  "decay_mask",
+  "make_optimizer",
+  "next_token_loss",
+  "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,69 +65,53 @@ class TrainResult:
   num_steps: int = 0
 
 
-def decay_mask(params):
-  """Weight-decay mask for a parameter pytree (an ``nnx.State`` or nested dicts of arrays).
-
-  True for kernels and embeddings (rank >= 2 and not named ``bias`` or ``scale``); False for
-  biases of any rank (per-head q/k/v biases are ``[N, H]``) and LayerNorm scales/biases.
-  """
-
-  def decay(path, x) -> bool:
-    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-    return jnp.ndim(x) >= 2 and (not names or names[-1] not in ("bias", "scale"))
-
-  return jax.tree_util.tree_map_with_path(decay, params)
-
-
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with linear warmup, cosine decay to ``min_lr_ratio * lr``, global-norm clipping.
-
-  Decoupled weight decay (``cfg.weight_decay``) applies only where ``decay_mask`` is True.
-  Learning rates are per optimizer step (``cfg.learning_rate`` peak, reached after
-  ``cfg.warmup_steps`` steps).
-  """
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=cfg.learning_rate,
+  """``jaxpe.steps.make_optimizer`` with the run's optimizer settings (``learning_rate``,
+  ``num_steps``, ``warmup_steps``, ``min_lr_ratio``, ``weight_decay``, ``b1``, ``b2``, ``grad_clip``)."""
+  return steps.make_optimizer(
+    cfg.learning_rate,
+    num_steps=cfg.num_steps,
     warmup_steps=cfg.warmup_steps,
-    decay_steps=max(cfg.num_steps, cfg.warmup_steps + 1),  # includes the warmup
-    end_value=cfg.learning_rate * cfg.min_lr_ratio,
-  )
-  return optax.chain(
-    optax.clip_by_global_norm(cfg.grad_clip),
-    optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask),
+    min_lr_ratio=cfg.min_lr_ratio,
+    weight_decay=cfg.weight_decay,
+    b1=cfg.b1,
+    b2=cfg.b2,
+    grad_clip=cfg.grad_clip,
   )
 
 
-def next_token_loss(model: Decoder, batch: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy in nats per token (scalar float32) of ``batch [B, T + 1]`` int32:
-  inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``)."""
-  logits = model(batch[:, :-1])
-  return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+def _make(cfg: TrainConfig):
+  model = Decoder(cfg.model, rngs=nnx.Rngs(cfg.seed))
+  return model, nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
 
 
 def create_state(cfg: TrainConfig, mesh: jax.sharding.Mesh):
-  """Builds model and optimizer directly into their shardings on ``mesh``.
+  """Builds model and optimizer directly into their shardings on ``mesh`` (``cfg.logical_rules``).
 
   Returns:
     ``(graphdef, state, shardings)``: the ``nnx.split`` of ``(Decoder, nnx.Optimizer)`` and the
     ``NamedSharding`` pytree of ``state`` (from the parameters' logical axis names).
   """
-  tx = make_optimizer(cfg)
-
-  def make():
-    model = Decoder(cfg.model, rngs=nnx.Rngs(cfg.seed))
-    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-  model, optimizer = sharding.create_sharded(make, mesh)
+  model, optimizer = sharding.create_sharded(functools.partial(_make, cfg), mesh, cfg.logical_rules)
   graphdef, state = nnx.split((model, optimizer))
-  return graphdef, state, sharding.state_shardings(state, mesh)
+  return graphdef, state, sharding.state_shardings(state, mesh, cfg.logical_rules)
+
+
+def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh):
+  """``(graphdef, abstract_state)`` of ``create_state`` without computing anything: the leaves are
+  ``jax.ShapeDtypeStruct`` with their ``NamedSharding`` on ``mesh`` (restore targets)."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(functools.partial(_make, cfg)))
+  shardings = sharding.state_shardings(abstract, mesh, cfg.logical_rules)
+  return graphdef, checkpoint.abstract_with_shardings(abstract, shardings)
 
 
 RUN_DEFINING_KEYS = ("model", "data", "seed", "seq_len", "batch_size")
 """Top-level config keys (and sections) that fix a run's parameters or batch stream: a resume must
-not change them. Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
+not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
+``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
+RESUME_CHANGEABLE = ("model.scan_layers", "model.remat")
+"""Keys under ``model`` that a resume may change (how the layers are run, not their parameters)."""
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -149,7 +147,9 @@ def check_resume_config(
       ) from None
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
   differing = sorted(
-    k for k in old.keys() | new.keys() if k.split(".")[0] in RUN_DEFINING_KEYS and old.get(k) != new.get(k)
+    k
+    for k in old.keys() | new.keys()
+    if k.split(".")[0] in RUN_DEFINING_KEYS and k not in RESUME_CHANGEABLE and old.get(k) != new.get(k)
   )
   if differing:
     detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differing)
@@ -266,21 +266,56 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start = time.time()
+  sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   workdir = Path(cfg.workdir)
-  with run_guard.workdir_lock(workdir), run_guard.stop_signals() as stop:
+  workdir.mkdir(parents=True, exist_ok=True)
+  # The processes of a multi-process run share the workdir: process 0 holds its lock.
+  lock = run_guard.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+  with lock, run_guard.stop_signals() as stop:
     saved_config = _read_saved_config(workdir / "config.json")
     ckpt_dir = workdir / "checkpoints"
     if saved_config is not None and ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
       check_resume_config(saved_config, cfg, source=str(workdir / "config.json"))  # before anything is loaded
-    with checkpoint.manager(ckpt_dir, max_to_keep=cfg.keep_checkpoints) as mngr:
-      return _train(cfg, workdir, mngr, stop, progress=progress, start=start)
+    # Closing the manager waits for a pending asynchronous save, whichever way the run ends.
+    with checkpoint.manager(
+      ckpt_dir, max_to_keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
+    ) as mngr:
+      return _train(cfg, workdir, mngr, stop, saved_config, progress=progress, start=start)
+
+
+def _saved_layout(meta: dict[str, Any], saved_config: str | None, cfg: TrainConfig) -> bool:
+  """``model.scan_layers`` of the run that wrote a checkpoint: from its metadata, else from the
+  saved ``config.json``, else the current config's."""
+  if isinstance(meta.get("config"), dict):
+    return bool(meta["config"].get("model", {}).get("scan_layers", False))
+  if saved_config is not None:
+    return bool(json.loads(saved_config).get("model", {}).get("scan_layers", False))
+  return cfg.model.scan_layers
+
+
+def _agree_on_stop(stop: run_guard.StopRequest) -> bool:
+  """True when any process received SIGTERM/SIGINT (then every process's ``stop`` carries it), so
+  that all processes of a multi-process run stop after the same step."""
+  if jax.process_count() > 1:
+    signums = multihost_utils.process_allgather(np.int32(stop.signum or 0))
+    stop.signum = int(np.max(signums)) or None
+  return stop.signum is not None
 
 
 def _train(
-  cfg, workdir: Path, mngr, stop: run_guard.StopRequest, *, progress: bool, start: float
+  cfg,
+  workdir: Path,
+  mngr,
+  stop: run_guard.StopRequest,
+  saved_config: str | None,
+  *,
+  progress: bool,
+  start: float,
 ) -> TrainResult:
   """The body of ``train`` once the workdir is locked and the checkpoint manager open."""
   config_path, ckpt_dir = workdir / "config.json", workdir / "checkpoints"
+  primary = jax.process_index() == 0  # writes config.json, metrics, plot, summary; prints
+  progress = progress and primary
 
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   eval_set = data.eval_batches(
@@ -289,67 +324,64 @@ def _train(
   unigram = data.unigram_bits_per_byte(np.concatenate([b[:, 1:].ravel() for b in eval_set]))
 
   mesh = sharding.make_mesh(cfg.mesh_shape)
-  sharding.check_divisible(cfg.model, mesh, cfg.batch_size)
-  batch_sharding = sharding.batch_sharding(mesh)
+  micro_batch = cfg.batch_size // cfg.grad_accum_steps
+  sharding.check_divisible(cfg.model, mesh, micro_batch, seq_len=cfg.seq_len, rules=cfg.logical_rules)
+  batch_sharding = sharding.batch_sharding(mesh, cfg.logical_rules)
   graphdef, state, state_shardings = create_state(cfg, mesh)
 
   def check_meta(meta):
     if "config" in meta:
       check_resume_config(meta["config"], cfg, source=f"the checkpoint of step {meta['step']}")
 
+  def restore_target(meta):  # in the layer layout the checkpoint was written in
+    saved_scan = _saved_layout(meta, saved_config, cfg)
+    if saved_scan == cfg.model.scan_layers:
+      return checkpoint.abstract_with_shardings(state, state_shardings)
+    other = cfg.model_copy(update={"model": cfg.model.model_copy(update={"scan_layers": saved_scan})})
+    return abstract_state(other, mesh)[1]
+
   step, skipped = 0, 0
   schedule_steps, fitted = cfg.num_steps, False  # the schedule's length; fitted to max_seconds once
   restored = checkpoint.restore_latest(
-    mngr,
-    checkpoint.abstract_with_shardings(state, state_shardings),
-    check_meta=check_meta,
-    check_state=_nonfinite_reason,
+    mngr, restore_target, check_meta=check_meta, check_state=_nonfinite_reason
   )
   if restored is not None:
-    state, meta = restored
+    saved, meta = restored
+    if _saved_layout(meta, saved_config, cfg) != cfg.model.scan_layers:  # loop <-> scanned layers
+      convert = model_lib.to_scan_layout if cfg.model.scan_layers else model_lib.to_loop_layout
+      nnx.replace_by_pure_dict(state, convert(nnx.to_pure_dict(saved)))
+      saved = jax.device_put(state, state_shardings)
+    state = saved
     step, skipped = int(meta["data_position"]), int(meta.get("skipped_steps", 0))
     schedule_steps, fitted = _resumed_schedule(meta, cfg)
-    print(f"resumed from {ckpt_dir} at step {step} (schedule of {schedule_steps} steps)")
+    if primary:
+      print(f"resumed from {ckpt_dir} at step {step} (schedule of {schedule_steps} steps)")
   if schedule_steps != cfg.num_steps:
     graphdef = _with_schedule(graphdef, state, cfg, schedule_steps)
-  _write_atomic(config_path, cfg.model_dump_json(indent=2))  # only once the restore succeeded
+  if jax.process_count() > 1:  # every process has read the saved config before process 0 rewrites it
+    multihost_utils.sync_global_devices("jaxpe: restored")
   metrics_path = workdir / "metrics.jsonl"
-  previous = _truncate_metrics(metrics_path, step)
+  previous = []
+  if primary:
+    _write_atomic(config_path, cfg.model_dump_json(indent=2))  # only once the restore succeeded
+    previous = _truncate_metrics(metrics_path, step)
+
+  placement = dict(
+    mesh=mesh, rules=cfg.logical_rules, state_shardings=state_shardings, batch_sharding=batch_sharding
+  )
 
   def make_train_step(graphdef):  # again when the schedule is fitted (the optimizer is in graphdef)
-    @functools.partial(
-      jax.jit,
-      in_shardings=(state_shardings, batch_sharding),
-      out_shardings=(state_shardings, None),
-      donate_argnums=0,
-    )
-    def train_step(state, batch):
-      model, optimizer = nnx.merge(graphdef, state)
-      loss, grads = nnx.value_and_grad(next_token_loss)(model, batch)
-      optimizer.update(model, grads)
-      new_state = nnx.state((model, optimizer))
-      out = {
-        "loss": loss,
-        "grad_norm": optax.tree.norm(grads),
-        "param_norm": optax.tree.norm(nnx.state(model, nnx.Param)),
-      }
-      finite = jnp.all(jnp.isfinite(jnp.stack(list(out.values()))))
-      # A non-finite step is not applied: the state stays the last finite one (never saved otherwise).
-      new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
-      return new_state, {**out, "finite": finite}
-
-    return train_step
+    # A non-finite step is not applied: the state stays the last finite one (never saved otherwise).
+    return steps.make_train_step(graphdef, grad_accum_steps=cfg.grad_accum_steps, **placement)
 
   train_step = make_train_step(graphdef)
-
-  @functools.partial(jax.jit, in_shardings=(state_shardings, batch_sharding))
-  def eval_step(state, batch):
-    model, _ = nnx.merge(graphdef, state)
-    return next_token_loss(model, batch)
+  eval_step = steps.make_eval_step(graphdef, **placement)
 
   def evaluate(state) -> float:
-    losses = [eval_step(state, jax.device_put(b, batch_sharding)) for b in eval_set]
-    return data.bits_per_byte(float(np.mean(jax.device_get(losses))))
+    losses = [
+      eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape)) for b in eval_set
+    ]
+    return data.bits_per_byte(float(np.mean([float(x) for x in losses])))
 
   def save(state, step):
     meta = {
@@ -368,13 +400,18 @@ def _train(
   eval_bpb, timed_tokens, timed_seconds, process_steps = float("nan"), 0, 0.0, 0
   first_dt, compiled = 0.0, False
   bar = pacing.Progress(schedule_steps, step, enabled=progress)
-  with bar, metrics_path.open("a") as metrics_file:  # the bar ends its line before any error
-    while step < target and stop.signum is None:
-      batch = data.train_batch(
-        corpus.train, step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len
+  metrics_file = metrics_path.open("a") if primary else open(os.devnull, "w")
+  with bar, metrics_file:  # the bar ends its line before any error
+    while step < target and not _agree_on_stop(stop):
+      batch = sharding.global_batch(  # each process builds only its rows of the global batch
+        lambda rows, step=step: data.train_batch(
+          corpus.train, step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len, rows=rows
+        ),
+        batch_sharding,
+        (cfg.batch_size, cfg.seq_len + 1),
       )
       t0 = time.time()
-      state, out = train_step(state, jax.device_put(batch, batch_sharding))
+      state, out = train_step(state, batch)
       loss = float(out["loss"])  # waits for the step
       dt = time.time() - t0
       step += 1
@@ -424,16 +461,25 @@ def _train(
   if stop.signum is not None:
     if mngr.latest_step() != step:
       save(state, step)
+    checkpoint.finish(mngr)  # the asynchronous save is on disk before the process exits
     raise run_guard.TrainingInterrupted(
       f"stopped by {stop.name} at step {step}; checkpoint saved in {ckpt_dir}: rerun the same command to resume",
       signum=stop.signum,
       step=step,
     )
-  if step < schedule_steps:
+  checkpoint.finish(mngr)  # the last (asynchronous) save is complete before the run reports
+  if step < schedule_steps and primary:
     print(f"stopped at step {step} of {schedule_steps}; rerun with the same workdir to resume")
 
-  model, _ = nnx.merge(graphdef, state)
-  sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed) if cfg.sample_len else ""
+  sample = ""
+  if cfg.sample_len:  # generated on process 0 from a host copy of the (gathered) state
+    local = state if jax.process_count() == 1 else multihost_utils.process_allgather(state, tiled=True)
+    if primary:
+      model, _ = nnx.merge(graphdef, local)
+      sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed)
+  final_eval = eval_bpb if not math.isnan(eval_bpb) else evaluate(state)
+  if not primary:
+    return TrainResult(step, loss, final_eval, unigram, 0.0, time.time() - start, sample)
   plot_loss_curve(metrics_path, workdir / "loss.png", unigram)
   if timed_seconds:
     tokens_per_second = timed_tokens / timed_seconds
@@ -443,7 +489,7 @@ def _train(
   result = TrainResult(
     step=step,
     train_loss=loss,
-    eval_bits_per_byte=eval_bpb if not math.isnan(eval_bpb) else evaluate(state),
+    eval_bits_per_byte=final_eval,
     unigram_bits_per_byte=unigram,
     tokens_per_second=tokens_per_second,
     wall_seconds=time.time() - start,
@@ -516,25 +562,18 @@ def sample_text(model: Decoder, prompt: str, length: int, *, seed: int, temperat
   """``prompt`` followed by up to ``length`` generated bytes (sampled at ``temperature``, top-k 40),
   decoded as UTF-8 with replacement characters.
 
-  With learned positions (``max_len``) and ``rope_alibi`` (``rope_alibi_context``, default
-  ``max_len``) the sample is clipped so prompt + sample fit the context the model can serve.
+  With learned positions the sample is clipped so prompt + sample fit ``model.cfg.max_len`` tokens.
 
   Raises:
-    ValueError: an empty prompt, or a prompt that fills that context.
+    ValueError: an empty prompt, or (learned positions) a prompt of ``max_len`` bytes or more.
   """
   tokens = list(prompt.encode())
-  cfg = model.cfg
-  limits = {
-    "learned": ("max_len", cfg.max_len),
-    "rope_alibi": ("rope_alibi_context", cfg.rope_alibi_context or cfg.max_len),
-  }
-  if cfg.pos_encoding in limits:
-    name, limit = limits[cfg.pos_encoding]
-    length = min(length, limit - len(tokens))
+  if model.cfg.pos_encoding == "learned":
+    length = min(length, model.cfg.max_len - len(tokens))
     if length <= 0:
       raise ValueError(
-        f"sample_prompt is {len(tokens)} bytes; pos_encoding={cfg.pos_encoding!r} leaves no room in {name} "
-        f"({limit}) for a sample"
+        f"sample_prompt is {len(tokens)} bytes; learned positions leave no room in max_len "
+        f"({model.cfg.max_len}) for a sample"
       )
   out = generate(
     model,

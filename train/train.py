@@ -3,6 +3,11 @@
 python train/train.py                                  # defaults: stdlib corpus, configs/default.yaml
 python train/train.py --config configs/tiny.yaml model.pos_encoding=alibi
 python train/train.py --data my_corpus/ workdir=runs/mine num_steps=5000
+python train/train.py mesh_shape=[1,-1,2] model.scan_layers=true model.remat=full grad_accum_steps=4
+
+Two hosts (the same line on each, distributed.process_id=0 on 10.0.0.1 and 1 on the other host;
+the workdir on a disk both see; or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID):
+python train/train.py workdir=/shared/runs/big mesh_shape=[2,-1,1] distributed.coordinator_address=10.0.0.1:8476 distributed.num_processes=2 distributed.process_id=0
 
 Options and key=value overrides may come in any order. Exit status: 0 done (or stopped at
 stop_at/max_seconds), 1 stopped on a non-finite step, 2 a usage or configuration error (one line;
