@@ -425,6 +425,8 @@ def _train(
       if not fitted and cfg.max_seconds is not None and process_steps == FIT_AFTER_STEPS + 1:
         fitted, step_s = True, timed_seconds / FIT_AFTER_STEPS
         new_steps = _fit_schedule(cfg, step, schedule_steps, start, step_s, first_dt)
+        if jax.process_count() > 1:  # the processes' timings differ: all run process 0's schedule
+          new_steps = int(multihost_utils.broadcast_one_to_all(np.int32(new_steps)))
         if new_steps < schedule_steps:
           bar.write(
             f"step {step}: {step_s:.2f} s/step leaves room for {new_steps} of the {schedule_steps} steps in "
@@ -446,6 +448,8 @@ def _train(
           raise run_guard.NonFiniteError(_nonfinite_message(record, skipped, cfg, mngr))
         bar.write(f"step {step}: non-finite step, update skipped ({skipped} of {cfg.skip_nonfinite})")
       out_of_time = cfg.max_seconds is not None and time.time() - start > cfg.max_seconds
+      if cfg.max_seconds is not None and jax.process_count() > 1:  # all stop at the same step
+        out_of_time = bool(np.any(multihost_utils.process_allgather(np.bool_(out_of_time))))
       last = step == target or out_of_time
       if step % cfg.eval_every == 0 or last:
         eval_bpb = evaluate(state)
@@ -479,7 +483,7 @@ def _train(
       sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed)
   final_eval = eval_bpb if not math.isnan(eval_bpb) else evaluate(state)
   if not primary:
-    return TrainResult(step, loss, final_eval, unigram, 0.0, time.time() - start, sample)
+    return TrainResult(step, loss, final_eval, unigram, 0.0, time.time() - start, sample, schedule_steps)
   plot_loss_curve(metrics_path, workdir / "loss.png", unigram)
   if timed_seconds:
     tokens_per_second = timed_tokens / timed_seconds
