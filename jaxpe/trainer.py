@@ -372,10 +372,12 @@ def _train(
 
   def make_train_step(graphdef):  # again when the schedule is fitted (the optimizer is in graphdef)
     # A non-finite step is not applied: the state stays the last finite one (never saved otherwise).
-    return steps.make_train_step(graphdef, grad_accum_steps=cfg.grad_accum_steps, **placement)
+    return steps.make_train_step(
+      graphdef, grad_accum_steps=cfg.grad_accum_steps, loss_fn=next_token_loss, **placement
+    )
 
   train_step = make_train_step(graphdef)
-  eval_step = steps.make_eval_step(graphdef, **placement)
+  eval_step = steps.make_eval_step(graphdef, loss_fn=next_token_loss, **placement)
 
   def evaluate(state) -> float:
     losses = [
