@@ -164,3 +164,18 @@ def one_line(e: BaseException) -> str:
     except (TypeError, KeyError):
       pass
   return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def exit_process(code: int) -> None:
+  """End a command-line process with ``code``; after a failure, without interpreter shutdown.
+
+  After a failed checkpoint write, orbax/tensorstore background threads can print ``Event loop is
+  closed`` / ``Task exception was never retrieved`` tracebacks while the interpreter shuts down,
+  after the one-line error. A failed run has nothing left to save (checkpoints are atomic), so it
+  flushes the streams and leaves with ``os._exit``; a successful one exits normally.
+  """
+  if code == 0:
+    sys.exit(0)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)

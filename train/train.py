@@ -17,8 +17,9 @@ stop_at/max_seconds), 1 stopped on a non-finite step, 2 a usage or configuration
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from jaxpe import run_guard
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -32,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_intermixed_args(argv)
   overrides = list(args.overrides) + ([f"data.path={args.data}"] if args.data else [])
 
-  from jaxpe import run_guard
   from jaxpe.config import load_config
   from jaxpe.trainer import train
 
@@ -54,4 +54,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  run_guard.exit_process(main())
