@@ -1,11 +1,33 @@
 """Test-wide JAX settings: 8 fake CPU devices, strict dtype promotion, no implicit rank promotion."""
 
 import os
+import sysconfig
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def standard_promotion():
+  """Standard dtype promotion for training tests: optax's Adam mixes Python floats with int32 step
+  counts, which strict promotion rejects; the model itself is tested under strict promotion.
+  Use with ``pytestmark = pytest.mark.usefixtures("standard_promotion")``."""
+  with jax.numpy_dtype_promotion("standard"):
+    yield
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory) -> str:
+  """A small corpus of real text present on every machine with Python: three stdlib modules."""
+  root = Path(sysconfig.get_paths()["stdlib"])
+  text = b"".join((root / name).read_bytes() for name in ("textwrap.py", "shlex.py", "bisect.py"))
+  path = tmp_path_factory.mktemp("data") / "corpus.txt"
+  path.write_bytes(text)
+  return str(path)

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -42,20 +41,7 @@ FAST = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _standard_promotion():
-  # optax's Adam mixes Python floats with int32 step counts (see trainer_test.py).
-  with jax.numpy_dtype_promotion("standard"):
-    yield
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-  root = Path(sysconfig.get_paths()["stdlib"])
-  text = b"".join((root / name).read_bytes() for name in ("textwrap.py", "shlex.py", "bisect.py"))
-  path = tmp_path_factory.mktemp("data") / "corpus.txt"
-  path.write_bytes(text)
-  return str(path)
+pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 
 def _args(workdir, text_file, *extra):

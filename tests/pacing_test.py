@@ -50,10 +50,7 @@ def test_progress_in_a_log_is_lines_not_redraws():
   assert out.getvalue().splitlines() == ["step 1/3", "step 2/3", "step 3/3"]
 
 
-@pytest.fixture(autouse=True)
-def _standard_promotion():
-  with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats and int32 counts
-    yield
+pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 
 def _cfg(workdir, text_file, *extra):

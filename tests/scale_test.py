@@ -25,11 +25,7 @@ STEPS, BATCH, SEQ = 10, 8, 16
 MODEL = ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_dim=64, max_len=SEQ)
 
 
-@pytest.fixture(autouse=True)
-def _standard_promotion():
-  # optax's Adam mixes Python floats with int32 step counts (strict promotion rejects that).
-  with jax.numpy_dtype_promotion("standard"):
-    yield
+pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 
 def _cfg(mesh_shape=(1, 1, 1), **model):

@@ -2,7 +2,6 @@
 checkpoints move between mesh shapes, and bad data paths fail clearly."""
 
 import json
-import sysconfig
 from pathlib import Path
 
 import jax
@@ -12,23 +11,7 @@ import pytest
 from jaxpe import checkpoint, data, sharding, trainer
 from jaxpe.config import load_config
 
-
-@pytest.fixture(autouse=True)
-def _standard_promotion():
-  # optax's Adam mixes Python floats with int32 step counts, which strict promotion (conftest)
-  # rejects; the model itself is tested under strict promotion in model_test.py.
-  with jax.numpy_dtype_promotion("standard"):
-    yield
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-  # A few stdlib modules: real text, present on every machine with Python.
-  root = Path(sysconfig.get_paths()["stdlib"])
-  text = b"".join((root / name).read_bytes() for name in ("textwrap.py", "shlex.py", "bisect.py"))
-  path = tmp_path_factory.mktemp("data") / "corpus.txt"
-  path.write_bytes(text)
-  return str(path)
+pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 
 def _cfg(workdir, text_file, *extra):
