@@ -35,9 +35,11 @@ phase in fixed-point turns, where integer arithmetic is exact:
 
 Measured (``benchmarks/rope_phase_accuracy.py``: 2004 positions below 2^31 x every frequency of
 H = 128, bases 1e4 / 5e5 / 1e6): max |error| of cos/sin 7.8e-8 against the exact value, 1.4e-7
-against plain float64 ``cos(p * theta)`` (float32 products: 2.0). On CPU the exact path takes
-0.35-0.65x the time of the float32 one (``benchmarks/ops_bench.py`` prints the ratio): the integer
-reduction and two short polynomials cost less than XLA's ``cos`` + ``sin``.
+against plain float64 ``cos(p * theta)`` (float32 products: 2.0). On CPU the integer reduction
+and two short polynomials cost less than XLA's ``cos`` + ``sin`` (``rope_cos_sin`` over 8.4 M
+pairs: 0.43x the CPU time); in ``apply_rope`` cos/sin are computed once per position and pair, so
+both precisions run at about the speed of the rotation's memory traffic
+(``benchmarks/ops_bench.py`` prints the ratio).
 Gradients: a custom JVP gives d/dtheta and d/dp (float positions) of ``p * theta``.
 ``phase_precision="float32"`` keeps the phase ``float32(p) * float32(theta)`` bit for bit as
 HF transformers / Meta / vLLM compute it, and XLA's float32 ``cos``/``sin`` of it (to match an
@@ -463,7 +465,7 @@ def apply_rope(
     scale = jnp.asarray(scale, jnp.float32)
     cos, sin = cos * scale, sin * scale
   if 4 * cos.size <= x.size:
-    cos, sin = _computed_once(cos, sin, positions)
+    cos, sin = _computed_once(cos, sin)
   rot = jax.lax.complex(cos, sin)  # exp(1j * phase), complex64
   split = rotary_dim if rotated_slice == "leading" else head_dim - rotary_dim
   first, second = x[..., :split], x[..., split:]
@@ -483,19 +485,22 @@ def apply_rope(
   return jnp.concatenate(parts, axis=-1)
 
 
-def _computed_once(cos: jax.Array, sin: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(cos, sin)`` unchanged, computed once rather than per element of the rotation.
+def _computed_once(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+  """``arrays`` unchanged (bit for bit), each computed once into a buffer rather than per element
+  of the op that reads it.
 
-  XLA fuses the cos/sin computation (about 60 operations with exact phases, or ``cos``/``sin``)
-  into the rotation's loop over ``[B, T, N, R]`` and redoes it for every head and both halves of
-  each pair. Dividing by a 1.0 that XLA cannot fold (``1 + 0 * position``, exact: ``c / 1 == c``)
-  is an "expensive" op whose result the broadcast over heads reuses, which XLA does not duplicate:
-  cos/sin are computed once into ``[B or 1, T, 1, R/2]`` (``jax.lax.optimization_barrier`` would
-  say the same, but XLA:CPU removes it before fusion).
+  XLA:CPU fuses an elementwise producer (the exact-phase cos/sin, about 60 operations per value, or
+  XLA's ``cos``/``sin``) into its consumer's loop and redoes it for every element the consumer
+  reads it at: for every head and both halves of each pair in ``apply_rope``, for every batch row
+  when a table is broadcast. It does not duplicate an "expensive" producer (a float divide) into
+  a consumer that reuses elements (a broadcast), so dividing by an exact 1.0 that XLA cannot fold
+  materializes the array: ``a / (a == a)`` (1.0 for every number and infinity; NaN stays NaN).
+  The divisor must not be a broadcast (XLA rewrites ``a / broadcast(c)`` into
+  ``a * broadcast(1 / c)``, cheap and fused again), and ``jax.lax.optimization_barrier`` does not
+  help: XLA:CPU removes it before fusion. Checked in the optimized HLO (``compiled.as_text()``:
+  a separate fusion writes the array) and by ``benchmarks/ops_bench.py``.
   """
-  first = jax.lax.slice(positions, (0,) * positions.ndim, (1,) * positions.ndim).astype(jnp.float32)
-  one = (jnp.float32(1) + jnp.float32(0) * first).reshape((1,) * cos.ndim)  # 1.0 for finite positions
-  return cos / one, sin / one
+  return tuple(a / (a == a).astype(a.dtype) for a in arrays)
 
 
 def _batch_positions(positions, bt: tuple[int, int], *, multi_axis: bool):
