@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import _checks
-from jaxpe.rope import rope_cos_sin
+from jaxpe.rope import _computed_once, rope_cos_sin
 
 Convention = Literal["vaswani", "tensor2tensor", "concat"]
 CONVENTIONS: tuple[str, ...] = ("vaswani", "tensor2tensor", "concat")
@@ -92,9 +92,35 @@ def sinusoidal_embedding(
   Source: see the module docstring (arXiv 1706.03762; tensor2tensor; fairseq).
   """
   freqs = sinusoidal_frequencies(d_model, base=base, convention=convention)
-  cos, sin = rope_cos_sin(positions, freqs)  # [..., D/2] each, exact phases
-  if convention == "vaswani":
-    out = jnp.stack([sin, cos], axis=-1).reshape(*cos.shape[:-1], d_model)
-  else:
-    out = jnp.concatenate([sin, cos], axis=-1)
-  return out.astype(dtype)
+  positions = _checks.rope_positions("positions", positions)  # value checks before any tracing
+
+  def table(p):  # positions [...] -> [..., D] of dtype
+    cos, sin = rope_cos_sin(p, freqs)  # [..., D/2] each, exact phases
+    if convention == "vaswani":
+      out = jnp.stack([sin, cos], axis=-1).reshape(*cos.shape[:-1], d_model)
+    else:
+      out = jnp.concatenate([sin, cos], axis=-1)
+    return out.astype(dtype)
+
+  if positions.ndim < 2 or positions.shape[0] == 1 or not jnp.issubdtype(positions.dtype, jnp.integer):
+    return table(positions)  # float positions: per row, so their gradients reach every row
+  return _rows_computed_once(table, positions)
+
+
+def _rows_computed_once(table, positions: jax.Array) -> jax.Array:
+  """``table(positions)``, computed for one row and broadcast when all rows of the integer
+  ``positions`` are equal (a batch sharing its positions, the usual case), else per row.
+
+  ``table`` maps positions elementwise (``[R, ...] -> [R, ..., D]``), so both ways give the same
+  bits. The choice is made at run time (``jax.lax.cond``), so the per-position work (about 60
+  operations per value for exact phases) is done ``T * D/2`` times instead of ``B * T * D/2``;
+  when XLA can prove the rows equal (positions built from ``arange`` in the same program) it keeps
+  only the first branch, where ``_computed_once`` stops it from fusing the table into the broadcast
+  (which would recompute it per batch row again).
+  """
+
+  def shared(p):
+    (row,) = _computed_once(table(p[:1]))
+    return jnp.broadcast_to(row, p.shape + row.shape[p.ndim :])
+
+  return jax.lax.cond(jnp.all(positions == positions[:1]), shared, table, positions)

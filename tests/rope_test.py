@@ -491,17 +491,19 @@ class SinusoidalTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters("vaswani", "tensor2tensor", "concat")
   def test_each_convention_matches_its_source(self, convention):
-    pos = _positions(9, (2, 11), 2**31).at[0, 0].set(0).at[0, 1].set(17780)
-    out = self.variant(lambda p: sinusoidal.sinusoidal_embedding(p, d_model=32, convention=convention))(pos)
-    if convention == "vaswani":
-      refs = [vaswani_table(pos, 32)]
-    elif convention == "concat":
-      refs = [vaswani_table(pos, 32, concat=True)]
-    else:
-      refs = [t2t_timing_signal(pos, 32), fairseq_sinusoidal(pos, 32)]
-    for ref in refs:  # float64 tables (their own phase rounding: <= 1.2e-7 at 2^31)
-      np.testing.assert_allclose(out, ref, atol=3e-7, rtol=0)
-    assert out.dtype == jnp.float32 and out.shape == (2, 11, 32)
+    rows = _positions(9, (2, 11), 2**31).at[0, 0].set(0).at[0, 1].set(17780)
+    shared = jnp.broadcast_to(rows[0], (3, 11))  # every row equal: computed once and broadcast
+    for pos in (rows, shared):
+      out = self.variant(lambda p: sinusoidal.sinusoidal_embedding(p, d_model=32, convention=convention))(pos)
+      if convention == "vaswani":
+        refs = [vaswani_table(pos, 32)]
+      elif convention == "concat":
+        refs = [vaswani_table(pos, 32, concat=True)]
+      else:
+        refs = [t2t_timing_signal(pos, 32), fairseq_sinusoidal(pos, 32)]
+      for ref in refs:  # float64 tables (their own phase rounding: <= 1.2e-7 at 2^31)
+        np.testing.assert_allclose(out, ref, atol=3e-7, rtol=0)
+      assert out.dtype == jnp.float32 and out.shape == (*pos.shape, 32)
 
   def test_tensor2tensor_frequencies_are_not_the_papers(self):
     np.testing.assert_allclose(
