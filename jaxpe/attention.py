@@ -6,6 +6,7 @@ Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K,
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -110,6 +111,7 @@ def dot_product_attention(
   bias: jax.Array | None = None,
   mask: jax.Array | None = None,
   precise_dims: int = 0,
+  causal_block: int | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias, masked) . v`` with float32 logits and softmax.
 
@@ -120,24 +122,37 @@ def dot_product_attention(
   Precision: the last ``precise_dims`` dims of q and k (the emulation dims, values ~1e5-1e6 whose
   products cancel down to the ALiBi bias) are contracted in float32 with ``precision=HIGHEST``,
   whatever ``jax.default_matmul_precision`` says (TF32 on recent NVIDIA GPUs, one bf16 pass on TPU
-  would cost whole logits there); the other dims use the default precision like every other score.
+  would cost whole logits there), in the forward and the backward pass; the other dims use the
+  default precision like every other score.
+
+  Execution (results equal the textbook formula to float32 rounding): one softmax pass structure
+  over the ``[B, N, T, S]`` scores (the row max, reused for the no-visible-key rule; unnormalised
+  ``exp``; the row sum; the normalisation applied to the ``[B, T, N, H]`` output) and a hand-written
+  backward pass (``jax.custom_vjp``, FlashAttention's ``dS = P * (dP - rowsum(dO * O))``, Dao et al.
+  2022, arXiv 2205.14135) that keeps the unnormalised probabilities instead of autodiff's chain of
+  temporaries. With ``causal_block``, queries go in static blocks of that many tokens and each block
+  meets only the keys up to its own end (about half the score work and memory of a causal mask).
 
   Args:
     q: ``[B, T, N, Hq]`` float queries.
     k: ``[B, S, K, Hq]`` float keys; ``N % K == 0``.
     v: ``[B, S, K, H]`` float values.
-    scale: multiplies q.k, usually ``1/sqrt(H)``.
+    scale: multiplies q.k, usually ``1/sqrt(H)``; a traced scale is folded into q (float32).
     bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
     mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
       visible key (masked, or a bias of -inf everywhere) returns zeros.
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
+    causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
+      caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
+      ``t`` (so T == S); keys past a block's last query are then skipped, not computed and masked.
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
 
   Raises:
     ValueError: wrong ranks, mismatched batch/length/head/dim sizes, bias or mask that do not
-      broadcast, ``scale`` not a finite number > 0, ``precise_dims`` outside 0..Hq.
+      broadcast, ``scale`` not a finite number > 0, ``precise_dims`` outside 0..Hq,
+      ``causal_block`` not an int > 0 or given with T != S.
     TypeError: non-float q/k/v or a non-bool mask.
   """
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
@@ -146,7 +161,7 @@ def dot_product_attention(
   for name, arr in (("q", q), ("k", k), ("v", v)):
     _checks.check_float(name, arr)
   if not isinstance(scale, jax.core.Tracer):
-    _checks.check_positive_float("scale", scale)
+    scale = _checks.check_positive_float("scale", scale)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   if k.shape[0] != batch or k.shape[3] != qk_dim:
@@ -165,31 +180,141 @@ def dot_product_attention(
 
   if isinstance(precise_dims, bool) or not isinstance(precise_dims, int) or not 0 <= precise_dims <= qk_dim:
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if causal_block is not None:
+    if isinstance(causal_block, bool) or not isinstance(causal_block, int) or causal_block <= 0:
+      raise ValueError(f"causal_block must be an int > 0 (query block size), got {causal_block!r}")
+    if s_len != t_len:
+      raise ValueError(f"causal_block is for causal self-attention (T == S), got T={t_len}, S={s_len}")
 
+  if isinstance(scale, jax.core.Tracer):
+    q, scale = q.astype(jnp.float32) * scale.astype(jnp.float32), 1.0
   group = num_heads // num_kv
-  q_grouped = q.reshape(batch, t_len, num_kv, group, qk_dim)
-  split = qk_dim - precise_dims
-  eq = "BTKGH,BSKH->BKGTS"
-  logits = jnp.einsum(eq, q_grouped[..., :split], k[..., :split], preferred_element_type=jnp.float32)
+  q = q.reshape(batch, t_len, num_kv, group, qk_dim)
+  bias, mask = (None if x is None else _grouped(x, num_kv, group) for x in (bias, mask))
+  attend = functools.partial(_attend_grouped, scale=scale, precise_dims=precise_dims)
+  if causal_block is None or causal_block >= t_len:
+    out = attend(q, k, v, bias, mask)
+  else:
+    outs = []
+    for start in range(0, t_len, causal_block):
+      end = min(start + causal_block, t_len)
+      # the queries [start, end) see no key past end - 1: their rows of the scores stop there
+      cut = functools.partial(_block, start=start, end=end)
+      outs.append(attend(q[:, start:end], k[:, :end], v[:, :end], cut(bias), cut(mask)))
+    out = jnp.concatenate(outs, axis=1)
+  return out.reshape(batch, t_len, num_heads, v.shape[-1])
+
+
+_LOWEST = float(jnp.finfo(jnp.float32).min)
+
+
+def _grouped(x: jax.Array, num_kv: int, group: int) -> jax.Array:
+  """A bias or mask broadcastable to ``[B, N, T, S]`` as one broadcastable to ``[B, K, G, T, S]``."""
+  b, n, t, s = x.shape
+  return x.reshape(b, 1, 1, t, s) if n == 1 else x.reshape(b, num_kv, group, t, s)
+
+
+def _block(x: jax.Array | None, *, start: int, end: int) -> jax.Array | None:
+  """Rows ``start:end`` and columns ``:end`` of a bias or mask broadcastable to ``[..., T, S]``."""
+  if x is None:
+    return None
+  rows = x[..., start:end, :] if x.shape[-2] > 1 else x
+  return rows[..., :end] if x.shape[-1] > 1 else rows
+
+
+def _attend_grouped(q, k, v, bias, mask, *, scale: float, precise_dims: int) -> jax.Array:
+  """q ``[B, T, K, G, Hq]``, k ``[B, S, K, Hq]``, v ``[B, S, K, H]``, bias/mask broadcastable to
+  ``[B, K, G, T, S]`` -> ``[B, T, K, G, H]``, through ``_attend`` in the batched-matmul layout
+  ``[B, K, G*T, .]`` (the G heads of a kv head share one matmul; the big operands stay row-major)."""
+  batch, t_len, num_kv, group, _ = q.shape
+  rows = group * t_len
+
+  def flat(x):  # [b, k|1, g|1, T|1, S|1] -> [b, K|1, G*T|1, S|1]
+    if x is None:
+      return None
+    if x.shape[2] == 1 and (x.shape[3] == 1 or group == 1):
+      return x.reshape(x.shape[0], x.shape[1], x.shape[3], x.shape[4])
+    x = jnp.broadcast_to(x, (x.shape[0], x.shape[1], group, t_len, x.shape[4]))
+    return x.reshape(x.shape[0], x.shape[1], rows, x.shape[4])
+
+  q_rows = jnp.moveaxis(q, 1, 3).reshape(batch, num_kv, rows, q.shape[-1])
+  out = _attend(q_rows, k, v, flat(bias), flat(mask), scale, precise_dims)
+  return jnp.moveaxis(out.reshape(batch, num_kv, group, t_len, v.shape[-1]), 3, 1)
+
+
+def _precise(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  return jnp.einsum(
+    eq,
+    a.astype(jnp.float32),
+    b.astype(jnp.float32),
+    precision=jax.lax.Precision.HIGHEST,
+    preferred_element_type=jnp.float32,
+  )
+
+
+def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
+  """(output ``[B, K, Q, H]`` float32, unnormalised probabilities ``e`` ``[B, K, Q, S]`` float32,
+  ``1 / row sum`` ``[B, K, Q, 1]``, 0 on rows with no visible key)."""
+  split = q.shape[-1] - precise_dims
+  logits = jnp.einsum("BKQH,BSKH->BKQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
   if precise_dims:
-    logits = logits + jnp.einsum(
-      eq,
-      q_grouped[..., split:].astype(jnp.float32),
-      k[..., split:].astype(jnp.float32),
-      precision=jax.lax.Precision.HIGHEST,
-      preferred_element_type=jnp.float32,
-    )
-  logits = logits.reshape(full) * jnp.float32(scale)
-  lowest = jnp.finfo(jnp.float32).min
+    logits = logits + _precise("BKQH,BSKH->BKQS", q[..., split:], k[..., split:])
+  logits = logits * jnp.float32(scale)
   if bias is not None:
-    logits = jnp.maximum(logits + bias.astype(jnp.float32), lowest)  # a -inf bias hides a key like the mask
+    logits = jnp.maximum(logits + bias.astype(jnp.float32), _LOWEST)  # a -inf bias hides a key like the mask
   if mask is not None:
-    logits = jnp.where(mask, logits, lowest)
-  weights = jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(mask, logits, _LOWEST)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  e = jnp.exp(logits - row_max)
+  inv_sum = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
   if mask is not None or bias is not None:
     # a row with no visible key (masked, or -inf bias everywhere) gives zeros, not a mean or NaN
-    visible = jnp.max(logits, axis=-1, keepdims=True) > lowest
-    weights = jnp.where(visible, weights, 0.0)
-  weights = weights.reshape(batch, num_kv, group, t_len, s_len).astype(v.dtype)
-  out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v)
-  return out.reshape(batch, t_len, num_heads, v.shape[-1])
+    inv_sum = jnp.where(row_max > _LOWEST, inv_sum, 0.0)
+  out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return out * inv_sum, e, inv_sum
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attend(q, k, v, bias, mask, scale: float, precise_dims: int):
+  """``q [B, K, Q, Hq], k [B, S, K, Hq], v [B, S, K, H] -> [B, K, Q, H]`` (``v.dtype``); bias and
+  mask broadcastable to ``[B, K, Q, S]``."""
+  return _attention_forward(q, k, v, bias, mask, scale, precise_dims)[0].astype(v.dtype)
+
+
+def _attend_fwd(q, k, v, bias, mask, scale, precise_dims):
+  out, e, inv_sum = _attention_forward(q, k, v, bias, mask, scale, precise_dims)
+  return out.astype(v.dtype), (q, k, v, bias, mask, out, e, inv_sum)
+
+
+def _attend_bwd(scale, precise_dims, residuals, d_out):
+  q, k, v, bias, mask, out, e, inv_sum = residuals
+  d_out = d_out.astype(jnp.float32)
+  # P = e * inv_sum; dV = P^T dO = e^T (dO * inv_sum); dP = dO V^T; dX = P * (dP - rowsum(dO * O)).
+  # Products with a transposed [Q, S] operand are written as (small^T big)^T, so the big one is
+  # read row-major and never copied.
+  f32 = dict(preferred_element_type=jnp.float32)
+  d_v = jnp.einsum("BKQH,BKQS->BSKH", (d_out * inv_sum).astype(v.dtype), e.astype(v.dtype), **f32)
+  d_p = jnp.einsum("BKQH,BSKH->BKQS", d_out.astype(v.dtype), v, **f32)
+  delta = jnp.sum(d_out * out, axis=-1, keepdims=True)
+  d_x = e * inv_sum * (d_p - delta)  # d(loss) / d(scaled logits + bias)
+  split = q.shape[-1] - precise_dims
+  d_q = jnp.einsum("BKQS,BSKH->BKQH", d_x.astype(k.dtype), k[..., :split], **f32)
+  d_k = jnp.einsum("BKQH,BKQS->BSKH", q[..., :split], d_x.astype(q.dtype), **f32)
+  if precise_dims:
+    d_q = jnp.concatenate([d_q, _precise("BKQS,BSKH->BKQH", d_x, k[..., split:])], axis=-1)
+    d_k = jnp.concatenate([d_k, _precise("BKQH,BKQS->BSKH", q[..., split:], d_x)], axis=-1)
+  d_bias = None
+  if bias is not None:
+    summed = tuple(i for i, (a, b) in enumerate(zip(bias.shape, d_x.shape)) if a == 1 and b != 1)
+    d_bias = jnp.sum(d_x, axis=summed, keepdims=True).astype(bias.dtype)
+  scale = jnp.float32(scale)
+  return (
+    (d_q * scale).astype(q.dtype),
+    (d_k * scale).astype(k.dtype),
+    d_v.astype(v.dtype),
+    d_bias,
+    None,
+  )
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)

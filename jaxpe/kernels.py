@@ -3,7 +3,8 @@
 Backends (``impl``):
 
 - ``xla``: ``jaxpe.attention.dot_product_attention`` (einsum, float32 logits; the reference). Takes
-  a dense bias, any mask, the KV cache.
+  a dense bias, any mask, the KV cache. A causal ``AttentionMask`` longer than ``XLA_CAUSAL_BLOCK``
+  runs in query blocks that skip the keys after each block (``causal_block``).
 - ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention,
   NVIDIA GPU). q, k, v go in as bf16 (float16 when the values are float16).
 - ``splash``: ``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU; ``interpret=True`` runs it
@@ -49,6 +50,10 @@ BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu")
 IMPLEMENTATIONS: tuple[str, ...] = (*BACKENDS, "auto")
 # Head-dim multiple each kernel wants (pallas_gpu pads to the next power of two internally).
 HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
+# Query block of the ``xla`` backend's causal self-attention (``dot_product_attention(causal_block=)``):
+# each block of queries meets only the keys up to its end. Measured on CPU (B 8, T 512, N 8, H 64,
+# forward + backward): 64 and 128 ran 1.7-2.1x the dense path, 32 slower (small matmuls).
+XLA_CAUSAL_BLOCK = 128
 # Largest head dim (after the emulation dims and padding) cuDNN's flash attention accepts.
 CUDNN_MAX_HEAD_DIM = 256
 
@@ -290,7 +295,10 @@ def _pad_length(q, k, v, mask: attention_lib.AttentionMask, length: int):
 
 
 def _xla(q, k, v, *, scale, mask, bias, alibi_spec, precise_dims):
+  causal_block = None
   if isinstance(mask, attention_lib.AttentionMask):
+    if mask.causal and q.shape[1] > XLA_CAUSAL_BLOCK:
+      causal_block = XLA_CAUSAL_BLOCK  # self-attention: key slot t is query slot t
     mask = (
       mask.dense(q.shape[0], q.shape[1])
       if (mask.causal or mask.valid is not None or mask.segment_ids is not None)
@@ -303,7 +311,7 @@ def _xla(q, k, v, *, scale, mask, bias, alibi_spec, precise_dims):
     bias = native if bias is None else bias + native
   # Looked up at call time so tests can wrap attention.dot_product_attention.
   return attention_lib.dot_product_attention(
-    q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims
+    q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims, causal_block=causal_block
   )
 
 

@@ -109,12 +109,15 @@ def test_native_bias_on_a_bias_free_kernel_says_to_use_the_emulation():
 
 def test_emulation_dims_are_contracted_at_highest_precision_on_xla():
   # CPU ignores jax.default_matmul_precision, so check what the jaxpr asks for: under a bf16 default
-  # the emulation part of the logits is a float32 dot with precision HIGHEST, the content part is not.
-  q = jnp.zeros((1, 8, 2, 10), jnp.float32)
+  # every dot over the emulation dims (the q.k logits, and dq, dk in the backward pass) is a float32
+  # dot with precision HIGHEST, the content dots are not.
+  q = jnp.zeros((1, 8, 2, 8), jnp.float32)  # H = 6 content dims + 2 emulation dims
+
+  def loss(q, k):
+    return attention.dot_product_attention(q, k, q[..., :6], scale=1.0, precise_dims=2).sum()
+
   with jax.default_matmul_precision("bfloat16"):
-    jaxpr = jax.make_jaxpr(
-      lambda q: attention.dot_product_attention(q, q, q[..., :8], scale=1.0, precise_dims=2)
-    )(q)
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(q, q)
   dots = []
 
   def walk(jx):
@@ -125,14 +128,16 @@ def test_emulation_dims_are_contracted_at_highest_precision_on_xla():
         walk(sub)
 
   walk(jaxpr.jaxpr)
-  # the two q.k dots contract [B, T, K, H'] with [B, S, K, G, H'] over H' = 8 (content) or 2 (emulation)
-  qk = {e.invars[0].aval.shape: e for e in dots if e.invars[0].aval.shape[:3] == (1, 8, 2)}
+  # an operand whose last dim is 2 holds emulation dims (T = S = 8 and H = 6 are other sizes)
+  emul = [e for e in dots if any(v.aval.shape[-1] == 2 for v in e.invars)]
+  content = [e for e in dots if e not in emul]
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
-  emul, content = qk[(1, 8, 2, 2)], qk[(1, 8, 2, 8)]
-  assert emul.params["precision"] == highest
-  assert all(v.aval.dtype == jnp.float32 for v in emul.invars)
-  assert emul.params["preferred_element_type"] == jnp.float32
-  assert content.params["precision"] != highest
+  assert len(emul) >= 3 and content  # forward logits, dq, dk
+  for e in emul:
+    assert e.params["precision"] == highest
+    assert all(v.aval.dtype == jnp.float32 for v in e.invars)
+    assert e.params["preferred_element_type"] == jnp.float32
+  assert all(e.params["precision"] != highest for e in content)
 
 
 def test_row_with_minus_inf_bias_gives_zeros_like_a_masked_row():
