@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import jaxpe
 
@@ -299,9 +300,16 @@ def train_step_cost(
 
 
 def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict[str, float]:
-  """Median seconds of the parts of a train step, each jitted alone: ``forward`` (the loss),
-  ``forward_backward`` (``value_and_grad``), ``update`` (the AdamW update from given gradients) and
-  ``attention`` (the L layers' softmax attention forward + backward on ``[B, T, N, H]``)."""
+  """Median seconds of the parts of a train step, each jitted alone on the step's shapes, forward +
+  backward (gradients of the parameters and the input) where it says so:
+
+  ``forward`` (the loss), ``forward_backward`` (``value_and_grad``), ``update`` (the AdamW update
+  from given gradients); the model's own modules, L times on the same ``[B, T, D]`` input:
+  ``attention_block`` (q/k/v/o projections, RoPE, attention), ``attention_core`` (the softmax
+  attention alone on ``[B, T, N, H]``, as ``jaxpe.kernels.attention(impl="xla")`` runs it in the
+  model), ``mlp`` (up, GELU, down), ``layernorm`` (the 2 L + 1 LayerNorms); ``embed_logits_loss``
+  (token embedding, tied logits, cross-entropy).
+  """
   from flax import nnx
 
   from jaxpe import kernels
@@ -334,17 +342,52 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
   q = jax.random.normal(jax.random.key(0), (batch, seq, n, h), jnp.float32)
   mask = jaxpe.AttentionMask(causal=True)
 
-  def attention(q):
+  def attention_core(q):
     def one(q):
       return kernels.attention(q, q, q, scale=h**-0.5, mask=mask, impl="xla").sum()  # as the model
 
     return [jax.grad(one)(q + i) for i in range(cfg.num_layers)]
 
+  x = jax.random.normal(jax.random.key(1), (batch, seq, cfg.d_model), jnp.float32)
+  positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+  blocks = list(model.blocks)
+
+  def per_layer(modules, apply):
+    """Seconds of gradients (parameters and input) of ``sum(apply(module, x))`` for each module."""
+    mod_def, mod_state = nnx.split(modules)
+
+    def run(mod_state, x):
+      def loss(mod_state, x):
+        return sum(apply(m, x + i).sum() for i, m in enumerate(nnx.merge(mod_def, mod_state)))
+
+      return jax.grad(loss, argnums=(0, 1))(mod_state, x)
+
+    return bench(run, mod_state, x, repeats=repeats)
+
+  def attention_block(attn, x):
+    return attn(x, positions, mask, kv_positions=positions)[0]
+
+  norms = [m for b in blocks for m in (b.attn_norm, b.mlp_norm)] + [model.final_norm]
+  embed_def, embed_state = nnx.split(model.embed)
+
+  def embed_logits_loss(embed_state, x, tokens):
+    def loss(embed_state, x):
+      embed = nnx.merge(embed_def, embed_state)
+      # the embedding lookup's gradient (a scatter-add) and the tied logits + loss on x
+      logits = jnp.einsum("BTD,VD->BTV", x + embed(tokens[:, :-1]), embed.embedding[...])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    return jax.grad(loss, argnums=(0, 1))(embed_state, x)
+
   return {
     "forward": bench(forward, state, tokens, repeats=repeats),
     "forward_backward": bench(forward_backward, state, tokens, repeats=repeats),
     "update": bench(update, state, grads, repeats=repeats),
-    "attention": bench(attention, q, repeats=repeats),
+    "attention_block": per_layer([b.attn for b in blocks], attention_block),
+    "attention_core": bench(attention_core, q, repeats=repeats),
+    "mlp": per_layer([b.mlp for b in blocks], lambda m, x: m(x)),
+    "layernorm": per_layer(norms, lambda m, x: m(x)),
+    "embed_logits_loss": bench(embed_logits_loss, embed_state, x, tokens, repeats=repeats),
   }
 
 
@@ -377,7 +420,7 @@ def train_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
     rows.append(
       row(
         "train",
-        f"D 512 step part: {part.replace('_', ' + ')}",
+        f"D 512 step part: {part.replace('_', ' ').replace('forward backward', 'forward + backward')}",
         secs * 1e3,
         "ms",
         ratio=secs / seconds,
