@@ -614,7 +614,10 @@ def plot_bits_per_byte(study: StudyConfig, report: dict[str, Any], path: Path) -
   axes[0].set_ylabel("held-out bits per byte (95% interval over windows)")
   axes[1].axhline(0.0, c="gray", lw=0.8)
   axes[1].set_ylabel(f"paired difference from {ENCODINGS[ref].label} (bits/byte)")
-  axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  # the legend takes the left panel's lines: the right one has no line for the reference encoding
+  axes[1].legend(
+    *axes[0].get_legend_handles_labels(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
