@@ -3,6 +3,7 @@ independent float64 numpy references: Meta's complex formula, HF's rotate-half f
 torchscale's xPos, Vaswani et al.'s sinusoids."""
 
 import math
+import re
 from fractions import Fraction
 
 import chex
@@ -672,3 +673,26 @@ def test_second_derivatives_in_frequencies_and_float_positions():
   pf64 = np.asarray(pf, np.float64)[:, None]
   h_pos = jax.hessian(lambda p: jnp.sum(rope.rope_cos_sin(p, inv)[1]))(pf)
   np.testing.assert_allclose(np.diag(h_pos), np.sum(-(t64**2) * np.sin(pf64 * t64), 1), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_cos_sin_run_once_per_position_not_per_head_in_the_compiled_op(layout):
+  # apply_rope's speed rests on XLA not fusing cos/sin into the loop that writes the rotated
+  # [B, T, N, H] output, where they would run for every head and both halves of each pair (what
+  # XLA did before 2026-11-30: 2N times the work). In the optimized HLO, the fusions that write an
+  # output-sized array must call computations without cosine/sine.
+  b, t, n, h = 2, 6, 8, 16
+  x = jnp.zeros((b, t, n, h), jnp.float32)
+  pos = jnp.zeros((b, t), jnp.int32)
+  hlo = (
+    jax.jit(lambda x, p: rope.apply_rope(x, p, layout=layout, phase_precision="float32"))
+    .lower(x, pos)
+    .compile()
+    .as_text()
+  )
+  bodies = dict(re.findall(r"^%(\S+) \(.*?\{\n(.*?)^\}", hlo, re.S | re.M))
+  assert any(re.search(r" (?:cosine|sine)\(", body) for body in bodies.values()), "no cos/sin found"
+  out_fusions = re.findall(rf"= f32\[{b},{t},{n},{h}\]\S* fusion\(.*?calls=%([\w.-]+)", hlo)
+  assert out_fusions, "no fusion writes the output"
+  for name in out_fusions:
+    assert not re.search(r" (?:cosine|sine)\(", bodies[name]), f"cos/sin fused into the output loop {name}"
