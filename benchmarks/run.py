@@ -1,7 +1,7 @@
 """jaxpe's benchmark suite: every benchmark, one table, one JSON record per run, the history.
 
-  python benchmarks/run.py                  # everything (about 10 min on 2 idle CPU cores)
-  python benchmarks/run.py --quick          # small shapes, under 3 min
+  python benchmarks/run.py                  # everything (5.5 min on 2 idle CPU cores)
+  python benchmarks/run.py --quick          # small shapes, about 1 min
   python benchmarks/run.py --only ops train # some groups (ceiling always runs)
   python benchmarks/run.py --plot           # also plot the history of benchmarks/results/
   python benchmarks/run.py --update-readme  # rewrite README's "Measured" block from the newest record
@@ -281,7 +281,7 @@ def plot_history(records: list[dict], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--quick", action="store_true", help="small shapes (under 3 min)")
+  parser.add_argument("--quick", action="store_true", help="small shapes (about 1 min)")
   parser.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
   parser.add_argument("--results-dir", type=Path, default=HERE / "results")
   parser.add_argument("--no-record", action="store_true", help="do not write a JSON record")
