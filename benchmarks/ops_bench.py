@@ -269,6 +269,22 @@ def op_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
   return rows
 
 
+def _model_and_batch(cfg, *, batch: int, seq: int):
+  """(model, graphdef, state of (model, AdamW optimizer) as the trainer builds them, ``[batch, seq + 1]``
+  int32 random tokens) for the train-step benchmarks."""
+  from flax import nnx
+
+  from jaxpe.config import TrainConfig
+  from jaxpe.model import Decoder
+  from jaxpe.trainer import make_optimizer
+
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, opt))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
+  return model, graphdef, state, tokens
+
+
 def train_step_cost(
   model_cfg=None, *, batch: int = 32, seq: int = 256, repeats: int = 5
 ) -> tuple[float, float, int]:
@@ -277,15 +293,11 @@ def train_step_cost(
   N parameters plus ``12 L T D`` per token for attention (q.k and w.v, forward and backward)."""
   from flax import nnx
 
-  from jaxpe.config import ModelConfig, TrainConfig
-  from jaxpe.model import Decoder
-  from jaxpe.trainer import make_optimizer, next_token_loss
+  from jaxpe.config import ModelConfig
+  from jaxpe.trainer import next_token_loss
 
   cfg = model_cfg or ModelConfig()
-  model = Decoder(cfg, rngs=nnx.Rngs(0))
-  opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, opt))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
+  model, graphdef, state, tokens = _model_and_batch(cfg, batch=batch, seq=seq)
 
   def step(state, tokens):
     model, opt = nnx.merge(graphdef, state)
@@ -313,15 +325,10 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
   from flax import nnx
 
   from jaxpe import kernels
-  from jaxpe.config import TrainConfig
-  from jaxpe.model import Decoder
-  from jaxpe.trainer import make_optimizer, next_token_loss
+  from jaxpe.trainer import next_token_loss
 
   cfg = model_cfg
-  model = Decoder(cfg, rngs=nnx.Rngs(0))
-  opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, opt))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
+  model, graphdef, state, tokens = _model_and_batch(cfg, batch=batch, seq=seq)
 
   def forward(state, tokens):
     model, _ = nnx.merge(graphdef, state)
