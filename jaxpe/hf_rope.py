@@ -437,6 +437,8 @@ def _head_dim(cfg: Mapping[str, Any], model_type: str | None, layer_type: str | 
   )
   if hidden is None or heads is None:
     raise ValueError("config needs head_dim, or hidden_size and num_attention_heads, for the rotary dim")
+  for name, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+    _positive_int({name: value}, name)
   return _positive_int(
     {"hidden_size // num_attention_heads": hidden // heads}, "hidden_size // num_attention_heads"
   )
