@@ -175,11 +175,9 @@ def check_index(name: str, value, *, upper: int | None = None, what: str = "") -
   """An integer token index (Python or numpy int, not a bool) in ``[0, upper]``: ArgTypeError for
   another type, ValueError when out of range."""
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise ArgTypeError(
-      f"{name} must be an integer >= 0 (token index), got {value!r} ({type(value).__name__})"
-    )
+    raise ArgTypeError(f"{name} must be >= 0, an integer token index, got {value!r} ({type(value).__name__})")
   if value < 0:
-    raise ValueError(f"{name} must be an integer >= 0 (token index), got {value}")
+    raise ValueError(f"{name} must be >= 0 (an integer token index), got {value}")
   if upper is not None and value > upper:
     raise ValueError(f"{name} must be <= {what or upper}, got {value}")
   return int(value)

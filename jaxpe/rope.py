@@ -322,8 +322,9 @@ def rope_cos_sin(
 
   Returns:
     ``(cos, sin)``, each ``[..., R/2]`` float32. Under jit (traced positions, not checked):
-    negative positions give the exact cos/sin of ``p * theta``; float positions that are NaN, inf
-    or ``|p| >= 2^31`` give NaN; integers wider than int32 (int64 under x64, uint32) with
+    negative positions give the exact cos/sin of ``p * theta``; float positions that are NaN or
+    inf give NaN, and so do finite ones with ``|p| >= 2^31`` under exact phases (``"float32"``
+    phases take them as float32 numbers, as HF does); integers wider than int32 (int64 under x64, uint32) with
     ``|p| >= 2^31`` give NaN (not a wrapped int32 phase).
 
   Raises:

@@ -147,6 +147,12 @@ def xpos_scale(
   exponent = delta.astype(jnp.float32) * jnp.float32(sign / scale_base)
   exponent = exponent[:, :, None, None] * log_zeta[None, None, None, :]
   inside = jnp.abs(delta)[:, :, None, None] <= window
+  if jnp.iinfo(positions.dtype).bits > 32 or positions.dtype == jnp.uint32:
+    # Traced int64 (x64) / uint32 positions past int32 would wrap in the int32 difference: NaN too.
+    fits = positions < _checks.MAX_POSITION
+    if jnp.issubdtype(positions.dtype, jnp.signedinteger):
+      fits = fits & (positions >= -_checks.MAX_POSITION)
+    inside = inside & fits[:, :, None, None]
   return jnp.where(inside, jnp.exp(exponent), jnp.float32(jnp.nan))
 
 

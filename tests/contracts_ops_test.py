@@ -818,3 +818,23 @@ def test_list_inputs_are_read_as_arrays():
   np.testing.assert_array_equal(
     alibi_slopes_for_heads(4, alibi_heads=np.asarray([2, 0])), [0.00390625, 0, 0.0625, 0]
   )
+
+
+def test_traced_wide_xpos_positions_give_nan_and_query_scale_refuses_negative():
+  with jax.enable_x64(True):
+    p = jnp.asarray([[2**31 + 3, 5]], jnp.int64)
+    s = jax.jit(lambda p: xpos_scale(p, rotary_dim=8, kind="query"))(p)
+    assert np.all(np.isnan(s[0, 0])) and np.all(np.isfinite(s[0, 1]))
+  r = rope_from_hf_config({**LLAMA, "llama_4_scaling_beta": 0.1, "rope_scaling": {"rope_type": "default"}})
+  with pytest.raises(ValueError, match="positions must be >= 0"):
+    r.query_scale(jnp.asarray([[-1, 3]], I32))
+  with pytest.raises(TypeError, match="positions must be"):
+    r.query_scale(jnp.asarray([[1.0, 3.0]], F32))
+
+
+def test_int64_positions_without_x64_equal_int32_ones():
+  p64 = np.asarray([[0, 7, 2**31 - 1, 5, 2**24 + 1]], np.int64)
+  np.testing.assert_array_equal(
+    apply_rope(XR, p64, inv_freq=INV), apply_rope(XR, p64.astype(np.int32), inv_freq=INV)
+  )
+  np.testing.assert_array_equal(alibi_bias(SLOPES, p64, p64), alibi_bias(SLOPES, p64.astype(np.int32), p64))
