@@ -16,6 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 
 
+class ArgTypeError(TypeError, ValueError):
+  """A wrong type or dtype: a ``TypeError``, and a ``ValueError`` for callers that caught the
+  ``ValueError`` these checks raised for wrong-typed scalars before the contracts of issue 17."""
+
+
+# The largest head, model or rotary dim and head count the ops accept: far above any model, and small
+# enough that the host tables (np.arange of it) stay small. Larger values are refused, not allocated.
+MAX_DIM = 2**20
+
+
 def check_rank(name: str, x, rank: int, shape_hint: str) -> None:
   """Raises ValueError unless ``x`` has ``rank`` dimensions (``shape_hint`` like '[B, T, N, H]')."""
   if jnp.ndim(x) != rank:
@@ -58,8 +68,7 @@ def rope_positions(name: str, positions):
   when given in float64, exactly representable in float32 (what the phases use). Value checks run
   only on concrete arrays. Raises TypeError for other dtypes (bool, complex), ValueError otherwise.
   """
-  if not isinstance(positions, jax.Array | np.ndarray):
-    positions = np.asarray(positions)
+  positions = as_array(name, positions)
   dtype = jnp.result_type(positions)
   if jnp.issubdtype(dtype, jnp.integer):
     check_positions(name, positions)
@@ -94,21 +103,29 @@ def check_index_range(name: str, x, upper: int, what: str) -> None:
     raise ValueError(f"{name} must be in [0, {what} = {upper}), got values in [{arr.min()}, {arr.max()}]")
 
 
-def check_positive_int(name: str, value, *, even: bool = False) -> int:
-  """Returns ``value`` as int; raises ValueError unless it is a positive (even) Python int."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+def check_positive_int(name: str, value, *, even: bool = False, maximum: int | None = None) -> int:
+  """Returns ``value`` as int. Raises ``ArgTypeError`` (a TypeError and a ValueError) unless it is a
+  Python or numpy int (not a bool), ValueError unless it is > 0, even (``even``) and <= ``maximum``."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ArgTypeError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
+  if value <= 0:
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
   if even and value % 2:
     raise ValueError(f"{name} must be even, got {value}")
+  if maximum is not None and value > maximum:
+    raise ValueError(f"{name} must be <= {maximum}, got {value}")
   return int(value)
 
 
 def check_positive_float(name: str, value) -> float:
-  """Returns ``value`` as float; raises ValueError unless it is finite and > 0."""
+  """Returns ``value`` as float. Raises ``ArgTypeError`` unless it is a real number (Python or numpy
+  int/float, or a concrete 0-d array; not a bool, string or complex), ValueError unless finite and > 0."""
+  if isinstance(value, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
+    raise ArgTypeError(f"{name} must be a finite number > 0, got {value!r} ({type(value).__name__})")
   try:
     v = float(value)
   except (TypeError, ValueError):
-    raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+    raise ArgTypeError(f"{name} must be a finite number > 0, got {value!r}") from None
   if not math.isfinite(v) or v <= 0:
     raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
   return v
@@ -116,7 +133,9 @@ def check_positive_float(name: str, value) -> float:
 
 def check_slopes(name: str, slopes, *, allow_zero: bool = False) -> None:
   """Slopes: rank 1, a float (or Python number) array and, when concrete, finite and > 0
-  (>= 0 with ``allow_zero``: slope 0 turns ALiBi off for that head)."""
+  (>= 0 with ``allow_zero``: slope 0 turns ALiBi off for that head). Returns ``slopes`` (lists
+  as numpy arrays)."""
+  slopes = as_array(name, slopes)
   check_rank(name, slopes, 1, "[N]")
   dtype = jnp.result_type(slopes)
   if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
@@ -126,6 +145,7 @@ def check_slopes(name: str, slopes, *, allow_zero: bool = False) -> None:
     bad = np.any(arr < 0) if allow_zero else np.any(arr <= 0)
     if not np.all(np.isfinite(arr)) or bad:
       raise ValueError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0, got {arr.tolist()}")
+  return slopes
 
 
 def broadcastable(name: str, shape: Sequence[int], target: Sequence[int], hint: str) -> None:
@@ -133,3 +153,51 @@ def broadcastable(name: str, shape: Sequence[int], target: Sequence[int], hint: 
   ok = len(shape) == len(target) and all(a in (1, b) for a, b in zip(shape, target))
   if not ok:
     raise ValueError(f"{name} must broadcast to {hint} = {tuple(target)}, got shape {tuple(shape)}")
+
+
+def as_array(name: str, x):
+  """``x`` as an array: JAX and numpy arrays (and tracers) pass through; Python numbers and (nested)
+  lists or tuples of numbers become numpy arrays. Anything else (strings, ragged lists, objects)
+  raises ``ArgTypeError`` naming ``name``."""
+  if isinstance(x, jax.Array | np.ndarray | jax.core.Tracer):
+    arr = x
+  else:
+    try:
+      arr = np.asarray(x)
+    except (TypeError, ValueError):
+      raise ArgTypeError(f"{name} must be an array of numbers, got {type(x).__name__} {x!r:.80}") from None
+  if not (arr.dtype == np.bool_ or jnp.issubdtype(arr.dtype, jnp.number)):  # bfloat16 counts as a number
+    raise ArgTypeError(f"{name} must be an array of numbers, got dtype {arr.dtype}")
+  return arr
+
+
+def check_index(name: str, value, *, upper: int | None = None, what: str = "") -> int:
+  """An integer token index (Python or numpy int, not a bool) in ``[0, upper]``: ArgTypeError for
+  another type, ValueError when out of range."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ArgTypeError(f"{name} must be >= 0, an integer token index, got {value!r} ({type(value).__name__})")
+  if value < 0:
+    raise ValueError(f"{name} must be >= 0 (an integer token index), got {value}")
+  if upper is not None and value > upper:
+    raise ValueError(f"{name} must be <= {what or upper}, got {value}")
+  return int(value)
+
+
+def check_float_dtype(name: str, dtype, allowed=None):
+  """``dtype`` as a numpy dtype; ArgTypeError unless it names a float dtype (in ``allowed`` if given)."""
+  accepted = "a float dtype" if allowed is None else " or ".join(np.dtype(a).name for a in allowed)
+  try:
+    dt = jnp.dtype(dtype)
+  except TypeError:
+    raise ArgTypeError(f"{name} must be {accepted}, got {dtype!r}") from None
+  ok = jnp.issubdtype(dt, jnp.floating) if allowed is None else any(dt == np.dtype(a) for a in allowed)
+  if not ok:
+    raise ArgTypeError(f"{name} must be {accepted}, got {dt}")
+  return dt
+
+
+def check_bool(name: str, value) -> bool:
+  """A Python or numpy bool; ArgTypeError otherwise (a string such as 'no' is not False)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ArgTypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+  return bool(value)

@@ -19,7 +19,7 @@ from jaxpe.positions import positions_from_mask
 
 def alibi_slopes_f64(num_heads: int) -> np.ndarray:
   """ALiBi slopes in float64 on the host: ``alibi_slopes(num_heads, dtype=np.float64)``."""
-  num_heads = _checks.check_positive_int("num_heads", num_heads)
+  num_heads = _checks.check_positive_int("num_heads", num_heads, maximum=_checks.MAX_DIM)
 
   def power_of_2(n: int) -> list[float]:
     start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
@@ -48,15 +48,14 @@ def alibi_slopes(num_heads: int, *, dtype=jnp.float32) -> jax.Array | np.ndarray
     ``[N]`` slopes (per token) of ``dtype``.
 
   Raises:
-    ValueError: ``num_heads`` not a positive integer; ``dtype`` not float32 or float64.
+    ValueError: ``num_heads`` not in ``[1, 2^20]``.
+    TypeError: ``num_heads`` not an int; ``dtype`` not float32 or float64 (also a ValueError).
 
   Source: Press et al. arXiv 2108.12409; ofirpress/attention_with_linear_biases ``get_slopes``.
   """
   slopes = alibi_slopes_f64(num_heads)
-  if np.dtype(dtype) == np.float64:
+  if _checks.check_float_dtype("dtype", dtype, allowed=(np.float32, np.float64)) == np.float64:
     return slopes
-  if np.dtype(dtype) != np.float32:
-    raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
   return jnp.asarray(slopes, jnp.float32)
 
 
@@ -75,11 +74,15 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
     ``[B, N, T, S]`` float32 bias, added to ``q.k / sqrt(H)``.
 
   Raises:
-    ValueError: wrong ranks, mismatched batch sizes, non-positive slopes.
-    TypeError: non-integer positions.
+    ValueError: wrong ranks, mismatched batch sizes, slopes negative or not finite, concrete
+      positions negative or >= 2^31.
+    TypeError: non-integer positions, non-real slopes, inputs that are not arrays of numbers.
+
+  Under jit (traced positions, not checked) any int32 positions, negative ones included, give the
+  bias of their difference, exact to float32 (one rounding of the integer distance).
   """
-  _checks.check_slopes("slopes", slopes, allow_zero=True)
-  _check_position_pair(q_positions, k_positions)
+  slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
+  q_positions, k_positions = _check_position_pair(q_positions, k_positions)
   # Distances are exact integers; convert once to float32 (exact below 2**24).
   distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
@@ -87,6 +90,8 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
 
 def _check_position_pair(q_positions, k_positions) -> None:
   """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0, same B."""
+  q_positions = _checks.as_array("q_positions", q_positions)
+  k_positions = _checks.as_array("k_positions", k_positions)
   _checks.check_rank("q_positions", q_positions, 2, "[B, T]")
   _checks.check_rank("k_positions", k_positions, 2, "[B, S]")
   _checks.check_positions("q_positions", q_positions)
@@ -96,6 +101,7 @@ def _check_position_pair(q_positions, k_positions) -> None:
       f"q_positions and k_positions must have the same batch size B, got "
       f"{q_positions.shape[0]} and {k_positions.shape[0]}"
     )
+  return q_positions, k_positions
 
 
 def alibi_slopes_for_heads(num_heads: int, *, alibi_heads) -> jax.Array:
@@ -113,18 +119,28 @@ def alibi_slopes_for_heads(num_heads: int, *, alibi_heads) -> jax.Array:
     ``alibi_bias_symmetric`` or ``alibi_bias_bloom`` (which accept zero slopes).
 
   Raises:
-    ValueError: ``num_heads`` not positive; ``alibi_heads`` empty, out of range or repeated.
+    ValueError: ``num_heads`` not in ``[1, 2^20]``; ``alibi_heads`` empty, out of range or repeated.
+    TypeError: ``alibi_heads`` neither an int nor a sequence of ints (a string, floats, a bool).
 
   Source: slopes from Press et al. arXiv 2108.12409; ALiBi on a subset of heads is jaxpe's own
   option (the paper applies it to every head).
   """
-  num_heads = _checks.check_positive_int("num_heads", num_heads)
-  if isinstance(alibi_heads, (int, np.integer)) and not isinstance(alibi_heads, bool):
+  num_heads = _checks.check_positive_int("num_heads", num_heads, maximum=_checks.MAX_DIM)
+
+  def is_int(h):
+    return isinstance(h, (int, np.integer)) and not isinstance(h, (bool, np.bool_))
+
+  if is_int(alibi_heads):
     if not 0 < alibi_heads <= num_heads:
       raise ValueError(f"alibi_heads must be in [1, num_heads = {num_heads}], got {alibi_heads}")
     heads = list(range(int(alibi_heads)))
   else:
-    heads = [int(h) for h in alibi_heads]
+    seq = alibi_heads.tolist() if isinstance(alibi_heads, np.ndarray | jax.Array) else alibi_heads
+    if not isinstance(seq, (list, tuple, range)) or not all(is_int(h) for h in seq):
+      raise _checks.ArgTypeError(
+        f"alibi_heads must be an int k (the first k heads) or a sequence of int head indices, got {alibi_heads!r}"
+      )
+    heads = [int(h) for h in seq]
     if not heads or len(set(heads)) != len(heads) or min(heads) < 0 or max(heads) >= num_heads:
       raise ValueError(
         f"alibi_heads must be distinct head indices in [0, {num_heads}), at least one, got {list(alibi_heads)}"
@@ -142,8 +158,8 @@ def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=Non
 
   Args:
     slopes: ``[N]`` float slopes, finite, >= 0 (0: no bias for that head).
-    q_len: T, positive.
-    k_len: S, positive, ``>= T``.
+    q_len: T, in ``[1, 2^31]``.
+    k_len: S, in ``[1, 2^31]``, ``>= T``.
     q_offset: position of the first query; a Python int in ``[0, S - T]`` or a traced int scalar
       (e.g. the cache fill level). Default ``S - T`` (queries are the last T keys).
 
@@ -151,15 +167,16 @@ def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=Non
     ``[1, N, T, S]`` float32 bias, broadcastable to ``[B, N, T, S]``.
 
   Raises:
-    ValueError: bad slopes, ``q_len``/``k_len`` not positive, ``k_len < q_len``, ``q_offset`` out
-      of range.
+    ValueError: bad slopes, ``q_len``/``k_len`` not in ``[1, 2^31]``, ``k_len < q_len``, ``q_offset``
+      out of range (a traced ``q_offset`` is not checked: the bias is that of its positions).
+    TypeError: ``q_len``/``k_len`` not ints; ``q_offset`` not an int or integer scalar array.
 
   Source: Press et al. arXiv 2108.12409 (bias ``-m_h (i - j)``); the offset is the KV-cache
   position of the first query.
   """
-  _checks.check_slopes("slopes", slopes, allow_zero=True)
-  q_len = _checks.check_positive_int("q_len", q_len)
-  k_len = _checks.check_positive_int("k_len", k_len)
+  slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
+  q_len = _checks.check_positive_int("q_len", q_len, maximum=_checks.MAX_POSITION)
+  k_len = _checks.check_positive_int("k_len", k_len, maximum=_checks.MAX_POSITION)
   if k_len < q_len:
     raise ValueError(f"k_len ({k_len}) must be >= q_len ({q_len})")
   if q_offset is None:
@@ -167,8 +184,10 @@ def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=Non
   if isinstance(q_offset, (int, np.integer)) and not isinstance(q_offset, bool):
     if not 0 <= q_offset <= k_len - q_len:
       raise ValueError(f"q_offset must be in [0, k_len - q_len = {k_len - q_len}], got {q_offset}")
-  elif jnp.ndim(q_offset) != 0 or not jnp.issubdtype(jnp.result_type(q_offset), jnp.integer):
-    raise ValueError(f"q_offset must be an integer scalar, got {q_offset!r}")
+  elif not isinstance(q_offset, jax.Array | np.ndarray) or not jnp.issubdtype(q_offset.dtype, jnp.integer):
+    raise _checks.ArgTypeError(f"q_offset must be an integer scalar (int or int array), got {q_offset!r}")
+  elif jnp.ndim(q_offset) != 0:
+    raise ValueError(f"q_offset must be an integer scalar, got shape {jnp.shape(q_offset)}")
   q_pos = jnp.asarray(q_offset, jnp.int32) + jnp.arange(q_len, dtype=jnp.int32)
   distance = (q_pos[:, None] - jnp.arange(k_len, dtype=jnp.int32)[None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[None, None, :, :]
@@ -190,11 +209,12 @@ def alibi_bias_bloom(slopes: jax.Array, attention_mask: jax.Array) -> jax.Array:
 
   Raises:
     ValueError: wrong ranks or bad slopes.
+    TypeError: ``attention_mask`` not bool/integer.
 
   Source: HF transformers ``models/bloom/modeling_bloom.py`` ``build_alibi_tensor``
   (arXiv 2211.05100).
   """
-  _checks.check_slopes("slopes", slopes, allow_zero=True)
+  slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
   pos = positions_from_mask(attention_mask).astype(jnp.float32)  # [B, S], BLOOM's rule
   return jnp.asarray(slopes, jnp.float32)[None, :, None, None] * pos[:, None, None, :]
 
@@ -217,7 +237,7 @@ def alibi_bias_symmetric(slopes: jax.Array, q_positions: jax.Array, k_positions:
   Source: Press et al. arXiv 2108.12409 (the distance form), symmetric as in MosaicBERT
   (Portes et al., arXiv 2312.17482).
   """
-  _checks.check_slopes("slopes", slopes, allow_zero=True)
-  _check_position_pair(q_positions, k_positions)
+  slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
+  q_positions, k_positions = _check_position_pair(q_positions, k_positions)
   distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]

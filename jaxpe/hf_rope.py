@@ -259,15 +259,23 @@ class HFRope:
     ``query_scale(positions)[:, :, None, None]``. All ones when the config has no beta.
 
     Raises:
-      ValueError: ``positions`` not ``[B, T]`` integers; a beta without an original length.
+      ValueError: ``positions`` not ``[B, T]``, or (concrete) negative or >= 2^31; a beta without
+        an original length. Traced negative positions are not checked (their scale is NaN or
+        below 1).
+      TypeError (also a ValueError): ``positions`` not integers.
     """
     import jax.numpy as jnp
 
-    positions = jnp.asarray(positions)
-    if positions.ndim != 2 or not jnp.issubdtype(positions.dtype, jnp.integer):
-      raise ValueError(
+    from jaxpe import _checks
+
+    positions = _checks.as_array("positions", positions)
+    if not jnp.issubdtype(positions.dtype, jnp.integer):
+      raise _checks.ArgTypeError(
         f"positions must be [B, T] integer token indices, got {positions.shape} {positions.dtype}"
       )
+    _checks.check_rank("positions", positions, 2, "[B, T]")
+    _checks.check_positions("positions", positions)
+    positions = jnp.asarray(positions)
     if self.query_scale_beta is None:
       return jnp.ones(positions.shape, jnp.float32)
     if self.original_max_position_embeddings is None:
@@ -437,6 +445,8 @@ def _head_dim(cfg: Mapping[str, Any], model_type: str | None, layer_type: str | 
   )
   if hidden is None or heads is None:
     raise ValueError("config needs head_dim, or hidden_size and num_attention_heads, for the rotary dim")
+  for name, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+    _positive_int({name: value}, name)
   return _positive_int(
     {"hidden_size // num_attention_heads": hidden // heads}, "hidden_size // num_attention_heads"
   )

@@ -47,7 +47,7 @@ def layout_permutation(head_dim: int, *, src: str, dst: str, rotary_dim: int | N
     ValueError: bad ``head_dim``/``rotary_dim``, unknown layout.
   """
   _check_layouts(src, dst)
-  head_dim = _checks.check_positive_int("head_dim", head_dim)
+  head_dim = _checks.check_positive_int("head_dim", head_dim, maximum=_checks.MAX_DIM)
   rotary_dim = head_dim if rotary_dim is None else rotary_dim
   rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
   if rotary_dim > head_dim:
@@ -83,8 +83,12 @@ def convert_layout(x: Array, *, src: str, dst: str, rotary_dim: int | None = Non
     Array of the same shape, dtype and kind (numpy in, numpy out).
 
   Raises:
-    ValueError: bad layout, ``rotary_dim`` or ``axis``.
+    ValueError: bad layout or ``rotary_dim``; ``axis`` out of range (a 0-d ``x`` has no head axis).
+    TypeError: ``x`` not an array of numbers; ``axis`` not an int.
   """
+  x = _checks.as_array("x", x)
+  if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    raise _checks.ArgTypeError(f"axis must be an int, got {axis!r}")
   ndim = np.ndim(x)
   if not -ndim <= axis < ndim:
     raise ValueError(f"axis must be in [-{ndim}, {ndim}) for x of shape {np.shape(x)}, got {axis}")
@@ -115,8 +119,10 @@ def convert_qk_proj_weight(
 
   Raises:
     ValueError: wrong rank, ``w.shape[0] != num_heads * head_dim`` (the message says when ``w``
-      looks transposed), bad layout or ``rotary_dim``.
+      looks transposed), bad layout or ``rotary_dim``, ``num_heads``/``head_dim`` not positive.
+    TypeError: ``w`` not an array of numbers; ``num_heads``/``head_dim`` not ints.
   """
+  w = _checks.as_array("w", w)
   if np.ndim(w) not in (1, 2):
     raise ValueError(f"w must have shape [N*H, D] or [N*H], got shape {np.shape(w)}")
   num_heads = _checks.check_positive_int("num_heads", num_heads)

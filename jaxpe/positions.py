@@ -22,29 +22,44 @@ def positions_from_mask(attention_mask: jax.Array, *, start: jax.Array | int | N
   Args:
     attention_mask: ``[B, S]`` bool or integer, nonzero/True for real tokens.
     start: optional position of the first real token per sequence, e.g. the number of real tokens
-      already in a KV cache: an int >= 0 or a ``[B]`` integer array. Padding stays at 0.
+      already in a KV cache: an int in ``[0, 2^31 - S]`` or a ``[B]`` integer array (concrete: values
+      in that range; traced: not checked, the sum wraps in int32 beyond it). Padding stays at 0.
 
   Returns:
     ``[B, S]`` int32 positions.
 
   Raises:
-    ValueError: ``attention_mask`` not rank 2; ``start`` negative or not ``[B]``.
-    TypeError: float ``attention_mask`` or non-integer ``start``.
+    ValueError: ``attention_mask`` not rank 2; ``start`` negative, not ``[B]``, or ``start + S > 2^31``.
+    TypeError: ``attention_mask`` not a bool/integer array (float, strings, ragged lists); ``start``
+      not an int or integer array (float, bool).
   """
+  attention_mask = _checks.as_array("attention_mask", attention_mask)
   _checks.check_rank("attention_mask", attention_mask, 2, "[B, S]")
   _check_mask_dtype("attention_mask", attention_mask)
+  s_len = attention_mask.shape[1]
+  if start is not None:
+    if isinstance(start, (int, np.integer)) and not isinstance(start, bool):
+      start = _checks.check_index("start", start, upper=_checks.MAX_POSITION - s_len, what="2^31 - S")
+      start = jnp.full((attention_mask.shape[0],), start, jnp.int32)
+    elif not isinstance(start, jax.Array | np.ndarray | list | tuple):
+      raise _checks.ArgTypeError(f"start must be an int >= 0 or a [B] integer array, got {start!r}")
+    start = _checks.as_array("start", start)
+    _checks.check_rank("start", start, 1, "[B]")
+    _checks.check_dim("start", start, 0, attention_mask.shape[0], "B")
+    _checks.check_positions("start", start)
+    if (
+      not isinstance(start, jax.core.Tracer)
+      and start.size
+      and int(np.max(start)) + s_len > _checks.MAX_POSITION
+    ):
+      raise ValueError(
+        f"start + S must be <= 2^31 (int32 positions), got max start {np.max(start)} and S = {s_len}"
+      )
   mask = attention_mask.astype(bool).astype(jnp.int32)  # any nonzero value is a real token
   positions = (jnp.cumsum(mask, axis=-1) - 1) * mask
   if start is None:
     return positions
-  if isinstance(start, (int, np.integer)) and not isinstance(start, bool):
-    if start < 0:
-      raise ValueError(f"start must be >= 0 (token index), got {start}")
-    start = jnp.full((attention_mask.shape[0],), start, jnp.int32)
-  _checks.check_rank("start", start, 1, "[B]")
-  _checks.check_dim("start", start, 0, attention_mask.shape[0], "B")
-  _checks.check_positions("start", start)
-  return positions + start.astype(jnp.int32)[:, None] * mask
+  return positions + jnp.asarray(start).astype(jnp.int32)[:, None] * mask
 
 
 def _check_mask_dtype(name: str, mask) -> None:
@@ -65,11 +80,12 @@ def positions_from_segment_ids(segment_ids: jax.Array) -> jax.Array:
 
   Raises:
     ValueError: ``segment_ids`` not rank 2.
-    TypeError: non-integer ``segment_ids``.
+    TypeError: ``segment_ids`` not an integer array (float, bool, strings).
 
   Source: sequence packing as in T5 / t5x (``inputs_positions`` from ``inputs_segmentation``,
   Raffel et al. arXiv 1910.10683) and Flax's lm1b example.
   """
+  segment_ids = _checks.as_array("segment_ids", segment_ids)
   _checks.check_rank("segment_ids", segment_ids, 2, "[B, T]")
   if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
     raise TypeError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")
@@ -90,19 +106,22 @@ def document_mask(
   Args:
     q_segment_ids: ``[B, T]`` integer document ids of the queries.
     k_segment_ids: ``[B, S]`` integer document ids of the keys.
-    causal: also hide keys after the query (query t sits at key slot ``q_offset + t``).
-    q_offset: key slot of the first query (``S - T`` for the last T tokens); int >= 0.
+    causal: a bool; also hide keys after the query (query t sits at key slot ``q_offset + t``).
+    q_offset: key slot of the first query (``S - T`` for the last T tokens); int, ``0 <= q_offset``
+      and ``q_offset + T <= 2^31``.
 
   Returns:
     ``[B, 1, T, S]`` bool, True = may attend (broadcasts over heads).
 
   Raises:
-    ValueError: wrong ranks, batch sizes differ, bad ``q_offset``.
-    TypeError: non-integer segment ids.
+    ValueError: wrong ranks, batch sizes differ, ``q_offset`` negative or ``q_offset + T > 2^31``.
+    TypeError: non-integer segment ids; ``q_offset`` not an int; ``causal`` not a bool.
 
   Source: the packed-example mask of t5x / Flax lm1b (``make_attention_mask(segmentation,
   segmentation, jnp.equal)`` combined with the causal mask).
   """
+  q_segment_ids = _checks.as_array("q_segment_ids", q_segment_ids)
+  k_segment_ids = _checks.as_array("k_segment_ids", k_segment_ids)
   for name, ids in (("q_segment_ids", q_segment_ids), ("k_segment_ids", k_segment_ids)):
     _checks.check_rank(name, ids, 2, "[B, T]" if name[0] == "q" else "[B, S]")
     if not jnp.issubdtype(ids.dtype, jnp.integer):
@@ -112,9 +131,11 @@ def document_mask(
       f"q_segment_ids and k_segment_ids must have the same batch size, got {q_segment_ids.shape[0]} "
       f"and {k_segment_ids.shape[0]}"
     )
-  if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
-    raise ValueError(f"q_offset must be an integer >= 0, got {q_offset!r}")
   batch, t_len, s_len = q_segment_ids.shape[0], q_segment_ids.shape[1], k_segment_ids.shape[1]
+  q_offset = _checks.check_index("q_offset", q_offset)
+  if q_offset + t_len > _checks.MAX_POSITION:
+    raise ValueError(f"q_offset + T must be <= 2^31 (int32 key slots), got {q_offset} + {t_len}")
+  causal = _checks.check_bool("causal", causal)
   q_slot = jnp.broadcast_to(q_offset + jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
   k_slot = jnp.broadcast_to(jnp.arange(s_len, dtype=jnp.int32), (batch, s_len))
   return make_attention_mask(

@@ -92,12 +92,14 @@ def rope_inv_freq(
     inv_freq: ``[R/2]`` radians per token, of ``dtype``.
 
   Raises:
-    ValueError: ``head_dim``/``rotary_dim`` not positive, ``rotary_dim`` odd or > ``head_dim``,
-      ``base`` not a finite number > 0, ``dtype`` not float32 or float64.
+    ValueError: ``head_dim``/``rotary_dim`` not positive or > 2^20, ``rotary_dim`` odd or > ``head_dim``,
+      ``base`` not a finite number > 0.
+    TypeError (also a ValueError): ``head_dim``/``rotary_dim`` not ints, ``base`` not a real
+      number, ``dtype`` not float32 or float64.
 
   Source: RoFormer (arXiv 2104.09864) eq. 15; HF ``compute_default_rope_parameters``.
   """
-  head_dim = _checks.check_positive_int("head_dim", head_dim)
+  head_dim = _checks.check_positive_int("head_dim", head_dim, maximum=_checks.MAX_DIM)
   rotary_dim = head_dim if rotary_dim is None else rotary_dim
   rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
   if rotary_dim > head_dim:
@@ -107,10 +109,8 @@ def rope_inv_freq(
   # the two agree to 1 ulp).
   exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
   inv_freq = base**-exponents
-  if np.dtype(dtype) == np.float64:
+  if _checks.check_float_dtype("dtype", dtype, allowed=(np.float32, np.float64)) == np.float64:
     return inv_freq
-  if np.dtype(dtype) != np.float32:
-    raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
   return jnp.asarray(inv_freq, dtype=jnp.float32)
 
 
@@ -128,14 +128,16 @@ def rope_phases(positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     ``[B, T, R/2]`` float32 radians.
 
   Raises:
-    ValueError: ``positions`` not ``[B, T]`` or negative, ``inv_freq`` not ``[R/2]``.
-    TypeError: non-integer ``positions``.
+    ValueError: ``positions`` not ``[B, T]`` or (concrete) negative or >= 2^31, ``inv_freq`` not
+      ``[R/2]``, empty or not finite.
+    TypeError: non-integer ``positions``, non-float ``inv_freq``.
 
   Source: Meta LLaMA ``precompute_freqs_cis``; HF ``LlamaRotaryEmbedding.forward``.
   """
+  positions = _checks.as_array("positions", positions)
   _checks.check_rank("positions", positions, 2, "[B, T]")
   _checks.check_positions("positions", positions)
-  _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
+  inv_freq = _check_inv_freq(inv_freq)
   inv_freq = jnp.asarray(inv_freq, jnp.float32)
   return positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
 
@@ -226,7 +228,11 @@ def _exact_cos_sin(positions: jax.Array, hi, lo, turns) -> tuple[jax.Array, jax.
   """
   hi, lo = jnp.asarray(hi, jnp.uint32), jnp.asarray(lo, jnp.uint32)
   frac_turns = None
+  out_of_range = None
   if jnp.issubdtype(positions.dtype, jnp.floating):
+    # NaN, inf and |p| >= 2^31 have no int32 whole part: their cos/sin are NaN (traced positions;
+    # concrete ones are refused before), not the garbage of an out-of-range float -> int cast.
+    out_of_range = ~(jnp.abs(positions) < jnp.float32(2.0**31))
     whole = jnp.floor(positions)
     frac = positions - whole  # exact, in [0, 1)
     d = frac * jnp.asarray(turns, jnp.float32)
@@ -268,6 +274,8 @@ def _exact_cos_sin(positions: jax.Array, hi, lo, turns) -> tuple[jax.Array, jax.
   cos, sin = jnp.where(swap, s, c), jnp.where(swap, c, s)
   cos = jnp.where(((quadrant + 1) & 2) != 0, -cos, cos)
   sin = jnp.where((quadrant & 2) != 0, -sin, sin)
+  if out_of_range is not None:
+    cos, sin = jnp.where(out_of_range, jnp.nan, cos), jnp.where(out_of_range, jnp.nan, sin)
   return cos, sin
 
 
@@ -313,7 +321,11 @@ def rope_cos_sin(
       Meta / vLLM).
 
   Returns:
-    ``(cos, sin)``, each ``[..., R/2]`` float32.
+    ``(cos, sin)``, each ``[..., R/2]`` float32. Under jit (traced positions, not checked):
+    negative positions give the exact cos/sin of ``p * theta``; float positions that are NaN or
+    inf give NaN, and so do finite ones with ``|p| >= 2^31`` under exact phases (``"float32"``
+    phases take them as float32 numbers, as HF does); integers wider than int32 (int64 under x64, uint32) with
+    ``|p| >= 2^31`` give NaN (not a wrapped int32 phase).
 
   Raises:
     ValueError: ``inv_freq`` not rank 1 or (concrete) not finite; ``mrope_section`` not positive
@@ -328,7 +340,18 @@ def rope_cos_sin(
   if phase_precision not in PHASE_PRECISIONS:
     raise ValueError(f"phase_precision must be one of {PHASE_PRECISIONS}, got {phase_precision!r}")
   inv_freq = _check_inv_freq(inv_freq)
-  positions = _checks.rope_positions("positions", positions)
+  given = _checks.as_array("positions", positions)
+  positions = _checks.rope_positions("positions", given)
+  # Traced integers wider than int32 (int64 under x64, uint32): rope_positions casts them to int32,
+  # so |p| >= 2^31 would wrap; their cos/sin are NaN instead. (Concrete ones are refused.)
+  wide = (
+    isinstance(given, jax.core.Tracer)
+    and jnp.issubdtype(given.dtype, jnp.integer)
+    and jnp.iinfo(given.dtype).bits >= 32
+    and given.dtype != jnp.int32
+  )
+  if wide:
+    given_wide = given
   if mrope_section is not None:
     axis_of = _mrope_axes(mrope_section, inv_freq.shape[0], positions)
     positions = jnp.moveaxis(positions, 0, -1)[..., axis_of]  # [..., R/2]
@@ -337,10 +360,20 @@ def rope_cos_sin(
   lead = (1,) * (positions.ndim - 1) + (-1,)  # [R/2] -> [1, ..., 1, R/2] (no rank promotion)
   if phase_precision == "float32":
     angles = positions.astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32).reshape(lead)
-    return jnp.cos(angles), jnp.sin(angles)
-  hi, lo, turns = (jnp.asarray(w).reshape(lead) for w in _turn_words(inv_freq))
-  theta = jnp.asarray(inv_freq, jnp.float32).reshape(lead)
-  return _exact_cos_sin_jvp(positions, theta, hi, lo, turns)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+  else:
+    hi, lo, turns = (jnp.asarray(w).reshape(lead) for w in _turn_words(inv_freq))
+    theta = jnp.asarray(inv_freq, jnp.float32).reshape(lead)
+    cos, sin = _exact_cos_sin_jvp(positions, theta, hi, lo, turns)
+  if wide:
+    p = given_wide if mrope_section is None else jnp.moveaxis(given_wide, 0, -1)[..., axis_of]
+    p = p if mrope_section is not None else p[..., None]
+    if jnp.issubdtype(p.dtype, jnp.signedinteger):
+      bad = (p < -_checks.MAX_POSITION) | (p >= _checks.MAX_POSITION)
+    else:
+      bad = p >= _checks.MAX_POSITION
+    cos, sin = jnp.where(bad, jnp.nan, cos), jnp.where(bad, jnp.nan, sin)
+  return cos, sin
 
 
 @jax.custom_jvp
@@ -362,11 +395,32 @@ def _exact_cos_sin_tangent(primals, tangents):
   return (cos, sin), (-sin * d_phase, cos * d_phase)
 
 
+def _check_scale(scale, target: tuple[int, ...]):
+  """``scale``: a real number or a real array broadcastable to ``target`` ``[B, T, N, R/2]``; finite
+  when concrete. ArgTypeError for strings, bools, complex; ValueError otherwise."""
+  if isinstance(scale, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
+    raise _checks.ArgTypeError(f"scale must be a float (or float array), got {scale!r}")
+  scale = _checks.as_array("scale", scale)
+  if not (jnp.issubdtype(scale.dtype, jnp.floating) or jnp.issubdtype(scale.dtype, jnp.integer)):
+    raise _checks.ArgTypeError(f"scale must be a float (or float array), got dtype {scale.dtype}")
+  if jnp.ndim(scale) > 0:
+    _checks.broadcastable("scale", scale.shape, target, "[B, T, N, R/2]")
+  if not isinstance(scale, jax.core.Tracer):
+    if not np.all(np.isfinite(np.asarray(scale, np.float64))):
+      raise ValueError("scale must be finite")
+    if jnp.ndim(scale) == 0:
+      return float(scale)
+  return scale
+
+
 def _check_inv_freq(inv_freq):
-  if not isinstance(inv_freq, jax.Array | np.ndarray):
-    inv_freq = np.asarray(inv_freq, np.float64)  # a list or tuple of frequencies
+  inv_freq = _checks.as_array("inv_freq", inv_freq)
+  if isinstance(inv_freq, np.ndarray) and inv_freq.dtype.kind in "iu":
+    inv_freq = inv_freq.astype(np.float64)  # a list or tuple of Python numbers, e.g. [1, 0.5]
   _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
   _checks.check_float("inv_freq", inv_freq)
+  if inv_freq.shape[0] == 0:
+    raise ValueError("inv_freq must have at least one frequency ([R/2] with R >= 2), got shape (0,)")
   if not isinstance(inv_freq, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(inv_freq, np.float64))):
     raise ValueError("inv_freq must be finite (radians per token)")
   return inv_freq
@@ -427,14 +481,20 @@ def apply_rope(
 
   Raises:
     ValueError: wrong ranks, positions not ``[B, T]``/``[1, T]``/``[T]`` for x's B and T, odd H,
-      ``R > H``, unknown ``layout``/``rotated_slice``/``phase_precision``, concrete positions
-      negative or >= 2^31, ``scale`` not finite or not broadcastable to ``[B, T, N, R/2]``, bad
-      ``mrope_section``.
-    TypeError: non-float ``x`` or ``inv_freq``, positions neither integer nor float.
+      ``R > H``, empty ``inv_freq``, unknown ``layout``/``rotated_slice``/``phase_precision``,
+      concrete positions negative, >= 2^31, not finite or (float64) not held by float32, ``scale``
+      not finite or not broadcastable to ``[B, T, N, R/2]``, bad ``mrope_section``.
+    TypeError: non-float ``x`` or ``inv_freq`` (int, bool, complex, strings), positions neither
+      integer nor float, ``scale`` a string, bool or complex, ``base`` not a real number.
+
+  Under jit, traced positions are not checked: see ``rope_cos_sin`` for what negative, non-finite
+  and too-wide positions give (exact rotations, or NaN rows). ``x`` of any float dtype (bfloat16,
+  float16) is rotated in float32 and cast back; NaN in ``x`` stays in its pair.
 
   Source: RoFormer arXiv 2104.09864; Meta LLaMA ``apply_rotary_emb`` (interleaved), HF
   ``apply_rotary_pos_emb`` (half), HF ``Qwen2VLRotaryEmbedding`` (mrope_section).
   """
+  x = _checks.as_array("x", x)
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   _checks.check_float("x", x)
   if layout not in LAYOUTS:
@@ -453,12 +513,7 @@ def apply_rope(
       f"inv_freq has {inv_freq.shape[0]} frequencies (rotary_dim {rotary_dim}) but head_dim is "
       f"{head_dim}; rotary_dim must be <= head_dim"
     )
-  if isinstance(scale, list | tuple):
-    scale = np.asarray(scale, np.float32)
-  if isinstance(scale, jax.Array | np.ndarray) and jnp.ndim(scale) > 0:
-    _checks.broadcastable("scale", scale.shape, (*x.shape[:3], rotary_dim // 2), "[B, T, N, R/2]")
-  elif not isinstance(scale, jax.core.Tracer) and not np.isfinite(float(scale)):
-    raise ValueError(f"scale must be finite, got {scale!r}")
+  scale = _check_scale(scale, (*x.shape[:3], rotary_dim // 2))
   cos, sin = rope_cos_sin(positions, inv_freq, mrope_section=mrope_section, phase_precision=phase_precision)
   cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B or 1, T, 1, R/2]
   if isinstance(scale, jax.Array | np.ndarray) or float(scale) != 1.0:
@@ -505,8 +560,7 @@ def _computed_once(*arrays: jax.Array) -> tuple[jax.Array, ...]:
 
 def _batch_positions(positions, bt: tuple[int, int], *, multi_axis: bool):
   """Positions as ``[B or 1, T]`` (``[A, B or 1, T]`` with ``multi_axis``) for x's ``(B, T)``."""
-  if not isinstance(positions, jax.Array | np.ndarray):
-    positions = np.asarray(positions)
+  positions = _checks.as_array("positions", positions)
   lead = positions.shape[:1] if multi_axis else ()
   shape = positions.shape[len(lead) :]
   b, t = bt

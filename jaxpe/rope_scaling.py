@@ -17,7 +17,8 @@ Types (``ROPE_TYPES``) and their sources:
   RoPE"; not an HF type, it equals ``dynamic`` at ``seq_len = L (2 factor - 1) / factor``).
 * ``yarn``: YaRN ramp between interpolation and extrapolation plus attention factor (Peng et al.,
   arXiv 2309.00071), with ``attention_factor``, ``beta_fast``, ``beta_slow``, ``mscale``,
-  ``mscale_all_dim``, ``truncate``.
+  ``mscale_all_dim``, ``truncate``. ``factor`` is required, as transformers requires it (no factor
+  is guessed from ``max_position_embeddings / original_max_position_embeddings``).
 * ``longrope``: per-frequency short/long factors (Ding et al., arXiv 2402.13753; Phi-3).
 * ``llama3``: Llama 3.1 low/high-frequency smoothing (Meta ``apply_scaling`` in llama-models);
   ``low_freq_factor == high_freq_factor`` (Llama-4) has no smoothing band, a step at that wavelength.
@@ -61,7 +62,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
   "linear": ("factor",),
   "dynamic": ("factor",),
   "ntk": ("factor",),
-  "yarn": (),  # factor and original_max_position_embeddings: see _yarn
+  "yarn": ("factor",),  # and original_max_position_embeddings (or max_position_embeddings): _yarn
   "longrope": ("short_factor", "long_factor"),
   "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
   "proportional": (),
@@ -91,6 +92,38 @@ _KNOWN_KEYS = frozenset(
 )
 
 
+# Keys each type accepts: transformers 5.24's `_validate_<type>_rope_parameters` required and optional
+# keys (it warns about any other key), plus the keys every type takes (rope_type/type, rope_theta,
+# partial_rotary_factor, jaxpe's max_position_embeddings, and `mrope_section`, which multi-axis models
+# such as Qwen2-VL / HunYuan-VL add to any type and transformers' configs exclude from the check) and
+# jaxpe's extensions: `factor` for proportional (transformers' compute function reads it), the
+# pretraining length for dynamic. A key of another type is refused: it would be silently ignored.
+_COMMON_KEYS = frozenset(
+  {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings", "mrope_section"}
+)
+_TYPE_KEYS: dict[str, frozenset[str]] = {
+  "default": _COMMON_KEYS,
+  "linear": _COMMON_KEYS | {"factor"},
+  "dynamic": _COMMON_KEYS | {"factor", "original_max_position_embeddings"},
+  "ntk": _COMMON_KEYS | {"factor"},
+  "yarn": _COMMON_KEYS
+  | {
+    "factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+  },
+  "longrope": _COMMON_KEYS
+  | {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor", "factor"},
+  "llama3": _COMMON_KEYS
+  | {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+  "proportional": _COMMON_KEYS | {"factor"},
+}
+
 # Legacy spellings transformers still reads (Phi3Config maps "su" to longrope; "su" has no other meaning).
 _TYPE_ALIASES: dict[str, str] = {"su": "longrope"}
 
@@ -115,8 +148,9 @@ def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[st
     A new dict with ``"rope_type"`` in ``ROPE_TYPES`` and no ``"type"``.
 
   Raises:
-    ValueError: not a mapping; an unknown key (named, with the known ones); ``type`` and
-      ``rope_type`` that differ; an unknown type (named, with ``ROPE_TYPES``).
+    ValueError: an unknown key (named, with the known ones); ``type`` and ``rope_type`` that
+      differ; an unknown type or one that is not a string (named, with ``ROPE_TYPES``).
+    TypeError (also a ValueError): not a mapping.
 
   Source: transformers 5.24 ``RotaryEmbeddingConfigMixin.standardize_rope_params`` (``type`` ->
   ``rope_type``) and ``Phi3Config.convert_rope_params_to_dict`` (``"su"`` -> ``"longrope"``).
@@ -124,22 +158,25 @@ def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[st
   if rope_scaling is None:
     rope_scaling = {}
   if not isinstance(rope_scaling, Mapping):
-    raise ValueError(f"rope_scaling must be a mapping (dict) or None, got {type(rope_scaling).__name__}")
+    raise _checks.ArgTypeError(
+      f"rope_scaling must be a mapping (dict) or None, got {type(rope_scaling).__name__}"
+    )
   params = dict(rope_scaling)
   unknown = sorted(set(params) - _KNOWN_KEYS, key=str)
   if unknown:
     raise ValueError(f"rope_scaling has unknown keys {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
   kind = params.pop("type", None)
   rope_type = params.get("rope_type")
-  if (
-    kind is not None
-    and rope_type is not None
-    and _TYPE_ALIASES.get(kind, kind) != _TYPE_ALIASES.get(rope_type, rope_type)
-  ):
+
+  def canonical(name):
+    return _TYPE_ALIASES.get(name, name) if isinstance(name, str) else name
+
+  if kind is not None and rope_type is not None and canonical(kind) != canonical(rope_type):
     raise ValueError(f"rope_scaling['type'] ({kind!r}) and rope_scaling['rope_type'] ({rope_type!r}) differ")
   rope_type = rope_type if rope_type is not None else (kind if kind is not None else "default")
-  rope_type = _TYPE_ALIASES.get(rope_type, rope_type)
-  if rope_type not in ROPE_TYPES:
+  if isinstance(rope_type, str):
+    rope_type = _TYPE_ALIASES.get(rope_type, rope_type)
+  if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
     raise ValueError(
       f"rope_scaling['rope_type'] must be one of {ROPE_TYPES} (or the legacy {sorted(_TYPE_ALIASES)}), "
       f"got {rope_type!r}"
@@ -150,7 +187,7 @@ def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[st
 
 def _float(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-    raise ValueError(f"rope_scaling[{name!r}] must be a number, got {value!r}")
+    raise _checks.ArgTypeError(f"rope_scaling[{name!r}] must be a number, got {value!r}")
   v = float(value)
   if not math.isfinite(v):
     raise ValueError(f"rope_scaling[{name!r}] must be finite, got {value!r}")
@@ -176,7 +213,9 @@ def _factor(value: Any, rope_type: str) -> float:
 
 
 def _int(name: str, value: Any) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise _checks.ArgTypeError(f"rope_scaling[{name!r}] must be a positive integer, got {value!r}")
+  if value <= 0:
     raise ValueError(f"rope_scaling[{name!r}] must be a positive integer, got {value!r}")
   return int(value)
 
@@ -213,17 +252,19 @@ def ntk_aware_base(base: float, *, factor: float, rotary_dim: int) -> float:
   rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
   if rotary_dim <= 2:
     raise ValueError(f"rotary_dim must be > 2 for NTK scaling (exponent R / (R - 2)), got {rotary_dim}")
+  if isinstance(factor, (bool, str, bytes, complex)):
+    raise _checks.ArgTypeError(f"factor must be a number >= 1, got {factor!r}")
   try:
     factor = float(factor)
   except (TypeError, ValueError):
-    raise ValueError(f"factor must be a number >= 1, got {factor!r}") from None
+    raise _checks.ArgTypeError(f"factor must be a number >= 1, got {factor!r}") from None
   if not math.isfinite(factor) or factor < 1:
     raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
   return base * factor ** (rotary_dim / (rotary_dim - 2))
 
 
 def _resolve_rotary_dim(params: Mapping[str, Any], head_dim: int, rotary_dim: int | None) -> int:
-  head_dim = _checks.check_positive_int("head_dim", head_dim)
+  head_dim = _checks.check_positive_int("head_dim", head_dim, maximum=_checks.MAX_DIM)
   from_factor = None
   if params.get("partial_rotary_factor") is not None:
     prf = _float("partial_rotary_factor", params["partial_rotary_factor"], minimum=0.0, strict=True)
@@ -258,6 +299,16 @@ def _original_len(params: Mapping[str, Any], max_position_embeddings: int | None
   return _int("original_max_position_embeddings", value)
 
 
+def _original_not_above_max(original: int, max_position_embeddings: int | None, rope_type: str) -> None:
+  """llama3 (transformers warns) and longrope's implicit factor: the pretraining length <= the context."""
+  if max_position_embeddings is not None and original > max_position_embeddings:
+    raise ValueError(
+      f"rope_scaling['original_max_position_embeddings'] ({original}) must be <= max_position_embeddings "
+      f"({max_position_embeddings}) for rope_type={rope_type!r}: the pretraining length cannot exceed the "
+      "context the scaling extends to"
+    )
+
+
 def _is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
@@ -266,12 +317,16 @@ def _check_seq_len(seq_len):
   if seq_len is None:
     return None
   if isinstance(seq_len, (jax.Array, np.ndarray)):
-    if jnp.ndim(seq_len) != 0 or not jnp.issubdtype(seq_len.dtype, jnp.integer):
+    if not jnp.issubdtype(seq_len.dtype, jnp.integer):
+      raise _checks.ArgTypeError(f"seq_len must be a scalar integer (tokens), got dtype {seq_len.dtype}")
+    if jnp.ndim(seq_len) != 0:
       raise ValueError(f"seq_len must be a scalar integer, got shape {jnp.shape(seq_len)} {seq_len.dtype}")
     if not _is_concrete(seq_len):
       return seq_len
     seq_len = int(seq_len)
-  if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 0:
+  if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)):
+    raise _checks.ArgTypeError(f"seq_len must be a non-negative integer (tokens), got {seq_len!r}")
+  if seq_len < 0:
     raise ValueError(f"seq_len must be a non-negative integer (tokens), got {seq_len!r}")
   return int(seq_len)
 
@@ -302,12 +357,9 @@ def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
 
 def _yarn(params, base, rotary_dim, max_position_embeddings):
   orig = _original_len(params, max_position_embeddings, "yarn")
-  factor = params.get("factor")
-  if factor is None:
-    if max_position_embeddings is None:
-      raise ValueError("rope_type='yarn' needs rope_scaling['factor'] (or max_position_embeddings)")
-    factor = max_position_embeddings / orig  # HF: DeepSeek-V3 style implicit factor
-  factor = _factor(factor, "yarn")
+  # transformers requires the key (its compute function's implicit max / original is unreachable
+  # through a validated config); rope_frequencies refused a missing or None factor already.
+  factor = _factor(params["factor"], "yarn")
 
   def get_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -375,8 +427,10 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
   if factor is None:
     if max_position_embeddings is None:
       raise ValueError("rope_type='longrope' needs rope_scaling['factor'] (or max_position_embeddings)")
-    factor = max_position_embeddings / orig  # HF: Phi-3 style implicit factor
-  factor = _float("factor", factor, minimum=0.0, strict=True)
+    _original_not_above_max(orig, max_position_embeddings, "longrope")
+    factor = max_position_embeddings / orig  # HF: Phi-3 style implicit factor (>= 1: _original_len)
+  else:
+    factor = _factor(factor, "longrope")
   attention_factor = params.get("attention_factor")
   if attention_factor is None:
     attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
@@ -393,6 +447,7 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
 
 def _llama3(params, base, rotary_dim, max_position_embeddings):
   orig = _original_len(params, max_position_embeddings, "llama3")
+  _original_not_above_max(orig, max_position_embeddings, "llama3")
   factor = _factor(params["factor"], "llama3")
   low_freq_factor = _float("low_freq_factor", params["low_freq_factor"], minimum=0.0, strict=True)
   high_freq_factor = _float("high_freq_factor", params["high_freq_factor"], minimum=0.0, strict=True)
@@ -416,7 +471,7 @@ def _llama3(params, base, rotary_dim, max_position_embeddings):
 
 
 def _proportional(params, base, head_dim, rotary_dim):
-  head_dim = _checks.check_positive_int("head_dim", head_dim, even=True)
+  head_dim = _checks.check_positive_int("head_dim", head_dim, even=True, maximum=_checks.MAX_DIM)
   if rotary_dim is not None and rotary_dim != head_dim:
     raise ValueError(
       f"rope_type='proportional' rotates the whole head (zero frequencies past the rotated share): "
@@ -459,7 +514,7 @@ def rope_frequencies(
       ``int(H * partial_rotary_factor)`` from the dict (the two must agree when both are given).
     max_position_embeddings: HF's ``config.max_position_embeddings`` in tokens. Default for
       ``original_max_position_embeddings`` (yarn, longrope, llama3), the implicit factor
-      ``max_position_embeddings / original`` when ``factor`` is missing (yarn, longrope), and the
+      ``max_position_embeddings / original`` when ``factor`` is missing (longrope only), and the
       pretraining length of ``dynamic`` (which prefers ``original_max_position_embeddings`` when the
       dict has it, a jaxpe extension).
     seq_len: current sequence length in tokens (``dynamic``: the base grows once ``seq_len``
@@ -472,11 +527,23 @@ def rope_frequencies(
     multiplies cos and sin (1.0 except yarn and longrope).
 
   Raises:
-    ValueError: ``rope_scaling`` not a mapping; unknown ``rope_type`` or unknown key (named);
-      missing required key (named); invalid values (``factor <= 0``, ``factor < 1`` except for
-      ``linear`` and ``yarn``, ``beta_fast < beta_slow``,
-      ``high_freq_factor < low_freq_factor``, factor lists of the wrong length, ...); bad
-      ``head_dim`` / ``rotary_dim`` / ``seq_len``.
+    ValueError: unknown ``rope_type`` or unknown key (named); a key the type does not read (e.g.
+      ``beta_fast`` in a ``linear`` dict: transformers warns about it, jaxpe refuses); a missing
+      required key (named; the same keys transformers 5.24 requires: ``factor`` for linear,
+      dynamic, ntk, yarn and llama3, ``short_factor``/``long_factor`` for longrope,
+      ``low_freq_factor``/``high_freq_factor`` for llama3; a value of None counts as missing);
+      invalid values (not finite, ``factor <= 0``, ``factor < 1`` except for ``linear``, ``yarn``
+      and ``proportional``, ``beta_fast < beta_slow``, ``high_freq_factor < low_freq_factor``,
+      ``original_max_position_embeddings > max_position_embeddings`` for llama3 and for an implicit
+      longrope factor, factor lists not of length R/2, ...); bad ``head_dim`` / ``rotary_dim`` /
+      ``max_position_embeddings`` / ``seq_len`` values.
+    TypeError (also a ValueError): ``rope_scaling`` not a mapping; a dict value, ``head_dim``,
+      ``rotary_dim``, ``max_position_embeddings`` or ``seq_len`` of the wrong type (strings, bools,
+      floats where ints are needed).
+
+  Deliberate differences from transformers' validation (which raises only for missing keys and
+  warns otherwise) are listed in docs/contracts.md and tested beside it in
+  tests/rope_scaling_test.py.
 
   Source: HF transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (and
   ``LlamaRotaryEmbedding.compute_default_rope_parameters`` for ``default``).
@@ -486,6 +553,12 @@ def rope_frequencies(
   missing = [key for key in _REQUIRED[rope_type] if params.get(key) is None]
   if missing:
     raise ValueError(f"rope_scaling for rope_type={rope_type!r} is missing required keys {missing}")
+  foreign = sorted(set(params) - _TYPE_KEYS[rope_type])
+  if foreign:
+    raise ValueError(
+      f"rope_scaling keys {foreign} are not used by rope_type={rope_type!r} (it reads "
+      f"{sorted(_TYPE_KEYS[rope_type] - {'type'})})"
+    )
   base = params.get("rope_theta")
   if base is None:
     base = _checks.check_positive_float("rope_theta", rope_theta)

@@ -51,7 +51,7 @@ def sinusoidal_frequencies(
   Source: arXiv 1706.03762 section 3.5; tensor2tensor ``get_timing_signal_1d``; fairseq
   ``SinusoidalPositionalEmbedding``.
   """
-  d_model = _checks.check_positive_int("d_model", d_model, even=True)
+  d_model = _checks.check_positive_int("d_model", d_model, even=True, maximum=_checks.MAX_DIM)
   base = _checks.check_positive_float("base", base)
   if convention not in CONVENTIONS:
     raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
@@ -79,7 +79,8 @@ def sinusoidal_embedding(
     convention: ``"vaswani"`` (sin at even dims, cos at odd), ``"tensor2tensor"`` (t2t / fairseq /
       Flax examples: ``[sin | cos]``, frequencies ``base ** (-i / (D/2 - 1))``) or ``"concat"``
       (``[sin | cos]`` with the paper's frequencies). See the module docstring.
-    dtype: output dtype; cos/sin are computed in float32 with exact phases.
+    dtype: output float dtype (float32 default, bfloat16, float16, float64 under x64); cos/sin are
+      computed in float32 with exact phases.
 
   Returns:
     ``[B, T, D]`` (``positions.shape + (D,)``) array of ``dtype``.
@@ -92,6 +93,7 @@ def sinusoidal_embedding(
   Source: see the module docstring (arXiv 1706.03762; tensor2tensor; fairseq).
   """
   freqs = sinusoidal_frequencies(d_model, base=base, convention=convention)
+  dtype = _checks.check_float_dtype("dtype", dtype)
   positions = _checks.rope_positions("positions", positions)  # value checks before any tracing
 
   def table(p):  # positions [...] -> [..., D] of dtype

@@ -586,7 +586,7 @@ def test_pretrained_config_object_equals_its_dict():
         "rope_scaling": {k: v for k, v in DEEPSEEK_V3["rope_scaling"].items() if k != "factor"},
       },
       {},
-      "factor.*mscale_all_dim",
+      r"missing required keys \[.factor.\]",
     ),
   ],
 )

@@ -573,3 +573,142 @@ def test_rotated_q_k_match_hf_llama_rotary_embedding(params):
   if params["rope_type"] != "default":
     default_q = rope.apply_rope(jnp.asarray(q), jnp.asarray(pos, jnp.int32), layout="half")
     assert float(jnp.abs(default_q - hq.numpy()).max()) > 0.1
+
+
+# ---------------------------------------------------------------- refusals beside transformers' validation
+
+_SHORT = [1.0] * 32  # head_dim 64: 32 pairs
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+_LONG = {"rope_type": "longrope", "short_factor": _SHORT, "long_factor": _SHORT, "factor": 4.0}
+_LONG = {**_LONG, "original_max_position_embeddings": 1024}
+_L3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+_L3 = {**_L3, "original_max_position_embeddings": 1024}
+
+
+def _without(d, key):
+  return {k: v for k, v in d.items() if k != key}
+
+
+# (dict, deliberate difference): None where jaxpe refuses exactly when transformers 5.24 raises or warns;
+# otherwise "accepts: why" (transformers warns, jaxpe accepts) or "refuses: why" (transformers is
+# silent, jaxpe refuses). docs/contracts.md lists the same differences.
+VALIDATION_TABLE = [
+  ({"rope_type": "default"}, None),
+  ({"rope_type": "linear", "factor": 2.0}, None),
+  ({"rope_type": "dynamic", "factor": 2.0}, None),
+  (_YARN, None),
+  (_without(_YARN, "original_max_position_embeddings"), None),  # both default it to max_position_embeddings
+  (_LONG, None),
+  (_L3, None),
+  ({"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e4}, None),
+  # Missing keys: transformers raises KeyError.
+  ({"rope_type": "linear"}, None),
+  ({"rope_type": "dynamic"}, None),
+  ({"rope_type": "yarn"}, None),  # issue 17: was accepted with default frequencies
+  (_without(_YARN, "factor"), None),
+  ({**_YARN, "factor": None}, None),
+  (_without(_LONG, "short_factor"), None),
+  (_without(_LONG, "long_factor"), None),
+  (_without(_L3, "factor"), None),
+  (_without(_L3, "low_freq_factor"), None),
+  (_without(_L3, "high_freq_factor"), None),
+  # factor: wrong type, sign, zero, below 1.
+  ({"rope_type": "linear", "factor": "2"}, None),
+  ({"rope_type": "linear", "factor": 0}, None),
+  ({"rope_type": "linear", "factor": -2.0}, None),
+  (
+    {"rope_type": "linear", "factor": 0.5},
+    "accepts: linear compression (positions closer), a defined formula",
+  ),
+  ({"rope_type": "linear", "factor": True}, "refuses: a bool is not a number"),
+  ({"rope_type": "linear", "factor": float("nan")}, "refuses: NaN factor"),
+  ({"rope_type": "linear", "factor": float("inf")}, "refuses: infinite factor"),
+  ({"rope_type": "dynamic", "factor": 0.5}, None),
+  ({**_YARN, "factor": 0.5}, "accepts: yarn compression, as linear"),
+  ({**_YARN, "factor": -1.0}, None),
+  ({**_LONG, "factor": 0.5}, None),
+  ({**_L3, "factor": 0.5}, None),
+  # yarn's other keys.
+  ({**_YARN, "beta_fast": 1.0, "beta_slow": 32.0}, None),
+  ({**_YARN, "beta_fast": "32"}, None),
+  ({**_YARN, "attention_factor": -1.0}, None),
+  ({**_YARN, "attention_factor": 0.0}, "refuses: attention_factor 0 zeroes every score"),
+  ({**_YARN, "attention_factor": 1}, "accepts: an int attention_factor is a number"),
+  ({**_YARN, "mscale": float("nan")}, "refuses: NaN mscale"),
+  ({**_YARN, "truncate": "yes"}, "refuses: truncate must be a bool"),
+  ({**_YARN, "original_max_position_embeddings": 0}, None),
+  (
+    {**_YARN, "original_max_position_embeddings": 8192},
+    "accepts: the explicit factor wins, as in transformers",
+  ),
+  # longrope's factor lists and lengths.
+  ({**_LONG, "short_factor": _SHORT[:31]}, None),
+  ({**_LONG, "long_factor": _SHORT + [1.0]}, None),
+  ({**_LONG, "short_factor": "abc"}, None),
+  ({**_LONG, "long_factor": [float("nan")] * 32}, "refuses: NaN entries"),
+  ({**_LONG, "attention_factor": -1.0}, None),
+  (_without(_LONG, "factor"), "accepts: Phi-3 configs, factor = max_position_embeddings / original"),
+  ({**_without(_LONG, "factor"), "original_max_position_embeddings": 8192}, None),
+  # llama3's band and lengths.
+  ({**_L3, "high_freq_factor": 1.0}, "accepts: Llama-4's step (low == high), as transformers computes it"),
+  ({**_L3, "high_freq_factor": 0.5}, None),
+  ({**_L3, "low_freq_factor": "1"}, None),
+  ({**_L3, "original_max_position_embeddings": 8192}, None),
+  ({**_L3, "original_max_position_embeddings": 1024.5}, None),
+  (_without(_L3, "original_max_position_embeddings"), "accepts: original defaults to max, no extension"),
+  # proportional.
+  ({"rope_type": "proportional", "rope_theta": 1e4}, "accepts: partial_rotary_factor defaults to 1"),
+  ({"rope_type": "proportional", "partial_rotary_factor": 1.5}, "refuses: more pairs than the head"),
+  # Keys of another type, unknown types, bad theta.
+  ({"rope_type": "linear", "factor": 2.0, "beta_fast": 32.0}, None),
+  ({"rope_type": "default", "factor": 2.0}, None),
+  (
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 1024},
+    "accepts: jaxpe reads it",
+  ),
+  ({"rope_type": "bogus"}, None),
+  ({"rope_type": "default", "rope_theta": -1.0}, "refuses: rope_theta must be > 0"),
+  ({"rope_type": "default", "rope_theta": "1e4"}, "refuses: rope_theta must be a number"),
+  (
+    {"rope_type": "default", "partial_rotary_factor": 0.0},
+    "refuses: partial_rotary_factor must be in (0, 1]",
+  ),
+]
+
+
+def _transformers_flags(params, max_pos, monkeypatch):
+  """Whether transformers 5.24's config validation raises or warns for ``params`` (LlamaConfig)."""
+  from transformers import modeling_rope_utils
+
+  messages = []
+  record = lambda msg, *a, **k: messages.append(str(msg))  # noqa: E731
+  monkeypatch.setattr(modeling_rope_utils.logger, "warning", record)
+  monkeypatch.setattr(modeling_rope_utils.logger, "warning_once", record)
+  try:
+    LlamaConfig(
+      hidden_size=256,
+      num_attention_heads=4,
+      head_dim=64,
+      max_position_embeddings=max_pos,
+      rope_parameters=dict(params),
+    )
+  except Exception as e:  # KeyError for missing keys; TypeError / ZeroDivisionError on bad values
+    return f"raises {type(e).__name__}: {e}"
+  return f"warns: {messages}" if messages else None
+
+
+@pytest.mark.parametrize("params,difference", VALIDATION_TABLE)
+def test_refuses_exactly_when_transformers_validation_does(params, difference, monkeypatch):
+  hf = _transformers_flags(params, 4096, monkeypatch)
+  try:
+    rope_frequencies(params, head_dim=64, max_position_embeddings=4096)
+    ours = None
+  except ValueError as e:
+    ours = str(e)
+    assert "rope_scaling" in ours or "rope_theta" in ours, ours  # names the dict's key
+  if difference is None:
+    assert (ours is None) == (hf is None), (hf, ours)
+  elif difference.startswith("accepts"):
+    assert hf is not None and ours is None, (hf, ours)
+  else:
+    assert difference.startswith("refuses") and hf is None and ours is not None, (hf, ours)

@@ -453,8 +453,68 @@ class XposTest(chex.TestCase):
       xpos.xpos_zeta(8, gamma=-0.1)
     with pytest.raises(ValueError, match="positions must be >= 0"):
       xpos.apply_xpos(jnp.zeros((1, 3, 1, 8)), p.at[0, 0].set(-2), kind="key")
-    with pytest.raises(ValueError, match="offset"):
+    with pytest.raises(TypeError, match="offset"):
       xpos.xpos_scale(p, rotary_dim=8, kind="query", offset=1.5)
+
+
+def _xpos_score_f64(q, k, n, m, scale_base=512.0):
+  """q.k of xPos in float64, closed form: sum_i (rot(q, n) . rot(k, m))_pair_i * zeta_i^((n - m) / sb)."""
+  # torchscale_xpos with offset = own position: the pure rotation (scale 1), in float64.
+  rq = torchscale_xpos(q, np.asarray([[n]], np.int64), "query", scale_base, offset=n)
+  rk = torchscale_xpos(k, np.asarray([[m]], np.int64), "key", scale_base, offset=m)
+  h = rq.shape[-1]
+  zeta = (np.arange(0, h, 2) + 0.4 * h) / (1.4 * h)
+  pair_dots = (rq * rk).reshape(h // 2, 2).sum(-1)
+  return float(np.sum(pair_dots * zeta ** ((n - m) / scale_base)))
+
+
+def test_xpos_far_positions_score_is_the_float64_distance_decay():
+  # Issue 17 item 7: at far positions (up to 2^31 - 1) and large distances, with one offset shared by
+  # the query and the key call, q.k is finite and equals the float64 closed form
+  # sum_i rot(q, n)_i rot(k, m)_i zeta_i^((n - m) / 512) to float32 accuracy. Eager calls (the
+  # offset is a static int; eager ops compile once per shape, a jit would compile once per offset).
+  q, k = _rand(31, (1, 1, 1, 32)), _rand(32, (1, 1, 1, 32))
+  zeta = (np.arange(0, 32, 2) / 32 + 0.4) / 1.4
+  pair_abs = lambda a: np.abs(np.asarray(a, np.float64)).reshape(16, 2).sum(-1)  # noqa: E731
+  for far in (10**6, 10**9, 2**31 - 1):
+    for distance in (0, 1, 777, 30000, 70000):
+      n, m = far, far - distance
+      offset = (n + m) // 2
+      rq = xpos.apply_xpos(q, jnp.asarray([[n]], jnp.int32), kind="query", offset=offset)
+      rk = xpos.apply_xpos(k, jnp.asarray([[m]], jnp.int32), kind="key", offset=offset)
+      score = float(jnp.sum(rq * rk))
+      truth = _xpos_score_f64(q, k, n, m)
+      # Bound: float32 rounding of each term, relative to the sum of |terms| (decays with the distance).
+      bound = 1e-5 * np.sum(pair_abs(q) * pair_abs(k) * zeta ** (distance / 512))
+      assert math.isfinite(score), (far, distance)
+      assert abs(score - truth) <= bound, (far, distance, score, truth, bound)
+
+
+def test_xpos_depends_only_on_position_minus_offset():
+  # Shifting positions and offset together (towards 2^31) gives bit-identical outputs.
+  pos = _positions(34, (2, 5), 30000)
+  for kind in ("query", "key"):
+    near = xpos.xpos_scale(pos, rotary_dim=16, kind=kind, offset=15000)
+    shift = 2**31 - 1 - 30000
+    far = xpos.xpos_scale(pos + shift, rotary_dim=16, kind=kind, offset=15000 + shift)
+    np.testing.assert_array_equal(near, far)
+
+
+def test_xpos_positions_outside_the_window_are_refused_or_nan_under_jit():
+  x = jnp.ones((1, 2, 1, 8), jnp.float32)
+  p = jnp.asarray([[10**6, 10**6 + 5]], jnp.int32)
+  window = xpos.xpos_window(rotary_dim=8)
+  assert window == math.floor(87 * 512 / math.log(1.4 / 0.4))
+  for kind in ("query", "key"):
+    with pytest.raises(ValueError, match=r"too far from offset=0.*offset=\(min \+ max\) // 2"):
+      xpos.apply_xpos(x, p, kind=kind)
+    out = jax.jit(lambda x, p, kind=kind: xpos.apply_xpos(x, p, kind=kind))(x, p)
+    assert np.all(np.isnan(out))  # not a silent 0 or inf
+    # The window edge itself is accepted and finite, one past it is refused.
+    edge = jnp.asarray([[window]], jnp.int32)
+    assert np.all(np.isfinite(xpos.xpos_scale(edge, rotary_dim=8, kind=kind)))
+    with pytest.raises(ValueError, match="too far"):
+      xpos.xpos_scale(edge + 1, rotary_dim=8, kind=kind)
 
 
 # ---------------------------------------------------------------- sinusoidal
