@@ -293,7 +293,7 @@ def dot_product_attention(
     scale: multiplies q.k, usually ``1/sqrt(H)``; a traced scale is folded into q (float32).
     bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
     mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
-      visible key (masked, or a bias of -inf everywhere) returns zeros.
+      visible key (masked, a bias of -inf everywhere, or S = 0) returns zeros.
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
     causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
       caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
@@ -353,6 +353,8 @@ def dot_product_attention(
     if s_len != t_len:
       raise ValueError(f"causal_block is for causal self-attention (T == S), got T={t_len}, S={s_len}")
 
+  if s_len == 0:  # no key at all: every row is a row with no visible key
+    return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   if isinstance(scale, jax.core.Tracer):
     q, scale = q.astype(jnp.float32) * scale.astype(jnp.float32), 1.0
   group = num_heads // num_kv

@@ -62,18 +62,26 @@ CUDNN_MAX_HEAD_DIM = 256
 class AlibiSpec:
   """ALiBi for ``attention``: native bias on ``xla``, bias-free emulation on fused kernels.
 
+  Checked by ``attention`` (every backend) against q and k, not at construction.
+
   Attributes:
-    slopes: ``[N]`` float64 numpy slopes, >= 0 (0 = no ALiBi on that head).
-    q_positions: ``[B, T]`` integer token indices of the queries.
-    k_positions: ``[B, S]`` integer token indices of the keys.
+    slopes: ``[N]`` concrete float slopes (numpy or Python), finite, >= 0 (0 = no ALiBi on that
+      head); traced slopes raise ValueError.
+    q_positions: ``[B, T]`` integer token indices of the queries, >= 0.
+    k_positions: ``[B, S]`` integer token indices of the keys, >= 0.
     max_position: static bound on positions: the exact form uses base-256 digits enough for
-      positions below it (2 digits up to 65536, 3 up to 2^24); concrete positions at or above it
-      raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
+      positions below it (2 digits up to 65536, 3 up to 2^24); on a fused kernel with the exact
+      form, concrete positions at or above it raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
       give a bound that holds for every position (the decoder uses at least 65536). The rotated
       form's context for theta when ``theta`` is None.
+      An int in 1..2^24 on every backend (``xla`` does not use it).
     form: ``"exact"`` (augmented, bf16-exact, no truncation error) or ``"rotated"`` (order k).
-    order: k of the rotated form, 1..8.
-    theta: radians per token of the rotated form.
+    order: k of the rotated form, an int 1..8.
+    theta: radians per token of the rotated form, a finite number > 0, or None (``max_phase`` 0.1
+      over ``max_position``).
+
+  Source: ALiBi, Press et al., arXiv 2108.12409; the emulations in ``jaxpe.bf16_exact`` and
+  ``jaxpe.emulation``.
   """
 
   slopes: np.ndarray
@@ -181,12 +189,27 @@ def attention(
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
 
-  Raises:
-    ValueError: an unavailable backend (lists the available ones); a bias or dense mask on a fused
-      kernel (says to use ``alibi_spec`` / ``AttentionMask``); T != S on a fused kernel; a head dim
-      cudnn refuses (> 256 with the emulation dims); a float16
-      kernel with an emulation (bf16 parts overflow float16).
-    TypeError: non-float q, k, v.
+  Raises (the same checks, and the same messages, on every backend; table in docs/contracts.md):
+    ValueError: an unknown or unavailable backend (lists the available ones); shapes that do not
+      fit (ranks, B, S, K, Hq, N % K, no heads); ``scale`` NaN, inf, 0 or negative;
+      ``precise_dims`` outside 0..Hq; an ``AttentionMask`` whose ``valid`` / ``segment_ids`` are
+      not ``[B, T]`` or used with T != S; bad ``AlibiSpec`` fields (slopes not ``[N]``, finite and
+      >= 0; positions not ``[B, T]``/``[B, S]`` or negative; ``max_position`` outside 1..2^24;
+      ``form``, ``order`` 1..8, ``theta`` > 0). Fused kernels only: a bias or dense mask (says to
+      use ``alibi_spec`` / ``AttentionMask``); T != S; H = 0; a head dim cudnn refuses (> 256 with
+      the emulation dims); a float16 kernel with an emulation (bf16 parts overflow float16);
+      concrete positions >= ``max_position`` with the exact form; the rotated form with a slope 0
+      or a theta whose phase reaches pi/2.
+    TypeError: non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
+      traced); a non-int ``precise_dims``; a non-bool ``interpret``; a mask that is neither an
+      ``AttentionMask`` nor an array; ``AttentionMask`` fields of the wrong dtype (float or bool
+      segment ids, float ``valid``, non-bool ``causal``); ``alibi_spec`` not an ``AlibiSpec``;
+      AlibiSpec fields of the wrong type.
+
+  Masks: segment ids of any integer dtype and value are compared exactly on every backend (the
+  fused kernels get them ranked per row by ``attention.dense_segment_ids``). Real query rows get
+  the same result on every backend; padding query rows (``valid`` False) are zeros on the fused
+  kernels and what the dense mask gives on ``xla``.
   """
   if not isinstance(interpret, bool | np.bool_):
     raise TypeError(f"interpret must be a bool, got {interpret!r}")
@@ -214,6 +237,8 @@ def attention(
     )
   if head_dim == 0:
     raise ValueError(f"attention impl {impl!r} needs a head dim H >= 1, got v of shape {v.shape}")
+  if batch == 0 or t_len == 0:  # nothing to compute (the kernels' grids need a token)
+    return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
   mask = mask or attention_lib.AttentionMask(causal=False)
   if mask.segment_ids is not None:
     # the kernels compare int32 ids: rank the user's ids exactly in their own dtype first

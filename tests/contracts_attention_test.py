@@ -1024,3 +1024,15 @@ def test_emulation_slopes_of_zero_per_head_on_xla_and_exact_form_match_native_al
   for impl in ("xla", "splash"):
     got = kernels.attention(Q, KK, V, scale=0.5, mask=mask, alibi_spec=spec, impl=impl, interpret=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0, err_msg=impl)
+
+
+def test_empty_sizes_give_empty_or_zero_results_on_every_backend():
+  # S = 0 (no key): every row has no visible key, so zeros; B = 0 or T = 0: empty outputs.
+  q = _rand(1, 4, N, H)
+  no_keys = attention.dot_product_attention(q, _rand(1, 0, K, H), _rand(1, 0, K, H), scale=0.5)
+  np.testing.assert_array_equal(np.asarray(no_keys), np.zeros((1, 4, N, H)))
+  for impl in ("xla", *FUSED):
+    for b, t in ((0, 4), (1, 0)):
+      x = jnp.zeros((b, t, N, H)), jnp.zeros((b, t, K, H))
+      out = kernels.attention(x[0], x[1], x[1], scale=0.5, mask=AttentionMask(), impl=impl, interpret=True)
+      assert out.shape == (b, t, N, H), impl
