@@ -159,7 +159,7 @@ def check_scale(name: str, scale, *, traced_ok: bool = False):
   scale passes when ``traced_ok`` (its value cannot be checked: NaN gives NaN outputs).
 
   Raises:
-    TypeError: not a real number (a bool, a string, an array of more than one value).
+    TypeError: not a real number (None, a bool, a string, an array of more than one value).
     ValueError: NaN, inf, 0 or negative.
   """
   if isinstance(scale, jax.core.Tracer):
@@ -168,7 +168,7 @@ def check_scale(name: str, scale, *, traced_ok: bool = False):
     if jnp.ndim(scale) != 0 or not jnp.issubdtype(scale.dtype, jnp.floating):
       raise TypeError(f"{name} must be a float scalar, got a traced {scale.dtype} of shape {scale.shape}")
     return scale
-  if isinstance(scale, bool | np.bool_ | str | bytes) or np.ndim(scale) != 0:
+  if scale is None or isinstance(scale, bool | np.bool_ | str | bytes) or np.ndim(scale) != 0:
     raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
   if np.iscomplexobj(scale):
     raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
