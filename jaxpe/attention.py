@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpe import _checks
 
@@ -21,29 +22,157 @@ class AttentionMask:
 
   Queries and keys are the same T tokens (no KV cache: key slot t is query slot t). Query t may
   attend key s when ``s <= t`` (if ``causal``), ``valid[s]`` and ``segment_ids[t] == segment_ids[s]``.
-  ``dense()`` gives the equivalent bool mask for the ``xla`` backend.
+  ``dense()`` gives the equivalent bool mask for the ``xla`` backend. Every backend of
+  ``jaxpe.kernels.attention`` reads the mask through ``check`` and compares segment ids exactly in
+  their own dtype (int64 ids of 0 and 2^32 are two documents on every backend).
 
   Attributes:
-    valid: optional ``[B, T]`` bool, False for padding tokens (left or right padding).
-    segment_ids: optional ``[B, T]`` integer document ids of packed sequences.
-    causal: static bool (a pytree meta field, so jit and scan see it as a Python bool).
+    valid: optional ``[B, T]`` bool (or integer, nonzero = valid) array, False for padding tokens
+      (left or right padding). A float dtype raises TypeError.
+    segment_ids: optional ``[B, T]`` integer (int8..int64, uint8..uint64) document ids of packed
+      sequences; any values (negative, huge) compared exactly. Bool or float ids raise TypeError
+      (0 and 0.5 would be one document after the kernels' int32 cast).
+    causal: static Python bool (a pytree meta field, so jit and scan see it as a Python bool).
+
+  The checks run in ``check(batch, length)`` (called by ``dense`` and by every backend of
+  ``kernels.attention``), not at construction (jax rebuilds the mask from tracers under jit).
   """
 
   valid: jax.Array | None = None
   segment_ids: jax.Array | None = None
   causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
 
+  def check(self, batch: int, length: int) -> AttentionMask:
+    """This mask with its arrays as arrays, checked for a self-attention of ``[B, T]`` tokens.
+
+    Raises:
+      TypeError: ``causal`` not a bool; ``valid`` not bool/integer; ``segment_ids`` not integer;
+        a field that is not an array (lists are converted).
+      ValueError: ``valid`` or ``segment_ids`` not of shape ``[B, T]``.
+    """
+    causal = check_causal("AttentionMask.causal", self.causal)
+    valid = self.valid
+    if valid is not None:
+      valid = check_valid("AttentionMask.valid", valid)
+      _check_shape("AttentionMask.valid", valid, (batch, length), "[B, T]")
+    segments = self.segment_ids
+    if segments is not None:
+      segments = check_segment_ids("AttentionMask.segment_ids", segments)
+      _check_shape("AttentionMask.segment_ids", segments, (batch, length), "[B, T]")
+    return AttentionMask(valid=valid, segment_ids=segments, causal=causal)
+
   def dense(self, batch: int, length: int) -> jax.Array:
-    """The ``[B, 1, T, T]`` bool mask (True = may attend) of ``make_attention_mask``."""
+    """The ``[B, 1, T, T]`` bool mask (True = may attend) of ``make_attention_mask``.
+
+    Raises:
+      TypeError, ValueError: as ``check``.
+    """
+    mask = self.check(batch, length)
     index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     return make_attention_mask(
       index,
       index,
-      causal=self.causal,
-      k_valid=self.valid,
-      q_segment_ids=self.segment_ids,
-      k_segment_ids=self.segment_ids,
+      causal=mask.causal,
+      k_valid=mask.valid,
+      q_segment_ids=mask.segment_ids,
+      k_segment_ids=mask.segment_ids,
     )
+
+
+def _as_array(name: str, x):
+  """``x`` as a jax or numpy array (lists and scalars through numpy); TypeError for other objects."""
+  if isinstance(x, jax.Array | np.ndarray):
+    return x
+  try:
+    arr = np.asarray(x)
+  except Exception:  # noqa: BLE001  (ragged lists, objects numpy cannot read)
+    arr = np.asarray(None, dtype=object)
+  if arr.dtype.kind not in "biufc":  # objects, strings, bytes, dates
+    raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+  return arr
+
+
+def _check_shape(name: str, x, shape: tuple[int, ...], hint: str) -> None:
+  if tuple(x.shape) != tuple(shape):
+    raise ValueError(f"{name} must have shape {hint} = {list(shape)}, got {tuple(x.shape)}")
+
+
+def check_causal(name: str, causal) -> bool:
+  """``causal`` as a Python bool; TypeError unless it is a bool (a traced or array value is refused)."""
+  if not isinstance(causal, bool | np.bool_):
+    raise TypeError(f"{name} must be a Python bool (static), got {causal!r}")
+  return bool(causal)
+
+
+def check_valid(name: str, valid):
+  """A padding mask: bool or integer (nonzero = valid) array; TypeError otherwise."""
+  valid = _as_array(name, valid)
+  dtype = jnp.result_type(valid)
+  if dtype != jnp.bool_ and not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"{name} must be a bool array (True = real token) or integer 0/1, got dtype {dtype}")
+  return valid
+
+
+def check_segment_ids(name: str, ids):
+  """Document ids: an integer array of any width and sign; TypeError for bool, float and others."""
+  ids = _as_array(name, ids)
+  dtype = jnp.result_type(ids)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(
+      f"{name} must be an integer array of document ids (int8..int64 or uint8..uint64), got dtype {dtype}"
+    )
+  return ids
+
+
+def dense_segment_ids(ids) -> jax.Array:
+  """``[B, T]`` int32 ids in ``[0, T)`` equal exactly where ``ids`` are equal along each row.
+
+  The ids are compared in their own dtype (no cast that could merge them: int64 2^32 and 0 stay two
+  documents): each token gets the rank of its id among the row's distinct ids (a stable sort and a
+  running count of changes). numpy inputs are ranked in numpy (a numpy int64 array would wrap on
+  its way into jax without x64), jax inputs with jax ops (traceable). Used by the fused kernels,
+  whose segment ids are int32.
+
+  Args:
+    ids: ``[B, T]`` integer array (checked by ``check_segment_ids``).
+
+  Returns:
+    ``[B, T]`` int32 array.
+  """
+  if isinstance(ids, np.ndarray):
+    order = np.argsort(ids, axis=-1, kind="stable")
+    ranked = np.take_along_axis(ids, order, axis=-1)
+    change = np.concatenate([np.zeros((ids.shape[0], 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=-1)
+    rank = np.empty(ids.shape, np.int32)
+    np.put_along_axis(rank, order, np.cumsum(change, axis=-1, dtype=np.int32), axis=-1)
+    return jnp.asarray(rank)
+  order = jnp.argsort(ids, axis=-1, stable=True)
+  ranked = jnp.take_along_axis(ids, order, axis=-1)
+  change = jnp.concatenate([jnp.zeros((ids.shape[0], 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=-1)
+  rank_sorted = jnp.cumsum(change, axis=-1, dtype=jnp.int32)
+  rows = jnp.arange(ids.shape[0], dtype=jnp.int32)[:, None]
+  return jnp.zeros(ids.shape, jnp.int32).at[rows, order].set(rank_sorted)
+
+
+def check_scale(name: str, scale, *, traced_ok: bool = False):
+  """A score scale: a real number, finite and > 0 (a Python bool is refused); under jit a traced
+  scale passes when ``traced_ok`` (its value cannot be checked: NaN gives NaN outputs).
+
+  Raises:
+    TypeError: not a real number (None, a bool, a string, an array of more than one value).
+    ValueError: NaN, inf, 0 or negative.
+  """
+  if isinstance(scale, jax.core.Tracer):
+    if not traced_ok:
+      raise TypeError(f"{name} must be a concrete Python number here, not a value traced under jit")
+    if jnp.ndim(scale) != 0 or not jnp.issubdtype(scale.dtype, jnp.floating):
+      raise TypeError(f"{name} must be a float scalar, got a traced {scale.dtype} of shape {scale.shape}")
+    return scale
+  if scale is None or isinstance(scale, bool | np.bool_ | str | bytes) or np.ndim(scale) != 0:
+    raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
+  if np.iscomplexobj(scale):
+    raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
+  return _checks.check_positive_float(name, scale)
 
 
 def make_attention_mask(
@@ -61,19 +190,39 @@ def make_attention_mask(
     q_index: ``[B, T]`` integer slot index of each query in the sequence buffer (for causality;
       with a KV cache this is the cache slot, not the position).
     k_index: ``[B, S]`` integer slot index of each key.
-    causal: if True, key slot ``s`` is visible to query slot ``t`` only when ``s <= t``.
-    k_valid: optional ``[B, S]`` bool, False for padding keys (or empty cache slots).
+    causal: static Python bool; if True, key slot ``s`` is visible to query slot ``t`` only when
+      ``s <= t``.
+    k_valid: optional ``[B, S]`` bool (or integer, nonzero = valid), False for padding keys (or
+      empty cache slots).
     q_segment_ids, k_segment_ids: optional ``[B, T]``/``[B, S]`` integer document ids of packed
-      sequences; attention does not cross documents. Give both or neither.
+      sequences (any integer dtype, the same for both; any values, compared exactly);
+      attention does not cross documents. Give both or neither.
 
   Returns:
-    ``[B, 1, T, S]`` bool.
+    ``[B, 1, T, S]`` bool. A query row may be all False (e.g. a padding query under left padding);
+    ``dot_product_attention`` returns zeros there.
 
   Raises:
-    ValueError: wrong ranks or shapes, mismatched batch sizes, negative indices, or only one of
-      the segment ids given.
-    TypeError: non-integer indices.
+    ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31, or
+      only one of the segment ids given.
+    TypeError: non-integer indices or segment ids (bool and float ids too), segment ids of two
+      dtypes, a float ``k_valid``,
+      a non-bool ``causal``.
   """
+  causal = check_causal("causal", causal)
+  if (q_segment_ids is None) != (k_segment_ids is None):
+    raise ValueError("q_segment_ids and k_segment_ids must be given together")
+  if k_valid is not None:
+    k_valid = check_valid("k_valid", k_valid)
+  if q_segment_ids is not None:
+    q_segment_ids = check_segment_ids("q_segment_ids", q_segment_ids)
+    k_segment_ids = check_segment_ids("k_segment_ids", k_segment_ids)
+    if jnp.result_type(q_segment_ids) != jnp.result_type(k_segment_ids):
+      raise TypeError(
+        "q_segment_ids and k_segment_ids must have the same integer dtype (compared exactly), got "
+        f"{jnp.result_type(q_segment_ids)} and {jnp.result_type(k_segment_ids)}"
+      )
+  q_index, k_index = _as_array("q_index", q_index), _as_array("k_index", k_index)
   _checks.check_rank("q_index", q_index, 2, "[B, T]")
   _checks.check_rank("k_index", k_index, 2, "[B, S]")
   _checks.check_positions("q_index", q_index)
@@ -95,8 +244,6 @@ def make_attention_mask(
     mask &= k_index[:, None, :] <= q_index[:, :, None]
   if k_valid is not None:
     mask &= k_valid.astype(bool)[:, None, :]
-  if (q_segment_ids is None) != (k_segment_ids is None):
-    raise ValueError("q_segment_ids and k_segment_ids must be given together")
   if q_segment_ids is not None:
     mask &= q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
   return mask[:, None, :, :]
@@ -146,7 +293,7 @@ def dot_product_attention(
     scale: multiplies q.k, usually ``1/sqrt(H)``; a traced scale is folded into q (float32).
     bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
     mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
-      visible key (masked, or a bias of -inf everywhere) returns zeros.
+      visible key (masked, a bias of -inf everywhere, or S = 0) returns zeros.
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
     causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
       caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
@@ -156,20 +303,26 @@ def dot_product_attention(
     ``[B, T, N, H]`` array of ``v.dtype``.
 
   Raises:
-    ValueError: wrong ranks, mismatched batch/length/head/dim sizes, bias or mask that do not
-      broadcast, ``scale`` not a finite number > 0, ``precise_dims`` outside 0..Hq,
-      ``causal_block`` not an int > 0 or given with T != S.
-    TypeError: non-float q/k/v or a non-bool mask.
+    ValueError: wrong ranks, mismatched batch/length/head/dim sizes, no heads (N or K = 0), bias
+      or mask that do not broadcast, a concrete ``scale`` not a finite number > 0,
+      ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0 or given with T != S.
+    TypeError: non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
+      ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array).
+
+  Under jit: a traced ``scale`` is not checked (NaN or inf give NaN outputs); a bias of -inf on a
+  whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
+  q, k, v or bias propagates to the rows it reaches.
   """
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
   _checks.check_rank("k", k, 4, "[B, S, K, Hq]")
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
   for name, arr in (("q", q), ("k", k), ("v", v)):
     _checks.check_float(name, arr)
-  if not isinstance(scale, jax.core.Tracer):
-    scale = _checks.check_positive_float("scale", scale)
+  scale = check_scale("scale", scale, traced_ok=True)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
+  if num_kv == 0 or num_heads == 0:
+    raise ValueError(f"q and k need at least one head (N >= 1, K >= 1), got N={num_heads}, K={num_kv}")
   if k.shape[0] != batch or k.shape[3] != qk_dim:
     raise ValueError(f"k must have shape [B, S, K, Hq] with B={batch}, Hq={qk_dim}, got {k.shape}")
   if v.shape[:3] != k.shape[:3]:
@@ -178,8 +331,16 @@ def dot_product_attention(
     raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv}")
   full = (batch, num_heads, t_len, s_len)
   if bias is not None:
+    bias = _as_array("bias", bias)
+    _checks.check_float("bias", bias)
     _checks.broadcastable("bias", bias.shape, full, "[B, N, T, S]")
   if mask is not None:
+    if isinstance(mask, AttentionMask):
+      raise TypeError(
+        "mask must be a dense bool array here; an AttentionMask goes to jaxpe.kernels.attention "
+        "(or use mask.dense(B, T))"
+      )
+    mask = _as_array("mask", mask)
     _checks.broadcastable("mask", mask.shape, full, "[B, N, T, S]")
     if jnp.result_type(mask) != jnp.bool_:
       raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
@@ -192,6 +353,8 @@ def dot_product_attention(
     if s_len != t_len:
       raise ValueError(f"causal_block is for causal self-attention (T == S), got T={t_len}, S={s_len}")
 
+  if s_len == 0:  # no key at all: every row is a row with no visible key
+    return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   if isinstance(scale, jax.core.Tracer):
     q, scale = q.astype(jnp.float32) * scale.astype(jnp.float32), 1.0
   group = num_heads // num_kv

@@ -294,15 +294,23 @@ def alibi_term_dims(
     ``(q [T, N, E], k [S, E])`` float64.
 
   Raises:
-    ValueError: unknown form or representation; as the builders.
+    ValueError: unknown form or representation; head_dim not a positive int; positions not rank 1,
+      negative or >= 2^31; as the builders.
+    TypeError: non-integer positions.
   """
   from jaxpe import emulation
 
   if representation not in ("float32", "bf16_exact"):
     raise ValueError(f"representation must be 'float32' or 'bf16_exact', got {representation!r}")
+  head_dim = _checks.check_positive_int("head_dim", head_dim)
   slopes = np.asarray(slopes, np.float64)
-  qp = jnp.asarray(q_positions, jnp.int32)[None]
-  kp = jnp.asarray(k_positions, jnp.int32)[None]
+  positions = []
+  for name, pos in (("q_positions", q_positions), ("k_positions", k_positions)):
+    pos = np.asarray(pos)
+    _checks.check_rank(name, pos, 1, "[T]" if name[0] == "q" else "[S]")
+    _checks.check_positions(name, pos)
+    positions.append(jnp.asarray(pos, jnp.int32)[None])
+  qp, kp = positions
   num_heads = slopes.shape[0]
   if form == "exact" and representation == "bf16_exact":
     q_e, k_e = exact_alibi_dims(

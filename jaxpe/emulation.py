@@ -72,6 +72,8 @@ DTYPE_MAX: dict[str, float] = {
 ROUNDING_CONSTANT = 4.0
 # Positions must be exact in float32 (phases are computed as float32(position) * theta).
 MAX_POSITION = 2**24
+# Largest head-dim multiple pad_head_dim pads to (kernels use 8 or 128; 2^30 would allocate gigabytes).
+MAX_PAD_MULTIPLE = 4096
 # Cap on the phase the target-error solver may choose (radians); well below pi/2.
 _MAX_SOLVED_PHASE = 1.0
 
@@ -96,7 +98,16 @@ def _check_order(order) -> int:
   return order
 
 
+def _check_real(name: str, value) -> None:
+  """TypeError for a value that is not a real number (bool, str, bytes, None, an array of > 1 value)."""
+  if isinstance(value, bool | np.bool_ | str | bytes) or value is None or np.ndim(value) != 0:
+    raise TypeError(f"{name} must be a real number, got {value!r}")
+  if isinstance(value, jax.core.Tracer):
+    raise TypeError(f"{name} must be a concrete Python number, not a value traced under jit")
+
+
 def _check_max_phase(max_phase) -> float:
+  _check_real("max_phase", max_phase)
   try:
     phase = float(max_phase)
   except (TypeError, ValueError):
@@ -114,12 +125,29 @@ def _slopes_or_heads(slopes, num_heads) -> np.ndarray:
     raise ValueError("give exactly one of slopes ([N] ALiBi slopes) or num_heads (paper slopes)")
   if slopes is None:
     return alibi_slopes_f64(num_heads)
-  slopes = np.asarray(slopes, dtype=np.float64)
+  slopes = _slopes_array(slopes)
   if slopes.ndim != 1 or slopes.size == 0:
     raise ValueError(f"slopes must have shape [N] with N >= 1, got shape {slopes.shape}")
   if not np.all(np.isfinite(slopes)) or np.any(slopes <= 0):
     raise ValueError(f"slopes must be finite and > 0 (ALiBi penalises distance), got {slopes.tolist()}")
   return slopes
+
+
+def _slopes_array(slopes) -> np.ndarray:
+  """Concrete slopes as float64 numpy; TypeError for traced, non-numeric or bool slopes."""
+  if isinstance(slopes, jax.core.Tracer):
+    raise ValueError("slopes must be concrete (numpy or Python numbers), not traced under jit")
+  try:
+    arr = np.asarray(slopes)
+  except Exception:  # noqa: BLE001  (ragged lists)
+    raise TypeError(f"slopes must be a [N] float array, got {slopes!r}") from None
+  if arr.dtype == np.bool_ or not (
+    np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+  ):
+    raise TypeError(f"slopes must be a [N] float array, got dtype {arr.dtype}")
+  if arr.ndim != 1 or arr.size == 0:
+    raise ValueError(f"slopes must have shape [N] with N >= 1, got shape {arr.shape}")
+  return arr.astype(np.float64)
 
 
 # ------------------------------------------------------------------------------------ theory
@@ -227,19 +255,42 @@ def emulation_error_bound(
     ``[N, *broadcast(distance, position).shape]`` float64 logits.
 
   Raises:
-    ValueError: bad slopes, theta, order or dtype; negative distance or position.
+    ValueError: bad slopes, theta (not finite > 0, or not a number / ``[N]``), order or dtype;
+      distance or position negative, NaN or inf, or shapes that do not broadcast.
+    TypeError: non-numeric distance, position or theta.
   """
   slopes = _slopes_or_heads(slopes, None)
   u = UNIT_ROUNDOFF[_dtype_name(dtype)]
-  d, i = np.broadcast_arrays(np.asarray(distance, np.float64), np.asarray(position, np.float64))
-  if np.any(d < 0) or np.any(i < 0):
-    raise ValueError("distance and position must be >= 0 (token indices, key at or before the query)")
+  arrays = []
+  for name, value in (("distance", distance), ("position", position)):
+    arr = np.asarray(value)
+    if arr.dtype == np.bool_ or not (
+      np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    ):
+      raise TypeError(f"{name} must be a number or an array of token counts, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+      raise ValueError(
+        f"{name} must be finite and >= 0 (token indices, key at or before the query), got {arr.tolist()}"
+      )
+    arrays.append(arr)
+  try:
+    d, i = np.broadcast_arrays(*arrays)
+  except ValueError:
+    raise ValueError(
+      f"distance and position must broadcast together, got shapes {arrays[0].shape} and {arrays[1].shape}"
+    ) from None
   extra = (None,) * d.ndim
   m = slopes[(slice(None), *extra)]
   j = np.maximum(i - d, 0.0)
   if order is None:
     return ROUNDING_CONSTANT * u * m * (i + j + d)[None]
-  theta = np.broadcast_to(np.asarray(theta, np.float64), slopes.shape)
+  if np.ndim(theta) == 0:
+    _check_real("theta", theta)
+  theta = np.asarray(theta, np.float64)
+  if theta.shape not in ((), slopes.shape):
+    raise ValueError(f"theta must be a number or [N] = {list(slopes.shape)} of them, got shape {theta.shape}")
+  theta = np.broadcast_to(theta, slopes.shape)
   if not np.all(np.isfinite(theta)) or np.any(theta <= 0):
     raise ValueError(f"theta must be finite and > 0 radians per token, got {theta.tolist()}")
   th = theta[(slice(None), *extra)]
@@ -256,15 +307,18 @@ def emulation_theta(*, max_phase: float, max_len: int) -> float:
   Args:
     max_phase: largest rotation angle in radians over the context; ``0 < max_phase < pi/2``
       (sin is monotonic only below pi/2; 0.1 gives a 1.7e-3 relative bias error).
-    max_len: longest context in tokens (the largest distance is ``max_len - 1``); positive.
+    max_len: longest context in tokens (the largest distance is ``max_len - 1``); 1..2^24.
 
   Returns:
     theta in radians per token (Python float).
 
   Raises:
-    ValueError: ``max_phase`` outside (0, pi/2) or ``max_len`` not a positive integer.
+    ValueError: ``max_phase`` outside (0, pi/2) (NaN too) or ``max_len`` not an integer in 1..2^24.
+    TypeError: ``max_phase`` not a real number (a string, a bool, None).
   """
   max_len = _checks.check_positive_int("max_len", max_len)
+  if max_len > MAX_POSITION:
+    raise ValueError(f"max_len must be <= 2^24 = {MAX_POSITION} (positions exact in float32), got {max_len}")
   return _check_max_phase(max_phase) / max_len
 
 
@@ -280,11 +334,15 @@ def emulation_amplitudes(slopes, *, head_dim: int, theta) -> np.ndarray:
     ``[N]`` float64 amplitudes.
 
   Raises:
-    ValueError: bad slopes, head_dim or theta.
+    ValueError: slopes not ``[N]`` (N >= 1), not finite or <= 0; head_dim not a positive int; theta
+      not finite and > 0 (NaN, inf, 0, negative) or of another shape than ``[N]``.
+    TypeError: non-numeric slopes or theta (a string, a bool).
   """
-  slopes = np.asarray(slopes, dtype=np.float64)
+  slopes = _slopes_array(slopes)
   _checks.check_slopes("slopes", slopes)
   head_dim = _checks.check_positive_int("head_dim", head_dim)
+  if np.ndim(theta) == 0:
+    _check_real("theta", theta)
   theta = np.asarray(theta, np.float64)
   if theta.ndim == 0:
     theta = np.float64(_checks.check_positive_float("theta", float(theta)))
@@ -407,12 +465,17 @@ def solve_emulation(
     ValueError: both or neither of slopes/num_heads or max_phase/target_error; non-positive
       slopes; phase >= pi/2; a target below the dtype's rounding floor; an amplitude N that
       overflows ``dtype``; bad sizes. Each message says what to change.
+    TypeError: a non-bool ``shared_theta``; a string or bool ``max_phase`` / ``target_error``.
   """
   slopes = _slopes_or_heads(slopes, num_heads)
   head_dim = _checks.check_positive_int("head_dim", head_dim)
   max_len = _checks.check_positive_int("max_len", max_len)
   if max_len > MAX_POSITION:
     raise ValueError(f"max_len must be <= 2^24 = {MAX_POSITION} (positions exact in float32), got {max_len}")
+  if not isinstance(shared_theta, bool | np.bool_):
+    raise TypeError(f"shared_theta must be a bool, got {shared_theta!r}")
+  if target_error is not None:
+    _check_real("target_error", target_error)
   order = _check_order(order)
   dtype = _dtype_name(dtype)
   if (max_phase is None) == (target_error is None):
@@ -471,15 +534,22 @@ def pad_head_dim(x: jax.Array, *, multiple: int = 8) -> jax.Array:
 
   Args:
     x: ``[..., H]`` array (q ``[B, T, N, Hq]``, k ``[B, S, K, Hq]`` or v ``[B, S, K, H]``).
-    multiple: positive int.
+    multiple: int in 1..4096 (``MAX_PAD_MULTIPLE``; kernels use 8 or 128).
 
   Returns:
     ``[..., ceil(H / multiple) * multiple]`` array of ``x.dtype``.
 
   Raises:
-    ValueError: ``multiple`` not a positive integer.
+    ValueError: ``multiple`` not an integer in 1..``MAX_PAD_MULTIPLE`` (4096).
+    TypeError: ``x`` not a jax or numpy array of rank >= 1.
   """
   multiple = _checks.check_positive_int("multiple", multiple)
+  if multiple > MAX_PAD_MULTIPLE:
+    raise ValueError(
+      f"multiple must be in 1..{MAX_PAD_MULTIPLE} (a kernel's head-dim multiple), got {multiple}"
+    )
+  if not isinstance(x, jax.Array | np.ndarray) or x.ndim == 0:
+    raise TypeError(f"x must be an array of rank >= 1 ([..., H]), got {type(x).__name__} {jnp.shape(x)}")
   extra = -x.shape[-1] % multiple
   if extra == 0:
     return x
@@ -494,6 +564,8 @@ def _check_qk(q, k, q_positions, k_positions):
   batch, t_len, num_heads, head_dim = q.shape
   if k.shape[0] != batch or k.shape[3] != head_dim:
     raise ValueError(f"k must have shape [B, S, K, H] = [{batch}, S, K, {head_dim}], got {k.shape}")
+  if num_heads == 0 or k.shape[2] == 0:
+    raise ValueError(f"q and k need at least one head (N >= 1, K >= 1), got N={num_heads}, K={k.shape[2]}")
   if num_heads % k.shape[2]:
     raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={k.shape[2]}")
   for name, pos, x in (("q_positions", q_positions, q), ("k_positions", k_positions, k)):
@@ -547,7 +619,8 @@ def apply_rope_alibi(
   Raises:
     ValueError: wrong ranks or sizes, slope count != N, bad theta/order/slopes/positions, an
       amplitude that overflows ``out_dtype``.
-    TypeError: non-float q/k or non-integer positions.
+    TypeError: non-float q/k, non-integer positions, non-numeric slopes (or theta). Traced slopes or
+      theta: ValueError.
   """
   _check_qk(q, k, q_positions, k_positions)
   num_heads, head_dim = q.shape[2], q.shape[3]
@@ -557,10 +630,12 @@ def apply_rope_alibi(
   for name, value in (("slopes", slopes), ("theta", theta)):
     if isinstance(value, jax.core.Tracer):
       raise ValueError(f"{name} must be concrete (numpy or Python numbers), not traced under jit")
-  slopes = np.asarray(slopes, np.float64)
+  slopes = _slopes_array(slopes)
   _checks.check_slopes("slopes", slopes)
   if slopes.shape[0] != num_heads:
     raise ValueError(f"slopes must have one entry per head (N = {num_heads}), got {slopes.shape[0]}")
+  if np.ndim(theta) == 0:
+    _check_real("theta", theta)
   theta = np.asarray(theta, np.float64)
   if not any(isinstance(p, jax.core.Tracer) for p in (q_positions, k_positions)):
     # sin(d theta) must stay monotonic: the largest base phase theta * |i - j| below pi/2.
@@ -645,7 +720,8 @@ def apply_augmented_alibi(
 
   Raises:
     ValueError: wrong ranks or sizes, slope count != N, bad slopes or positions.
-    TypeError: non-float q/k or non-integer positions.
+    TypeError: non-float q/k, non-integer positions, non-numeric slopes (or theta). Traced slopes or
+      theta: ValueError.
 
   Source: the linear-position form of ALiBi's bias (Press et al., arXiv 2108.12409), written as a
   dot product.
@@ -653,7 +729,7 @@ def apply_augmented_alibi(
   _check_qk(q, k, q_positions, k_positions)
   num_heads, head_dim = q.shape[2], q.shape[3]
   _dtype_name(out_dtype)
-  slopes = np.asarray(slopes, np.float64)
+  slopes = _slopes_array(slopes)
   _checks.check_slopes("slopes", slopes)
   if slopes.shape[0] != num_heads:
     raise ValueError(f"slopes must have one entry per head (N = {num_heads}), got {slopes.shape[0]}")
@@ -716,10 +792,15 @@ def emulated_alibi_attention(
     ValueError: as ``apply_rope_alibi`` / ``kernels.attention`` (an unavailable backend lists the
       available ones); ``v`` not ``[B, S, K, H]``; theta missing for the rotated form; a dense
       ``mask`` on a fused kernel.
+    TypeError: a non-bool ``is_causal`` or ``interpret``; as ``kernels.attention``.
   """
   from jaxpe import kernels  # kernels imports this module
   from jaxpe.attention import AttentionMask
 
+  if not isinstance(is_causal, bool | np.bool_):
+    raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+  if not isinstance(interpret, bool | np.bool_):
+    raise TypeError(f"interpret must be a bool, got {interpret!r}")
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
   if v.shape != k.shape:
     raise ValueError(f"v must have the shape of k, [B, S, K, H] = {k.shape}, got {v.shape}")
@@ -987,11 +1068,20 @@ def base_constrained_qk(
     ``(q_eng [B, T, N, R + H], k_eng [B, S, K, R + H])`` float32 (the precision policy).
 
   Raises:
-    ValueError: ranks, or N / H that do not match the plan.
+    ValueError: ranks, batch sizes that differ, or N / H that do not match the plan.
+    TypeError: ``plan`` not a ``BaseConstrainedPlan``; non-float q or k.
   """
+  if not isinstance(plan, BaseConstrainedPlan):
+    raise TypeError(
+      f"plan must be a BaseConstrainedPlan (from solve_base_constrained), got {type(plan).__name__}"
+    )
   _checks.check_rank("q", q, 4, "[B, T, N, H]")
   _checks.check_rank("k", k, 4, "[B, S, K, H]")
+  _checks.check_float("q", q)
+  _checks.check_float("k", k)
   num_heads, head_dim = q.shape[2], q.shape[3]
+  if q.shape[0] != k.shape[0]:
+    raise ValueError(f"q and k must have the same batch size B, got {q.shape[0]} and {k.shape[0]}")
   if head_dim != plan.head_dim or k.shape[3] != head_dim:
     raise ValueError(f"q and k must have H = plan.head_dim = {plan.head_dim}, got {q.shape} and {k.shape}")
   if num_heads != plan.slopes.shape[0]:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe import emulation
+from jaxpe import _checks, emulation
 from jaxpe.alibi import alibi_slopes_f64
 
 FORMS: tuple = (1, 2, 3, None)  # orders; None = exact augmented form
@@ -125,7 +125,43 @@ def report(
   Besides the per-head tables: deviation versus absolute position at the largest context, and the
   base-constrained mode (``base``, ``rotary_dim`` default H) with the longest context that meets
   ``target_error`` logits and the base a longer one would need.
+
+  Args:
+    num_heads: N, a positive int (the paper's slopes).
+    head_dim: H, a positive int.
+    contexts: one or more contexts in tokens, each an int in 2..2^24.
+    dtypes: activation dtypes, each ``"float32"`` or ``"bfloat16"``; at least one.
+    max_phase: largest phase in radians, in (0, pi/2).
+    queries: query positions sampled per context, a positive int.
+    plot: PNG path, or None for no plot.
+    target_error: logits, > 0 (base-constrained table).
+    rotary_dim: the base-constrained rotary block, an even int >= 2; None = H.
+    base: the base-constrained RoPE base, > 1.
+
+  Raises:
+    ValueError: a value outside those ranges (named in the message).
+    TypeError: a wrong type (a string count, a bool).
   """
+  num_heads = _checks.check_positive_int("num_heads", num_heads)
+  head_dim = _checks.check_positive_int("head_dim", head_dim)
+  queries = _checks.check_positive_int("queries", queries)
+  if isinstance(contexts, str | bytes) or not isinstance(contexts, Sequence) or not contexts:
+    raise ValueError(f"contexts must be a non-empty list of ints in 2..2^24, got {contexts!r}")
+  contexts = [_checks.check_positive_int("contexts", c) for c in contexts]
+  if min(contexts) < 2 or max(contexts) > emulation.MAX_POSITION:
+    raise ValueError(f"contexts must be ints in 2..2^24 (tokens), got {contexts}")
+  if isinstance(dtypes, str | bytes) or not isinstance(dtypes, Sequence) or not dtypes:
+    raise ValueError(f"dtypes must be a non-empty list of 'float32' / 'bfloat16', got {dtypes!r}")
+  for dtype in dtypes:
+    if dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtypes must each be 'float32' or 'bfloat16', got {dtype!r}")
+  emulation.emulation_theta(max_phase=max_phase, max_len=max(contexts))  # checks max_phase
+  target_error = _checks.check_positive_float("target_error", target_error)
+  if rotary_dim is not None:
+    rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
+  base = _checks.check_positive_float("base", base)
+  if base <= 1.0:
+    raise ValueError(f"base must be > 1, got {base}")
   slopes = alibi_slopes_f64(num_heads)
   lines: list[str] = []
   curves: dict = {}
@@ -333,8 +369,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--rotary-dim", type=int, default=None, help="base-constrained rotary block; default H")
   parser.add_argument("--base", type=float, default=10000.0, help="base-constrained RoPE base")
   args = parser.parse_args(argv)
-  print(
-    report(
+  try:
+    text = report(
       num_heads=args.num_heads,
       head_dim=args.head_dim,
       contexts=args.context,
@@ -346,7 +382,9 @@ def main(argv: Sequence[str] | None = None) -> None:
       rotary_dim=args.rotary_dim,
       base=args.base,
     )
-  )
+  except (ValueError, TypeError) as e:
+    parser.error(str(e))  # one line on stderr, exit status 2
+  print(text)
   if args.plot:
     print(f"\nplot written to {args.plot}")
 

@@ -62,18 +62,26 @@ CUDNN_MAX_HEAD_DIM = 256
 class AlibiSpec:
   """ALiBi for ``attention``: native bias on ``xla``, bias-free emulation on fused kernels.
 
+  Checked by ``attention`` (every backend) against q and k, not at construction.
+
   Attributes:
-    slopes: ``[N]`` float64 numpy slopes, >= 0 (0 = no ALiBi on that head).
-    q_positions: ``[B, T]`` integer token indices of the queries.
-    k_positions: ``[B, S]`` integer token indices of the keys.
+    slopes: ``[N]`` concrete float slopes (numpy or Python), finite, >= 0 (0 = no ALiBi on that
+      head); traced slopes raise ValueError.
+    q_positions: ``[B, T]`` integer token indices of the queries, >= 0.
+    k_positions: ``[B, S]`` integer token indices of the keys, >= 0.
     max_position: static bound on positions: the exact form uses base-256 digits enough for
-      positions below it (2 digits up to 65536, 3 up to 2^24); concrete positions at or above it
-      raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
+      positions below it (2 digits up to 65536, 3 up to 2^24); on a fused kernel with the exact
+      form, concrete positions at or above it raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
       give a bound that holds for every position (the decoder uses at least 65536). The rotated
       form's context for theta when ``theta`` is None.
+      An int in 1..2^24 on every backend (``xla`` does not use it).
     form: ``"exact"`` (augmented, bf16-exact, no truncation error) or ``"rotated"`` (order k).
-    order: k of the rotated form, 1..8.
-    theta: radians per token of the rotated form.
+    order: k of the rotated form, an int 1..8.
+    theta: radians per token of the rotated form, a finite number > 0, or None (``max_phase`` 0.1
+      over ``max_position``).
+
+  Source: ALiBi, Press et al., arXiv 2108.12409; the emulations in ``jaxpe.bf16_exact`` and
+  ``jaxpe.emulation``.
   """
 
   slopes: np.ndarray
@@ -181,18 +189,32 @@ def attention(
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
 
-  Raises:
-    ValueError: an unavailable backend (lists the available ones); a bias or dense mask on a fused
-      kernel (says to use ``alibi_spec`` / ``AttentionMask``); T != S on a fused kernel; a head dim
-      cudnn refuses (> 256 with the emulation dims); a float16
-      kernel with an emulation (bf16 parts overflow float16).
-    TypeError: non-float q, k, v.
+  Raises (the same checks, and the same messages, on every backend; table in docs/contracts.md):
+    ValueError: an unknown or unavailable backend (lists the available ones); shapes that do not
+      fit (ranks, B, S, K, Hq, N % K, no heads); ``scale`` NaN, inf, 0 or negative;
+      ``precise_dims`` outside 0..Hq; an ``AttentionMask`` whose ``valid`` / ``segment_ids`` are
+      not ``[B, T]`` or used with T != S; bad ``AlibiSpec`` fields (slopes not ``[N]``, finite and
+      >= 0; positions not ``[B, T]``/``[B, S]`` or negative; ``max_position`` outside 1..2^24;
+      ``form``, ``order`` 1..8, ``theta`` > 0). Fused kernels only: a bias or dense mask (says to
+      use ``alibi_spec`` / ``AttentionMask``); T != S; H = 0; a head dim cudnn refuses (> 256 with
+      the emulation dims); a float16 kernel with an emulation (bf16 parts overflow float16);
+      concrete positions >= ``max_position`` with the exact form; the rotated form with a slope 0
+      or a theta whose phase reaches pi/2.
+    TypeError: non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
+      traced); a non-int ``precise_dims``; a non-bool ``interpret``; a mask that is neither an
+      ``AttentionMask`` nor an array; ``AttentionMask`` fields of the wrong dtype (float or bool
+      segment ids, float ``valid``, non-bool ``causal``); ``alibi_spec`` not an ``AlibiSpec``;
+      AlibiSpec fields of the wrong type.
+
+  Masks: segment ids of any integer dtype and value are compared exactly on every backend (the
+  fused kernels get them ranked per row by ``attention.dense_segment_ids``). Real query rows get
+  the same result on every backend; padding query rows (``valid`` False) are zeros on the fused
+  kernels and what the dense mask gives on ``xla``.
   """
-  impl = resolve_backend(impl, interpret=interpret)
-  for name, arr in (("q", q), ("k", k), ("v", v)):
-    _checks.check_rank(name, arr, 4, "[B, T, N, H]" if name == "q" else "[B, S, K, H]")
-    _checks.check_float(name, arr)
-  scale = _checks.check_positive_float("scale", scale)
+  if not isinstance(interpret, bool | np.bool_):
+    raise TypeError(f"interpret must be a bool, got {interpret!r}")
+  impl = resolve_backend(impl, interpret=bool(interpret))
+  q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl)
   if impl == "xla":
     return _xla(q, k, v, scale=scale, mask=mask, bias=bias, alibi_spec=alibi_spec, precise_dims=precise_dims)
   if bias is not None:
@@ -209,15 +231,18 @@ def attention(
   s_len, num_kv, head_dim = k.shape[1], k.shape[2], v.shape[-1]
   if s_len != t_len:
     raise ValueError(f"attention impl {impl!r} is for self-attention (T == S), got T={t_len}, S={s_len}")
-  if num_heads % num_kv or k.shape[0] != batch or v.shape[:3] != k.shape[:3] or k.shape[3] != qk_dim:
-    raise ValueError(
-      f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H] with N % K == 0, got {q.shape}, {k.shape}, {v.shape}"
-    )
   if qk_dim - precise_dims != head_dim:
     raise ValueError(
       f"q/k must carry H = {head_dim} content dims plus precise_dims = {precise_dims}, got Hq = {qk_dim}"
     )
+  if head_dim == 0:
+    raise ValueError(f"attention impl {impl!r} needs a head dim H >= 1, got v of shape {v.shape}")
+  if batch == 0 or t_len == 0:  # nothing to compute (the kernels' grids need a token)
+    return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
   mask = mask or attention_lib.AttentionMask(causal=False)
+  if mask.segment_ids is not None:
+    # the kernels compare int32 ids: rank the user's ids exactly in their own dtype first
+    mask = dataclasses.replace(mask, segment_ids=attention_lib.dense_segment_ids(mask.segment_ids))
 
   # Dims in kernel order: emulation products first, then content (the accumulator meets the exact
   # products before anything it could round them against).
@@ -259,13 +284,107 @@ def attention(
     # padding (their own segment id, so no real query sees them) and slice the output back.
     qf, kf, vf, kernel_mask = _pad_length(qf, kf, vf, mask, kernel_length(impl, t_len))
     if impl == "pallas_gpu":
-      out = _pallas_gpu(qf, kf, vf, kernel_mask, scale=dot_scale, interpret=interpret)
+      # jax's Triton kernel mixes int32 and Python ints in its causal loop bound: under
+      # jax_enable_x64 those become int64 and lax.div refuses them. Every operand here is 32-bit.
+      with jax.enable_x64(False):
+        out = _pallas_gpu(qf, kf, vf, kernel_mask, scale=dot_scale, interpret=interpret)
     else:
       out = _splash(qf, kf, vf, kernel_mask, interpret=interpret)
   out = out[:, :t_len, :, :head_dim]
   if valid is not None:
     out = jnp.where(valid.astype(bool)[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)
+
+
+def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl: str):
+  """The checks every backend shares (the same errors on xla and on the fused kernels)."""
+  for name, arr in (("q", q), ("k", k), ("v", v)):
+    _checks.check_rank(name, arr, 4, "[B, T, N, Hq]" if name == "q" else "[B, S, K, Hq]")
+    _checks.check_float(name, arr)
+  scale = attention_lib.check_scale("scale", scale)
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
+  if num_heads == 0 or num_kv == 0:
+    raise ValueError(f"q and k need at least one head (N >= 1, K >= 1), got N={num_heads}, K={num_kv}")
+  if num_heads % num_kv or k.shape[0] != batch or v.shape[:3] != k.shape[:3] or k.shape[3] != qk_dim:
+    raise ValueError(
+      f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H] with N % K == 0, got {q.shape}, {k.shape}, {v.shape}"
+    )
+  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int | np.integer):
+    raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if not 0 <= precise_dims <= qk_dim:
+    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if isinstance(mask, attention_lib.AttentionMask):
+    if s_len != t_len:
+      raise ValueError(f"an AttentionMask is for self-attention (T == S), got T={t_len}, S={s_len}")
+    mask = mask.check(batch, t_len)
+  elif mask is not None and not isinstance(mask, jax.Array | np.ndarray):
+    raise TypeError(f"mask must be an AttentionMask, a bool array [B, 1|N, T, S] or None, got {mask!r}")
+  if alibi_spec is not None:
+    alibi_spec = _check_alibi_spec(alibi_spec, batch, t_len, s_len, num_heads, fused=impl != "xla")
+  return q, k, v, scale, mask, alibi_spec
+
+
+def _check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *, fused: bool) -> AlibiSpec:
+  """``spec`` checked against q ``[B, T, N, .]`` and k ``[B, S, ., .]``; positions as arrays."""
+  if not isinstance(spec, AlibiSpec):
+    raise TypeError(f"alibi_spec must be an AlibiSpec or None, got {type(spec).__name__}")
+  if isinstance(spec.slopes, jax.core.Tracer):
+    raise ValueError("AlibiSpec.slopes must be concrete (numpy or Python numbers), not traced under jit")
+  slopes = attention_lib._as_array("AlibiSpec.slopes", spec.slopes)
+  if not (jnp.issubdtype(slopes.dtype, jnp.floating) or jnp.issubdtype(slopes.dtype, jnp.integer)):
+    raise TypeError(f"AlibiSpec.slopes must be a float array, got dtype {slopes.dtype}")
+  slopes = np.asarray(slopes, np.float64)
+  if slopes.shape != (num_heads,):
+    raise ValueError(
+      f"AlibiSpec.slopes must have shape [N] = [{num_heads}] (one per query head), got {slopes.shape}"
+    )
+  if not np.all(np.isfinite(slopes)) or np.any(slopes < 0):
+    raise ValueError(
+      f"AlibiSpec.slopes must be finite and >= 0 (0 = no ALiBi on that head), got {slopes.tolist()}"
+    )
+  max_position = spec.max_position
+  if isinstance(max_position, bool) or not isinstance(max_position, int | np.integer):
+    raise TypeError(f"AlibiSpec.max_position must be an int in 1..2^24, got {max_position!r}")
+  if not 1 <= max_position <= 2**24:
+    raise ValueError(f"AlibiSpec.max_position must be in 1..2^24, got {max_position}")
+  if spec.form not in ("exact", "rotated"):
+    raise ValueError(f"AlibiSpec.form must be 'exact' or 'rotated', got {spec.form!r}")
+  order = spec.order
+  if isinstance(order, bool) or not isinstance(order, int | np.integer):
+    raise TypeError(f"AlibiSpec.order must be an int in 1..8, got {order!r}")
+  if not 1 <= order <= 8:
+    raise ValueError(f"AlibiSpec.order must be in 1..8, got {order}")
+  theta = spec.theta
+  if theta is not None:
+    if isinstance(theta, bool | str | bytes | jax.core.Tracer) or np.ndim(theta) != 0:
+      raise TypeError(f"AlibiSpec.theta must be None or a number (radians per token), got {theta!r}")
+    theta = _checks.check_positive_float("AlibiSpec.theta", theta)
+  positions = []
+  for name, pos, shape in (
+    ("AlibiSpec.q_positions", spec.q_positions, (batch, t_len)),
+    ("AlibiSpec.k_positions", spec.k_positions, (batch, s_len)),
+  ):
+    pos = attention_lib._as_array(name, pos)
+    _checks.check_positions(name, pos)
+    if tuple(pos.shape) != shape:
+      raise ValueError(
+        f"{name} must have shape {list(shape)} (q/k's [B, T] / [B, S]), got {tuple(pos.shape)}"
+      )
+    if fused and spec.form == "exact":  # its base-256 digits hold positions below max_position only
+      _checks.check_index_range(name, pos, max_position, "AlibiSpec.max_position")
+    positions.append(pos)
+  if fused and spec.form == "rotated" and np.any(slopes <= 0):
+    raise ValueError("the rotated ALiBi emulation needs every slope > 0 (alibi_heads): use form='exact'")
+  return dataclasses.replace(
+    spec,
+    slopes=slopes,
+    q_positions=positions[0],
+    k_positions=positions[1],
+    max_position=int(max_position),
+    order=int(order),
+    theta=theta,
+  )
 
 
 def kernel_length(impl: str, length: int) -> int:
