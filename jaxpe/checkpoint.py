@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from jaxpe import run_guard
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +38,13 @@ class CheckpointError(OSError):
 
 
 def manager(
-  directory: str | Path, *, max_to_keep: int = 2, async_save: bool = False
+  directory: str | Path, *, max_to_keep: int = 2, async_save: bool = False, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """A CheckpointManager over ``directory`` (created if missing), keeping the newest
   ``max_to_keep`` (> 0) checkpoints; each step is a subdirectory named by the step number.
+
+  ``read_only=True`` opens an existing directory for restores only: nothing is created, probed,
+  cleaned up or moved (a read-only directory or filesystem works), and saves are refused.
 
   Saves are synchronous (``save`` returns when the step is on disk) unless ``async_save``: then
   ``save`` returns once the arrays are copied to host memory (the caller may donate or overwrite
@@ -48,16 +54,43 @@ def manager(
   process 0 the metadata.
 
   Raises:
-    CheckpointError: ``directory`` cannot be created or written (checked up front).
+    CheckpointError: ``directory`` cannot be created or written (checked up front; not for
+      ``read_only``); with ``read_only``, ``directory`` is not a directory.
   """
   directory = Path(directory).absolute()
+  if read_only:
+    if not directory.is_dir():
+      raise CheckpointError(f"no checkpoint directory {str(directory)!r}")
+    return ocp.CheckpointManager(
+      directory,
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False, cleanup_tmp_directories=False),
+    )
   check_writable(directory)
+  run_guard.drop_closed_event_loop_noise()  # a failed background write is one CheckpointError, no tracebacks
   return ocp.CheckpointManager(
     directory,
     options=ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
     ),
   )
+
+
+_pending: weakref.WeakKeyDictionary[ocp.CheckpointManager, int] = weakref.WeakKeyDictionary()
+"""The step each manager may still be writing in the background (set by ``save``, cleared by
+``_wait_pending``), so that a failed background write is reported with its own step."""
+
+
+def _wait_pending(mngr: ocp.CheckpointManager, then: str = "") -> None:
+  """Waits for ``mngr``'s pending save; raises its failure naming the step that was being written."""
+  step = _pending.pop(mngr, None)
+  try:
+    with _quiet_orbax():
+      mngr.wait_until_finished()
+  except Exception as e:
+    what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+    raise CheckpointError(
+      f"could not write {what} to {str(mngr.directory)!r} (in the background): {_reason(e)}{then}"
+    ) from e
 
 
 def check_writable(directory: Path) -> None:
@@ -89,6 +122,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     ValueError: orbax's error when ``step`` is already saved.
   """
   directory = Path(mngr.directory)
+  _wait_pending(mngr, f"; step {step} was not saved")  # an earlier background write's failure, by its step
   check_writable(directory)
   _check_space(directory, step, state)
   try:
@@ -102,19 +136,16 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     raise CheckpointError(
       f"could not write checkpoint step {step} to {str(directory)!r}: {_reason(e)}"
     ) from e
+  _pending[mngr] = step
 
 
 def finish(mngr: ocp.CheckpointManager) -> None:
   """Waits until a pending asynchronous save is on disk.
 
   Raises:
-    CheckpointError: the background write failed (naming the directory and the reason).
+    CheckpointError: the background write failed (naming its step, the directory and the reason).
   """
-  try:
-    with _quiet_orbax():
-      mngr.wait_until_finished()
-  except Exception as e:
-    raise CheckpointError(f"could not write a checkpoint to {str(mngr.directory)!r}: {_reason(e)}") from e
+  _wait_pending(mngr)
 
 
 def _check_space(directory: Path, step: int, state: Any) -> None:
@@ -207,7 +238,7 @@ def _damaged(mngr: ocp.CheckpointManager, step: int, why: str) -> tuple[int, str
 
 
 def _move_aside(mngr: ocp.CheckpointManager, steps: list[int]) -> None:
-  if not steps:
+  if not steps or getattr(getattr(mngr, "_options", None), "read_only", False):  # a reader moves nothing
     return
   directory = Path(mngr.directory)
   aside = directory.with_name(directory.name + ".damaged")

@@ -263,7 +263,10 @@ class DataConfig(_Strict):
   """Byte-level text data."""
 
   path: str | None = pydantic.Field(
-    None, description="text file or directory of text files; None = Python stdlib sources"
+    None,
+    min_length=1,
+    description="text file or directory of text files, taken verbatim (no ~ expansion); None = Python "
+    "stdlib sources. ``--data PATH`` sets it without YAML parsing",
   )
   max_bytes: int = pydantic.Field(
     16_000_000,
@@ -311,6 +314,8 @@ class LogicalRules(_Strict):
   @pydantic.model_validator(mode="after")
   def _check_repeats(self) -> LogicalRules:
     for name, axes in self.as_tuple():
+      if axes == ():
+        raise ValueError(f"logical_rules.{name} is an empty list; write null for a replicated dimension")
       if isinstance(axes, tuple) and len(set(axes)) != len(axes):
         raise ValueError(f"logical_rules.{name} names a mesh axis twice: {list(axes)}")
     return self
@@ -346,8 +351,8 @@ class TrainConfig(_Strict):
 
   model: ModelConfig = ModelConfig()
   data: DataConfig = DataConfig()
-  workdir: str = "runs/default"
-  seed: int = 0
+  workdir: str = pydantic.Field("runs/default", min_length=1, description="run directory (not empty)")
+  seed: int = pydantic.Field(0, ge=0, le=2**63 - 1, description="initialisation, batch and sampling seed")
   seq_len: int = pydantic.Field(256, gt=1)
   batch_size: int = pydantic.Field(32, gt=0, description="global batch, split over devices")
   num_steps: int = pydantic.Field(2000, gt=0)
@@ -452,28 +457,38 @@ class TrainConfig(_Strict):
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
   parts = key.split(".")
+  if any(not part for part in parts):
+    raise ValueError(f"override key {key!r} has an empty part (keys look like model.d_model)")
   node = tree
-  for part in parts[:-1]:
+  for i, part in enumerate(parts[:-1]):
     child = node.setdefault(part, {})
     if not isinstance(child, dict):
-      raise ValueError(f"override {key!r}: {part!r} is not a section")
+      raise ValueError(
+        f"override {key!r}: {'.'.join(parts[: i + 1])!r} is given twice (once as a value); give each key once"
+      )
     node = child
+  if parts[-1] in node:
+    raise ValueError(f"override {key!r} is given twice (or inside a section given twice); give each key once")
   node[parts[-1]] = value
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax.
+  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax (``_parse_value``).
 
   Raises:
-    ValueError: an override without ``=`` or with an empty key, or whose value is not valid YAML.
-    A key given twice takes the later value (so scripts can append overrides).
+    ValueError: an override without ``=``, with an empty key or key part (``a..b``), with an empty
+      value (write ``key=null`` for null), whose value is not valid YAML, holds a YAML comment
+      (`` #`` outside quotes: quote the value) or repeats a key, or a key given twice (``a=1 a=2``,
+      or ``model={d_model: 64} model.d_model=32``): each key is given once.
   """
   tree: dict[str, Any] = {}
   for item in overrides:
+    if not isinstance(item, str):
+      raise TypeError(f"overrides must be strings 'key=value', got {type(item).__name__} {item!r}")
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
       raise ValueError(f"override must look like key=value, got {item!r}")
-    _set_dotted(tree, key.strip(), _parse_value(raw))
+    _set_dotted(tree, key.strip(), _parse_value(raw, key.strip()))
   return tree
 
 
@@ -522,10 +537,30 @@ def _load_yaml(text: str, source: str) -> Any:
     raise ValueError(f"{source}{where}: {problem}") from None
 
 
-def _parse_value(raw: str) -> Any:
+def _parse_value(raw: str, key: str = "") -> Any:
   """YAML value syntax, plus unquoted numbers YAML 1.1 reads as strings (``1e-2``); quoted values
-  (``'1e3'``) stay strings."""
-  value = _load_yaml(raw, f"override value {raw!r}") if raw else None
+  (``'1e3'``) stay strings. The value's type is then checked by the schema (strict: ``workdir=1e3``
+  or ``sample_prompt=yes`` are refused, not turned into strings).
+
+  Raises:
+    ValueError: an empty value, invalid YAML, or text after the value that YAML would drop as a
+      comment (``path=my text #2.txt`` would read ``my text``).
+  """
+  where = f"override {key}={raw!r}" if key else f"override value {raw!r}"
+  if not raw.strip():
+    raise ValueError(
+      f"{where} has no value; write {key or 'key'}=null for null or quote an empty string ('')"
+    )
+  value = _load_yaml(raw, where)
+  try:
+    node = yaml.compose(raw, Loader=yaml.SafeLoader)
+  except yaml.YAMLError:  # pragma: no cover (parsed above)
+    node = None
+  if node is None or raw[node.end_mark.index :].strip():
+    raise ValueError(
+      f"{where}: YAML reads the text after ' #' as a comment and drops it; quote the value "
+      f"({key or 'key'}='...') to keep it"
+    )
   if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
     try:
       return float(value)
@@ -544,23 +579,78 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-  """Reads a YAML config (or the defaults), applies ``key=value`` overrides and validates.
+def load_yaml_file(path: str | Path, what: str = "config file") -> dict[str, Any]:
+  """The mapping in the YAML file ``path`` (``{}`` for an empty file).
 
   Raises:
-    FileNotFoundError: ``path`` does not exist.
+    FileNotFoundError: ``path`` is not a file.
+    ValueError: not UTF-8, not valid YAML, a key given twice in one mapping (named with its line),
+      or not a mapping at the top.
+  """
+  path = Path(path)
+  source = f"{what} {str(path)!r}"
+  if not path.is_file():
+    raise FileNotFoundError(f"{source} does not exist")
+  raw = _load_yaml(_read_text(path, source), source)
+  if raw is None:
+    return {}
+  if not isinstance(raw, dict):
+    raise ValueError(f"{source} must hold a mapping, got {type(raw).__name__}")
+  return raw
+
+
+def with_data_path(
+  raw: dict[str, Any], data_path: str | None, *, section: tuple[str, ...] = ()
+) -> dict[str, Any]:
+  """``raw`` with ``data.path`` (under ``section``, e.g. ``("train",)`` for a study) set to
+  ``data_path`` verbatim (``--data``: never YAML-parsed, so ``null``, ``~`` or ``a #2.txt`` are
+  file names). None leaves ``raw`` unchanged.
+
+  Raises:
+    TypeError: ``data_path`` is not a string.
+    ValueError: ``data_path`` is empty, or ``data.path`` is also given as an override.
+    FileNotFoundError: nothing exists at ``data_path`` (named).
+  """
+  if data_path is None:
+    return raw
+  if not isinstance(data_path, str):
+    raise TypeError(f"--data takes a path string, got {type(data_path).__name__}")
+  if not data_path:
+    raise ValueError(
+      "--data got an empty path; give a text file or a directory (leave --data out for the default)"
+    )
+  if not Path(data_path).exists():
+    raise FileNotFoundError(f"--data: data path {data_path!r} does not exist")
+  return _merge(raw, _nest((*section, "data"), {"path": data_path}))
+
+
+def _nest(keys: tuple[str, ...], leaf: dict[str, Any]) -> dict[str, Any]:
+  for key in reversed(keys):
+    leaf = {key: leaf}
+  return leaf
+
+
+def load_config(
+  path: str | Path | None = None, overrides: list[str] = (), *, data_path: str | None = None
+) -> TrainConfig:
+  """Reads a YAML config (or the defaults), applies ``key=value`` overrides and ``data_path``, and validates.
+
+  Args:
+    path: a YAML file of ``TrainConfig`` keys, or None for the defaults.
+    overrides: ``key=value`` strings (``parse_overrides``); each key at most once.
+    data_path: ``--data``: sets ``data.path`` verbatim (``with_data_path``); cannot be combined
+      with a ``data.path=`` override.
+
+  Raises:
+    FileNotFoundError: ``path`` or ``data_path`` does not exist.
     ValueError: an unknown key, a wrong type or an out-of-range value (pydantic's
       ``ValidationError``, a ``ValueError``, names the dotted key); a file that is not UTF-8, not valid YAML or
-      gives a key twice (named with the line).
+      gives a key twice (named with the line); a bad override (``parse_overrides``).
   """
-  raw: dict[str, Any] = {}
-  if path is not None:
-    path = Path(path)
-    if not path.is_file():
-      raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    raw = _load_yaml(_read_text(path, f"config file {str(path)!r}"), f"config file {str(path)!r}") or {}
-    if not isinstance(raw, dict):
-      raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
-  raw = _merge(raw, parse_overrides(list(overrides)))
+  raw: dict[str, Any] = load_yaml_file(path) if path is not None else {}
+  extra = parse_overrides(list(overrides))
+  if data_path is not None and isinstance(extra.get("data"), dict) and "path" in extra["data"]:
+    raise ValueError("--data and the override data.path= both set the data path; give one")
+  raw = with_data_path(_merge(raw, extra), data_path)
   # YAML lists become the schema's tuples in TrainConfig's and LogicalRules' "before" validators.
   return TrainConfig.model_validate(raw)
