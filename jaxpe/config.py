@@ -455,7 +455,7 @@ class TrainConfig(_Strict):
     return self
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, *, unique: bool) -> None:
   parts = key.split(".")
   if any(not part for part in parts):
     raise ValueError(f"override key {key!r} has an empty part (keys look like model.d_model)")
@@ -463,24 +463,35 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
   for i, part in enumerate(parts[:-1]):
     child = node.setdefault(part, {})
     if not isinstance(child, dict):
-      raise ValueError(
-        f"override {key!r}: {'.'.join(parts[: i + 1])!r} is given twice (once as a value); give each key once"
-      )
+      if unique:
+        raise ValueError(
+          f"override {key!r}: {'.'.join(parts[: i + 1])!r} is already given as a value; give each key once"
+        )
+      raise ValueError(f"override {key!r}: {part!r} is not a section")
     node = child
-  if parts[-1] in node:
+  if unique and parts[-1] in node:
     raise ValueError(f"override {key!r} is given twice (or inside a section given twice); give each key once")
   node[parts[-1]] = value
 
 
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+def parse_overrides(overrides: list[str], *, unique: bool = False) -> dict[str, Any]:
   """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax (``_parse_value``).
 
+  Args:
+    overrides: ``key=value`` strings, dotted keys.
+    unique: refuse a key given twice (``a=1 a=2``, or ``model={d_model: 64} model.d_model=32``), as
+      the command lines do; otherwise (the library default, so scripts can layer overrides) a later
+      value replaces an earlier one.
+
   Raises:
+    TypeError: an override that is not a string.
     ValueError: an override without ``=``, with an empty key or key part (``a..b``), with an empty
-      value (write ``key=null`` for null), whose value is not valid YAML, holds a YAML comment
-      (`` #`` outside quotes: quote the value) or repeats a key, or a key given twice (``a=1 a=2``,
-      or ``model={d_model: 64} model.d_model=32``): each key is given once.
+      value (write ``key=null`` for null), whose value is not valid YAML, repeats a key inside a
+      mapping value, or holds a YAML comment (`` #`` outside quotes: quote the value); with
+      ``unique``, a key given twice.
   """
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
   tree: dict[str, Any] = {}
   for item in overrides:
     if not isinstance(item, str):
@@ -488,7 +499,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
       raise ValueError(f"override must look like key=value, got {item!r}")
-    _set_dotted(tree, key.strip(), _parse_value(raw, key.strip()))
+    _set_dotted(tree, key.strip(), _parse_value(raw, key.strip()), unique=unique)
   return tree
 
 
@@ -631,15 +642,21 @@ def _nest(keys: tuple[str, ...], leaf: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(
-  path: str | Path | None = None, overrides: list[str] = (), *, data_path: str | None = None
+  path: str | Path | None = None,
+  overrides: list[str] = (),
+  *,
+  data_path: str | None = None,
+  unique_overrides: bool = False,
 ) -> TrainConfig:
   """Reads a YAML config (or the defaults), applies ``key=value`` overrides and ``data_path``, and validates.
 
   Args:
     path: a YAML file of ``TrainConfig`` keys, or None for the defaults.
-    overrides: ``key=value`` strings (``parse_overrides``); each key at most once.
+    overrides: ``key=value`` strings (``parse_overrides``), applied over the file.
     data_path: ``--data``: sets ``data.path`` verbatim (``with_data_path``); cannot be combined
       with a ``data.path=`` override.
+    unique_overrides: refuse a key given twice in ``overrides`` (the command line); else a later
+      override replaces an earlier one.
 
   Raises:
     FileNotFoundError: ``path`` or ``data_path`` does not exist.
@@ -648,9 +665,84 @@ def load_config(
       gives a key twice (named with the line); a bad override (``parse_overrides``).
   """
   raw: dict[str, Any] = load_yaml_file(path) if path is not None else {}
-  extra = parse_overrides(list(overrides))
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  extra = parse_overrides(list(overrides), unique=unique_overrides)
   if data_path is not None and isinstance(extra.get("data"), dict) and "path" in extra["data"]:
     raise ValueError("--data and the override data.path= both set the data path; give one")
   raw = with_data_path(_merge(raw, extra), data_path)
   # YAML lists become the schema's tuples in TrainConfig's and LogicalRules' "before" validators.
   return TrainConfig.model_validate(raw)
+
+
+STATE_BYTES_PER_PARAM = 16
+"""Training memory per parameter, at the least: float32 parameter, gradient and AdamW's two moments."""
+
+
+def memory_floor_bytes(cfg: TrainConfig) -> tuple[int, int]:
+  """``(parameters, bytes)``: the model's exact parameter count (``nnx.eval_shape``: nothing is
+  allocated) and a lower bound of the bytes a run needs on all devices together: parameters,
+  gradients and AdamW moments (``STATE_BYTES_PER_PARAM`` each), the float32 logits of one
+  micro-batch and their gradient (``2 x 4 B T V`` bytes with B = batch_size / grad_accum_steps) and
+  the end-of-run sample's KV cache (``2 L (prompt + sample_len) K H x 4`` bytes)."""
+  from flax import nnx
+
+  from jaxpe.model import Decoder
+
+  import jax
+
+  m = cfg.model
+
+  def count(layers: int) -> int:  # shapes only; layers are identical, so 1 and 2 layers give the rest
+    small = m.model_copy(update={"num_layers": layers, "scan_layers": False, "remat": "none"})
+    abstract = nnx.eval_shape(lambda: Decoder(small, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+  one = count(1)
+  params = one + (m.num_layers - 1) * (count(2) - one)
+  micro = cfg.batch_size // cfg.grad_accum_steps
+  logits = 2 * 4 * micro * cfg.seq_len * m.vocab_size
+  sample = 0
+  if cfg.sample_len:
+    sample = (
+      2 * m.num_layers * (len(cfg.sample_prompt.encode()) + cfg.sample_len) * m.kv_heads * m.head_size * 4
+    )
+  return params, STATE_BYTES_PER_PARAM * params + logits + sample
+
+
+def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> None:
+  """Refuses a run whose ``memory_floor_bytes`` exceed the memory of all ``devices`` together
+  (default ``jax.devices()``; an accelerator's ``bytes_limit``, the machine's physical memory for
+  CPU devices, counted once), so a huge ``model.*``, ``seq_len``, ``batch_size`` or ``sample_len``
+  is one error instead of an out-of-memory crash (or the kernel's OOM killer) minutes later. A
+  run that passes can still run out of memory (activations, XLA buffers): the check is a floor.
+
+  Raises:
+    ValueError: naming the keys to shrink, the bytes needed at least and the bytes available.
+  """
+  import os
+
+  import jax
+
+  devices = list(jax.devices() if devices is None else devices)
+  available, host_counted = 0, False
+  for d in devices:
+    stats = None
+    try:
+      stats = d.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without memory statistics)
+      stats = None
+    if stats and stats.get("bytes_limit"):
+      available += int(stats["bytes_limit"])
+    elif not host_counted:
+      available += os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+      host_counted = True
+  params, need = memory_floor_bytes(cfg)
+  if need > available:
+    raise ValueError(
+      f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters x {STATE_BYTES_PER_PARAM} B for "
+      f"parameters, gradients and AdamW moments, plus logits of batch_size / grad_accum_steps x seq_len x "
+      f"model.vocab_size and the sample's cache) but the {len(devices)} device(s) have "
+      f"{available / 2**30:,.1f} GiB in all: make model.d_model, model.num_layers, model.mlp_dim, "
+      "model.vocab_size, batch_size, seq_len or sample_len smaller"
+    )

@@ -148,16 +148,18 @@ class StudyConfig(pydantic.BaseModel):
 
 
 def load_study_config(
-  path: str | Path, overrides: list[str] = (), *, data_path: str | None = None
+  path: str | Path, overrides: list[str] = (), *, data_path: str | None = None, unique_overrides: bool = False
 ) -> StudyConfig:
   """Reads a study YAML and applies ``key=value`` overrides (dotted keys, YAML values, e.g.
   ``train.num_steps=50`` or ``encodings=[rope,alibi]``) and ``data_path``.
 
   Args:
     path: the study YAML.
-    overrides: ``key=value`` strings (``jaxpe.config.parse_overrides``); each key at most once.
+    overrides: ``key=value`` strings (``jaxpe.config.parse_overrides``), applied over the file.
     data_path: ``--data``: sets ``train.data.path`` verbatim (never YAML-parsed); cannot be combined
       with a ``train.data.path=`` override.
+    unique_overrides: refuse a key given twice in ``overrides`` (the command line); else a later
+      override replaces an earlier one.
 
   Raises:
     FileNotFoundError: ``path`` or ``data_path`` does not exist.
@@ -165,7 +167,9 @@ def load_study_config(
       not UTF-8, not valid YAML or gives a key twice (named with the line); a bad override.
   """
   raw = load_yaml_file(path, "study config")
-  extra = parse_overrides(list(overrides))
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  extra = parse_overrides(list(overrides), unique=unique_overrides)
   train_extra = extra.get("train") if isinstance(extra.get("train"), dict) else {}
   if data_path is not None and isinstance(train_extra.get("data"), dict) and "path" in train_extra["data"]:
     raise ValueError("--data and the override train.data.path= both set the data path; give one")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from jaxpe import run_guard
-from jaxpe.study import StudyInterrupted, load_study_config, run_study
+from jaxpe.study import StudyInterrupted, load_study_config, model_train_config, run_study
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
   path = args.config or CONFIGS / ("study_quick.yaml" if args.quick else "study.yaml")
 
   def body() -> int:
-    study = load_study_config(path, args.overrides, data_path=args.data)
+    study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
+    from jaxpe.config import check_fits_memory
+
+    for name in study.encodings:  # a model too large for memory is one line before any training
+      check_fits_memory(model_train_config(study, name))
     try:
       run_study(study)
     except StudyInterrupted as e:

@@ -36,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
   args = parser.parse_intermixed_args(argv)
 
-  from jaxpe.config import load_config
+  from jaxpe.config import check_fits_memory, load_config
   from jaxpe.trainer import train
 
   def body() -> int:
-    cfg = load_config(args.config, args.overrides, data_path=args.data)
+    cfg = load_config(args.config, args.overrides, data_path=args.data, unique_overrides=True)
+    check_fits_memory(cfg)  # a huge model, batch or sample is one line, not an out-of-memory crash
     result = train(cfg)
     print(
       f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
