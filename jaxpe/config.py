@@ -685,11 +685,10 @@ def memory_floor_bytes(cfg: TrainConfig) -> tuple[int, int]:
   gradients and AdamW moments (``STATE_BYTES_PER_PARAM`` each), the float32 logits of one
   micro-batch and their gradient (``2 x 4 B T V`` bytes with B = batch_size / grad_accum_steps) and
   the end-of-run sample's KV cache (``2 L (prompt + sample_len) K H x 4`` bytes)."""
+  import jax
   from flax import nnx
 
   from jaxpe.model import Decoder
-
-  import jax
 
   m = cfg.model
 
