@@ -64,6 +64,9 @@ class RopeScalingConfig(_Strict):
     if isinstance(data, dict):
       from jaxpe.rope_scaling import normalize_rope_parameters
 
+      kind = data.get("rope_type", data.get("type"))
+      if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"rope_type must be a string such as 'linear' or 'yarn', got {kind!r}")
       data = normalize_rope_parameters(data)
       data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     return data
@@ -402,6 +405,10 @@ class TrainConfig(_Strict):
   def _old_mesh_shape(cls, data: Any) -> Any:
     if isinstance(data, dict) and isinstance(data.get("mesh_shape"), (list, tuple)):
       shape = tuple(data["mesh_shape"])
+      if len(shape) not in (2, 3):
+        raise ValueError(
+          f"mesh_shape takes 3 sizes (data, fsdp, tensor) or the old 2 (data, model), got {list(shape)}"
+        )
       # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism.
       data = {**data, "mesh_shape": (shape[0], 1, shape[1]) if len(shape) == 2 else shape}
     return data

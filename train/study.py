@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
     from jaxpe.config import check_fits_memory
 
-    for name in study.encodings:  # a model too large for memory is one line before any training
+    # A model too large for memory is one line before any training; the encodings share the
+    # architecture, and learned positions add a table: the first and "learned" are the largest.
+    for name in dict.fromkeys(n for n in study.encodings if n in (study.encodings[0], "learned")):
       check_fits_memory(model_train_config(study, name))
     try:
       run_study(study)
