@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,12 +68,32 @@ def manager(
     )
   check_writable(directory)
   run_guard.drop_closed_event_loop_noise()  # a failed background write is one CheckpointError, no tracebacks
+  if async_save:
+    _quiet_background_failures()
   return ocp.CheckpointManager(
     directory,
     options=ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
     ),
   )
+
+
+class _BackgroundFailureFilter(logging.Filter):
+  """Drops the ERROR records (each with a traceback of dozens of lines) that orbax logs through absl
+  from its background threads when an asynchronous write fails; that failure is raised to the
+  caller by the next ``save`` or ``finish`` as one ``CheckpointError`` naming the step (its
+  ``__cause__`` keeps the details, and ``--debug`` shows them)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    from_orbax = f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in record.pathname
+    background = record.thread != threading.main_thread().ident
+    return not (from_orbax and background and record.levelno >= logging.ERROR)
+
+
+def _quiet_background_failures() -> None:
+  absl = logging.getLogger("absl")
+  if not any(isinstance(f, _BackgroundFailureFilter) for f in absl.filters):
+    absl.addFilter(_BackgroundFailureFilter())
 
 
 _pending: weakref.WeakKeyDictionary[ocp.CheckpointManager, int] = weakref.WeakKeyDictionary()
