@@ -108,10 +108,16 @@ def scan_corpus(path: str | None) -> CorpusFiles:
     return CorpusFiles(p.parent, [p], [])
   files: list[Path] = []
   skipped: list[tuple[Path, str]] = []
-  for dirpath, dirnames, filenames in os.walk(p):
+
+  def unreadable(e: OSError) -> None:  # a folder that cannot be listed
+    skipped.append((Path(e.filename), f"unreadable folder: {e.strerror or e}"))
+
+  for dirpath, dirnames, filenames in os.walk(p, onerror=unreadable):
     for d in sorted(dirnames):
       if d.startswith("."):  # prune hidden folders (.git)
         skipped.append((Path(dirpath) / d, "hidden folder"))
+      elif (Path(dirpath) / d).is_symlink():  # os.walk does not follow them (no loops)
+        skipped.append((Path(dirpath) / d, "link to a folder (not followed)"))
     dirnames[:] = [d for d in dirnames if not d.startswith(".")]
     for name in filenames:
       f = Path(dirpath) / name

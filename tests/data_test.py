@@ -65,6 +65,10 @@ def test_directory_reads_text_by_content_and_skips_hidden_and_binary_files(tmp_p
     "prog": "binary",
     "real.png": "binary",
   }
+  (tmp_path / "linked").symlink_to(tmp_path / "sub", target_is_directory=True)
+  (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+  again = {str(f.relative_to(tmp_path)): why for f, why in data.scan_corpus(str(tmp_path)).skipped}
+  assert again["linked"] == "link to a folder (not followed)" and again["broken"] == "not a regular file"
   with pytest.raises(ValueError, match="binary: a NUL byte"):
     data.corpus_files(str(tmp_path / "prog"))
   # A NUL byte after the first 8 KiB does not make a file binary.
