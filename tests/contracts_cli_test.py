@@ -136,6 +136,36 @@ def test_train_command_line_refuses_in_one_line(train_cli, in_tmp, capsys, monke
   assert re.search(message, err), err
 
 
+# Refused at the start of the run (they depend on the devices: 8 fake CPU devices here), before a step.
+START_ERRORS = [
+  (
+    ["mesh_shape=[3, 1, 1]"],
+    r"mesh_shape \[3, 1, 1\] does not fit 8 devices \(data \* fsdp \* tensor must equal 8",
+  ),
+  (["mesh_shape=[1, 1, 8]"], r"num_heads \(4\) must be divisible by the mesh axes \['tensor'\] \(size 8\)"),
+  (["grad_accum_steps=8"], r"batch_size / grad_accum_steps \(1\) must be divisible by the mesh axes"),
+  (["batch_size=4096"], r"held-out data has [\d]+ bytes, fewer than batch_size \* seq_len"),
+  (
+    ["seq_len=60000", "model.max_len=60000"],
+    r"held-out data has [\d]+ bytes, fewer than batch_size \* seq_len",
+  ),
+]
+
+
+@pytest.mark.parametrize("argv, message", START_ERRORS, ids=[" ".join(a)[:60] for a, _ in START_ERRORS])
+def test_train_refuses_at_start_what_depends_on_devices_and_data(
+  train_cli, tmp_path, text_file, capsys, argv, message
+):
+  base = ["--config", TINY, "--data", text_file, f"workdir={tmp_path / 'w'}", "batch_size=8", "sample_len=0"]
+  base = [a for a in base if a.split("=")[0] not in {b.split("=")[0] for b in argv}]
+  with jax.numpy_dtype_promotion("standard"):
+    assert train_cli.main([*base, *argv]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("train.py: error: ") and err.count("\n") == 1, err
+  assert re.search(message, err), err
+  assert not (tmp_path / "w" / "checkpoints" / "1").exists()
+
+
 STUDY_ERRORS = [
   (["--data", "nope"], r"--data: data path 'nope' does not exist"),
   (["--data", "null", "train.data.path=x"], r"--data and the override train\.data\.path= both set"),
