@@ -62,10 +62,18 @@ def manager(
   if read_only:
     if not directory.is_dir():
       raise CheckpointError(f"no checkpoint directory {str(directory)!r}")
-    return ocp.CheckpointManager(
-      directory,
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False, cleanup_tmp_directories=False),
-    )
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a reader's directory is read-only: it is meant to be
+    try:
+      return ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False, cleanup_tmp_directories=False, save_interval_steps=0
+        ),
+      )
+    finally:
+      absl.setLevel(level)
   check_writable(directory)
   run_guard.drop_closed_event_loop_noise()  # a failed background write is one CheckpointError, no tracebacks
   if async_save:

@@ -339,6 +339,36 @@ def test_no_intact_checkpoint_is_an_error_naming_each_step(tmp_path, small_check
   assert not (tmp_path / "checkpoints.damaged").exists()
 
 
+_READ_ONLY = """
+import sys
+from jaxpe import study
+from jaxpe.config import load_config
+params = study.trained_params(load_config(sys.argv[1], sys.argv[2:]))
+print(len(params), "arrays")
+"""
+
+
+def test_a_read_only_checkpoint_directory_is_read_without_writing(tmp_path, saved_run, text_file):
+  # Was "cannot write checkpoints to ...: Permission denied": the write probe ran for reads too.
+  run = tmp_path / "run"
+  shutil.copytree(saved_run, run)
+  subprocess.run(["chmod", "-R", "a-w", str(run)], check=True)
+  before = sorted((str(p), p.stat().st_mtime_ns) for p in run.rglob("*"))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  args = _args(run, text_file, "num_steps=4", "checkpoint_every=2")
+  proc = subprocess.run(
+    [sys.executable, "-c", _READ_ONLY, *args[1:]],
+    env=env,
+    capture_output=True,
+    text=True,
+    preexec_fn=_drop_dac_override,
+    timeout=600,
+  )
+  assert proc.returncode == 0 and proc.stdout.endswith(" arrays\n") and proc.stderr == "", proc.stderr
+  assert sorted((str(p), p.stat().st_mtime_ns) for p in run.rglob("*")) == before
+  subprocess.run(["chmod", "-R", "u+w", str(run)], check=True)
+
+
 def test_resume_after_damage_redoes_the_lost_steps_identically(tmp_path, saved_run, text_file):
   run = tmp_path / "run"
   shutil.copytree(saved_run, run)
