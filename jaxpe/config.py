@@ -723,6 +723,9 @@ def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> Non
   is one error instead of an out-of-memory crash (or the kernel's OOM killer) minutes later. A
   run that passes can still run out of memory (activations, XLA buffers): the check is a floor.
 
+  Listing the devices starts JAX's backends: in a multi-process run call
+  ``jaxpe.sharding.initialize_distributed`` first (the command lines do).
+
   Raises:
     ValueError: naming the keys to shrink, the bytes needed at least and the bytes available.
   """
@@ -730,7 +733,7 @@ def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> Non
 
   import jax
 
-  devices = list(jax.devices() if devices is None else devices)
+  devices = list(jax.devices() if devices is None else devices)  # after jax.distributed.initialize, if any
   available, host_counted = 0, False
   for d in devices:
     stats = None

@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
   def body() -> int:
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
+    from jaxpe import sharding
     from jaxpe.config import check_fits_memory
+
+    sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
 
     # A model too large for memory is one line before any training; the encodings share the
     # architecture, and learned positions add a table: the first and "learned" are the largest.

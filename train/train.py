@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
   def body() -> int:
     cfg = load_config(args.config, args.overrides, data_path=args.data, unique_overrides=True)
+    from jaxpe import sharding
+
+    # Multi-process runs start JAX's runtime before any other JAX use (the memory check lists the
+    # devices); trainer.train's own call is then a no-op.
+    sharding.initialize_distributed(cfg.distributed)
     check_fits_memory(cfg)  # a huge model, batch or sample is one line, not an out-of-memory crash
     result = train(cfg)
     print(
