@@ -2,8 +2,11 @@
 
 Both are frozen pydantic models that forbid unknown keys and coerce nothing silently (strict
 types, ints accepted for floats), so a YAML typo or a wrong type is an error naming the key.
-YAML files in ``configs/`` are read by ``load_config``; ``key=value`` overrides use dotted keys
-(``model.d_model=64``) and YAML value syntax.
+YAML files in ``configs/`` are read by ``load_config`` (a key given twice is refused);
+``key=value`` overrides use dotted keys (``model.d_model=64``) and YAML value syntax (an empty value
+or a value YAML would cut at a `` #`` comment is refused; the command lines also refuse a key given
+twice); ``--data`` sets ``data.path`` verbatim (``with_data_path``). ``check_fits_memory`` refuses
+a run too large for the devices. The contract of every key: docs/contracts.md.
 """
 
 from __future__ import annotations
