@@ -19,6 +19,8 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from jaxpe import run_guard
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +39,13 @@ class CheckpointError(OSError):
 
 
 def manager(
-  directory: str | Path, *, max_to_keep: int = 2, async_save: bool = False
+  directory: str | Path, *, max_to_keep: int = 2, async_save: bool = False, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """A CheckpointManager over ``directory`` (created if missing), keeping the newest
   ``max_to_keep`` (> 0) checkpoints; each step is a subdirectory named by the step number.
+
+  ``read_only=True`` opens an existing directory for restores only: nothing is created, probed,
+  cleaned up or moved (a read-only directory or filesystem works), and saves are refused.
 
   Saves are synchronous (``save`` returns when the step is on disk) unless ``async_save``: then
   ``save`` returns once the arrays are copied to host memory (the caller may donate or overwrite
@@ -48,16 +55,71 @@ def manager(
   process 0 the metadata.
 
   Raises:
-    CheckpointError: ``directory`` cannot be created or written (checked up front).
+    CheckpointError: ``directory`` cannot be created or written (checked up front; not for
+      ``read_only``); with ``read_only``, ``directory`` is not a directory.
   """
   directory = Path(directory).absolute()
+  if read_only:
+    if not directory.is_dir():
+      raise CheckpointError(f"no checkpoint directory {str(directory)!r}")
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a reader's directory is read-only: it is meant to be
+    try:
+      return ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False, cleanup_tmp_directories=False, save_interval_steps=0
+        ),
+      )
+    finally:
+      absl.setLevel(level)
   check_writable(directory)
+  run_guard.drop_closed_event_loop_noise()  # a failed background write is one CheckpointError, no tracebacks
+  if async_save:
+    _quiet_background_failures()
   return ocp.CheckpointManager(
     directory,
     options=ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
     ),
   )
+
+
+class _BackgroundFailureFilter(logging.Filter):
+  """Drops the ERROR records (each with a traceback of dozens of lines) that orbax logs through absl
+  from its background threads when an asynchronous write fails; that failure is raised to the
+  caller by the next ``save`` or ``finish`` as one ``CheckpointError`` naming the step (its
+  ``__cause__`` keeps the details, and ``--debug`` shows them)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    from_orbax = f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in record.pathname
+    background = record.thread != threading.main_thread().ident
+    return not (from_orbax and background and record.levelno >= logging.ERROR)
+
+
+def _quiet_background_failures() -> None:
+  absl = logging.getLogger("absl")
+  if not any(isinstance(f, _BackgroundFailureFilter) for f in absl.filters):
+    absl.addFilter(_BackgroundFailureFilter())
+
+
+_pending: weakref.WeakKeyDictionary[ocp.CheckpointManager, int] = weakref.WeakKeyDictionary()
+"""The step each manager may still be writing in the background (set by ``save``, cleared by
+``_wait_pending``), so that a failed background write is reported with its own step."""
+
+
+def _wait_pending(mngr: ocp.CheckpointManager, then: str = "") -> None:
+  """Waits for ``mngr``'s pending save; raises its failure naming the step that was being written."""
+  step = _pending.pop(mngr, None)
+  try:
+    with _quiet_orbax():
+      mngr.wait_until_finished()
+  except Exception as e:
+    what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+    raise CheckpointError(
+      f"could not write {what} to {str(mngr.directory)!r} (in the background): {_reason(e)}{then}"
+    ) from e
 
 
 def check_writable(directory: Path) -> None:
@@ -89,6 +151,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     ValueError: orbax's error when ``step`` is already saved.
   """
   directory = Path(mngr.directory)
+  _wait_pending(mngr, f"; step {step} was not saved")  # an earlier background write's failure, by its step
   check_writable(directory)
   _check_space(directory, step, state)
   try:
@@ -102,19 +165,16 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     raise CheckpointError(
       f"could not write checkpoint step {step} to {str(directory)!r}: {_reason(e)}"
     ) from e
+  _pending[mngr] = step
 
 
 def finish(mngr: ocp.CheckpointManager) -> None:
   """Waits until a pending asynchronous save is on disk.
 
   Raises:
-    CheckpointError: the background write failed (naming the directory and the reason).
+    CheckpointError: the background write failed (naming its step, the directory and the reason).
   """
-  try:
-    with _quiet_orbax():
-      mngr.wait_until_finished()
-  except Exception as e:
-    raise CheckpointError(f"could not write a checkpoint to {str(mngr.directory)!r}: {_reason(e)}") from e
+  _wait_pending(mngr)
 
 
 def _check_space(directory: Path, step: int, state: Any) -> None:
@@ -207,7 +267,7 @@ def _damaged(mngr: ocp.CheckpointManager, step: int, why: str) -> tuple[int, str
 
 
 def _move_aside(mngr: ocp.CheckpointManager, steps: list[int]) -> None:
-  if not steps:
+  if not steps or getattr(getattr(mngr, "_options", None), "read_only", False):  # a reader moves nothing
     return
   directory = Path(mngr.directory)
   aside = directory.with_name(directory.name + ".damaged")

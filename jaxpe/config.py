@@ -2,8 +2,11 @@
 
 Both are frozen pydantic models that forbid unknown keys and coerce nothing silently (strict
 types, ints accepted for floats), so a YAML typo or a wrong type is an error naming the key.
-YAML files in ``configs/`` are read by ``load_config``; ``key=value`` overrides use dotted keys
-(``model.d_model=64``) and YAML value syntax.
+YAML files in ``configs/`` are read by ``load_config`` (a key given twice is refused);
+``key=value`` overrides use dotted keys (``model.d_model=64``) and YAML value syntax (an empty value
+or a value YAML would cut at a `` #`` comment is refused; the command lines also refuse a key given
+twice); ``--data`` sets ``data.path`` verbatim (``with_data_path``). ``check_fits_memory`` refuses
+a run too large for the devices. The contract of every key: docs/contracts.md.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class RopeScalingConfig(_Strict):
     if isinstance(data, dict):
       from jaxpe.rope_scaling import normalize_rope_parameters
 
+      kind = data.get("rope_type", data.get("type"))
+      if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"rope_type must be a string such as 'linear' or 'yarn', got {kind!r}")
       data = normalize_rope_parameters(data)
       data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     return data
@@ -263,7 +269,10 @@ class DataConfig(_Strict):
   """Byte-level text data."""
 
   path: str | None = pydantic.Field(
-    None, description="text file or directory of text files; None = Python stdlib sources"
+    None,
+    min_length=1,
+    description="text file or directory of text files, taken verbatim (no ~ expansion); None = Python "
+    "stdlib sources. ``--data PATH`` sets it without YAML parsing",
   )
   max_bytes: int = pydantic.Field(
     16_000_000,
@@ -311,6 +320,8 @@ class LogicalRules(_Strict):
   @pydantic.model_validator(mode="after")
   def _check_repeats(self) -> LogicalRules:
     for name, axes in self.as_tuple():
+      if axes == ():
+        raise ValueError(f"logical_rules.{name} is an empty list; write null for a replicated dimension")
       if isinstance(axes, tuple) and len(set(axes)) != len(axes):
         raise ValueError(f"logical_rules.{name} names a mesh axis twice: {list(axes)}")
     return self
@@ -346,8 +357,8 @@ class TrainConfig(_Strict):
 
   model: ModelConfig = ModelConfig()
   data: DataConfig = DataConfig()
-  workdir: str = "runs/default"
-  seed: int = 0
+  workdir: str = pydantic.Field("runs/default", min_length=1, description="run directory (not empty)")
+  seed: int = pydantic.Field(0, ge=0, le=2**63 - 1, description="initialisation, batch and sampling seed")
   seq_len: int = pydantic.Field(256, gt=1)
   batch_size: int = pydantic.Field(32, gt=0, description="global batch, split over devices")
   num_steps: int = pydantic.Field(2000, gt=0)
@@ -397,6 +408,10 @@ class TrainConfig(_Strict):
   def _old_mesh_shape(cls, data: Any) -> Any:
     if isinstance(data, dict) and isinstance(data.get("mesh_shape"), (list, tuple)):
       shape = tuple(data["mesh_shape"])
+      if len(shape) not in (2, 3):
+        raise ValueError(
+          f"mesh_shape takes 3 sizes (data, fsdp, tensor) or the old 2 (data, model), got {list(shape)}"
+        )
       # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism.
       data = {**data, "mesh_shape": (shape[0], 1, shape[1]) if len(shape) == 2 else shape}
     return data
@@ -450,30 +465,51 @@ class TrainConfig(_Strict):
     return self
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, *, unique: bool) -> None:
   parts = key.split(".")
+  if any(not part for part in parts):
+    raise ValueError(f"override key {key!r} has an empty part (keys look like model.d_model)")
   node = tree
-  for part in parts[:-1]:
+  for i, part in enumerate(parts[:-1]):
     child = node.setdefault(part, {})
     if not isinstance(child, dict):
+      if unique:
+        raise ValueError(
+          f"override {key!r}: {'.'.join(parts[: i + 1])!r} is already given as a value; give each key once"
+        )
       raise ValueError(f"override {key!r}: {part!r} is not a section")
     node = child
+  if unique and parts[-1] in node:
+    raise ValueError(f"override {key!r} is given twice (or inside a section given twice); give each key once")
   node[parts[-1]] = value
 
 
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax.
+def parse_overrides(overrides: list[str], *, unique: bool = False) -> dict[str, Any]:
+  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax (``_parse_value``).
+
+  Args:
+    overrides: ``key=value`` strings, dotted keys.
+    unique: refuse a key given twice (``a=1 a=2``, or ``model={d_model: 64} model.d_model=32``), as
+      the command lines do; otherwise (the library default, so scripts can layer overrides) a later
+      value replaces an earlier one.
 
   Raises:
-    ValueError: an override without ``=`` or with an empty key, or whose value is not valid YAML.
-    A key given twice takes the later value (so scripts can append overrides).
+    TypeError: an override that is not a string.
+    ValueError: an override without ``=``, with an empty key or key part (``a..b``), with an empty
+      value (write ``key=null`` for null), whose value is not valid YAML, repeats a key inside a
+      mapping value, or holds a YAML comment (`` #`` outside quotes: quote the value); with
+      ``unique``, a key given twice.
   """
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
   tree: dict[str, Any] = {}
   for item in overrides:
+    if not isinstance(item, str):
+      raise TypeError(f"overrides must be strings 'key=value', got {type(item).__name__} {item!r}")
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
       raise ValueError(f"override must look like key=value, got {item!r}")
-    _set_dotted(tree, key.strip(), _parse_value(raw))
+    _set_dotted(tree, key.strip(), _parse_value(raw, key.strip()), unique=unique)
   return tree
 
 
@@ -522,10 +558,30 @@ def _load_yaml(text: str, source: str) -> Any:
     raise ValueError(f"{source}{where}: {problem}") from None
 
 
-def _parse_value(raw: str) -> Any:
+def _parse_value(raw: str, key: str = "") -> Any:
   """YAML value syntax, plus unquoted numbers YAML 1.1 reads as strings (``1e-2``); quoted values
-  (``'1e3'``) stay strings."""
-  value = _load_yaml(raw, f"override value {raw!r}") if raw else None
+  (``'1e3'``) stay strings. The value's type is then checked by the schema (strict: ``workdir=1e3``
+  or ``sample_prompt=yes`` are refused, not turned into strings).
+
+  Raises:
+    ValueError: an empty value, invalid YAML, or text after the value that YAML would drop as a
+      comment (``path=my text #2.txt`` would read ``my text``).
+  """
+  where = f"override {key}={raw!r}" if key else f"override value {raw!r}"
+  if not raw.strip():
+    raise ValueError(
+      f"{where} has no value; write {key or 'key'}=null for null or quote an empty string ('')"
+    )
+  value = _load_yaml(raw, where)
+  try:
+    node = yaml.compose(raw, Loader=yaml.SafeLoader)
+  except yaml.YAMLError:  # pragma: no cover (parsed above)
+    node = None
+  if node is None or raw[node.end_mark.index :].strip():
+    raise ValueError(
+      f"{where}: YAML reads the text after ' #' as a comment and drops it; quote the value "
+      f"({key or 'key'}='...') to keep it"
+    )
   if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
     try:
       return float(value)
@@ -544,23 +600,161 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-  """Reads a YAML config (or the defaults), applies ``key=value`` overrides and validates.
+def load_yaml_file(path: str | Path, what: str = "config file") -> dict[str, Any]:
+  """The mapping in the YAML file ``path`` (``{}`` for an empty file).
 
   Raises:
-    FileNotFoundError: ``path`` does not exist.
+    FileNotFoundError: ``path`` is not a file.
+    ValueError: not UTF-8, not valid YAML, a key given twice in one mapping (named with its line),
+      or not a mapping at the top.
+  """
+  path = Path(path)
+  source = f"{what} {str(path)!r}"
+  if not path.is_file():
+    raise FileNotFoundError(f"{source} does not exist")
+  raw = _load_yaml(_read_text(path, source), source)
+  if raw is None:
+    return {}
+  if not isinstance(raw, dict):
+    raise ValueError(f"{source} must hold a mapping, got {type(raw).__name__}")
+  return raw
+
+
+def with_data_path(
+  raw: dict[str, Any], data_path: str | None, *, section: tuple[str, ...] = ()
+) -> dict[str, Any]:
+  """``raw`` with ``data.path`` (under ``section``, e.g. ``("train",)`` for a study) set to
+  ``data_path`` verbatim (``--data``: never YAML-parsed, so ``null``, ``~`` or ``a #2.txt`` are
+  file names). None leaves ``raw`` unchanged.
+
+  Raises:
+    TypeError: ``data_path`` is not a string.
+    ValueError: ``data_path`` is empty, or ``data.path`` is also given as an override.
+    FileNotFoundError: nothing exists at ``data_path`` (named).
+  """
+  if data_path is None:
+    return raw
+  if not isinstance(data_path, str):
+    raise TypeError(f"--data takes a path string, got {type(data_path).__name__}")
+  if not data_path:
+    raise ValueError(
+      "--data got an empty path; give a text file or a directory (leave --data out for the default)"
+    )
+  if not Path(data_path).exists():
+    raise FileNotFoundError(f"--data: data path {data_path!r} does not exist")
+  return _merge(raw, _nest((*section, "data"), {"path": data_path}))
+
+
+def _nest(keys: tuple[str, ...], leaf: dict[str, Any]) -> dict[str, Any]:
+  for key in reversed(keys):
+    leaf = {key: leaf}
+  return leaf
+
+
+def load_config(
+  path: str | Path | None = None,
+  overrides: list[str] = (),
+  *,
+  data_path: str | None = None,
+  unique_overrides: bool = False,
+) -> TrainConfig:
+  """Reads a YAML config (or the defaults), applies ``key=value`` overrides and ``data_path``, and validates.
+
+  Args:
+    path: a YAML file of ``TrainConfig`` keys, or None for the defaults.
+    overrides: ``key=value`` strings (``parse_overrides``), applied over the file.
+    data_path: ``--data``: sets ``data.path`` verbatim (``with_data_path``); cannot be combined
+      with a ``data.path=`` override.
+    unique_overrides: refuse a key given twice in ``overrides`` (the command line); else a later
+      override replaces an earlier one.
+
+  Raises:
+    FileNotFoundError: ``path`` or ``data_path`` does not exist.
     ValueError: an unknown key, a wrong type or an out-of-range value (pydantic's
       ``ValidationError``, a ``ValueError``, names the dotted key); a file that is not UTF-8, not valid YAML or
-      gives a key twice (named with the line).
+      gives a key twice (named with the line); a bad override (``parse_overrides``).
   """
-  raw: dict[str, Any] = {}
-  if path is not None:
-    path = Path(path)
-    if not path.is_file():
-      raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    raw = _load_yaml(_read_text(path, f"config file {str(path)!r}"), f"config file {str(path)!r}") or {}
-    if not isinstance(raw, dict):
-      raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
-  raw = _merge(raw, parse_overrides(list(overrides)))
+  raw: dict[str, Any] = load_yaml_file(path) if path is not None else {}
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  extra = parse_overrides(list(overrides), unique=unique_overrides)
+  if data_path is not None and isinstance(extra.get("data"), dict) and "path" in extra["data"]:
+    raise ValueError("--data and the override data.path= both set the data path; give one")
+  raw = with_data_path(_merge(raw, extra), data_path)
   # YAML lists become the schema's tuples in TrainConfig's and LogicalRules' "before" validators.
   return TrainConfig.model_validate(raw)
+
+
+STATE_BYTES_PER_PARAM = 16
+"""Training memory per parameter, at the least: float32 parameter, gradient and AdamW's two moments."""
+
+
+def memory_floor_bytes(cfg: TrainConfig) -> tuple[int, int]:
+  """``(parameters, bytes)``: the model's exact parameter count (``nnx.eval_shape``: nothing is
+  allocated) and a lower bound of the bytes a run needs on all devices together: parameters,
+  gradients and AdamW moments (``STATE_BYTES_PER_PARAM`` each), the float32 logits of one
+  micro-batch and their gradient (``2 x 4 B T V`` bytes with B = batch_size / grad_accum_steps) and
+  the end-of-run sample's KV cache (``2 L (prompt + sample_len) K H x 4`` bytes)."""
+  import jax
+  from flax import nnx
+
+  from jaxpe.model import Decoder
+
+  m = cfg.model
+
+  def count(layers: int) -> int:  # shapes only; layers are identical, so 1 and 2 layers give the rest
+    small = m.model_copy(update={"num_layers": layers, "scan_layers": False, "remat": "none"})
+    abstract = nnx.eval_shape(lambda: Decoder(small, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+  one = count(1)
+  params = one + (m.num_layers - 1) * (count(2) - one)
+  micro = cfg.batch_size // cfg.grad_accum_steps
+  logits = 2 * 4 * micro * cfg.seq_len * m.vocab_size
+  sample = 0
+  if cfg.sample_len:
+    sample = (
+      2 * m.num_layers * (len(cfg.sample_prompt.encode()) + cfg.sample_len) * m.kv_heads * m.head_size * 4
+    )
+  return params, STATE_BYTES_PER_PARAM * params + logits + sample
+
+
+def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> None:
+  """Refuses a run whose ``memory_floor_bytes`` exceed the memory of all ``devices`` together
+  (default ``jax.devices()``; an accelerator's ``bytes_limit``, the machine's physical memory for
+  CPU devices, counted once), so a huge ``model.*``, ``seq_len``, ``batch_size`` or ``sample_len``
+  is one error instead of an out-of-memory crash (or the kernel's OOM killer) minutes later. A
+  run that passes can still run out of memory (activations, XLA buffers): the check is a floor.
+
+  Listing the devices starts JAX's backends: in a multi-process run call
+  ``jaxpe.sharding.initialize_distributed`` first (the command lines do).
+
+  Raises:
+    ValueError: naming the keys to shrink, the bytes needed at least and the bytes available.
+  """
+  import os
+
+  import jax
+
+  devices = list(jax.devices() if devices is None else devices)  # after jax.distributed.initialize, if any
+  available, host_counted = 0, False
+  for d in devices:
+    stats = None
+    try:
+      stats = d.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without memory statistics)
+      stats = None
+    if stats and stats.get("bytes_limit"):
+      available += int(stats["bytes_limit"])
+    elif not host_counted:
+      available += os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+      host_counted = True
+  params, need = memory_floor_bytes(cfg)
+  if need > available:
+    raise ValueError(
+      f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters x {STATE_BYTES_PER_PARAM} B for "
+      f"parameters, gradients and AdamW moments, plus logits of batch_size / grad_accum_steps x seq_len x "
+      f"model.vocab_size and the sample's cache) but the {len(devices)} device(s) have "
+      f"{available / 2**30:,.1f} GiB in all: make model.d_model, model.num_layers, model.mlp_dim, "
+      "model.vocab_size, batch_size, seq_len or sample_len smaller"
+    )

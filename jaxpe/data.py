@@ -6,6 +6,7 @@ sources (found through ``sysconfig``), present on every machine with Python.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import math
 import os
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", "")
-"""Suffixes read from a data directory ("" keeps suffix-less text such as README and LICENSE)."""
 BINARY_SNIFF_BYTES = 8192
-"""A file with a NUL byte in its first this many bytes is binary and skipped."""
+"""How many leading bytes of a file decide whether it is text (``is_binary``)."""
+CONTROL_SHARE = 0.1
+"""A file whose first bytes are not UTF-8 is binary when more than this share of them are control
+bytes (below 0x20 other than tab, newline, carriage return, form feed, backspace, escape; or 0x7f)."""
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\b\x1b")
 
 
 def stdlib_files() -> list[Path]:
@@ -29,55 +32,187 @@ def stdlib_files() -> list[Path]:
   )
 
 
-def is_binary(path: Path) -> bool:
-  """True when the first ``BINARY_SNIFF_BYTES`` bytes of ``path`` contain a NUL byte."""
-  with path.open("rb") as f:
-    return b"\0" in f.read(BINARY_SNIFF_BYTES)
+def binary_reason(path: Path) -> str | None:
+  """Why ``path`` is not text, or None for text; decided by content, never by name or suffix.
 
-
-def corpus_files(path: str | None) -> tuple[Path, list[Path]]:
-  """``(root, files)`` for ``--data PATH`` (a text file or a directory of text files), or the stdlib.
-
-  In a directory, files are found recursively and kept when their suffix is in ``TEXT_SUFFIXES``,
-  no component of their path below the directory starts with ``"."`` (hidden files and folders
-  such as ``.git`` are skipped) and they are not binary (``is_binary``). Files are sorted.
+  Looks at the first ``BINARY_SNIFF_BYTES`` bytes: a NUL byte makes a file binary (images, archives,
+  compiled code); otherwise UTF-8 text is text, and other bytes (Latin-1 text, say) are text unless
+  more than ``CONTROL_SHARE`` of them are control bytes. An empty file is text.
 
   Raises:
+    OSError: ``path`` cannot be read.
+  """
+  with path.open("rb") as f:
+    head = f.read(BINARY_SNIFF_BYTES)
+  if b"\0" in head:
+    return f"binary: a NUL byte in its first {BINARY_SNIFF_BYTES} bytes"
+  try:
+    codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a cut character at the end is fine
+    return None
+  except UnicodeDecodeError:
+    pass
+  controls = sum(1 for b in head if (b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7F)
+  if controls > CONTROL_SHARE * len(head):
+    return f"binary: not UTF-8 and {controls / len(head):.0%} control bytes in its first {len(head)} bytes"
+  return None
+
+
+def is_binary(path: Path) -> bool:
+  """True when ``binary_reason(path)`` gives a reason (a NUL byte, or not UTF-8 and mostly control
+  bytes, in the first ``BINARY_SNIFF_BYTES`` bytes)."""
+  return binary_reason(path) is not None
+
+
+@dataclass(frozen=True)
+class CorpusFiles:
+  """What a data path holds: ``root`` (a directory, or a single file's parent), the text ``files``
+  (sorted) and the ``skipped`` ones as ``(path, reason)`` (hidden, binary, unreadable, not a regular
+  file), sorted by path."""
+
+  root: Path
+  files: list[Path]
+  skipped: list[tuple[Path, str]]
+
+
+def scan_corpus(path: str | None) -> CorpusFiles:
+  """The text files of ``--data PATH`` (a text file or a directory), or of the stdlib (None).
+
+  ``path`` is taken verbatim (no ``~`` expansion, no YAML). In a directory, files are found
+  recursively; a file is skipped, with its reason, when a component of its path below the directory
+  starts with ``"."`` (hidden files and folders such as ``.git``: pruned, reported as one entry
+  per hidden folder), when it is binary (``binary_reason``, by content: any name or suffix is read
+  when its bytes are text), unreadable, or not a regular file (sockets, broken links).
+
+  Raises:
+    TypeError: ``path`` is not a string or None.
+    ValueError: ``path`` is empty, a binary file, or a directory without text files (the skipped
+      files counted by reason).
     FileNotFoundError: ``path`` does not exist.
-    ValueError: ``path`` is a binary file, or a directory without text files.
+    OSError: a single-file ``path`` cannot be read.
   """
   if path is None:
-    return Path(sysconfig.get_paths()["stdlib"]), stdlib_files()
+    return CorpusFiles(Path(sysconfig.get_paths()["stdlib"]), stdlib_files(), [])
+  if not isinstance(path, str):
+    raise TypeError(f"data path must be a string, got {type(path).__name__}")
+  if not path:
+    raise ValueError("data path is empty; give a text file or a directory")
   p = Path(path)
   if not p.exists():
     raise FileNotFoundError(f"data path {str(p)!r} does not exist")
-  if p.is_file():
-    if is_binary(p):
-      raise ValueError(f"data path {str(p)!r} is binary (a NUL byte in its first {BINARY_SNIFF_BYTES} bytes)")
-    return p.parent, [p]
-  files = []
-  for dirpath, dirnames, filenames in os.walk(p):
-    dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # prune hidden folders (.git)
+  if not p.is_dir():
+    if not p.is_file():
+      raise ValueError(f"data path {str(p)!r} is not a regular file or a directory")
+    reason = binary_reason(p)
+    if reason:
+      raise ValueError(f"data path {str(p)!r} is {reason}")
+    return CorpusFiles(p.parent, [p], [])
+  files: list[Path] = []
+  skipped: list[tuple[Path, str]] = []
+
+  def unreadable(e: OSError) -> None:  # a folder that cannot be listed
+    skipped.append((Path(e.filename), f"unreadable folder: {e.strerror or e}"))
+
+  for dirpath, dirnames, filenames in os.walk(p, onerror=unreadable):
+    for d in sorted(dirnames):
+      if d.startswith("."):  # prune hidden folders (.git)
+        skipped.append((Path(dirpath) / d, "hidden folder"))
+      elif (Path(dirpath) / d).is_symlink():  # os.walk does not follow them (no loops)
+        skipped.append((Path(dirpath) / d, "link to a folder (not followed)"))
+    dirnames[:] = [d for d in dirnames if not d.startswith(".")]
     for name in filenames:
       f = Path(dirpath) / name
-      if not name.startswith(".") and f.suffix.lower() in TEXT_SUFFIXES and f.is_file() and not is_binary(f):
+      if name.startswith("."):
+        skipped.append((f, "hidden"))
+        continue
+      if not f.is_file():
+        skipped.append((f, "not a regular file"))
+        continue
+      try:
+        reason = binary_reason(f)
+      except OSError as e:
+        reason = f"unreadable: {e.strerror or e}"
+      if reason:
+        skipped.append((f, reason))
+      else:
         files.append(f)
   files.sort()
+  skipped.sort()
   if not files:
     raise ValueError(
-      f"data path {str(p)!r} holds no text files (suffixes {TEXT_SUFFIXES}, not hidden, no NUL bytes)"
+      f"data path {str(p)!r} holds no text files ({_skip_summary(p, skipped) or 'it is empty'})"
     )
-  return p, files
+  return CorpusFiles(p, files, skipped)
+
+
+def corpus_files(path: str | None) -> tuple[Path, list[Path]]:
+  """``(root, files)`` of ``scan_corpus(path)``: the sorted text files of a data path.
+
+  Raises:
+    see ``scan_corpus``.
+  """
+  found = scan_corpus(path)
+  return found.root, found.files
+
+
+def _short_list(root: Path, paths: list[Path], n: int = 3) -> str:
+  names = [str(f.relative_to(root)) if f.is_relative_to(root) else str(f) for f in paths[:n]]
+  return ", ".join(names) + (f", ... ({len(paths) - n} more)" if len(paths) > n else "")
+
+
+def _skip_summary(root: Path, skipped: list[tuple[Path, str]]) -> str:
+  """``"skipped 3: 2 hidden (.env, x/.a), 1 binary (a.png)"`` (kinds: hidden, hidden folder, binary,
+  unreadable, not a regular file), or ``""``."""
+  if not skipped:
+    return ""
+  groups: dict[str, list[Path]] = {}
+  for f, why in skipped:
+    groups.setdefault(why.split(":")[0], []).append(f)
+  parts = [f"{len(items)} {kind} ({_short_list(root, items)})" for kind, items in groups.items()]
+  return f"skipped {len(skipped)}: " + ", ".join(parts)
 
 
 @dataclass(frozen=True)
 class Corpus:
   """Train and held-out byte streams: ``train [n_train]`` and ``eval [n_eval]`` uint8 (bytes are
-  tokens); ``num_files`` files were found."""
+  tokens); ``num_files`` text files were found.
+
+  Where the bytes came from: ``train_files`` / ``held_files`` are the files read into each side
+  (``(path, bytes read)``, in reading order; for a single file both name it), ``unread`` the text
+  files not read because ``max_bytes`` was reached, ``skipped`` the ``(path, reason)`` of files
+  that are not text (``scan_corpus``), ``root`` the data directory (``where`` names the data path).
+  ``describe()`` says all of it in a few lines.
+  """
 
   train: np.ndarray
   eval: np.ndarray
   num_files: int
+  where: str = ""
+  root: Path | None = None
+  train_files: tuple[tuple[Path, int], ...] = ()
+  held_files: tuple[tuple[Path, int], ...] = ()
+  unread: tuple[Path, ...] = ()
+  skipped: tuple[tuple[Path, str], ...] = ()
+
+  def describe(self) -> str:
+    """Lines for the start of a run: the data path, the text files found, the bytes and files (a
+    short list) on each side, the files not read (``data.max_bytes``) and the skipped ones by reason."""
+    root = self.root or Path(".")
+    lines = [f"data: {self.where}: {self.num_files} text file{'s' * (self.num_files != 1)}"]
+    for side, arr, files in (
+      ("training", self.train, self.train_files),
+      ("held-out", self.eval, self.held_files),
+    ):
+      lines.append(
+        f"  {side}: {arr.size:,} bytes from {len(files)} file{'s' * (len(files) != 1)} "
+        f"({_short_list(root, [f for f, _ in files])})"
+      )
+    if self.unread:
+      lines.append(
+        f"  not read (data.max_bytes reached): {len(self.unread)} ({_short_list(root, list(self.unread))})"
+      )
+    if self.skipped:
+      lines.append(f"  {_skip_summary(root, list(self.skipped))}")
+    return "\n".join(lines)
 
 
 def _path_hash(rel: str) -> float:
@@ -101,15 +236,18 @@ def split_files(root: Path, files: list[Path], *, eval_fraction: float) -> tuple
   return train, held
 
 
-def _read_until(files: list[Path], cap: int) -> bytes:
-  parts, total = [], 0
-  for f in files:
+def _read_until(files: list[Path], cap: int) -> tuple[bytes, list[tuple[Path, int]], list[Path]]:
+  """The first ``cap`` bytes of ``files`` in order, the ``(file, bytes read)`` that gave them and the
+  files not reached."""
+  parts, read, total = [], [], 0
+  for i, f in enumerate(files):
     if total >= cap:
-      break
+      return b"".join(parts), read, files[i:]
     chunk = f.read_bytes()[: cap - total]
     parts.append(chunk)
+    read.append((f, len(chunk)))
     total += len(chunk)
-  return b"".join(parts)
+  return b"".join(parts), read, []
 
 
 def load_corpus(path: str | None, *, max_bytes: int, eval_fraction: float) -> Corpus:
@@ -119,36 +257,60 @@ def load_corpus(path: str | None, *, max_bytes: int, eval_fraction: float) -> Co
   by the hash of its relative path); then at most ``ceil(eval_fraction * max_bytes)`` held-out
   and ``max_bytes`` minus that many training bytes are read, each side's files in sorted order.
   So adding or removing training files never changes the held-out bytes. A single file is split
-  by bytes: its first ``max_bytes`` bytes, the last ``eval_fraction`` of them held out.
+  by bytes: its first ``max_bytes`` bytes, the last ``eval_fraction`` of them held out. Which files
+  are text is decided by content (``scan_corpus``); ``Corpus.describe()`` reports the split.
 
   Args:
-    path: a text file, a directory, or None for the Python standard library's sources.
-    max_bytes: cap on bytes read (train + held-out), > 0.
-    eval_fraction: held-out share of files (directories) or bytes (one file), in (0, 1).
+    path: a text file, a directory (taken verbatim), or None for the Python standard library's sources.
+    max_bytes: cap on bytes read (train + held-out), an int > 0.
+    eval_fraction: held-out share of files (directories) or bytes (one file), a float in (0, 1).
 
   Raises:
-    FileNotFoundError, ValueError: see ``corpus_files``; also ValueError when the train or
-      held-out part is empty.
+    TypeError: ``max_bytes`` not an int, ``eval_fraction`` not a real number.
+    FileNotFoundError, ValueError: see ``scan_corpus``; also ValueError for ``max_bytes`` <= 0,
+      ``eval_fraction`` outside (0, 1), or when the train or held-out part is empty.
   """
-  root, files = corpus_files(path)
+  if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+    raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__}")
+  if max_bytes <= 0:
+    raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+  if not isinstance(eval_fraction, (int, float)) or isinstance(eval_fraction, bool):
+    raise TypeError(f"eval_fraction must be a float, got {type(eval_fraction).__name__}")
+  if not 0 < eval_fraction < 1:  # also refuses NaN
+    raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+  found = scan_corpus(path)
+  root, files = found.root, found.files
+  unread: list[Path] = []
   if len(files) == 1:
     data = files[0].read_bytes()[:max_bytes]
     cut = int(len(data) * (1 - eval_fraction))
     train, held = data[:cut], data[cut:]
+    train_read, held_read = [(files[0], len(train))], [(files[0], len(held))]
   else:
     train_files, held_files = split_files(root, files, eval_fraction=eval_fraction)
     held_cap = math.ceil(eval_fraction * max_bytes)
-    train = _read_until(train_files, max_bytes - held_cap)
-    held = _read_until(held_files, held_cap)
+    train, train_read, unread_train = _read_until(train_files, max_bytes - held_cap)
+    held, held_read, unread_held = _read_until(held_files, held_cap)
+    unread = sorted(unread_train + unread_held)
   train_arr = np.frombuffer(train, np.uint8)
   eval_arr = np.frombuffer(held, np.uint8)
-  where = path or "the Python standard library"
+  where = path if path is not None else "the Python standard library"
   if train_arr.size == 0 or eval_arr.size == 0:
     raise ValueError(
       f"data path {where!r} gave {train_arr.size} training and {eval_arr.size} held-out bytes; "
       "both must be non-empty (add text or change data.eval_fraction / data.max_bytes)"
     )
-  return Corpus(train=train_arr, eval=eval_arr, num_files=len(files))
+  return Corpus(
+    train=train_arr,
+    eval=eval_arr,
+    num_files=len(files),
+    where=str(where),
+    root=root,
+    train_files=tuple(train_read),
+    held_files=tuple(held_read),
+    unread=tuple(unread),
+    skipped=tuple(found.skipped),
+  )
 
 
 def train_batch(

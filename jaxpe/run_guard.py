@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 class RunError(Exception):
@@ -81,6 +82,33 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
       fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+class WorkdirGoneError(RunError):
+  """The workdir (or its ``metrics.jsonl``) was deleted, moved or replaced while the run was writing it."""
+
+
+def check_workdir_intact(workdir: Path, metrics_file: Any, step: int) -> None:
+  """Checks that ``metrics_file`` (the open ``<workdir>/metrics.jsonl``) is still the file at that path.
+
+  Called before each metrics write (so before each checkpoint). If the workdir was deleted, moved
+  or replaced, the run stops instead of writing metrics into a deleted file and recreating an
+  empty workdir for its checkpoints (which would lose the metrics and the lock silently).
+
+  Raises:
+    WorkdirGoneError: one line naming the workdir and the step; nothing more is written.
+  """
+  path = Path(workdir) / "metrics.jsonl"
+  try:
+    same = os.path.samestat(os.stat(path), os.fstat(metrics_file.fileno()))
+  except FileNotFoundError:
+    same = False
+  if not same:
+    raise WorkdirGoneError(
+      f"workdir {str(workdir)!r} was deleted, moved or replaced during the run (its metrics.jsonl is gone "
+      f"or another file); stopped at step {step} without writing more (the last checkpoint, if it "
+      "still exists, resumes the run)"
+    )
+
+
 class StopRequest:
   """Set by ``stop_signals``: ``signum`` is None until the first SIGTERM/SIGINT arrives."""
 
@@ -139,6 +167,7 @@ def run_cli(prog: str, body: Callable[[], int], *, debug: bool = False) -> int:
     1 for ``NonFiniteError``; 2 for configuration and usage errors (``ValueError``, ``TypeError``,
     ``OSError``, other ``RunError``), printed as ``<prog>: error: <one line>`` on stderr.
   """
+  drop_closed_event_loop_noise()
   try:
     return body()
   except TrainingInterrupted as e:
@@ -166,16 +195,58 @@ def one_line(e: BaseException) -> str:
   return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def _is_closed_loop_noise(unraisable: Any) -> bool:
+  """True for the ``RuntimeError('Event loop is closed')`` that tensorstore's C++ callbacks hit when
+  they call ``loop.call_soon_threadsafe`` on the event loop of an orbax write that already failed
+  (that failure itself is raised to the caller as a ``CheckpointError``)."""
+  exc = getattr(unraisable, "exc_value", None)
+  if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
+    return False
+  tb = exc.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  return tb is None or os.path.join("asyncio", "base_events.py") in tb.tb_frame.f_code.co_filename
+
+
+def drop_closed_event_loop_noise() -> None:
+  """Installs (once) a ``sys.unraisablehook`` that drops ``_is_closed_loop_noise`` and passes every
+  other unraisable exception to the hook it replaces.
+
+  Without it, a failed (asynchronous) checkpoint write makes orbax/tensorstore background threads
+  print one ``Event loop is closed`` traceback per pending callback (dozens of lines) on stderr,
+  before and even in the middle of the one-line error. Called by ``run_cli`` and
+  ``jaxpe.checkpoint.manager``.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_jaxpe_filter", False):
+    return
+
+  def hook(unraisable):
+    if not _is_closed_loop_noise(unraisable):
+      previous(unraisable)
+
+  hook._jaxpe_filter = True
+  sys.unraisablehook = hook
+
+
 def exit_process(code: int) -> None:
   """End a command-line process with ``code``; after a failure, without interpreter shutdown.
 
-  After a failed checkpoint write, orbax/tensorstore background threads can print ``Event loop is
-  closed`` / ``Task exception was never retrieved`` tracebacks while the interpreter shuts down,
-  after the one-line error. A failed run has nothing left to save (checkpoints are atomic), so it
-  flushes the streams and leaves with ``os._exit``; a successful one exits normally.
+  A failed run has nothing left to save (checkpoints are atomic), so it leaves with ``os._exit``
+  instead of an interpreter shutdown that would run orbax/tensorstore's background threads' cleanup
+  (and their tracebacks) after the one-line error. Before that it flushes stdout and stderr and
+  points file descriptors 1 and 2 at ``/dev/null`` under the interpreter lock of this thread, so a
+  background thread still writing cannot add a fragment after the error line (the noise itself is
+  dropped at its source by ``drop_closed_event_loop_noise``). A successful run exits normally.
   """
   if code == 0:
     sys.exit(0)
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):  # a closed or broken stream: nothing more can reach it
+      pass
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 1)
+  os.dup2(null, 2)
   os._exit(code)

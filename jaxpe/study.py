@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +43,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pydantic
-import yaml
 from flax import nnx
 
 from jaxpe import checkpoint, data, emulation, trainer
 from jaxpe.alibi import alibi_slopes_f64
 from jaxpe.bloom import build_model, model_params
-from jaxpe.config import ModelConfig, TrainConfig, _merge, parse_overrides
+from jaxpe.config import ModelConfig, TrainConfig, _merge, load_yaml_file, parse_overrides, with_data_path
 from jaxpe.model import Decoder, emulation_theta
 
 __all__ = [
@@ -147,19 +147,34 @@ class StudyConfig(pydantic.BaseModel):
     return self.eval_multiples[-1] * self.train.seq_len
 
 
-def load_study_config(path: str | Path, overrides: list[str] = ()) -> StudyConfig:
+def load_study_config(
+  path: str | Path, overrides: list[str] = (), *, data_path: str | None = None, unique_overrides: bool = False
+) -> StudyConfig:
   """Reads a study YAML and applies ``key=value`` overrides (dotted keys, YAML values, e.g.
-  ``train.num_steps=50`` or ``encodings=[rope,alibi]``).
+  ``train.num_steps=50`` or ``encodings=[rope,alibi]``) and ``data_path``.
+
+  Args:
+    path: the study YAML.
+    overrides: ``key=value`` strings (``jaxpe.config.parse_overrides``), applied over the file.
+    data_path: ``--data``: sets ``train.data.path`` verbatim (never YAML-parsed); cannot be combined
+      with a ``train.data.path=`` override.
+    unique_overrides: refuse a key given twice in ``overrides`` (the command line); else a later
+      override replaces an earlier one.
 
   Raises:
-    FileNotFoundError: ``path`` does not exist.
-    ValueError: unknown keys, wrong types or values (pydantic's ``ValidationError``).
+    FileNotFoundError: ``path`` or ``data_path`` does not exist.
+    ValueError: unknown keys, wrong types or values (pydantic's ``ValidationError``); a file that is
+      not UTF-8, not valid YAML or gives a key twice (named with the line); a bad override.
   """
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"study config {str(path)!r} does not exist")
-  raw = yaml.safe_load(path.read_text()) or {}
-  return StudyConfig.model_validate(_merge(raw, parse_overrides(list(overrides))))
+  raw = load_yaml_file(path, "study config")
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  extra = parse_overrides(list(overrides), unique=unique_overrides)
+  train_extra = extra.get("train") if isinstance(extra.get("train"), dict) else {}
+  if data_path is not None and isinstance(train_extra.get("data"), dict) and "path" in train_extra["data"]:
+    raise ValueError("--data and the override train.data.path= both set the data path; give one")
+  raw = with_data_path(_merge(raw, extra), data_path, section=("train",))
+  return StudyConfig.model_validate(raw)
 
 
 def model_train_config(study: StudyConfig, name: str) -> TrainConfig:
@@ -221,9 +236,14 @@ def trained_params(cfg: TrainConfig) -> dict[str, np.ndarray]:
   graphdef, state = nnx.split(nnx.eval_shape(make))  # shapes only: no initialisation, no compile
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
-  mngr = checkpoint.manager(Path(cfg.workdir) / "checkpoints")
-  restored = checkpoint.restore_latest(mngr, target)
-  mngr.close()
+  ckpt_dir = Path(cfg.workdir) / "checkpoints"
+  if not ckpt_dir.is_dir():
+    raise FileNotFoundError(f"no checkpoint in {cfg.workdir!r} (no directory {str(ckpt_dir)!r})")
+  mngr = checkpoint.manager(ckpt_dir, read_only=True)  # reads only: a read-only directory works
+  try:
+    restored = checkpoint.restore_latest(mngr, target)
+  finally:
+    mngr.close()
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {cfg.workdir!r}")
   trained, _ = nnx.merge(graphdef, restored[0])
@@ -369,10 +389,29 @@ def _key(*parts: Any) -> str:
 def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
   """The run's ``summary.json`` when it reached ``num_steps``, else None."""
   path = Path(cfg.workdir) / "summary.json"
+  summary = _read_json(path, "the model is resumed from its checkpoints, which rewrites it")
+  if summary is None or not isinstance(summary.get("step"), int):
+    return None
+  length = summary.get("num_steps") or cfg.num_steps
+  return summary if isinstance(length, int) and summary["step"] >= length else None
+
+
+def _read_json(path: Path, then: str) -> dict[str, Any] | None:
+  """The JSON object in ``path``; None when there is no file, or (with a warning naming the file, the
+  reason and what happens ``then``) when it cannot be read or is not a JSON object."""
   if not path.is_file():
     return None
-  summary = json.loads(path.read_text())
-  return summary if summary["step"] >= (summary.get("num_steps") or cfg.num_steps) else None
+  try:
+    value = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    print(
+      f"[study] warning: cannot read {path} ({type(e).__name__}: {e}); {then}", file=sys.stderr, flush=True
+    )
+    return None
+  if not isinstance(value, dict):
+    print(f"[study] warning: {path} holds no JSON object; {then}", file=sys.stderr, flush=True)
+    return None
+  return value
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -427,8 +466,8 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
       study.eval_multiples,
       ENCODINGS[name].scaling,
     )
-    cached = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
-    if cached.get("key") == key:
+    cached = _read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
+    if cached.get("key") == key and isinstance(cached.get("results"), dict):
       results[name] = cached["results"]
       continue
     row: dict[str, Any] = {}

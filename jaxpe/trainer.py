@@ -318,6 +318,8 @@ def _train(
   progress = progress and primary
 
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
+  if progress:
+    print(corpus.describe(), flush=True)  # which files (and bytes) went to each side, what was skipped
   eval_set = data.eval_batches(
     corpus.eval, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.eval_batches
   )
@@ -457,6 +459,8 @@ def _train(
         eval_bpb = evaluate(state)
         record["eval_bits_per_byte"] = eval_bpb
         bar.write(f"step {step}: held-out {eval_bpb:.3f} bits/byte (unigram {unigram:.3f})")
+      if primary:
+        run_guard.check_workdir_intact(workdir, metrics_file, step)  # deleted or moved: stop, saving nothing
       metrics_file.write(json.dumps(record) + "\n")
       metrics_file.flush()
       bar.update(step, loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")

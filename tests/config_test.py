@@ -130,8 +130,8 @@ def test_training_refuses_rope_alibi_in_projection():
 
 
 def test_empty_sample_prompt_needs_sample_len_zero():
-  with pytest.raises(pydantic.ValidationError, match="sample_prompt"):
-    load_config(None, ["sample_prompt="])
+  with pytest.raises(ValueError, match=r"override sample_prompt='' has no value; write sample_prompt=null"):
+    load_config(None, ["sample_prompt="])  # an empty override is refused, not read as null
   with pytest.raises(pydantic.ValidationError, match="sample_prompt"):
     load_config(None, ["sample_prompt=''"])
   assert load_config(None, ["sample_prompt=''", "sample_len=0"]).sample_prompt == ""
@@ -205,7 +205,7 @@ def test_yaml_files_with_duplicate_keys_or_bad_syntax_are_named(tmp_path):
     ValueError, match=rf"config file '{bad}' line 3 column 4: mapping values are not allowed here"
   ):
     load_config(bad)
-  with pytest.raises(ValueError, match=r"override value '\[1' line 1 column 3: "):
+  with pytest.raises(ValueError, match=r"override mesh_shape='\[1' line 1 column 3: "):
     parse_overrides(["mesh_shape=[1"])
   binary = tmp_path / "binary.yaml"  # was "'utf-8' codec can't decode byte 0xff in position 13" (no file)
   binary.write_bytes(b"num_steps: 3\n\xff\xfe\x00model: x\n")

@@ -25,31 +25,74 @@ def _names(pred, n, prefix="f"):
   return out
 
 
-def test_directory_skips_hidden_and_binary_files_but_keeps_suffixless_text(tmp_path):
+def test_directory_reads_text_by_content_and_skips_hidden_and_binary_files(tmp_path):
   files = {
     "README": b"plain text without a suffix\n",
     "LICENSE": b"MIT\n",
+    "Apache-2.0": b"Apache License, Version 2.0\n",  # was skipped: '.0' read as a suffix
+    "LGPL-2.1": b"GNU Lesser General Public License\n",
+    "index.html": b"<html>text</html>\n",  # was skipped: suffix
+    "data.json": b'{"a": 1}\n',
+    "latin1.txt": "caf\u00e9 cr\u00e8me\n".encode("latin-1"),  # not UTF-8 but text
     "a.py": b"x = 1\n",
     "sub/b.md": b"# title\n",
+    "empty.txt": b"",
     ".hidden.txt": b"hidden file\n",
     ".git/HEAD": b"ref: refs/heads/main\n",
     ".git/objects/ab/cdef": b"x\x00binary object",
     "sub/.cache/c.txt": b"cached\n",
     "prog": b"\x7fELF\x00\x01\x02",
     "late_nul.txt": b"a" * 5000 + b"\x00",
-    "pic.png": b"not read: suffix",
+    "pic.txt": bytes(range(1, 32)) * 4 + b"\xff\xfe",  # no NUL, not UTF-8, mostly control bytes
+    "real.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
   }
   for rel, content in files.items():
     (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / rel).write_bytes(content)
-  root, found = data.corpus_files(str(tmp_path))
-  assert root == tmp_path
-  assert [str(f.relative_to(tmp_path)) for f in found] == ["LICENSE", "README", "a.py", "sub/b.md"]
-  with pytest.raises(ValueError, match="binary"):
+  found = data.scan_corpus(str(tmp_path))
+  assert found.root == tmp_path
+  text = ["Apache-2.0", "LGPL-2.1", "LICENSE", "README", "a.py", "data.json", "empty.txt", "index.html"]
+  text += ["latin1.txt", "sub/b.md"]
+  assert [str(f.relative_to(tmp_path)) for f in found.files] == text
+  assert data.corpus_files(str(tmp_path)) == (tmp_path, found.files)
+  skipped = {str(f.relative_to(tmp_path)): why.split(":")[0] for f, why in found.skipped}
+  assert skipped == {
+    ".git": "hidden folder",
+    ".hidden.txt": "hidden",
+    "sub/.cache": "hidden folder",
+    "late_nul.txt": "binary",
+    "pic.txt": "binary",
+    "prog": "binary",
+    "real.png": "binary",
+  }
+  (tmp_path / "linked").symlink_to(tmp_path / "sub", target_is_directory=True)
+  (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+  again = {str(f.relative_to(tmp_path)): why for f, why in data.scan_corpus(str(tmp_path)).skipped}
+  assert again["linked"] == "link to a folder (not followed)" and again["broken"] == "not a regular file"
+  with pytest.raises(ValueError, match="binary: a NUL byte"):
     data.corpus_files(str(tmp_path / "prog"))
   # A NUL byte after the first 8 KiB does not make a file binary.
   (tmp_path / "long.txt").write_bytes(b"b" * 9000 + b"\x00")
   assert "long.txt" in [f.name for f in data.corpus_files(str(tmp_path))[1]]
+
+
+def test_the_corpus_says_which_files_and_bytes_went_to_each_side_and_what_was_skipped(tmp_path):
+  names = _names(lambda h: h < 0.5, 1, prefix="h") + _names(lambda h: h >= 0.5, 4, prefix="t")
+  for i, name in enumerate(names):
+    (tmp_path / name).write_bytes(bytes([65 + i]) * (100 + i))
+  (tmp_path / "z.bin").write_bytes(b"\x00" * 10)
+  corpus = data.load_corpus(str(tmp_path), max_bytes=250, eval_fraction=0.5)
+  held_name, train_names = names[0], sorted(names[1:])
+  # Reference: 125 held-out bytes from the one held file (100 bytes), 125 training bytes in sorted order.
+  assert [(f.name, n) for f, n in corpus.held_files] == [(held_name, 100)]
+  assert [(f.name, n) for f, n in corpus.train_files] == [(train_names[0], 101), (train_names[1], 24)]
+  assert [f.name for f in corpus.unread] == train_names[2:]
+  lines = corpus.describe().splitlines()
+  assert lines[0] == f"data: {tmp_path}: 5 text files"
+  assert lines[1] == f"  training: 125 bytes from 2 files ({train_names[0]}, {train_names[1]})"
+  assert lines[2] == f"  held-out: 100 bytes from 1 file ({held_name})"
+  assert lines[3] == f"  not read (data.max_bytes reached): 2 ({', '.join(train_names[2:])})"
+  assert lines[4] == "  skipped 1: 1 binary (z.bin)"
 
 
 @pytest.mark.parametrize("fraction", [0.05, 0.5])

@@ -207,6 +207,26 @@ def test_unwritable_or_full_checkpoint_directory_fails_at_once_with_one_message(
   assert not (tmp_path / "full" / "checkpoints" / "2").exists()
 
 
+def test_a_failed_background_checkpoint_write_names_its_step_in_one_line(tmp_path, text_file):
+  background = _start(
+    tmp_path / "bg",
+    text_file,
+    "num_steps=4",
+    "checkpoint_every=2",
+    "async_checkpoints=true",
+    preexec_fn=_small_files,
+  )
+  code_bg, _, err_bg = _finish(background)
+  # Written in the background, the failure of step 2 surfaces at the save of step 4: it names step 2
+  # (was step 4) and comes alone (was 318 lines of 'Event loop is closed' tracebacks before it).
+  assert code_bg == 2 and "Traceback" not in err_bg and "Event loop" not in err_bg, err_bg
+  assert err_bg.strip().splitlines()[-1] == (
+    f"train.py: error: could not write checkpoint step 2 to {str((tmp_path / 'bg' / 'checkpoints').absolute())!r} "
+    "(in the background): File too large (errno 27); step 4 was not saved"
+  ), err_bg
+  assert not (tmp_path / "bg" / "checkpoints" / "2").exists()
+
+
 def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch):
   state = {"w": jax.numpy.ones((256, 256), jax.numpy.float32)}  # 256 KiB
   monkeypatch.setattr(
@@ -317,6 +337,36 @@ def test_no_intact_checkpoint_is_an_error_naming_each_step(tmp_path, small_check
   ):
     _restore_small(directory, base)
   assert not (tmp_path / "checkpoints.damaged").exists()
+
+
+_READ_ONLY = """
+import sys
+from jaxpe import study
+from jaxpe.config import load_config
+params = study.trained_params(load_config(sys.argv[1], sys.argv[2:]))
+print(len(params), "arrays")
+"""
+
+
+def test_a_read_only_checkpoint_directory_is_read_without_writing(tmp_path, saved_run, text_file):
+  # Was "cannot write checkpoints to ...: Permission denied": the write probe ran for reads too.
+  run = tmp_path / "run"
+  shutil.copytree(saved_run, run)
+  subprocess.run(["chmod", "-R", "a-w", str(run)], check=True)
+  before = sorted((str(p), p.stat().st_mtime_ns) for p in run.rglob("*"))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  args = _args(run, text_file, "num_steps=4", "checkpoint_every=2")
+  proc = subprocess.run(
+    [sys.executable, "-c", _READ_ONLY, *args[1:]],
+    env=env,
+    capture_output=True,
+    text=True,
+    preexec_fn=_drop_dac_override,
+    timeout=600,
+  )
+  assert proc.returncode == 0 and proc.stdout.endswith(" arrays\n") and proc.stderr == "", proc.stderr
+  assert sorted((str(p), p.stat().st_mtime_ns) for p in run.rglob("*")) == before
+  subprocess.run(["chmod", "-R", "u+w", str(run)], check=True)
 
 
 def test_resume_after_damage_redoes_the_lost_steps_identically(tmp_path, saved_run, text_file):

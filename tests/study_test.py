@@ -46,7 +46,7 @@ def tiny_study(workdir: Path, text_file: str) -> study.StudyConfig:
   )
 
 
-def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch):
+def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch, capsys):
   # optax's Adam mixes Python floats with int32 step counts, which strict promotion (conftest) rejects:
   # training runs under standard promotion (as in trainer_test.py), the study's evaluation under strict.
   train = trainer.train
@@ -75,6 +75,14 @@ def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch
   assert again["results"] == report["results"]
   assert not any(m["trained_now"] for m in again["models"].values())
 
+  # A damaged evaluation cache is named, recomputed and rewritten (was a JSONDecodeError naming no file).
+  cache = tmp_path / "models" / "rope" / "eval_rope_linear.json"
+  cache.write_text('{"key": ')
+  again = study.run_study(cfg, progress=False)
+  err = capsys.readouterr().err
+  assert f"[study] warning: cannot read {cache} (JSONDecodeError: " in err and "evaluated again" in err, err
+  assert again["results"] == report["results"] and json.loads(cache.read_text())["results"]
+
   # Independent recomputation of rope + linear interpolation at 2x: windows cut by hand, the rope
   # weights under a hand-written linear-scaling config, float64 log-softmax in numpy.
   t, w = 16, 4
@@ -85,7 +93,17 @@ def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch
   model_cfg = ModelConfig.model_validate(
     {**rope_cfg.model.model_dump(), "max_len": 2 * t, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
   )
+  # Reading a checkpoint writes nothing and probes nothing: a read-only checkpoint directory loads
+  # (was "cannot write checkpoints": the write probe ran for reads too).
+  ckpt = Path(rope_cfg.workdir) / "checkpoints"
+  before = sorted((str(p), p.stat().st_mtime_ns) for p in ckpt.rglob("*"))
+
+  def no_write(directory):
+    raise AssertionError(f"load_trained probed {directory} for writing")
+
+  monkeypatch.setattr(study.checkpoint, "check_writable", no_write)
   model = study.load_trained(rope_cfg, model_cfg)
+  assert sorted((str(p), p.stat().st_mtime_ns) for p in ckpt.rglob("*")) == before
   windows = np.stack([corpus.eval[s : s + 2 * t + 1] for s in starts]).astype(np.int32)
   logits = np.asarray(model(windows[:, :-1]), np.float64)  # [W, 2T, V]
   logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from jaxpe import run_guard
-from jaxpe.study import StudyInterrupted, load_study_config, run_study
+from jaxpe.study import StudyInterrupted, load_study_config, model_train_config, run_study
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -26,17 +26,29 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=None, help=f"study YAML (default: {CONFIGS / 'study.yaml'})")
   parser.add_argument("--quick", action="store_true", help="use configs/study_quick.yaml")
-  parser.add_argument("--data", default=None, help="text file or directory (default: Python stdlib sources)")
+  parser.add_argument(
+    "--data",
+    default=None,
+    help="text file or directory, taken verbatim (not YAML; default: Python stdlib sources)",
+  )
   parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_steps=100")
   args = parser.parse_intermixed_args(argv)
   if args.quick and args.config:
     parser.error("--quick and --config are exclusive")
   path = args.config or CONFIGS / ("study_quick.yaml" if args.quick else "study.yaml")
-  overrides = list(args.overrides) + ([f"train.data.path={args.data}"] if args.data else [])
 
   def body() -> int:
-    study = load_study_config(path, overrides)
+    study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
+    from jaxpe import sharding
+    from jaxpe.config import check_fits_memory
+
+    sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
+
+    # A model too large for memory is one line before any training; the encodings share the
+    # architecture, and learned positions add a table: the first and "learned" are the largest.
+    for name in dict.fromkeys(n for n in study.encodings if n in (study.encodings[0], "learned")):
+      check_fits_memory(model_train_config(study, name))
     try:
       run_study(study)
     except StudyInterrupted as e:

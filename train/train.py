@@ -27,17 +27,26 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: %(default)s)")
-  parser.add_argument("--data", default=None, help="text file or directory (default: Python stdlib sources)")
+  parser.add_argument(
+    "--data",
+    default=None,
+    help="text file or directory, taken verbatim (not YAML; default: Python stdlib sources)",
+  )
   parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
   args = parser.parse_intermixed_args(argv)
-  overrides = list(args.overrides) + ([f"data.path={args.data}"] if args.data else [])
 
-  from jaxpe.config import load_config
+  from jaxpe.config import check_fits_memory, load_config
   from jaxpe.trainer import train
 
   def body() -> int:
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, args.overrides, data_path=args.data, unique_overrides=True)
+    from jaxpe import sharding
+
+    # Multi-process runs start JAX's runtime before any other JAX use (the memory check lists the
+    # devices); trainer.train's own call is then a no-op.
+    sharding.initialize_distributed(cfg.distributed)
+    check_fits_memory(cfg)  # a huge model, batch or sample is one line, not an out-of-memory crash
     result = train(cfg)
     print(
       f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
