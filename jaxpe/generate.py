@@ -155,8 +155,8 @@ def generate(
       PRNG key.
     ValueError: prompt not ``[B, T]`` with B, T >= 1; prompt ids outside ``[0, V)`` or a mask with
       values other than 0/1 or a row without real tokens (checked when concrete; under ``jax.jit``
-      an id outside ``[0, V)`` embeds as NaN and gives NaN logits, and a traced all-padding row
-      decodes from no context); a mask not of the prompt's shape; ``max_new_tokens < 1``;
+      an id outside ``[0, V)`` embeds as NaN and makes the row's logits NaN; a traced all-padding row decodes from no context: its prompt's attention
+      output is zeros); a mask not of the prompt's shape; ``max_new_tokens < 1``;
       ``T + max_new_tokens`` beyond ``max_len`` for learned positions, beyond ``rope_alibi_context``
       for ``rope_alibi``, or beyond 2^31 - 1 (int32 positions); a NaN or negative temperature;
       ``top_k`` outside ``[1, V]``; sampling without ``rng``; an ``rng`` holding several keys.

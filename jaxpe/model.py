@@ -498,18 +498,23 @@ class Decoder(nnx.Module):
       ``[B, T, D]`` float32 (the residual stream's dtype), after ``embed_layernorm`` if configured.
 
     Raises:
-      ValueError: T or a concrete position beyond ``max_len`` for learned positions.
+      ValueError: T or a concrete position beyond ``max_len`` for learned positions; concrete ids
+        outside ``[0, V)`` are refused by ``__call__``. Under ``jax.jit`` a token id outside
+        ``[0, V)`` (or a learned position outside ``[0, max_len)``) embeds as NaN, which makes the
+        row's logits NaN (never another row of the table).
     """
     cfg = self.cfg
     t_len = tokens.shape[1]
-    x = self.embed(tokens)
+    # A traced id outside [0, V) embeds as NaN (jnp.take's fill mode), never as another token: negative
+    # ids would otherwise wrap to V + id. The same for learned positions outside [0, max_len).
+    x = self.embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
     if cfg.pos_encoding == "learned":
       if t_len > cfg.max_len:
         raise ValueError(
           f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
         )
       _checks.check_index_range("positions", positions, cfg.max_len, "max_len (learned position table)")
-      x = x + self.pos_embed(positions)
+      x = x + self.pos_embed(jnp.where(positions < 0, cfg.max_len, positions))
     elif cfg.pos_encoding == "sinusoidal":
       x = x * math.sqrt(cfg.d_model) + sinusoidal.sinusoidal_embedding(
         positions, d_model=cfg.d_model, dtype=x.dtype
@@ -531,7 +536,7 @@ class Decoder(nnx.Module):
 
     Args:
       tokens: ``[B, T]`` integer token ids in ``[0, V)``, B, T >= 1. Under ``jax.jit`` ids are not
-        checked: an id outside ``[0, V)`` embeds as NaN (``nnx.Embed``), so its logits are NaN.
+        checked: an id outside ``[0, V)`` embeds as NaN, which makes that row's logits NaN.
       positions: ``[B, T]`` integer token indices in ``[0, 2^31)`` (``[0, max_len)`` for learned
         positions; checked when concrete). Default: from ``segment_ids`` (restart per document),
         else from ``attention_mask`` (count real tokens; continuing from the cache when one is
