@@ -134,12 +134,13 @@ def test_scanned_and_rematerialised_models_generate_the_loop_models_tokens(pe, s
   loop = Decoder(cfg, rngs=nnx.Rngs(1))
   model = Decoder(cfg.model_copy(update={"scan_layers": scan, "remat": remat}), rngs=nnx.Rngs(1))
   prompt = jnp.asarray([[3, 1, 4, 1, 5]], jnp.int32)
-  expected = _greedy_without_cache(loop, prompt[0].tolist(), 4)  # full forwards of the loop model
-  assert generate(model, prompt, max_new_tokens=4).tolist() == [expected]
-  sample = dict(max_new_tokens=4, temperature=1.0, top_k=8, rng=jax.random.key(2))
-  loop_sampled = generate(loop, prompt, **sample)
-  np.testing.assert_array_equal(generate(model, prompt, **sample), loop_sampled)
-  assert len(set(expected) | set(np.asarray(loop_sampled)[0].tolist())) > 1  # not vacuous
+  expected = _greedy_without_cache(loop, prompt[0].tolist(), 3)  # full forwards of the loop model
+  assert generate(model, prompt, max_new_tokens=3).tolist() == [expected]
+  if pe == "rope":  # sampling too (one configuration: each sampler is one more compile)
+    sample = dict(max_new_tokens=3, temperature=1.0, top_k=8, rng=jax.random.key(2))
+    loop_sampled = generate(loop, prompt, **sample)
+    np.testing.assert_array_equal(generate(model, prompt, **sample), loop_sampled)
+    assert len(set(expected) | set(np.asarray(loop_sampled)[0].tolist())) > 1  # not vacuous
 
 
 @pytest.mark.usefixtures("standard_promotion")
@@ -187,7 +188,7 @@ def test_tiny_temperatures_agree_with_greedy():
   model = _tiny_model()
   prompt = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
   greedy = generate(model, prompt, max_new_tokens=6)
-  for t in (1e-40, 1e-300, 5e-324, 1e-20):
+  for t in (1e-40, 5e-324):  # float32 subnormal; below float32 (clamped)
     out = generate(model, prompt, max_new_tokens=6, temperature=t, rng=jax.random.key(0))
     np.testing.assert_array_equal(out, greedy, err_msg=f"temperature={t}")
 
