@@ -682,6 +682,8 @@ def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force:
     the directory.
 
   Raises:
+    TypeError: ``model`` not a ``Decoder``; ``path`` not a non-empty str / PathLike; a non-bool
+      ``overwrite`` or ``force``.
     ValueError: ``path`` is the current directory or one of its parents; ``path`` holds other
       weight files (``*.safetensors``, ``*.bin``, an index) that would shadow or mix with the new
       ones; see also ``to_hf_state_dict``.
@@ -694,6 +696,13 @@ def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force:
 
   from safetensors.numpy import save_file
 
+  if not isinstance(model, Decoder):
+    raise TypeError(f"model must be a jaxpe.model.Decoder, got {type(model).__name__}")
+  if not isinstance(path, str | os.PathLike) or str(path) == "":
+    raise TypeError(f"path must be a non-empty str or os.PathLike directory, got {path!r}")
+  for flag, value in (("overwrite", overwrite), ("force", force)):
+    if not isinstance(value, bool):
+      raise TypeError(f"{flag} must be True or False, got {value!r}")
   root = Path(path)
   _check_export_target(root, overwrite=overwrite, force=force)
   state = to_hf_state_dict(model)

@@ -51,7 +51,26 @@ class KVCache(NamedTuple):
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
-  """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated)."""
+  """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated).
+
+  Args:
+    cfg: the ``ModelConfig`` of the ``Decoder`` that will use the cache.
+    batch_size: B, a positive Python int.
+    max_len: S, the number of slots, a positive Python int.
+
+  Returns:
+    a ``KVCache`` with ``end = 0``: k ``L x [B, S, K, Hk]`` (float32 for ``rope_alibi``, else
+    ``cfg.dtype``), v ``L x [B, S, K, H]`` ``cfg.dtype``, positions ``[B, S]`` int32, valid
+    ``[B, S]`` bool.
+
+  Raises:
+    TypeError: ``cfg`` not a ``ModelConfig``.
+    ValueError: ``batch_size`` or ``max_len`` not a positive integer.
+  """
+  if not isinstance(cfg, ModelConfig):
+    raise TypeError(f"cfg must be a jaxpe.config.ModelConfig, got {type(cfg).__name__}")
+  batch_size = _checks.check_positive_int("batch_size", batch_size)
+  max_len = _checks.check_positive_int("max_len", max_len)
   key_dim = cfg.head_size + (2 * cfg.rope_alibi_order if cfg.pos_encoding == "rope_alibi" else 0)
   k_dtype = jnp.float32 if cfg.pos_encoding == "rope_alibi" else jnp.dtype(cfg.dtype)
   shape = (batch_size, max_len, cfg.kv_heads)
@@ -82,11 +101,46 @@ def _token_embed_std(cfg: ModelConfig) -> float:
   return cfg.d_model**-0.5 if cfg.pos_encoding == "sinusoidal" else cfg.init_std
 
 
-def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  return nnx.LayerNorm(
+class LayerNorm(nnx.LayerNorm):
+  """``nnx.LayerNorm`` over the last axis with an exact, corrected two-pass variance, in float32.
+
+  ``mu = mean(x)``, ``d = x - mu``, then ``d -= mean(d)`` (the corrected two-pass algorithm, Chan,
+  Golub & LeVeque 1983: it removes the rounding error of ``mu``), ``var = mean(d^2)``,
+  ``y = d / sqrt(var + eps) * scale + bias``. flax's default ``E[x^2] - E[x]^2`` cancels in float32
+  when a row's mean is large next to its spread (rows of 100 + 1e-3 k normalised to -0.17 instead of
+  -1.34), and the plain two-pass form still carries the mean's rounding error (3e-3 at an offset of
+  1e4 with unit spread); this one stays at float32 rounding of the result at any offset whose
+  values float32 holds. Same parameters (``scale``, ``bias`` ``[D]``) and the same result as
+  Ba et al. 2016 (arXiv 1607.06450) / HF ``torch.nn.LayerNorm`` up to rounding.
+
+  x ``[..., D]`` -> ``[..., D]`` float32.
+  """
+
+  def __call__(self, x, *, mask=None):
+    if mask is not None:
+      raise ValueError("jaxpe's LayerNorm takes no mask")
+    scale = self.scale[...] if self.scale else None
+    bias = self.bias[...] if self.bias else None
+    x, scale, bias = self.promote_dtype((x, scale, bias), dtype=jnp.float32)
+    x = x.astype(jnp.float32)
+    d = x - jnp.mean(x, axis=-1, keepdims=True)
+    d = d - jnp.mean(d, axis=-1, keepdims=True)
+    mul = jax.lax.rsqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True) + jnp.float32(self.epsilon))
+    feature = (1,) * (x.ndim - 1) + (x.shape[-1],)
+    if scale is not None:
+      mul = mul * scale.astype(jnp.float32).reshape(feature)
+    y = d * mul
+    if bias is not None:
+      y = y + bias.astype(jnp.float32).reshape(feature)
+    return y
+
+
+def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
+  return LayerNorm(
     cfg.d_model,
     epsilon=cfg.layernorm_eps,
     dtype=jnp.float32,
+    use_fast_variance=False,
     scale_init=_ones(("embed",)),
     bias_init=_zeros(("embed",)),
     rngs=rngs,
@@ -221,6 +275,106 @@ class Attention(nnx.Module):
     )
 
 
+def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids, cache):
+  """The static checks of ``Decoder.__call__``; returns the arguments as JAX arrays."""
+
+  def as_array(x):  # numpy stays numpy until checked (jnp.asarray would wrap int64 values to int32)
+    return x if isinstance(x, jax.Array | np.ndarray) else np.asarray(x)
+
+  tokens = as_array(tokens)
+  _checks.check_rank("tokens", tokens, 2, "[B, T]")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+  if 0 in tokens.shape:
+    raise ValueError(
+      f"tokens must hold at least one token in at least one row (B, T >= 1), got shape {tokens.shape}"
+    )
+  _checks.check_index_range("tokens", tokens, cfg.vocab_size, "vocab_size")
+  shape = tokens.shape
+
+  def same_shape(name, x):
+    if tuple(x.shape) != tuple(shape):
+      raise ValueError(f"{name} must have the shape of tokens [B, T] = {tuple(shape)}, got {tuple(x.shape)}")
+
+  if positions is not None:
+    positions = as_array(positions)
+    same_shape("positions", positions)
+    _checks.check_positions("positions", positions)
+  if attention_mask is not None:
+    attention_mask = as_array(attention_mask)
+    same_shape("attention_mask", attention_mask)
+    if not (attention_mask.dtype == jnp.bool_ or jnp.issubdtype(attention_mask.dtype, jnp.integer)):
+      raise TypeError(
+        f"attention_mask must be bool or integer (nonzero = real token), got dtype {attention_mask.dtype}"
+      )
+  if segment_ids is not None:
+    if cache is not None:
+      raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
+    segment_ids = as_array(segment_ids)
+    same_shape("segment_ids", segment_ids)
+    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+      raise TypeError(f"segment_ids must be an integer array of document ids, got dtype {segment_ids.dtype}")
+
+  def to_jax(x):
+    return None if x is None else jnp.asarray(x)
+
+  return to_jax(tokens), to_jax(positions), to_jax(attention_mask), to_jax(segment_ids)
+
+
+def _raise_overflow(end, t_len: int, slots: int) -> None:
+  raise ValueError(
+    f"the KV cache has {slots} slots; {t_len} new tokens after {int(end)} filled ones do not fit "
+    "(init_cache with a larger max_len)"
+  )
+
+
+def _check_cache(cfg: ModelConfig, cache, batch: int, t_len: int) -> None:
+  """The KV cache matches the model (``init_cache(cfg, B, S)``) and has room for ``t_len`` tokens."""
+  if not isinstance(cache, KVCache):
+    raise TypeError(f"cache must be a KVCache from jaxpe.model.init_cache, got {type(cache).__name__}")
+  ref = jax.eval_shape(lambda: init_cache(cfg, batch, cache.positions.shape[1]))
+  if jnp.ndim(cache.positions) != 2:
+    raise ValueError(f"cache.positions must have shape [B, S], got {jnp.shape(cache.positions)}")
+  for name in ("k", "v"):
+    got = getattr(cache, name)
+    if not isinstance(got, tuple | list) or len(got) != cfg.num_layers:
+      raise ValueError(
+        f"cache.{name} must hold num_layers = {cfg.num_layers} arrays, got {type(got).__name__}"
+      )
+  for name, want, got in [
+    *((f"cache.k[{i}]", r, g) for i, (r, g) in enumerate(zip(ref.k, cache.k))),
+    *((f"cache.v[{i}]", r, g) for i, (r, g) in enumerate(zip(ref.v, cache.v))),
+    ("cache.positions", ref.positions, cache.positions),
+    ("cache.valid", ref.valid, cache.valid),
+    ("cache.end", ref.end, cache.end),
+  ]:
+    if tuple(jnp.shape(got)) != tuple(want.shape):
+      raise ValueError(
+        f"{name} must have shape {tuple(want.shape)} (init_cache(cfg, B={batch}, S) of this model), "
+        f"got {tuple(jnp.shape(got))}"
+      )
+    if jnp.result_type(got) != want.dtype:
+      raise TypeError(
+        f"{name} must have dtype {want.dtype} (init_cache of this model), got {jnp.result_type(got)}"
+      )
+  slots = cache.positions.shape[1]
+  if t_len > slots:
+    raise ValueError(
+      f"the KV cache has {slots} slots; {t_len} new tokens do not fit (init_cache with a larger max_len)"
+    )
+  if isinstance(cache.end, jax.core.Tracer):
+    # traced: checked when the call runs (a host callback, run only on overflow)
+    jax.lax.cond(
+      (cache.end < 0) | (cache.end > slots - t_len),
+      lambda: jax.debug.callback(_raise_overflow, cache.end, t_len, slots),
+      lambda: None,
+    )
+    return
+  end = int(cache.end)
+  if end < 0 or end + t_len > slots:
+    _raise_overflow(end, t_len, slots)
+
+
 def _check_rope_alibi_span(cfg: ModelConfig, span: int) -> None:
   """Refuses a ``rope_alibi`` model a sequence (or KV cache) longer than the context its emulation
   is tuned for: beyond it the emulated bias leaves ALiBi (it turns positive past the phase's
@@ -344,18 +498,23 @@ class Decoder(nnx.Module):
       ``[B, T, D]`` float32 (the residual stream's dtype), after ``embed_layernorm`` if configured.
 
     Raises:
-      ValueError: T or a concrete position beyond ``max_len`` for learned positions.
+      ValueError: T or a concrete position beyond ``max_len`` for learned positions; concrete ids
+        outside ``[0, V)`` are refused by ``__call__``. Under ``jax.jit`` a token id outside
+        ``[0, V)`` (or a learned position outside ``[0, max_len)``) embeds as NaN, which makes the
+        row's logits NaN (never another row of the table).
     """
     cfg = self.cfg
     t_len = tokens.shape[1]
-    x = self.embed(tokens)
+    # A traced id outside [0, V) embeds as NaN (jnp.take's fill mode), never as another token: negative
+    # ids would otherwise wrap to V + id. The same for learned positions outside [0, max_len).
+    x = self.embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
     if cfg.pos_encoding == "learned":
       if t_len > cfg.max_len:
         raise ValueError(
           f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
         )
       _checks.check_index_range("positions", positions, cfg.max_len, "max_len (learned position table)")
-      x = x + self.pos_embed(positions)
+      x = x + self.pos_embed(jnp.where(positions < 0, cfg.max_len, positions))
     elif cfg.pos_encoding == "sinusoidal":
       x = x * math.sqrt(cfg.d_model) + sinusoidal.sinusoidal_embedding(
         positions, d_model=cfg.d_model, dtype=x.dtype
@@ -376,35 +535,42 @@ class Decoder(nnx.Module):
     """Next-token logits.
 
     Args:
-      tokens: ``[B, T]`` integer token ids in ``[0, V)``.
-      positions: ``[B, T]`` integer token indices. Default: from ``segment_ids`` (restart per
-        document), else from ``attention_mask`` (count real tokens; continuing from the cache when
-        one is given), else ``0..T-1`` (offset by the cache's filled slots).
-      attention_mask: ``[B, T]`` bool/int, 0 for padding tokens (left or right padding).
+      tokens: ``[B, T]`` integer token ids in ``[0, V)``, B, T >= 1. Under ``jax.jit`` ids are not
+        checked: an id outside ``[0, V)`` embeds as NaN, which makes that row's logits NaN.
+      positions: ``[B, T]`` integer token indices in ``[0, 2^31)`` (``[0, max_len)`` for learned
+        positions; checked when concrete). Default: from ``segment_ids`` (restart per document),
+        else from ``attention_mask`` (count real tokens; continuing from the cache when one is
+        given), else ``0..T-1`` (offset by the cache's filled slots).
+      attention_mask: ``[B, T]`` bool or integer, 0 for padding tokens (any padding: left, right,
+        inner). Padding keys are ignored; the logits at padding queries are meaningless.
       segment_ids: ``[B, T]`` integer document ids of packed sequences (no cache).
-      cache: a ``KVCache`` to append this chunk to (prefill or decode).
+      cache: a ``KVCache`` of this model's config (``init_cache(cfg, B, S)``) to append this chunk
+        to (prefill or decode); it must have room for the T new tokens.
 
     Returns:
       ``[B, T, V]`` float32 logits, or ``(logits, new_cache)`` when ``cache`` is given.
 
     Raises:
-      ValueError: tokens not ``[B, T]``; T beyond ``max_len`` for learned positions; T (or the
-        cache's slots) beyond ``rope_alibi_context`` for ``rope_alibi``; segment ids together with a
-        cache.
+      TypeError: non-integer tokens, positions or segment ids; a float mask; a cache that is no
+        ``KVCache`` or holds arrays of the wrong dtype.
+      ValueError: an argument not ``[B, T]`` (tokens; positions, mask, segment ids of the tokens'
+        shape); B or T = 0; ids or positions out of range (when concrete); T beyond ``max_len`` for
+        learned positions; T (or the cache's slots) beyond ``rope_alibi_context`` for
+        ``rope_alibi``; segment ids together with a cache; a cache of another config, batch or
+        layer count; a cache without room for T more tokens: checked at trace time from the
+        static shapes (T > S) and, when ``cache.end`` is concrete, from it. Under ``jax.jit`` /
+        ``nnx.jit`` a traced ``cache.end + T > S`` cannot raise at trace time: the call then fails
+        when it runs (a ``JaxRuntimeError`` carrying this ValueError's message, from a host
+        callback run only on overflow), never silently.
     """
     cfg = self.cfg
-    if tokens.ndim != 2:
-      raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
-    _checks.check_index_range("tokens", tokens, cfg.vocab_size, "vocab_size")
+    tokens, positions, attention_mask, segment_ids = _check_call(
+      cfg, tokens, positions, attention_mask, segment_ids, cache
+    )
     batch, t_len = tokens.shape
-    _check_rope_alibi_span(cfg, t_len if cache is None else cache.positions.shape[1])
     if cache is not None:
-      slots = cache.positions.shape[1]
-      if t_len > slots or (not isinstance(cache.end, jax.core.Tracer) and int(cache.end) + t_len > slots):
-        raise ValueError(
-          f"the KV cache has {slots} slots; {t_len} new tokens after {cache.end} filled ones do not fit "
-          "(init_cache with a larger max_len)"
-        )
+      _check_cache(cfg, cache, batch, t_len)
+    _check_rope_alibi_span(cfg, t_len if cache is None else cache.positions.shape[1])
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       if segment_ids is not None:
@@ -426,8 +592,6 @@ class Decoder(nnx.Module):
       )
       kv_positions, layer_caches = positions, None
     else:
-      if segment_ids is not None:
-        raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
       slots = cache.positions.shape[1]
       k_positions = jax.lax.dynamic_update_slice_in_dim(cache.positions, positions, cache.end, axis=1)
       k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)

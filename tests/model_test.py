@@ -177,3 +177,25 @@ def test_embed_inputs_scale_against_numpy(pe):
   if pe == "learned":
     want = want + np.asarray(model.pos_embed.embedding[...], np.float64)[np.asarray(positions)]
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0, 100.0, 1e3, 1e4])
+def test_layernorm_against_float64_at_large_offsets(offset):
+  # issue 17: flax's fast variance E[x^2] - E[x]^2 normalised rows of 100 + 1e-3 k to -0.169, not -1.342
+  model = _model("rope")
+  rng = np.random.default_rng(0)
+  for spread in (1e-3, 1e-1, 1.0, 10.0):
+    x = offset + spread * np.concatenate([np.arange(32)[None], rng.normal(size=(3, 32))])
+    x = x.astype(np.float32)
+    x64 = x.astype(np.float64)  # the reference sees the same float32 inputs
+    centred = x64 - x64.mean(-1, keepdims=True)
+    ref = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + model.cfg.layernorm_eps)
+    for norm in (model.final_norm, model.blocks[0].attn_norm):
+      out = np.asarray(norm(jnp.asarray(x)), np.float64)
+      assert np.abs(out - ref).max() < 1e-6, (offset, spread, np.abs(out - ref).max())
+  if offset == 100.0:  # the issue's row, to 3 decimals
+    norm16 = _model("rope", d_model=16).final_norm
+    row = np.asarray(norm16(jnp.asarray(100 + 1e-3 * np.arange(16), jnp.float32)[None]))
+    ref16 = (np.arange(16) - 7.5) / np.sqrt(np.var(np.arange(16)) + 1e-5 / 1e-6)
+    np.testing.assert_allclose(row[0, :2], [-1.342, -1.163], atol=2e-3)
+    np.testing.assert_allclose(row[0], ref16, atol=1e-3)
