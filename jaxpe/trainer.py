@@ -238,11 +238,22 @@ def _truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
 
 
 def _nonfinite_reason(state: Any) -> str | None:
-  """Restore check: a reason when ``state`` holds a NaN or infinity (written by an older version)."""
-  leaves = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
-  if leaves and not bool(jnp.isfinite(optax.tree.norm(leaves))):
-    return "it holds non-finite values"
-  return None
+  """Restore check: a reason when ``state`` holds a NaN or infinity (written by an older version).
+
+  Checked on the host, shard by shard (each process its own shards, then the processes agree), with
+  no XLA computation: eager per-leaf reductions on sharded arrays dispatch one small SPMD program
+  with an all-reduce per leaf, and on the CPU runtime such a queue of asynchronous collective
+  programs deadlocked (one device's launch waited on the in-flight limit while the other devices
+  waited in the all-reduce; XLA aborted after 40 s)."""
+  finite = True
+  for x in jax.tree.leaves(state):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+      continue
+    shards = [s.data for s in x.addressable_shards] if isinstance(x, jax.Array) else [x]
+    finite = finite and all(bool(np.isfinite(np.asarray(d)).all()) for d in shards)
+  if jax.process_count() > 1:  # every process decides alike (the same step is used or moved aside)
+    finite = bool(np.all(multihost_utils.process_allgather(np.bool_(finite))))
+  return None if finite else "it holds non-finite values"
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
@@ -349,8 +360,10 @@ def _train(
     saved, meta = restored
     if _saved_layout(meta, saved_config, cfg) != cfg.model.scan_layers:  # loop <-> scanned layers
       convert = model_lib.to_scan_layout if cfg.model.scan_layers else model_lib.to_loop_layout
+      # One jitted program into the target shardings (not eager per-leaf stacking on sharded arrays).
+      convert = jax.jit(convert, out_shardings=nnx.to_pure_dict(state_shardings))
       nnx.replace_by_pure_dict(state, convert(nnx.to_pure_dict(saved)))
-      saved = jax.device_put(state, state_shardings)
+      saved = state
     state = saved
     step, skipped = int(meta["data_position"]), int(meta.get("skipped_steps", 0))
     schedule_steps, fitted = _resumed_schedule(meta, cfg)
@@ -380,10 +393,11 @@ def _train(
   eval_step = steps.make_eval_step(graphdef, loss_fn=next_token_loss, **placement)
 
   def evaluate(state) -> float:
+    # One program in flight at a time (each loss is fetched before the next batch is dispatched).
     losses = [
-      eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape)) for b in eval_set
+      float(eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape))) for b in eval_set
     ]
-    return data.bits_per_byte(float(np.mean([float(x) for x in losses])))
+    return data.bits_per_byte(float(np.mean(losses)))
 
   def save(state, step):
     meta = {
@@ -479,7 +493,12 @@ def _train(
 
   sample = ""
   if cfg.sample_len:  # generated on process 0 from a host copy of the (gathered) state
-    local = state if jax.process_count() == 1 else multihost_utils.process_allgather(state, tiled=True)
+    # Host copies: generation runs eagerly, and eager ops on sharded arrays dispatch collective programs.
+    local = (
+      jax.device_get(state)
+      if jax.process_count() == 1
+      else multihost_utils.process_allgather(state, tiled=True)
+    )
     if primary:
       model, _ = nnx.merge(graphdef, local)
       sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed)
