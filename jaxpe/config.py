@@ -274,6 +274,11 @@ class DataConfig(_Strict):
   eval_fraction: float = pydantic.Field(
     0.05, gt=0, lt=1, description="held-out share of files (by path hash) or of a single file's bytes"
   )
+  allow_changed: bool = pydantic.Field(
+    False,
+    description="resume although the data's bytes changed since the checkpoint (its fingerprint "
+    "differs); the batch stream then differs from the saved run's. false = refuse such a resume",
+  )
 
 
 Axes = MeshAxis | tuple[MeshAxis, ...] | None
@@ -338,6 +343,13 @@ class DistributedConfig(_Strict):
   process_id: int | None = pydantic.Field(None, ge=0)
   cpu_collectives: Literal["gloo", "mpi"] = pydantic.Field(
     "gloo", description="collectives between processes on the CPU backend"
+  )
+  initialization_timeout: int = pydantic.Field(
+    60,
+    gt=0,
+    le=86_400,
+    description="seconds to wait for all processes to join (and for a dead peer's heartbeat) before "
+    "failing with a message naming what is missing",
   )
 
 

@@ -216,3 +216,31 @@ def unigram_bits_per_byte(tokens: np.ndarray) -> float:
 def bits_per_byte(mean_nats_per_token: float) -> float:
   """Cross-entropy in nats per byte (token) -> bits per byte (divides by ln 2)."""
   return mean_nats_per_token / math.log(2)
+
+
+def fingerprint(path: str | None, corpus: Corpus) -> dict[str, object]:
+  """What identifies the bytes a run trains and evaluates on, for checkpoints and for the processes
+  of a multi-process run to compare: ``sha256`` (hex) of the file list (paths relative to the data
+  root, in order), the training bytes and the held-out bytes actually used (``corpus.train``,
+  ``corpus.eval``: after ``max_bytes`` and the split), with ``train_bytes``, ``eval_bytes`` and
+  ``files`` (counts) for messages.
+
+  A changed file, an added or removed file, or prepended text all change ``sha256``; the path
+  string itself does not enter it (the same corpus under another mount point is the same data).
+
+  Raises:
+    FileNotFoundError, ValueError: see ``corpus_files`` (``path`` no longer exists).
+  """
+  root, files = corpus_files(path)
+  h = hashlib.sha256()
+  for f in files:
+    h.update(str(f.relative_to(root)).encode(errors="surrogateescape") + b"\0")
+  for side in (corpus.train, corpus.eval):
+    h.update(len(side).to_bytes(8, "little"))
+    h.update(np.ascontiguousarray(side, np.uint8).tobytes())
+  return {
+    "sha256": h.hexdigest(),
+    "train_bytes": int(corpus.train.size),
+    "eval_bytes": int(corpus.eval.size),
+    "files": len(files),
+  }

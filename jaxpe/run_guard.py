@@ -82,9 +82,17 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
 
 
 class StopRequest:
-  """Set by ``stop_signals``: ``signum`` is None until the first SIGTERM/SIGINT arrives."""
+  """Set by ``stop_signals``: ``signum`` is None until the first SIGTERM/SIGINT arrives. In a
+  multi-process run a process that received no signal itself takes another process's
+  (``from_process`` is that process's index; None for this process's own signal)."""
 
   signum: int | None = None
+  from_process: int | None = None
+
+  @property
+  def origin(self) -> str:
+    """``" (received by process P)"`` for another process's signal, else ``""``."""
+    return "" if self.from_process is None else f" (received by process {self.from_process})"
 
   @property
   def name(self) -> str:
