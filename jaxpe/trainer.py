@@ -391,13 +391,18 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
 
   Raises:
     ValueError: resuming with changed run-defining keys (``check_resume_config``, against
-      ``config.json`` and the checkpoint's metadata), data too small for ``seq_len``/``batch_size``,
-      sizes that do not divide the mesh.
+      ``config.json`` and the checkpoint's metadata) or on changed data (``check_resume_data``,
+      unless ``data.allow_changed``), data too small for ``seq_len``/``batch_size``, sizes that do
+      not divide the mesh; distributed settings that cannot form a job
+      (``sharding.initialize_distributed``); processes that disagree on the config or the data
+      (``check_processes_agree``) or do not share the workdir (``check_shared_workdir``).
+    ConnectionError: JAX could not initialise the multi-process runtime.
     FileNotFoundError: ``cfg.data.path`` does not exist.
     run_guard.WorkdirInUseError: another live trainer holds the workdir.
     run_guard.NonFiniteError: a step's loss, gradient norm or update was non-finite more than
       ``cfg.skip_nonfinite`` times; nothing non-finite was applied or saved.
-    run_guard.TrainingInterrupted: SIGTERM/SIGINT; a checkpoint of the current step was written.
+    run_guard.TrainingInterrupted: SIGTERM/SIGINT (to any process of a multi-process run: all
+      stop after the same step); a checkpoint of the current step was written.
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start = time.time()
