@@ -114,9 +114,9 @@ def stop_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> 
     return
 
   def handle(signum, frame):
-    if request.signum is not None:
+    if request.signum is not None and request.from_process is None:  # this process's second signal
       os._exit(128 + signum)
-    request.signum = signum
+    request.signum, request.from_process = signum, None  # its own signal replaces another process's
     print(
       f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (send it again to exit "
       "at once, losing the work since the last checkpoint)",

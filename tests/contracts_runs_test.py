@@ -4,6 +4,7 @@ refused before anything starts; a signal to one process stops all; a resume on c
 refused. Two-process cases run ``train/train.py`` twice on 127.0.0.1 (1 fake CPU device each), each
 under a hang guard that kills its process group."""
 
+import hashlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -126,8 +128,6 @@ def test_data_fingerprint_changes_with_the_bytes_and_files_not_with_the_path(tmp
   assert base["train_bytes"] + base["eval_bytes"] == len(text)
   # Reference: the SHA-256 of what the definition says, computed independently here.
   cut = int(len(text) * 0.9)
-  import hashlib
-
   h = hashlib.sha256(b"corpus.txt\0")
   for side in (text[:cut], text[cut:]):
     h.update(len(side).to_bytes(8, "little") + side)
@@ -195,9 +195,10 @@ FAST = [
 ]
 
 
-def _run_processes(argvs):
-  """Starts ``train.py`` once per argv (1 CPU device each) and returns ``(status, stderr)`` of each;
-  a process group still alive after HANG_GUARD_S seconds is killed and the test fails."""
+def _run_processes(argvs, while_running=None):
+  """Starts ``train.py`` once per argv (1 CPU device each), calls ``while_running(procs)`` if
+  given, and returns ``(status, stderr)`` of each; a process group still alive after HANG_GUARD_S
+  seconds is killed and the test fails."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
   for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     env.pop(name, None)
@@ -214,6 +215,8 @@ def _run_processes(argvs):
   ]
   results = []
   try:
+    if while_running is not None:
+      while_running(procs)
     for p in procs:
       _, err = p.communicate(timeout=HANG_GUARD_S)
       results.append((p.returncode, err))
@@ -297,3 +300,39 @@ def test_a_second_process_0_or_a_missing_peer_fail_in_seconds(tmp_path, text_fil
     r"distributed\.initialization_timeout=3 s: start all 2 processes",
     lines[1],
   ), lines
+
+
+def test_a_signal_to_one_process_stops_both_after_the_same_step(tmp_path, text_file):
+  # Issue 17: _agree_on_stop overwrote stop.signum with the gathered value, so a SIGTERM arriving
+  # during the gather was lost ("stopping after this step", then both trained to the end).
+  port, run = _free_port(), tmp_path / "run"
+  argvs = [
+    [
+      *FAST,
+      "num_steps=100000",
+      "checkpoint_every=100000",
+      f"data.path={text_file}",
+      f"workdir={run}",
+      f"distributed.coordinator_address=127.0.0.1:{port}",
+      f"distributed.process_id={i}",
+    ]
+    for i in range(2)
+  ]
+
+  def signal_process_1(procs):
+    end = time.monotonic() + HANG_GUARD_S
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text():
+      assert all(p.poll() is None for p in procs) and time.monotonic() < end, "the run did not start"
+      time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+
+  results = _run_processes(argvs, while_running=signal_process_1)
+  lines = _errors(results)
+  assert [s for s, _ in results] == [143, 143], results
+  last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+  assert lines[0] == (
+    f"train.py: stopped by SIGTERM (received by process 1) at step {last}; checkpoint saved in "
+    f"{run / 'checkpoints'}: rerun the same command to resume"
+  )
+  assert lines[1].startswith(f"train.py: stopped by SIGTERM at step {last};")
+  assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [str(last)]
