@@ -102,12 +102,17 @@ def test_distributed_settings_from_the_environment_are_checked_alike(env, messag
     ("initialization_timeout", "soon", "valid integer"),
     ("num_processes", 0, "greater than 0"),
     ("process_id", -1, "greater than or equal to 0"),
-    ("cpu_collectives", "nccl", "'gloo' or 'mpi'"),
+    ("distributed.cpu_collectives", "nccl", "'gloo' or 'mpi'"),
+    ("distributed.coordinator_address", "[1, 2]", "valid string"),
+    ("data.allow_changed", "maybe", "valid boolean"),
+    ("data.allow_changed", "[]", "valid boolean"),
   ],
 )
-def test_distributed_config_values_out_of_range_are_refused(key, value, message):
+def test_run_config_values_out_of_range_are_refused(key, value, message):
   with pytest.raises(ValueError, match=message):
-    load_config(None, [f"distributed.{key}={value}"])
+    load_config(
+      None, [f"{key}={value}" if key.startswith(("data.", "distributed.")) else f"distributed.{key}={value}"]
+    )
 
 
 # --- the data fingerprint -------------------------------------------------------------------
