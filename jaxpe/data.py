@@ -378,3 +378,32 @@ def unigram_bits_per_byte(tokens: np.ndarray) -> float:
 def bits_per_byte(mean_nats_per_token: float) -> float:
   """Cross-entropy in nats per byte (token) -> bits per byte (divides by ln 2)."""
   return mean_nats_per_token / math.log(2)
+
+
+def fingerprint(corpus: Corpus) -> dict[str, object]:
+  """What identifies the bytes a run trains and evaluates on, for checkpoints and for the processes
+  of a multi-process run to compare: ``sha256`` (hex) of the files read into each side (paths
+  relative to the data root, in reading order, with the bytes read from each), the training bytes
+  and the held-out bytes actually used (``corpus.train``, ``corpus.eval``: after ``max_bytes`` and
+  the split), with ``train_bytes``, ``eval_bytes`` and ``files`` (counts) for messages.
+
+  A changed file, an added or removed file, or prepended text all change ``sha256``; the path
+  string itself does not enter it (the same corpus under another mount point is the same data).
+  """
+  root = corpus.root or Path(".")
+  files = [f for f, _ in corpus.train_files] + [f for f, _ in corpus.held_files]
+  h = hashlib.sha256()
+  for side_files in (corpus.train_files, corpus.held_files):
+    h.update(len(side_files).to_bytes(8, "little"))
+    for f, n in side_files:
+      rel = f.relative_to(root) if f.is_relative_to(root) else f
+      h.update(str(rel).encode(errors="surrogateescape") + b"\0" + n.to_bytes(8, "little"))
+  for side in (corpus.train, corpus.eval):
+    h.update(len(side).to_bytes(8, "little"))
+    h.update(np.ascontiguousarray(side, np.uint8).tobytes())
+  return {
+    "sha256": h.hexdigest(),
+    "train_bytes": int(corpus.train.size),
+    "eval_bytes": int(corpus.eval.size),
+    "files": len(set(files)),
+  }

@@ -110,9 +110,17 @@ def check_workdir_intact(workdir: Path, metrics_file: Any, step: int) -> None:
 
 
 class StopRequest:
-  """Set by ``stop_signals``: ``signum`` is None until the first SIGTERM/SIGINT arrives."""
+  """Set by ``stop_signals``: ``signum`` is None until the first SIGTERM/SIGINT arrives. In a
+  multi-process run a process that received no signal itself takes another process's
+  (``from_process`` is that process's index; None for this process's own signal)."""
 
   signum: int | None = None
+  from_process: int | None = None
+
+  @property
+  def origin(self) -> str:
+    """``" (received by process P)"`` for another process's signal, else ``""``."""
+    return "" if self.from_process is None else f" (received by process {self.from_process})"
 
   @property
   def name(self) -> str:
@@ -134,9 +142,9 @@ def stop_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> 
     return
 
   def handle(signum, frame):
-    if request.signum is not None:
+    if request.signum is not None and request.from_process is None:  # this process's second signal
       os._exit(128 + signum)
-    request.signum = signum
+    request.signum, request.from_process = signum, None  # its own signal replaces another process's
     print(
       f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (send it again to exit "
       "at once, losing the work since the last checkpoint)",

@@ -16,10 +16,14 @@ parallelism (Shoeybi et al., arXiv 1909.08053).
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
+import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -277,31 +281,135 @@ def global_batch(
   return jax.make_array_from_process_local_data(sharding, local, global_shape)
 
 
+def _distributed_settings(cfg: DistributedConfig) -> tuple[bool, str | None, int | None, int | None]:
+  """``(enabled, address, num_processes, process_id)`` from ``cfg`` and the environment, refused
+  when they cannot form a job (see ``initialize_distributed``)."""
+  env = os.environ
+
+  def from_env(value, name):
+    if value is not None or env.get(name) in (None, ""):
+      return value
+    try:
+      return int(env[name])
+    except ValueError:
+      raise ValueError(f"{name}={env[name]!r} is not an integer") from None
+
+  address = cfg.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
+  num = from_env(cfg.num_processes, "JAX_NUM_PROCESSES")
+  pid = from_env(cfg.process_id, "JAX_PROCESS_ID")
+  enabled = cfg.enabled if cfg.enabled is not None else address is not None or (num or 1) > 1
+  if cfg.enabled is False and ((num or 1) > 1 or address is not None):
+    raise ValueError(
+      f"distributed.enabled=false contradicts distributed.num_processes={num} / coordinator_address="
+      f"{address!r}: drop those keys (and JAX_* variables) for a one-process run, or enable it"
+    )
+  if not enabled or cfg.enabled and address is None and num is None and pid is None:
+    return enabled, address, num, pid  # one process, or JAX's cluster detection (enabled=true alone)
+  missing = [
+    name
+    for name, value in (
+      ("distributed.coordinator_address (host:port of process 0, or JAX_COORDINATOR_ADDRESS)", address),
+      ("distributed.num_processes (or JAX_NUM_PROCESSES)", num),
+      ("distributed.process_id (or JAX_PROCESS_ID)", pid),
+    )
+    if value is None
+  ]
+  if missing:
+    raise ValueError(
+      f"a multi-process run needs {' and '.join(missing)}; it has none, so it cannot form the job"
+    )
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"distributed.coordinator_address must be host:port (port 1-65535), got {address!r}")
+  if num < 1 or not 0 <= pid < num:
+    raise ValueError(
+      f"distributed.process_id ({pid}) must be in 0..{num - 1} (distributed.num_processes={num})"
+    )
+  return enabled, address, num, pid
+
+
+def _check_coordinator_port(address: str) -> None:
+  """Process 0 starts the coordinator service on ``address``'s port: refuse at once when something
+  (another process 0 of this job, another program) already listens there."""
+  host, _, port = address.rpartition(":")
+  host = host.strip("[]")
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  with socket.socket(family, socket.SOCK_STREAM) as probe:
+    probe.setsockopt(
+      socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+    )  # as the service does: TIME_WAIT is no conflict
+    try:
+      probe.bind(("" if host in ("localhost", "0.0.0.0") else host, int(port)))
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise ValueError(
+          f"distributed.coordinator_address {address!r}: port {port} is already in use (another process "
+          "with distributed.process_id=0, or another program): give each process its own process_id in "
+          "0..num_processes-1, or choose a free port"
+        ) from None
+      # Another host's address (EADDRNOTAVAIL) or a name: process 0 normally runs on it; JAX reports it.
+
+
 def initialize_distributed(cfg: DistributedConfig) -> bool:
   """Starts JAX's multi-controller runtime (``jax.distributed.initialize``) when ``cfg`` asks for
   it; call before any other JAX use. Returns True when this process is part of a multi-process run.
 
-  ``enabled=None`` initialises when ``cfg.coordinator_address`` or ``JAX_COORDINATOR_ADDRESS`` is
-  set. Unset fields come from ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
-  ``JAX_PROCESS_ID``, then from JAX's cluster detection. On the CPU backend the cross-process
-  collectives are ``cfg.cpu_collectives`` (gloo by default).
+  ``enabled=None`` initialises when a coordinator address (``cfg.coordinator_address`` or
+  ``JAX_COORDINATOR_ADDRESS``) is set or ``num_processes`` > 1. Unset fields come from
+  ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; ``enabled=true`` with
+  none of them is left to JAX's cluster detection. On the CPU backend the cross-process collectives
+  are ``cfg.cpu_collectives`` (gloo by default). The processes must all join within
+  ``cfg.initialization_timeout`` seconds, and a process whose peer stops answering fails after
+  the same time.
 
   Raises:
-    ValueError: JAX's error for an incomplete setting (no coordinator, process id out of range).
+    ValueError: settings that cannot form a job, before anything starts: a coordinator address,
+      ``num_processes`` or ``process_id`` missing while another is set (``num_processes`` > 1
+      without a coordinator would otherwise train alone), ``process_id`` outside
+      ``0..num_processes-1``, an address that is not ``host:port``, ``enabled=false`` with
+      multi-process keys, the coordinator's port already in use on process 0 (a second process
+      0); a non-integer ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``.
+    ConnectionError: JAX refused to initialise (its first line kept).
+
+  When the processes do not all join within ``initialization_timeout`` seconds, the process prints
+  one line (``<program>: error: process P of N could not form the job ...``) and exits with status
+  2 (JAX itself would abort with a misleading "another task died").
   """
-  env = os.environ
-  address = cfg.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
-  enabled = cfg.enabled if cfg.enabled is not None else address is not None
+  enabled, address, num, pid = _distributed_settings(cfg)
   if not enabled:
     return jax.process_count() > 1
   if jax.distributed.is_initialized():
     return True
-  num = cfg.num_processes if cfg.num_processes is not None else env.get("JAX_NUM_PROCESSES")
-  pid = cfg.process_id if cfg.process_id is not None else env.get("JAX_PROCESS_ID")
+  if pid == 0 and address is not None:
+    _check_coordinator_port(address)
   jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
-  jax.distributed.initialize(
-    coordinator_address=address,
-    num_processes=None if num is None else int(num),
-    process_id=None if pid is None else int(pid),
+  timeout = cfg.initialization_timeout
+  message = (
+    f"process {pid} of {num} could not form the job with the coordinator {address} within "
+    f"distributed.initialization_timeout={timeout} s: start all {num} processes with the same "
+    f"coordinator_address and num_processes and each its own process_id in 0..{(num or 1) - 1}"
   )
+  # JAX aborts the process (a C++ fatal error blaming "another task") when registration times out;
+  # this watchdog ends it first with one line naming what is missing.
+  done = threading.Event()
+
+  def watchdog():
+    if not done.wait(timeout):
+      print(f"{Path(sys.argv[0]).name or 'jaxpe'}: error: {message}", file=sys.stderr, flush=True)
+      os._exit(2)
+
+  threading.Thread(target=watchdog, name="jaxpe-distributed-watchdog", daemon=True).start()
+  try:
+    jax.distributed.initialize(
+      coordinator_address=address,
+      num_processes=num,
+      process_id=pid,
+      initialization_timeout=timeout + 30,  # the watchdog reports first
+      heartbeat_timeout_seconds=max(timeout, 10),
+    )
+  except Exception as e:  # JAX's errors here are long gRPC reports
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    raise ConnectionError(f"{message} (JAX: {first[:200]})") from e
+  finally:
+    done.set()
   return True

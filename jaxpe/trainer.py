@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import math
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +112,20 @@ RUN_DEFINING_KEYS = ("model", "data", "seed", "seq_len", "batch_size")
 not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
 ``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
-RESUME_CHANGEABLE = ("model.scan_layers", "model.remat")
-"""Keys under ``model`` that a resume may change (how the layers are run, not their parameters)."""
+RESUME_CHANGEABLE = ("model.scan_layers", "model.remat", "data.allow_changed")
+"""Keys under ``RUN_DEFINING_KEYS`` that a resume may change: how the layers are run (not their
+parameters), and the permission to continue on changed data (``check_resume_data``)."""
+
+PROCESS_LOCAL_KEYS = (
+  "distributed.process_id",
+  "distributed.coordinator_address",
+  "distributed.enabled",
+  "workdir",
+  "data.path",
+)
+"""Config keys the processes of one run may hold differently: their own id, how each reaches the
+coordinator, and paths (another host may mount the shared workdir or the data elsewhere; the
+workdir is checked by a file, the data by its fingerprint)."""
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -156,6 +170,116 @@ def check_resume_config(
     raise ValueError(
       f"cannot resume {cfg.workdir!r} with a different model, data or batch stream ({detail}, saved in "
       f"{source}); these keys are fixed for a run: use a new workdir (or the saved values)"
+    )
+
+
+def check_resume_data(meta: dict[str, Any], fingerprint: dict[str, Any], cfg: TrainConfig) -> None:
+  """Compares the data fingerprint a checkpoint's metadata carries (``data.fingerprint`` of the
+  run that wrote it) with this run's, before resuming.
+
+  A checkpoint without one (written before fingerprints) is not checked.
+
+  Raises:
+    ValueError: the fingerprints differ (the data's bytes or file list changed) and
+      ``cfg.data.allow_changed`` is false; one line naming the data, both fingerprints and sizes,
+      and the override.
+  """
+  saved = meta.get("data_fingerprint")
+  if not isinstance(saved, dict) or saved.get("sha256") == fingerprint["sha256"]:
+    return
+  where = cfg.data.path or "the Python standard library"
+
+  def describe(fp):
+    return (
+      f"{fp.get('train_bytes', '?')} training + {fp.get('eval_bytes', '?')} held-out bytes from "
+      f"{fp.get('files', '?')} file(s), fingerprint {str(fp.get('sha256'))[:12]}"
+    )
+
+  detail = f"data {where!r} now gives {describe(fingerprint)}; the checkpoint of step {meta.get('step')} was trained on {describe(saved)}"
+  if not cfg.data.allow_changed:
+    raise ValueError(
+      f"cannot resume {cfg.workdir!r} on changed data: {detail}. Restore that data, or set "
+      "data.allow_changed=true to continue on the new data (the later batches then differ from the saved run's)"
+    )
+  log.warning("resuming on changed data (data.allow_changed=true): %s", detail)
+
+
+def _config_hash(value: Any) -> np.int32:
+  text = json.dumps(value, sort_keys=True)
+  return np.int32(int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little", signed=True))
+
+
+def check_processes_agree(cfg: TrainConfig, fingerprint: dict[str, Any]) -> None:
+  """In a multi-process run, checks that every process holds the same config (all keys but
+  ``PROCESS_LOCAL_KEYS``) and the same data (``fingerprint``'s ``sha256``): each process gathers a
+  hash of each key's value from all processes (``multihost_utils.process_allgather``). Every
+  process makes the same comparison, so all refuse together. A no-op with one process.
+
+  Raises:
+    ValueError: one line naming the differing keys, with this process's values.
+  """
+  if jax.process_count() == 1:
+    return
+  flat = {k: v for k, v in _flatten(cfg.model_dump(mode="json")).items() if k not in PROCESS_LOCAL_KEYS}
+  flat["data fingerprint"] = fingerprint["sha256"]
+  keys = sorted(flat)
+  me, n = jax.process_index(), jax.process_count()
+  schemas = multihost_utils.process_allgather(np.array([_config_hash(keys)], np.int32))
+  if not np.all(schemas == schemas[0]):
+    raise ValueError(
+      f"the {n} processes of this run have different config keys (another jaxpe version on some host); "
+      "run the same version everywhere"
+    )
+  hashes = multihost_utils.process_allgather(np.array([_config_hash(flat[k]) for k in keys], np.int32))
+  differing = [k for i, k in enumerate(keys) if not np.all(hashes[:, i] == hashes[0, i])]
+  if differing:
+    here = ", ".join(
+      f"{k}={flat[k]!r}"
+      if k != "data fingerprint"
+      else f"data {cfg.data.path or 'stdlib'!r} with fingerprint "
+      f"{flat[k][:12]} ({fingerprint['train_bytes']} training + {fingerprint['eval_bytes']} held-out bytes)"
+      for k in differing
+    )
+    others = sorted(
+      {p for k in differing for p in range(n) if hashes[p, keys.index(k)] != hashes[me, keys.index(k)]}
+    )
+    raise ValueError(
+      f"the processes of this run disagree on {', '.join(differing)} (process {me} has {here}; processes "
+      f"{others} differ): start every process with the same config (only distributed.process_id differs)"
+    )
+
+
+SHARED_CHECK_FILE = ".jaxpe-shared-check"
+"""The file process 0 writes into the workdir for the others to read (``check_shared_workdir``)."""
+
+
+def check_shared_workdir(workdir: Path) -> None:
+  """In a multi-process run, checks that every process sees the same workdir: process 0 writes a
+  random token to ``<workdir>/.jaxpe-shared-check``, broadcasts it, every process reads the file
+  back, and all gather the results. A no-op with one process.
+
+  Raises:
+    ValueError: naming the workdir and the processes that do not see process 0's file.
+  """
+  if jax.process_count() == 1:
+    return
+  path = workdir / SHARED_CHECK_FILE
+  token = secrets.randbelow(2**31 - 1) + 1
+  if jax.process_index() == 0:
+    _write_atomic(path, str(token))
+  token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))  # after process 0 wrote it
+  try:
+    seen = path.read_text().strip() == str(token)
+  except (OSError, UnicodeDecodeError):
+    seen = False
+  seen_by = multihost_utils.process_allgather(np.bool_(seen))
+  if jax.process_index() == 0:
+    path.unlink(missing_ok=True)
+  if not np.all(seen_by):
+    missing = [int(p) for p in np.flatnonzero(~np.asarray(seen_by, bool))]
+    raise ValueError(
+      f"workdir {str(workdir)!r} is not shared: process(es) {missing} do not see the file process 0 wrote "
+      f"there ({SHARED_CHECK_FILE}); every process of a run needs the same workdir (on a disk all hosts see)"
     )
 
 
@@ -238,11 +362,22 @@ def _truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
 
 
 def _nonfinite_reason(state: Any) -> str | None:
-  """Restore check: a reason when ``state`` holds a NaN or infinity (written by an older version)."""
-  leaves = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
-  if leaves and not bool(jnp.isfinite(optax.tree.norm(leaves))):
-    return "it holds non-finite values"
-  return None
+  """Restore check: a reason when ``state`` holds a NaN or infinity (written by an older version).
+
+  Checked on the host, shard by shard (each process its own shards, then the processes agree), with
+  no XLA computation: eager per-leaf reductions on sharded arrays dispatch one small SPMD program
+  with an all-reduce per leaf, and on the CPU runtime such a queue of asynchronous collective
+  programs deadlocked (one device's launch waited on the in-flight limit while the other devices
+  waited in the all-reduce; XLA aborted after 40 s)."""
+  finite = True
+  for x in jax.tree.leaves(state):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+      continue
+    shards = [s.data for s in x.addressable_shards] if isinstance(x, jax.Array) else [x]
+    finite = finite and all(bool(np.isfinite(np.asarray(d)).all()) for d in shards)
+  if jax.process_count() > 1:  # every process decides alike (the same step is used or moved aside)
+    finite = bool(np.all(multihost_utils.process_allgather(np.bool_(finite))))
+  return None if finite else "it holds non-finite values"
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
@@ -256,19 +391,30 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
 
   Raises:
     ValueError: resuming with changed run-defining keys (``check_resume_config``, against
-      ``config.json`` and the checkpoint's metadata), data too small for ``seq_len``/``batch_size``,
-      sizes that do not divide the mesh.
+      ``config.json`` and the checkpoint's metadata) or on changed data (``check_resume_data``,
+      unless ``data.allow_changed``), data too small for ``seq_len``/``batch_size``, sizes that do
+      not divide the mesh; distributed settings that cannot form a job
+      (``sharding.initialize_distributed``); processes that disagree on the config or the data
+      (``check_processes_agree``) or do not share the workdir (``check_shared_workdir``).
+    ConnectionError: JAX could not initialise the multi-process runtime.
     FileNotFoundError: ``cfg.data.path`` does not exist.
     run_guard.WorkdirInUseError: another live trainer holds the workdir.
     run_guard.NonFiniteError: a step's loss, gradient norm or update was non-finite more than
       ``cfg.skip_nonfinite`` times; nothing non-finite was applied or saved.
-    run_guard.TrainingInterrupted: SIGTERM/SIGINT; a checkpoint of the current step was written.
+    run_guard.TrainingInterrupted: SIGTERM/SIGINT (to any process of a multi-process run: all
+      stop after the same step); a checkpoint of the current step was written.
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start = time.time()
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
+  corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
+  if progress and jax.process_index() == 0:
+    print(corpus.describe(), flush=True)  # which files (and bytes) went to each side, what was skipped
+  fingerprint = data.fingerprint(corpus)
+  check_processes_agree(cfg, fingerprint)  # before any process writes anything
   workdir = Path(cfg.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  check_shared_workdir(workdir)
   # The processes of a multi-process run share the workdir: process 0 holds its lock.
   lock = run_guard.workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock, run_guard.stop_signals() as stop:
@@ -280,7 +426,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     with checkpoint.manager(
       ckpt_dir, max_to_keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
     ) as mngr:
-      return _train(cfg, workdir, mngr, stop, saved_config, progress=progress, start=start)
+      return _train(
+        cfg, workdir, mngr, stop, saved_config, corpus, fingerprint, progress=progress, start=start
+      )
 
 
 def _saved_layout(meta: dict[str, Any], saved_config: str | None, cfg: TrainConfig) -> bool:
@@ -294,12 +442,20 @@ def _saved_layout(meta: dict[str, Any], saved_config: str | None, cfg: TrainConf
 
 
 def _agree_on_stop(stop: run_guard.StopRequest) -> bool:
-  """True when any process received SIGTERM/SIGINT (then every process's ``stop`` carries it), so
-  that all processes of a multi-process run stop after the same step."""
-  if jax.process_count() > 1:
-    signums = multihost_utils.process_allgather(np.int32(stop.signum or 0))
-    stop.signum = int(np.max(signums)) or None
-  return stop.signum is not None
+  """True when any process received SIGTERM/SIGINT, so that all processes of a multi-process run
+  stop after the same step. The decision rests only on the gathered values (all processes decide
+  alike); a signal that arrives during the gather is seen at the next call. A process keeps its
+  own signal (its exit status); one that received none takes the first other process's
+  (``stop.from_process`` names it)."""
+  if jax.process_count() == 1:
+    return stop.signum is not None
+  signums = np.asarray(multihost_utils.process_allgather(np.int32(stop.signum or 0))).ravel()
+  senders = np.flatnonzero(signums)
+  if senders.size == 0:
+    return False
+  if stop.signum is None:  # never overwrite this process's own signal
+    stop.signum, stop.from_process = int(signums[senders[0]]), int(senders[0])
+  return True
 
 
 def _train(
@@ -308,6 +464,8 @@ def _train(
   mngr,
   stop: run_guard.StopRequest,
   saved_config: str | None,
+  corpus: data.Corpus,
+  fingerprint: dict[str, Any],
   *,
   progress: bool,
   start: float,
@@ -317,9 +475,6 @@ def _train(
   primary = jax.process_index() == 0  # writes config.json, metrics, plot, summary; prints
   progress = progress and primary
 
-  corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
-  if progress:
-    print(corpus.describe(), flush=True)  # which files (and bytes) went to each side, what was skipped
   eval_set = data.eval_batches(
     corpus.eval, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.eval_batches
   )
@@ -334,6 +489,7 @@ def _train(
   def check_meta(meta):
     if "config" in meta:
       check_resume_config(meta["config"], cfg, source=f"the checkpoint of step {meta['step']}")
+    check_resume_data(meta, fingerprint, cfg)
 
   def restore_target(meta):  # in the layer layout the checkpoint was written in
     saved_scan = _saved_layout(meta, saved_config, cfg)
@@ -351,8 +507,10 @@ def _train(
     saved, meta = restored
     if _saved_layout(meta, saved_config, cfg) != cfg.model.scan_layers:  # loop <-> scanned layers
       convert = model_lib.to_scan_layout if cfg.model.scan_layers else model_lib.to_loop_layout
+      # One jitted program into the target shardings (not eager per-leaf stacking on sharded arrays).
+      convert = jax.jit(convert, out_shardings=nnx.to_pure_dict(state_shardings))
       nnx.replace_by_pure_dict(state, convert(nnx.to_pure_dict(saved)))
-      saved = jax.device_put(state, state_shardings)
+      saved = state
     state = saved
     step, skipped = int(meta["data_position"]), int(meta.get("skipped_steps", 0))
     schedule_steps, fitted = _resumed_schedule(meta, cfg)
@@ -382,10 +540,11 @@ def _train(
   eval_step = steps.make_eval_step(graphdef, loss_fn=next_token_loss, **placement)
 
   def evaluate(state) -> float:
+    # One program in flight at a time (each loss is fetched before the next batch is dispatched).
     losses = [
-      eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape)) for b in eval_set
+      float(eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape))) for b in eval_set
     ]
-    return data.bits_per_byte(float(np.mean([float(x) for x in losses])))
+    return data.bits_per_byte(float(np.mean(losses)))
 
   def save(state, step):
     meta = {
@@ -395,6 +554,7 @@ def _train(
       "config": cfg.model_dump(mode="json"),
       "schedule_steps": schedule_steps,
       "schedule_fitted": fitted,
+      "data_fingerprint": fingerprint,
     }
     checkpoint.save(mngr, step, state, meta)
 
@@ -406,7 +566,11 @@ def _train(
   bar = pacing.Progress(schedule_steps, step, enabled=progress)
   metrics_file = metrics_path.open("a") if primary else open(os.devnull, "w")
   with bar, metrics_file:  # the bar ends its line before any error
-    while step < target and not _agree_on_stop(stop):
+    stopped = False
+    while step < target:
+      if _agree_on_stop(stop):
+        stopped = True
+        break
       batch = sharding.global_batch(  # each process builds only its rows of the global batch
         lambda rows, step=step: data.train_batch(
           corpus.train, step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len, rows=rows
@@ -468,12 +632,12 @@ def _train(
         save(state, step)
       if out_of_time:
         break
-  if stop.signum is not None:
+  if stopped or _agree_on_stop(stop):  # all processes reach this check at the same step
     if mngr.latest_step() != step:
       save(state, step)
     checkpoint.finish(mngr)  # the asynchronous save is on disk before the process exits
     raise run_guard.TrainingInterrupted(
-      f"stopped by {stop.name} at step {step}; checkpoint saved in {ckpt_dir}: rerun the same command to resume",
+      f"stopped by {stop.name}{stop.origin} at step {step}; checkpoint saved in {ckpt_dir}: rerun the same command to resume",
       signum=stop.signum,
       step=step,
     )
@@ -483,7 +647,12 @@ def _train(
 
   sample = ""
   if cfg.sample_len:  # generated on process 0 from a host copy of the (gathered) state
-    local = state if jax.process_count() == 1 else multihost_utils.process_allgather(state, tiled=True)
+    # Host copies: generation runs eagerly, and eager ops on sharded arrays dispatch collective programs.
+    local = (
+      jax.device_get(state)
+      if jax.process_count() == 1
+      else multihost_utils.process_allgather(state, tiled=True)
+    )
     if primary:
       model, _ = nnx.merge(graphdef, local)
       sample = sample_text(model, cfg.sample_prompt, cfg.sample_len, seed=cfg.seed)

@@ -21,7 +21,7 @@ import pydantic
 import pytest
 
 from jaxpe import config as config_lib
-from jaxpe import data, run_guard, study, trainer
+from jaxpe import data, memory_check, run_guard, study, trainer
 from jaxpe.config import TrainConfig, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,7 @@ def test_study_command_line_refuses_in_one_line(study_cli, in_tmp, capsys, monke
 def test_data_is_a_path_taken_verbatim_by_both_command_lines(train_cli, study_cli, in_tmp, monkeypatch, name):
   """--data null / '~' trained on the built-in corpus and 'my text #2.txt' on the file 'my text'."""
   seen = {}
-  monkeypatch.setattr(config_lib, "check_fits_memory", lambda cfg: None)  # tested above; costs a trace
+  monkeypatch.setattr(memory_check, "check_fits_memory", lambda cfg: None)  # tested above; costs a trace
 
   def capture(cfg):
     seen["train"] = cfg

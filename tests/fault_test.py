@@ -393,6 +393,35 @@ def test_config_json_damaged_or_missing_cannot_hide_a_changed_run(tmp_path, save
   assert json.loads((run / "config.json").read_text())["num_steps"] == 5
 
 
+def test_a_resume_on_changed_data_is_refused_unless_allowed(tmp_path, saved_run, text_file, caplog):
+  # Issue 17: the checkpoint carries the data fingerprint (bytes used, not the path); a resume on
+  # other bytes under the same path (e.g. 50 KB prepended) continued on another batch stream.
+  run = tmp_path / "run"
+  shutil.copytree(saved_run, run)
+  cfg = _cfg(run, text_file)
+  corpus = trainer.data.load_corpus(
+    text_file, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction
+  )
+  meta_file = run / "checkpoints" / "4" / "meta" / "metadata"
+  meta = json.loads(meta_file.read_text())
+  assert meta["data_fingerprint"] == trainer.data.fingerprint(corpus)  # it travels
+  other = trainer.data.fingerprint(trainer.data.Corpus(corpus.train[7:], corpus.eval, 1))
+  meta_file.write_text(json.dumps({**meta, "data_fingerprint": other}))  # as if trained on other bytes
+  config_json = (run / "config.json").read_text()
+  with pytest.raises(ValueError) as refused:
+    trainer.train(cfg, progress=False)
+  message = str(refused.value)
+  assert "\n" not in message and message.startswith(f"cannot resume {str(run)!r} on changed data: data ")
+  assert (
+    f"now gives {corpus.train.size} training + {corpus.eval.size} held-out bytes from 1 file(s)" in message
+  )
+  assert f"the checkpoint of step 4 was trained on {corpus.train.size - 7} training" in message
+  assert "set data.allow_changed=true to continue on the new data" in message
+  assert (run / "config.json").read_text() == config_json  # nothing rewritten
+  result = trainer.train(_cfg(run, text_file, "data.allow_changed=true"), progress=False)
+  assert result.step == 4 and "resuming on changed data (data.allow_changed=true)" in caplog.text
+
+
 def test_metrics_lines_that_do_not_parse_are_skipped_with_a_warning(tmp_path, caplog):
   # Each bad line is a kind of damage: torn, not a record, bytes that are not UTF-8 (these stopped
   # the run with "'utf-8' codec can't decode"), records without a numeric loss or an integer step

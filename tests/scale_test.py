@@ -60,7 +60,15 @@ def _initial(model_cfg):
   return graphdef, jax.tree.map(np.asarray, state)  # host copies: the steps donate their input
 
 
-def _losses(cfg):
+RESUME_AT = 5
+"""The step the resumed runs restart from (a checkpoint of it is restored)."""
+
+
+def _losses(cfg, checkpoints=None):
+  """The losses of STEPS steps on ``cfg``'s mesh from the shared initial state. With a
+  ``checkpoints`` directory, also resumes: the state of step RESUME_AT is saved, restored the way
+  the trainer does it (sharded restore and its non-finite check) and run again over the same
+  batches; the resumed losses and final state must equal the uninterrupted run's bit for bit."""
   mesh = _mesh(cfg.mesh_shape)
   sharding.check_divisible(cfg.model, mesh, BATCH, seq_len=SEQ, rules=cfg.logical_rules)
   graphdef, state = _initial(cfg.model)
@@ -70,11 +78,31 @@ def _losses(cfg):
   step = steps.make_train_step(
     graphdef, mesh=mesh, rules=cfg.logical_rules, state_shardings=shardings, batch_sharding=batch_sharding
   )
-  out = []
-  for batch in _batches():
-    state, metrics = step(state, jax.device_put(batch, batch_sharding))
-    out.append(float(metrics["loss"]))
-  return np.asarray(out)
+
+  def run(state, batches):
+    out = []
+    for batch in batches:
+      state, metrics = step(state, jax.device_put(batch, batch_sharding))
+      out.append(float(metrics["loss"]))
+    return state, out
+
+  if checkpoints is None:
+    return np.asarray(run(state, _batches())[1])
+  mngr = checkpoint.manager(checkpoints)
+  state, first = run(state, _batches()[:RESUME_AT])
+  checkpoint.save(mngr, RESUME_AT, state, {"step": RESUME_AT})
+  state, rest = run(state, _batches()[RESUME_AT:])
+  final = jax.tree.map(np.asarray, state)
+  restored, meta = checkpoint.restore_latest(
+    mngr, checkpoint.abstract_with_shardings(state, shardings), check_state=trainer._nonfinite_reason
+  )
+  mngr.close()
+  assert meta == {"step": RESUME_AT}
+  resumed, resumed_rest = run(restored, _batches()[RESUME_AT:])
+  assert resumed_rest == rest  # bit for bit
+  for x, y in zip(jax.tree.leaves(resumed), jax.tree.leaves(final)):
+    np.testing.assert_array_equal(np.asarray(x), y)
+  return np.asarray(first + rest)
 
 
 @functools.cache
@@ -99,9 +127,9 @@ CASES = (
     for s, m in CASES
   ],
 )
-def test_meshes_train_like_one_device(shape, layers):
+def test_meshes_train_like_one_device_and_resume_bit_exactly(shape, layers, tmp_path):
   ref = _reference()
-  losses = _losses(_cfg(shape, **layers))
+  losses = _losses(_cfg(shape, **layers), checkpoints=tmp_path)
   assert ref[-1] < ref[0] - 0.05  # it trains
   # Scanned layers start from the stacked loop parameters, so every variant equals the reference.
   np.testing.assert_allclose(losses, ref, rtol=0, atol=1e-5)

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
   def body() -> int:
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
     from jaxpe import sharding
-    from jaxpe.config import check_fits_memory
+    from jaxpe.memory_check import check_fits_memory
 
     sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
 

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
   args = parser.parse_intermixed_args(argv)
 
-  from jaxpe.config import check_fits_memory, load_config
+  from jaxpe.config import load_config
+  from jaxpe.memory_check import check_fits_memory
   from jaxpe.trainer import train
 
   def body() -> int:
