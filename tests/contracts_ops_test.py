@@ -820,12 +820,14 @@ def test_list_inputs_are_read_as_arrays():
   )
 
 
-def test_traced_wide_xpos_positions_give_nan_and_query_scale_refuses_negative():
+def test_traced_wide_xpos_positions_give_nan_and_hfrope_query_scale_refuses_negative():
   with jax.enable_x64(True):
     p = jnp.asarray([[2**31 + 3, 5]], jnp.int64)
     s = jax.jit(lambda p: xpos_scale(p, rotary_dim=8, kind="query"))(p)
     assert np.all(np.isnan(s[0, 0])) and np.all(np.isfinite(s[0, 1]))
-  r = rope_from_hf_config({**LLAMA, "llama_4_scaling_beta": 0.1, "rope_scaling": {"rope_type": "default"}})
+  r = rope_from_hf_config(
+    {**LLAMA, "llama_4_scaling_beta": 0.1, "rope_scaling": {"rope_type": "default"}}
+  )  # HFRope
   with pytest.raises(ValueError, match="positions must be >= 0"):
     r.query_scale(jnp.asarray([[-1, 3]], I32))
   with pytest.raises(TypeError, match="positions must be"):
