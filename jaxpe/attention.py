@@ -305,7 +305,8 @@ def dot_product_attention(
   Raises:
     ValueError: wrong ranks, mismatched batch/length/head/dim sizes, no heads (N or K = 0), bias
       or mask that do not broadcast, a concrete ``scale`` not a finite number > 0,
-      ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0 or given with T != S.
+      ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0, given with T != S, or given
+      with neither ``mask`` nor ``bias``.
     TypeError: non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
       ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array).
 
@@ -352,6 +353,11 @@ def dot_product_attention(
       raise ValueError(f"causal_block must be an int > 0 (query block size), got {causal_block!r}")
     if s_len != t_len:
       raise ValueError(f"causal_block is for causal self-attention (T == S), got T={t_len}, S={s_len}")
+    if mask is None and bias is None:
+      raise ValueError(
+        "causal_block needs the causal mask (or bias) it skips keys for; with mask=None and bias=None "
+        "every key is visible (pass a causal mask, or drop causal_block)"
+      )
 
   if s_len == 0:  # no key at all: every row is a row with no visible key
     return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)

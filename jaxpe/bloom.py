@@ -385,11 +385,18 @@ def _to_numpy(name: str, value) -> np.ndarray:
 
     if not value.is_floating_point():
       raise CheckpointError(f"checkpoint key {name!r} must be a float tensor, got {value.dtype}")
-    return value.detach().to(device="cpu", dtype=torch.float32).numpy()
-  arr = np.asarray(value)
-  if not np.issubdtype(arr.dtype, np.floating):
-    raise CheckpointError(f"checkpoint key {name!r} must be a float array, got {arr.dtype}")
-  return arr.astype(np.float32)
+    arr = value.detach().to(device="cpu", dtype=torch.float32).numpy()
+  else:
+    arr = np.asarray(value)
+    if not np.issubdtype(arr.dtype, np.floating):
+      raise CheckpointError(f"checkpoint key {name!r} must be a float array, got {arr.dtype}")
+    arr = arr.astype(np.float32)
+  if not np.isfinite(arr).all():
+    bad = int(arr.size - np.isfinite(arr).sum())
+    raise CheckpointError(
+      f"checkpoint key {name!r} holds {bad} non-finite value(s) (NaN or inf) of {arr.size}"
+    )
+  return arr
 
 
 def _strip_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:

@@ -616,12 +616,14 @@ def load_yaml_file(path: str | Path, what: str = "config file") -> dict[str, Any
   """The mapping in the YAML file ``path`` (``{}`` for an empty file).
 
   Raises:
-    FileNotFoundError: ``path`` is not a file.
-    ValueError: not UTF-8, not valid YAML, a key given twice in one mapping (named with its line),
+    FileNotFoundError: ``path`` does not exist.
+    ValueError: a directory, not UTF-8, not valid YAML, a key given twice in one mapping (named with its line),
       or not a mapping at the top.
   """
   path = Path(path)
   source = f"{what} {str(path)!r}"
+  if path.is_dir():
+    raise ValueError(f"{source} is a directory; give a YAML file")
   if not path.is_file():
     raise FileNotFoundError(f"{source} does not exist")
   raw = _load_yaml(_read_text(path, source), source)

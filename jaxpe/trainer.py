@@ -253,6 +253,35 @@ SHARED_CHECK_FILE = ".jaxpe-shared-check"
 """The file process 0 writes into the workdir for the others to read (``check_shared_workdir``)."""
 
 
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "loss.png")
+"""The files a run writes at the top of its workdir (besides ``checkpoints/``), replacing them."""
+
+
+def check_workdir_is_ours(workdir: Path) -> None:
+  """Refuses a ``workdir`` that a run would damage: a path that exists and is not a directory, or a
+  directory holding files a run writes (``RUN_FILES``) but no run of jaxpe (neither a
+  ``checkpoints/`` folder nor a ``config.json`` holding a jaxpe config): the user's own files there
+  would be overwritten. Any other existing directory is used as it is (its other files are kept).
+
+  Raises:
+    ValueError: naming ``workdir``, the files at risk and what to do.
+  """
+  if workdir.exists() and not workdir.is_dir():
+    raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory: choose a directory")
+  if not workdir.is_dir() or (workdir / "checkpoints").is_dir():
+    return
+  present = [name for name in RUN_FILES if (workdir / name).exists()]
+  if not present:
+    return
+  saved = _read_saved_config(workdir / "config.json") if "config.json" in present else None
+  if saved is not None and {"model", "seed", "seq_len"} <= set(json.loads(saved)):
+    return  # a run that stopped before its first checkpoint
+  raise ValueError(
+    f"workdir {str(workdir)!r} holds {', '.join(present)} but no jaxpe run (no checkpoints/, no jaxpe "
+    "config.json): a run would overwrite them; choose another workdir or move those files"
+  )
+
+
 def check_shared_workdir(workdir: Path) -> None:
   """In a multi-process run, checks that every process sees the same workdir: process 0 writes a
   random token to ``<workdir>/.jaxpe-shared-check``, broadcasts it, every process reads the file
@@ -413,6 +442,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   fingerprint = data.fingerprint(corpus)
   check_processes_agree(cfg, fingerprint)  # before any process writes anything
   workdir = Path(cfg.workdir)
+  check_workdir_is_ours(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   check_shared_workdir(workdir)
   # The processes of a multi-process run share the workdir: process 0 holds its lock.

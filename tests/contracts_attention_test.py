@@ -317,6 +317,14 @@ ATTENTION_ROWS = [
   ("dpa", "precise_dims", dict(precise_dims=2.0), ValueError, r"precise_dims must be an int"),
   ("dpa", "precise_dims", dict(precise_dims=True), ValueError, r"precise_dims must be an int"),
   ("dpa", "causal_block", dict(causal_block=0), ValueError, r"causal_block must be an int > 0"),
+  # without a mask or bias nothing hides the keys causal_block skips (gave neither plain nor causal attention)
+  (
+    "dpa",
+    "causal_block",
+    dict(causal_block=2, mask=None, bias=None),
+    ValueError,
+    r"causal_block needs the causal mask",
+  ),
   ("dpa", "causal_block", dict(causal_block=-4), ValueError, r"causal_block must be an int > 0"),
   ("dpa", "causal_block", dict(causal_block=4.0), ValueError, r"causal_block must be an int > 0"),
   (
@@ -797,7 +805,7 @@ EMULATION_ROWS = [
     "pad_multiple",
     dict(pad_multiple=0),
     ValueError,
-    r"multiple must be a positive integer",
+    r"pad_multiple must be an int in 1\.\.4096, got 0",
   ),
   (
     "apply_rope_alibi",

@@ -123,6 +123,7 @@ TRAIN_ERRORS = [
     r"config file 'dup\.yaml' line 2 column 1: duplicate key 'seq_len' \(first given on line 1\)",
   ),
   (["--config", "none.yaml"], r"config file 'none\.yaml' does not exist"),
+  (["--config", "."], r"config file '\.' is a directory; give a YAML file"),
 ]
 
 
@@ -435,3 +436,25 @@ def test_the_noise_filter_passes_every_other_unraisable_exception(monkeypatch):
     "RuntimeError: Event loop is closed",
     "ValueError: other",
   ]
+
+
+@pytest.mark.parametrize("kind", ["foreign files", "a file"])
+def test_a_workdir_holding_other_files_is_refused_and_nothing_is_overwritten(tmp_path, text_file, kind):
+  """A directory with config.json / metrics.jsonl / summary.json / loss.png that no jaxpe run wrote was
+  trained in, replacing them (found by the reviewer); a workdir that is a file gave a raw errno 17."""
+  work = tmp_path / "w"
+  if kind == "a file":
+    work.write_text("USER")
+    before = {work: "USER"}
+    message = r"workdir '.*w' exists and is not a directory"
+  else:
+    work.mkdir()
+    before = {work / n: f"USER {n}" for n in (*trainer.RUN_FILES, "notes.txt")}
+    message = r"workdir '.*w' holds config\.json, metrics\.jsonl, summary\.json, loss\.png but no jaxpe run"
+  for path, text in before.items():
+    path.write_text(text)
+  cfg = load_config(TINY, [f"workdir={work}", "num_steps=1"], data_path=text_file)
+  with pytest.raises(ValueError, match=message):
+    trainer.train(cfg, progress=False)
+  assert {p: p.read_text() for p in before} == before
+  assert not (tmp_path / "w" / "checkpoints").exists()

@@ -396,3 +396,22 @@ def test_traced_out_of_vocab_ids_give_nan_logits_never_another_token(model):
   out = np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray([[1, -1, 2], [1, V, 2], [1, 2, 3]])))
   assert np.isnan(out[:2]).all() and np.isfinite(out[2]).all()
   np.testing.assert_allclose(out[2], np.asarray(model(jnp.asarray([[1, 2, 3]])))[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_bloom_weights_with_nan_or_inf_are_refused_naming_the_key(bad):
+  """A state dict with one NaN loaded without a word and gave NaN logits (found by the reviewer)."""
+  import transformers
+
+  hf = transformers.BloomForCausalLM(
+    transformers.BloomConfig(**{k: v for k, v in BLOOM_CFG.items() if k != "model_type"})
+  )
+  state = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+  key = next(k for k in state if k.endswith("self_attention.dense.weight"))
+  state[key][0, 1] = bad
+  with pytest.raises(
+    bloom.CheckpointError, match=r"checkpoint key '.*self_attention\.dense\.weight' holds 1 non-finite"
+  ):
+    bloom.from_hf(state, hf_config=BLOOM_CFG)
+  state[key][0, 1] = 0.5  # the same dict with finite values loads
+  bloom.from_hf(state, hf_config=BLOOM_CFG)

@@ -202,6 +202,12 @@ FAST = [
 ]
 
 
+def _last_wins(args):
+  """``args`` with each ``key=value`` override given once, the last one (the command lines refuse repeats)."""
+  key = lambda a: a.split("=")[0] if "=" in a and not a.startswith("-") else None  # noqa: E731
+  return [a for i, a in enumerate(args) if key(a) is None or key(a) not in map(key, args[i + 1 :])]
+
+
 def _run_processes(argvs, while_running=None):
   """Starts ``train.py`` once per argv (1 CPU device each), calls ``while_running(procs)`` if
   given, and returns ``(status, stderr)`` of each; a process group still alive after HANG_GUARD_S
@@ -211,7 +217,7 @@ def _run_processes(argvs, while_running=None):
     env.pop(name, None)
   procs = [
     subprocess.Popen(
-      [sys.executable, TRAIN, "--config", str(ROOT / "configs" / "tiny.yaml"), *argv],
+      [sys.executable, TRAIN, "--config", str(ROOT / "configs" / "tiny.yaml"), *_last_wins(argv)],
       env=env,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,

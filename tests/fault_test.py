@@ -45,14 +45,22 @@ pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 
 def _args(workdir, text_file, *extra):
-  return [
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
-    f"workdir={workdir}",
-    f"data.path={text_file}",
-    *FAST,
-    *extra,
-  ]
+  return _last_wins(
+    [
+      "--config",
+      str(ROOT / "configs" / "tiny.yaml"),
+      f"workdir={workdir}",
+      f"data.path={text_file}",
+      *FAST,
+      *extra,
+    ]
+  )
+
+
+def _last_wins(args):
+  """``args`` with each ``key=value`` override given once, the last one (the command lines refuse repeats)."""
+  key = lambda a: a.split("=")[0] if "=" in a and not a.startswith("-") else None  # noqa: E731
+  return [a for i, a in enumerate(args) if key(a) is None or key(a) not in map(key, args[i + 1 :])]
 
 
 def _start(workdir, text_file, *extra, preexec_fn=None):
