@@ -79,8 +79,7 @@ def _check_rng(rng) -> jax.Array:
 
 def _check_prompt_mask(prompt, attention_mask, vocab_size: int):
   """Returns ``(prompt int32 [B, T], mask bool [B, T])``."""
-  if not isinstance(prompt, jax.Array | np.ndarray):
-    prompt = np.asarray(prompt)
+  prompt = _checks.as_array("prompt", prompt)  # a ragged list or strings: a TypeError naming prompt
   _checks.check_rank("prompt", prompt, 2, "[B, T]")
   dtype = jnp.result_type(prompt)
   if not jnp.issubdtype(dtype, jnp.integer):

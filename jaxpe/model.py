@@ -387,6 +387,28 @@ def _check_rope_alibi_span(cfg: ModelConfig, span: int) -> None:
     )
 
 
+def _check_rope_alibi_positions(cfg: ModelConfig, positions, cache) -> None:
+  """Concrete positions of a ``rope_alibi`` call: every query-key distance (within the call, and
+  against the cached positions) must stay within ``rope_alibi_context``, where the emulation follows
+  ALiBi; a short call with far-apart positions would otherwise leave it without a word. Traced
+  positions cannot be checked (documented: keep distances within the context)."""
+  p = np.asarray(positions)
+  if p.size == 0:
+    return
+  lo, hi = int(p.min()), int(p.max())
+  if cache is not None and not isinstance(cache.positions, jax.core.Tracer):
+    cached = np.asarray(cache.positions)[np.asarray(cache.valid, bool)]
+    if cached.size:
+      lo, hi = min(lo, int(cached.min())), max(hi, int(cached.max()))
+  context = cfg.rope_alibi_context or cfg.max_len
+  if hi - lo >= context:
+    raise ValueError(
+      f"positions span {lo}..{hi} ({hi - lo + 1} positions, with the KV cache's): pos_encoding='rope_alibi' "
+      f"follows ALiBi only for distances below rope_alibi_context = {context}; build the model with a larger "
+      "rope_alibi_context (or max_len)"
+    )
+
+
 def emulation_theta(cfg: ModelConfig) -> float:
   """theta of the ``rope_alibi`` pair: max phase over the configured context."""
   return emulation.emulation_theta(
@@ -571,6 +593,12 @@ class Decoder(nnx.Module):
     if cache is not None:
       _check_cache(cfg, cache, batch, t_len)
     _check_rope_alibi_span(cfg, t_len if cache is None else cache.positions.shape[1])
+    if (
+      cfg.pos_encoding == "rope_alibi"
+      and positions is not None
+      and not isinstance(positions, jax.core.Tracer)
+    ):
+      _check_rope_alibi_positions(cfg, positions, cache)
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       if segment_ids is not None:

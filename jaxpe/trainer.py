@@ -268,6 +268,9 @@ def check_workdir_is_ours(workdir: Path) -> None:
   """
   if workdir.exists() and not workdir.is_dir():
     raise ValueError(f"workdir {str(workdir)!r} exists and is not a directory: choose a directory")
+  for parent in workdir.absolute().parents:
+    if parent.exists() and not parent.is_dir():
+      raise ValueError(f"workdir {str(workdir)!r}: its parent {str(parent)!r} is a file, not a directory")
   if not workdir.is_dir() or (workdir / "checkpoints").is_dir():
     return
   present = [name for name in RUN_FILES if (workdir / name).exists()]
@@ -436,13 +439,13 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   """
   start = time.time()
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
+  check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   if progress and jax.process_index() == 0:
     print(corpus.describe(), flush=True)  # which files (and bytes) went to each side, what was skipped
   fingerprint = data.fingerprint(corpus)
   check_processes_agree(cfg, fingerprint)  # before any process writes anything
   workdir = Path(cfg.workdir)
-  check_workdir_is_ours(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   check_shared_workdir(workdir)
   # The processes of a multi-process run share the workdir: process 0 holds its lock.

@@ -438,7 +438,7 @@ def test_the_noise_filter_passes_every_other_unraisable_exception(monkeypatch):
   ]
 
 
-@pytest.mark.parametrize("kind", ["foreign files", "a file"])
+@pytest.mark.parametrize("kind", ["foreign files", "a file", "under a file"])
 def test_a_workdir_holding_other_files_is_refused_and_nothing_is_overwritten(tmp_path, text_file, kind):
   """A directory with config.json / metrics.jsonl / summary.json / loss.png that no jaxpe run wrote was
   trained in, replacing them (found by the reviewer); a workdir that is a file gave a raw errno 17."""
@@ -447,6 +447,11 @@ def test_a_workdir_holding_other_files_is_refused_and_nothing_is_overwritten(tmp
     work.write_text("USER")
     before = {work: "USER"}
     message = r"workdir '.*w' exists and is not a directory"
+  elif kind == "under a file":  # gave a raw errno 20 after reading the data
+    work.write_text("USER")
+    before = {work: "USER"}
+    work = work / "sub"
+    message = r"workdir '.*w/sub': its parent '.*w' is a file, not a directory"
   else:
     work.mkdir()
     before = {work / n: f"USER {n}" for n in (*trainer.RUN_FILES, "notes.txt")}
@@ -457,4 +462,4 @@ def test_a_workdir_holding_other_files_is_refused_and_nothing_is_overwritten(tmp
   with pytest.raises(ValueError, match=message):
     trainer.train(cfg, progress=False)
   assert {p: p.read_text() for p in before} == before
-  assert not (tmp_path / "w" / "checkpoints").exists()
+  assert not (tmp_path / "w").is_dir() or not (tmp_path / "w" / "checkpoints").exists()

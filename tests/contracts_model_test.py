@@ -415,3 +415,35 @@ def test_bloom_weights_with_nan_or_inf_are_refused_naming_the_key(bad):
     bloom.from_hf(state, hf_config=BLOOM_CFG)
   state[key][0, 1] = 0.5  # the same dict with finite values loads
   bloom.from_hf(state, hf_config=BLOOM_CFG)
+
+
+def test_rope_alibi_refuses_concrete_positions_spanning_more_than_its_context():
+  """Second review: positions [[0, S]] with S past rope_alibi_context were accepted and the logits
+  left ALiBi's (2.6e-3 off at S = 200) or met the op's theta message. The span is checked within the
+  call and against the KV cache's positions; within the context the call matches ALiBi."""
+  cfg = ModelConfig(
+    vocab_size=V,
+    d_model=16,
+    num_layers=1,
+    num_heads=4,
+    max_len=64,
+    pos_encoding="rope_alibi",
+    rope_alibi_context=16,
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  tokens = jnp.asarray([[3, 5]], jnp.int32)
+  for far in (16, 40, 400):
+    with pytest.raises(ValueError, match=rf"positions span 0\.\.{far} .*rope_alibi_context = 16"):
+      model(tokens, positions=np.asarray([[0, far]], np.int32))
+  assert np.isfinite(np.asarray(model(tokens, positions=np.asarray([[100, 115]], np.int32)))).all()
+  _, cache = model(tokens, positions=np.asarray([[0, 1]], np.int32), cache=init_cache(cfg, 1, 8))
+  with pytest.raises(ValueError, match=r"positions span 0\.\.20 .*with the KV cache's"):
+    model(jnp.asarray([[7]], jnp.int32), positions=np.asarray([[20]], np.int32), cache=cache)
+
+
+def test_a_ragged_prompt_is_refused_naming_prompt():
+  model = Decoder(
+    ModelConfig(vocab_size=V, d_model=16, num_layers=1, num_heads=2, max_len=16), rngs=nnx.Rngs(0)
+  )
+  with pytest.raises(TypeError, match=r"prompt must be an array of numbers"):
+    generate(model, [[1, 2], [3]], max_new_tokens=2)
