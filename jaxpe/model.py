@@ -278,10 +278,9 @@ class Attention(nnx.Module):
 def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids, cache):
   """The static checks of ``Decoder.__call__``; returns the arguments as JAX arrays."""
 
-  def as_array(x):  # numpy stays numpy until checked (jnp.asarray would wrap int64 values to int32)
-    return x if isinstance(x, jax.Array | np.ndarray) else np.asarray(x)
-
-  tokens = as_array(tokens)
+  # _checks.as_array keeps numpy as numpy until checked (jnp.asarray would wrap int64 values to int32)
+  # and names the argument for a ragged list or strings.
+  tokens = _checks.as_array("tokens", tokens)
   _checks.check_rank("tokens", tokens, 2, "[B, T]")
   if not jnp.issubdtype(tokens.dtype, jnp.integer):
     raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
@@ -297,11 +296,11 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
       raise ValueError(f"{name} must have the shape of tokens [B, T] = {tuple(shape)}, got {tuple(x.shape)}")
 
   if positions is not None:
-    positions = as_array(positions)
+    positions = _checks.as_array("positions", positions)
     same_shape("positions", positions)
     _checks.check_positions("positions", positions)
   if attention_mask is not None:
-    attention_mask = as_array(attention_mask)
+    attention_mask = _checks.as_array("attention_mask", attention_mask)
     same_shape("attention_mask", attention_mask)
     if not (attention_mask.dtype == jnp.bool_ or jnp.issubdtype(attention_mask.dtype, jnp.integer)):
       raise TypeError(
@@ -310,7 +309,7 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
   if segment_ids is not None:
     if cache is not None:
       raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
-    segment_ids = as_array(segment_ids)
+    segment_ids = _checks.as_array("segment_ids", segment_ids)
     same_shape("segment_ids", segment_ids)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
       raise TypeError(f"segment_ids must be an integer array of document ids, got dtype {segment_ids.dtype}")

@@ -231,6 +231,8 @@ DECODER_CASES = [
   ("tokens", {"tokens": TOKENS.astype(np.float32)}, TypeError, "tokens must hold integer token ids"),
   ("tokens", {"tokens": TOKENS.astype(bool)}, TypeError, "tokens must hold integer token ids"),
   ("tokens", {"tokens": TOKENS[0]}, ValueError, r"tokens must have shape \[B, T\]"),
+  ("tokens", {"tokens": [[1, 2, 3], [4]]}, TypeError, r"tokens must be an array of numbers"),  # ragged
+  ("positions", {"positions": [[0, 1, 2], [0]]}, TypeError, r"positions must be an array of numbers"),
   ("tokens", {"tokens": TOKENS[None]}, ValueError, r"tokens must have shape \[B, T\]"),
   ("tokens", {"tokens": np.zeros((2, 0), np.int32)}, ValueError, "at least one token"),
   ("tokens", {"tokens": np.full((2, 3), V)}, ValueError, r"tokens must be in \[0, vocab_size = 16\)"),
