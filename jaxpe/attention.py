@@ -79,19 +79,6 @@ class AttentionMask:
     )
 
 
-def _as_array(name: str, x):
-  """``x`` as a jax or numpy array (lists and scalars through numpy); TypeError for other objects."""
-  if isinstance(x, jax.Array | np.ndarray):
-    return x
-  try:
-    arr = np.asarray(x)
-  except Exception:  # noqa: BLE001  (ragged lists, objects numpy cannot read)
-    arr = np.asarray(None, dtype=object)
-  if arr.dtype.kind not in "biufc":  # objects, strings, bytes, dates
-    raise TypeError(f"{name} must be an array, got {type(x).__name__}")
-  return arr
-
-
 def _check_shape(name: str, x, shape: tuple[int, ...], hint: str) -> None:
   if tuple(x.shape) != tuple(shape):
     raise ValueError(f"{name} must have shape {hint} = {list(shape)}, got {tuple(x.shape)}")
@@ -106,7 +93,7 @@ def check_causal(name: str, causal) -> bool:
 
 def check_valid(name: str, valid):
   """A padding mask: bool or integer (nonzero = valid) array; TypeError otherwise."""
-  valid = _as_array(name, valid)
+  valid = _checks.as_array(name, valid)
   dtype = jnp.result_type(valid)
   if dtype != jnp.bool_ and not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(f"{name} must be a bool array (True = real token) or integer 0/1, got dtype {dtype}")
@@ -115,7 +102,7 @@ def check_valid(name: str, valid):
 
 def check_segment_ids(name: str, ids):
   """Document ids: an integer array of any width and sign; TypeError for bool, float and others."""
-  ids = _as_array(name, ids)
+  ids = _checks.as_array(name, ids)
   dtype = jnp.result_type(ids)
   if not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(
@@ -222,7 +209,7 @@ def make_attention_mask(
         "q_segment_ids and k_segment_ids must have the same integer dtype (compared exactly), got "
         f"{jnp.result_type(q_segment_ids)} and {jnp.result_type(k_segment_ids)}"
       )
-  q_index, k_index = _as_array("q_index", q_index), _as_array("k_index", k_index)
+  q_index, k_index = _checks.as_array("q_index", q_index), _checks.as_array("k_index", k_index)
   _checks.check_rank("q_index", q_index, 2, "[B, T]")
   _checks.check_rank("k_index", k_index, 2, "[B, S]")
   _checks.check_positions("q_index", q_index)
@@ -332,7 +319,7 @@ def dot_product_attention(
     raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv}")
   full = (batch, num_heads, t_len, s_len)
   if bias is not None:
-    bias = _as_array("bias", bias)
+    bias = _checks.as_array("bias", bias)
     _checks.check_float("bias", bias)
     _checks.broadcastable("bias", bias.shape, full, "[B, N, T, S]")
   if mask is not None:
@@ -341,7 +328,7 @@ def dot_product_attention(
         "mask must be a dense bool array here; an AttentionMask goes to jaxpe.kernels.attention "
         "(or use mask.dense(B, T))"
       )
-    mask = _as_array("mask", mask)
+    mask = _checks.as_array("mask", mask)
     _checks.broadcastable("mask", mask.shape, full, "[B, N, T, S]")
     if jnp.result_type(mask) != jnp.bool_:
       raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")

@@ -331,7 +331,8 @@ def _check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, 
     raise TypeError(f"alibi_spec must be an AlibiSpec or None, got {type(spec).__name__}")
   if isinstance(spec.slopes, jax.core.Tracer):
     raise ValueError("AlibiSpec.slopes must be concrete (numpy or Python numbers), not traced under jit")
-  slopes = attention_lib._as_array("AlibiSpec.slopes", spec.slopes)
+  slopes = spec.slopes  # a numpy array of another dtype is named by the float check below
+  slopes = slopes if isinstance(slopes, np.ndarray) else _checks.as_array("AlibiSpec.slopes", slopes)
   if not (jnp.issubdtype(slopes.dtype, jnp.floating) or jnp.issubdtype(slopes.dtype, jnp.integer)):
     raise TypeError(f"AlibiSpec.slopes must be a float array, got dtype {slopes.dtype}")
   slopes = np.asarray(slopes, np.float64)
@@ -365,7 +366,7 @@ def _check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, 
     ("AlibiSpec.q_positions", spec.q_positions, (batch, t_len)),
     ("AlibiSpec.k_positions", spec.k_positions, (batch, s_len)),
   ):
-    pos = attention_lib._as_array(name, pos)
+    pos = _checks.as_array(name, pos)
     _checks.check_positions(name, pos)
     if tuple(pos.shape) != shape:
       raise ValueError(
