@@ -31,7 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe import alibi, attention, emulation, kernels, rope
+from jaxpe.attention import kernels
+from jaxpe.attention import reference as attention
+from jaxpe.emulation import core as emulation
+from jaxpe.ops import alibi, rope
 
 ENCODINGS = ("rope", "alibi", "alibi_rot", "rope_alibi")
 GIB = 2.0**30

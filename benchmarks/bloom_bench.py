@@ -65,8 +65,8 @@ def bloom_rows(ceil: dict[str, float], *, small: bool, tokens: int = 512, new: i
   import torch
   import transformers
 
-  from jaxpe import bloom
-  from jaxpe.generate import generate
+  from jaxpe.bloom import convert as bloom
+  from jaxpe.model.generate import generate
 
   config = dict(BLOOM_560M, **({"n_layer": 2, "vocab_size": 32768} if small else {}))
   label = "BLOOM-560M" if not small else "BLOOM-560M shape, 2 layers, V 32768"

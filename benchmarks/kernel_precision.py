@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from jaxpe import alibi, bf16_exact
+from jaxpe.emulation import bf16_exact
+from jaxpe.ops import alibi
 
 FORMS = (("exact", 1), ("rotated", 1), ("rotated", 2), ("rotated", 3))
 

@@ -274,9 +274,9 @@ def _model_and_batch(cfg, *, batch: int, seq: int):
   int32 random tokens) for the train-step benchmarks."""
   from flax import nnx
 
-  from jaxpe.config import TrainConfig
-  from jaxpe.model import Decoder
-  from jaxpe.trainer import make_optimizer
+  from jaxpe.model.config import TrainConfig
+  from jaxpe.model.decoder import Decoder
+  from jaxpe.train.trainer import make_optimizer
 
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
@@ -293,8 +293,8 @@ def train_step_cost(
   N parameters plus ``12 L T D`` per token for attention (q.k and w.v, forward and backward)."""
   from flax import nnx
 
-  from jaxpe.config import ModelConfig
-  from jaxpe.trainer import next_token_loss
+  from jaxpe.model.config import ModelConfig
+  from jaxpe.train.trainer import next_token_loss
 
   cfg = model_cfg or ModelConfig()
   model, graphdef, state, tokens = _model_and_batch(cfg, batch=batch, seq=seq)
@@ -324,8 +324,8 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
   """
   from flax import nnx
 
-  from jaxpe import kernels
-  from jaxpe.trainer import next_token_loss
+  from jaxpe.attention import kernels
+  from jaxpe.train.trainer import next_token_loss
 
   cfg = model_cfg
   model, graphdef, state, tokens = _model_and_batch(cfg, batch=batch, seq=seq)
@@ -400,7 +400,7 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
 
 def train_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
   """Default-config step and the d_model 512 step as MFU against the matmul ceiling."""
-  from jaxpe.config import ModelConfig
+  from jaxpe.model.config import ModelConfig
 
   big = ModelConfig(d_model=512, num_layers=8, num_heads=8, max_len=512)
   cases = [
@@ -439,7 +439,7 @@ def train_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
 
 def growth_rows(*, small: bool) -> list[Row]:
   """Train-step time per token as T grows (D 128) and as D grows (T 256), relative to the first."""
-  from jaxpe.config import ModelConfig
+  from jaxpe.model.config import ModelConfig
 
   lengths = (128, 256) if small else (128, 256, 512, 1024)
   widths = (64, 128) if small else (64, 128, 256, 512)

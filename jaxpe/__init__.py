@@ -11,16 +11,11 @@ Units: positions are token indices (integers >= 0); frequencies (inv_freq, theta
 per token.
 """
 
-from jaxpe.alibi import (
-  alibi_bias,
-  alibi_bias_bloom,
-  alibi_bias_causal,
-  alibi_bias_symmetric,
-  alibi_slopes,
-  alibi_slopes_for_heads,
-)
-from jaxpe.attention import AttentionMask, dot_product_attention, make_attention_mask
-from jaxpe.emulation import (
+from jaxpe import _compat
+from jaxpe.attention.kernels import AlibiSpec
+from jaxpe.attention.masks import document_mask
+from jaxpe.attention.reference import AttentionMask, dot_product_attention, make_attention_mask
+from jaxpe.emulation.core import (
   apply_augmented_alibi,
   apply_rope_alibi,
   base_constrained_qk,
@@ -33,14 +28,21 @@ from jaxpe.emulation import (
   solve_base_constrained,
   solve_emulation,
 )
-from jaxpe.hf_rope import HFRope, rope_from_hf_config
-from jaxpe.kernels import AlibiSpec
-from jaxpe.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
-from jaxpe.positions import document_mask, positions_from_mask, positions_from_segment_ids
-from jaxpe.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_phases
-from jaxpe.rope_scaling import ROPE_TYPES, normalize_rope_parameters, ntk_aware_base, rope_frequencies
-from jaxpe.sinusoidal import sinusoidal_embedding, sinusoidal_frequencies
-from jaxpe.xpos import apply_xpos, xpos_scale, xpos_zeta
+from jaxpe.ops.alibi import (
+  alibi_bias,
+  alibi_bias_bloom,
+  alibi_bias_causal,
+  alibi_bias_symmetric,
+  alibi_slopes,
+  alibi_slopes_for_heads,
+)
+from jaxpe.ops.hf_rope import HFRope, rope_from_hf_config
+from jaxpe.ops.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
+from jaxpe.ops.positions import positions_from_mask, positions_from_segment_ids
+from jaxpe.ops.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_phases
+from jaxpe.ops.rope_scaling import ROPE_TYPES, normalize_rope_parameters, ntk_aware_base, rope_frequencies
+from jaxpe.ops.sinusoidal import sinusoidal_embedding, sinusoidal_frequencies
+from jaxpe.ops.xpos import apply_xpos, xpos_scale, xpos_zeta
 
 __all__ = [
   "AlibiSpec",
@@ -86,3 +88,5 @@ __all__ = [
   "xpos_scale",
   "xpos_zeta",
 ]
+
+_compat.install()

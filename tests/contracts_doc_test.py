@@ -13,7 +13,7 @@ import jaxpe
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "contracts.md").read_text()
-SUITE = "\n".join(p.read_text() for p in sorted((ROOT / "tests").glob("contracts_*_test.py")))
+SUITE = "\n".join(p.read_text() for p in sorted((ROOT / "tests").rglob("contracts_*_test.py")))
 
 # Beyond jaxpe.__all__: the entry points issue 17 names, as they are spelled in the docs.
 OTHER_ENTRY_POINTS = [

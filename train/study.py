@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxpe import run_guard
-from jaxpe.study import StudyInterrupted, load_study_config, model_train_config, run_study
+from jaxpe.study.core import StudyInterrupted, load_study_config, model_train_config, run_study
+from jaxpe.train import run_guard
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
   def body() -> int:
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
-    from jaxpe import sharding
-    from jaxpe.memory_check import check_fits_memory
+    from jaxpe.train import sharding
+    from jaxpe.train.memory_check import check_fits_memory
 
     sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
 

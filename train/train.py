@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from jaxpe import run_guard
+from jaxpe.train import run_guard
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
   args = parser.parse_intermixed_args(argv)
 
-  from jaxpe.config import load_config
-  from jaxpe.memory_check import check_fits_memory
-  from jaxpe.trainer import train
+  from jaxpe.model.config import load_config
+  from jaxpe.train.memory_check import check_fits_memory
+  from jaxpe.train.trainer import train
 
   def body() -> int:
     cfg = load_config(args.config, args.overrides, data_path=args.data, unique_overrides=True)
-    from jaxpe import sharding
+    from jaxpe.train import sharding
 
     # Multi-process runs start JAX's runtime before any other JAX use (the memory check lists the
     # devices); trainer.train's own call is then a no-op.

@@ -1,0 +1,482 @@
+"""Scaled dot-product attention that every positional-encoding variant goes through.
+
+Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K, H).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpe.ops import checks as _checks
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+  """Structured self-attention mask: what fused kernels take instead of a dense ``[B, 1, T, S]`` mask.
+
+  Queries and keys are the same T tokens (no KV cache: key slot t is query slot t). Query t may
+  attend key s when ``s <= t`` (if ``causal``), ``valid[s]`` and ``segment_ids[t] == segment_ids[s]``.
+  ``dense()`` gives the equivalent bool mask for the ``xla`` backend. Every backend of
+  ``jaxpe.kernels.attention`` reads the mask through ``check`` and compares segment ids exactly in
+  their own dtype (int64 ids of 0 and 2^32 are two documents on every backend).
+
+  Attributes:
+    valid: optional ``[B, T]`` bool (or integer, nonzero = valid) array, False for padding tokens
+      (left or right padding). A float dtype raises TypeError.
+    segment_ids: optional ``[B, T]`` integer (int8..int64, uint8..uint64) document ids of packed
+      sequences; any values (negative, huge) compared exactly. Bool or float ids raise TypeError
+      (0 and 0.5 would be one document after the kernels' int32 cast).
+    causal: static Python bool (a pytree meta field, so jit and scan see it as a Python bool).
+
+  The checks run in ``check(batch, length)`` (called by ``dense`` and by every backend of
+  ``kernels.attention``), not at construction (jax rebuilds the mask from tracers under jit).
+  """
+
+  valid: jax.Array | None = None
+  segment_ids: jax.Array | None = None
+  causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
+
+  def check(self, batch: int, length: int) -> AttentionMask:
+    """This mask with its arrays as arrays, checked for a self-attention of ``[B, T]`` tokens.
+
+    Raises:
+      TypeError: ``causal`` not a bool; ``valid`` not bool/integer; ``segment_ids`` not integer;
+        a field that is not an array (lists are converted).
+      ValueError: ``valid`` or ``segment_ids`` not of shape ``[B, T]``.
+    """
+    causal = check_causal("AttentionMask.causal", self.causal)
+    valid = self.valid
+    if valid is not None:
+      valid = check_valid("AttentionMask.valid", valid)
+      _check_shape("AttentionMask.valid", valid, (batch, length), "[B, T]")
+    segments = self.segment_ids
+    if segments is not None:
+      segments = check_segment_ids("AttentionMask.segment_ids", segments)
+      _check_shape("AttentionMask.segment_ids", segments, (batch, length), "[B, T]")
+    return AttentionMask(valid=valid, segment_ids=segments, causal=causal)
+
+  def dense(self, batch: int, length: int) -> jax.Array:
+    """The ``[B, 1, T, T]`` bool mask (True = may attend) of ``make_attention_mask``.
+
+    Raises:
+      TypeError, ValueError: as ``check``.
+    """
+    mask = self.check(batch, length)
+    index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    return make_attention_mask(
+      index,
+      index,
+      causal=mask.causal,
+      k_valid=mask.valid,
+      q_segment_ids=mask.segment_ids,
+      k_segment_ids=mask.segment_ids,
+    )
+
+
+def _check_shape(name: str, x, shape: tuple[int, ...], hint: str) -> None:
+  if tuple(x.shape) != tuple(shape):
+    raise ValueError(f"{name} must have shape {hint} = {list(shape)}, got {tuple(x.shape)}")
+
+
+def check_causal(name: str, causal) -> bool:
+  """``causal`` as a Python bool; TypeError unless it is a bool (a traced or array value is refused)."""
+  if not isinstance(causal, bool | np.bool_):
+    raise TypeError(f"{name} must be a Python bool (static), got {causal!r}")
+  return bool(causal)
+
+
+def check_valid(name: str, valid):
+  """A padding mask: bool or integer (nonzero = valid) array; TypeError otherwise."""
+  valid = _checks.as_array(name, valid)
+  dtype = jnp.result_type(valid)
+  if dtype != jnp.bool_ and not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"{name} must be a bool array (True = real token) or integer 0/1, got dtype {dtype}")
+  return valid
+
+
+def check_segment_ids(name: str, ids):
+  """Document ids: an integer array of any width and sign; TypeError for bool, float and others."""
+  ids = _checks.as_array(name, ids)
+  dtype = jnp.result_type(ids)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(
+      f"{name} must be an integer array of document ids (int8..int64 or uint8..uint64), got dtype {dtype}"
+    )
+  return ids
+
+
+def dense_segment_ids(ids) -> jax.Array:
+  """``[B, T]`` int32 ids in ``[0, T)`` equal exactly where ``ids`` are equal along each row.
+
+  The ids are compared in their own dtype (no cast that could merge them: int64 2^32 and 0 stay two
+  documents): each token gets the rank of its id among the row's distinct ids (a stable sort and a
+  running count of changes). numpy inputs are ranked in numpy (a numpy int64 array would wrap on
+  its way into jax without x64), jax inputs with jax ops (traceable). Used by the fused kernels,
+  whose segment ids are int32.
+
+  Args:
+    ids: ``[B, T]`` integer array (checked by ``check_segment_ids``).
+
+  Returns:
+    ``[B, T]`` int32 array.
+  """
+  if isinstance(ids, np.ndarray):
+    order = np.argsort(ids, axis=-1, kind="stable")
+    ranked = np.take_along_axis(ids, order, axis=-1)
+    change = np.concatenate([np.zeros((ids.shape[0], 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=-1)
+    rank = np.empty(ids.shape, np.int32)
+    np.put_along_axis(rank, order, np.cumsum(change, axis=-1, dtype=np.int32), axis=-1)
+    return jnp.asarray(rank)
+  order = jnp.argsort(ids, axis=-1, stable=True)
+  ranked = jnp.take_along_axis(ids, order, axis=-1)
+  change = jnp.concatenate([jnp.zeros((ids.shape[0], 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=-1)
+  rank_sorted = jnp.cumsum(change, axis=-1, dtype=jnp.int32)
+  rows = jnp.arange(ids.shape[0], dtype=jnp.int32)[:, None]
+  return jnp.zeros(ids.shape, jnp.int32).at[rows, order].set(rank_sorted)
+
+
+def check_scale(name: str, scale, *, traced_ok: bool = False):
+  """A score scale: a real number, finite and > 0 (a Python bool is refused); under jit a traced
+  scale passes when ``traced_ok`` (its value cannot be checked: NaN gives NaN outputs).
+
+  Raises:
+    TypeError: not a real number (None, a bool, a string, an array of more than one value).
+    ValueError: NaN, inf, 0 or negative.
+  """
+  if isinstance(scale, jax.core.Tracer):
+    if not traced_ok:
+      raise TypeError(f"{name} must be a concrete Python number here, not a value traced under jit")
+    if jnp.ndim(scale) != 0 or not jnp.issubdtype(scale.dtype, jnp.floating):
+      raise TypeError(f"{name} must be a float scalar, got a traced {scale.dtype} of shape {scale.shape}")
+    return scale
+  if scale is None or isinstance(scale, bool | np.bool_ | str | bytes) or np.ndim(scale) != 0:
+    raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
+  if np.iscomplexobj(scale):
+    raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
+  return _checks.check_positive_float(name, scale)
+
+
+def make_attention_mask(
+  q_index: jax.Array,
+  k_index: jax.Array,
+  *,
+  causal: bool = True,
+  k_valid: jax.Array | None = None,
+  q_segment_ids: jax.Array | None = None,
+  k_segment_ids: jax.Array | None = None,
+) -> jax.Array:
+  """Boolean attention mask (True = may attend).
+
+  Args:
+    q_index: ``[B, T]`` integer slot index of each query in the sequence buffer (for causality;
+      with a KV cache this is the cache slot, not the position).
+    k_index: ``[B, S]`` integer slot index of each key.
+    causal: static Python bool; if True, key slot ``s`` is visible to query slot ``t`` only when
+      ``s <= t``.
+    k_valid: optional ``[B, S]`` bool (or integer, nonzero = valid), False for padding keys (or
+      empty cache slots).
+    q_segment_ids, k_segment_ids: optional ``[B, T]``/``[B, S]`` integer document ids of packed
+      sequences (any integer dtype, the same for both; any values, compared exactly);
+      attention does not cross documents. Give both or neither.
+
+  Returns:
+    ``[B, 1, T, S]`` bool. A query row may be all False (e.g. a padding query under left padding);
+    ``dot_product_attention`` returns zeros there.
+
+  Raises:
+    ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31, or
+      only one of the segment ids given.
+    TypeError: non-integer indices or segment ids (bool and float ids too), segment ids of two
+      dtypes, a float ``k_valid``,
+      a non-bool ``causal``.
+  """
+  causal = check_causal("causal", causal)
+  if (q_segment_ids is None) != (k_segment_ids is None):
+    raise ValueError("q_segment_ids and k_segment_ids must be given together")
+  if k_valid is not None:
+    k_valid = check_valid("k_valid", k_valid)
+  if q_segment_ids is not None:
+    q_segment_ids = check_segment_ids("q_segment_ids", q_segment_ids)
+    k_segment_ids = check_segment_ids("k_segment_ids", k_segment_ids)
+    if jnp.result_type(q_segment_ids) != jnp.result_type(k_segment_ids):
+      raise TypeError(
+        "q_segment_ids and k_segment_ids must have the same integer dtype (compared exactly), got "
+        f"{jnp.result_type(q_segment_ids)} and {jnp.result_type(k_segment_ids)}"
+      )
+  q_index, k_index = _checks.as_array("q_index", q_index), _checks.as_array("k_index", k_index)
+  _checks.check_rank("q_index", q_index, 2, "[B, T]")
+  _checks.check_rank("k_index", k_index, 2, "[B, S]")
+  _checks.check_positions("q_index", q_index)
+  _checks.check_positions("k_index", k_index)
+  batch, t_len, s_len = q_index.shape[0], q_index.shape[1], k_index.shape[1]
+  if k_index.shape[0] != batch:
+    raise ValueError(
+      f"q_index and k_index must have the same batch size B, got {batch} and {k_index.shape[0]}"
+    )
+  for name, arr, shape in (
+    ("k_valid", k_valid, (batch, s_len)),
+    ("q_segment_ids", q_segment_ids, (batch, t_len)),
+    ("k_segment_ids", k_segment_ids, (batch, s_len)),
+  ):
+    if arr is not None and arr.shape != shape:
+      raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
+  mask = jnp.ones((batch, t_len, s_len), bool)
+  if causal:
+    mask &= k_index[:, None, :] <= q_index[:, :, None]
+  if k_valid is not None:
+    mask &= k_valid.astype(bool)[:, None, :]
+  if q_segment_ids is not None:
+    mask &= q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
+  return mask[:, None, :, :]
+
+
+def dot_product_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  scale: float,
+  bias: jax.Array | None = None,
+  mask: jax.Array | None = None,
+  precise_dims: int = 0,
+  causal_block: int | None = None,
+) -> jax.Array:
+  """``softmax(q.k * scale + bias, masked) . v`` with float32 logits and softmax.
+
+  q and k may carry more dims than v (the RoPE-emulated ALiBi pair); ``scale`` is then still
+  ``1/sqrt(H)`` of the original head dim. Grouped-query attention: the N query heads are split into
+  K groups of N/K heads that share one kv head.
+
+  Precision: the last ``precise_dims`` dims of q and k (the emulation dims, values ~1e5-1e6 whose
+  products cancel down to the ALiBi bias) are contracted in float32 with ``precision=HIGHEST``,
+  whatever ``jax.default_matmul_precision`` says (TF32 on recent NVIDIA GPUs, one bf16 pass on TPU
+  would cost whole logits there), in the forward and the backward pass; the other dims use the
+  default precision like every other score.
+
+  Execution (results equal the textbook formula to float32 rounding): one softmax pass structure
+  over the ``[B, N, T, S]`` scores (the row max, reused for the no-visible-key rule; unnormalised
+  ``exp``; the row sum; the normalisation applied to the ``[B, T, N, H]`` output) and a hand-written
+  backward pass (``jax.custom_vjp``, FlashAttention's ``dS = P * (dP - rowsum(dO * O))``, Dao et al.
+  2022, arXiv 2205.14135) that keeps the unnormalised probabilities instead of autodiff's chain of
+  temporaries. With ``causal_block``, queries go in static blocks of that many tokens and each block
+  meets only the keys up to its own end (about half the score work and memory of a causal mask).
+
+  Differentiation: reverse mode (``jax.grad``, ``jax.vjp``, grad of grad, ``jax.hessian``, which is
+  forward over reverse) works, gradients of q, k, v and a float bias included. Pure forward mode
+  (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize`` of this function or of a model that calls it)
+  raises jax's ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``;
+  ``jax.jacrev`` gives the same Jacobians.
+
+  Args:
+    q: ``[B, T, N, Hq]`` float queries.
+    k: ``[B, S, K, Hq]`` float keys; ``N % K == 0``.
+    v: ``[B, S, K, H]`` float values.
+    scale: multiplies q.k, usually ``1/sqrt(H)``; a traced scale is folded into q (float32).
+    bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
+    mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
+      visible key (masked, a bias of -inf everywhere, or S = 0) returns zeros.
+    precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
+    causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
+      caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
+      ``t`` (so T == S); keys past a block's last query are then skipped, not computed and masked.
+
+  Returns:
+    ``[B, T, N, H]`` array of ``v.dtype``.
+
+  Raises:
+    ValueError: wrong ranks, mismatched batch/length/head/dim sizes, no heads (N or K = 0), bias
+      or mask that do not broadcast, a concrete ``scale`` not a finite number > 0,
+      ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0, given with T != S, or given
+      with neither ``mask`` nor ``bias``.
+    TypeError: non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
+      ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array).
+
+  Under jit: a traced ``scale`` is not checked (NaN or inf give NaN outputs); a bias of -inf on a
+  whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
+  q, k, v or bias propagates to the rows it reaches.
+  """
+  _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
+  _checks.check_rank("k", k, 4, "[B, S, K, Hq]")
+  _checks.check_rank("v", v, 4, "[B, S, K, H]")
+  for name, arr in (("q", q), ("k", k), ("v", v)):
+    _checks.check_float(name, arr)
+  scale = check_scale("scale", scale, traced_ok=True)
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
+  if num_kv == 0 or num_heads == 0:
+    raise ValueError(f"q and k need at least one head (N >= 1, K >= 1), got N={num_heads}, K={num_kv}")
+  if k.shape[0] != batch or k.shape[3] != qk_dim:
+    raise ValueError(f"k must have shape [B, S, K, Hq] with B={batch}, Hq={qk_dim}, got {k.shape}")
+  if v.shape[:3] != k.shape[:3]:
+    raise ValueError(f"v must have shape [B, S, K, H] with [B, S, K] = {k.shape[:3]}, got {v.shape}")
+  if num_heads % num_kv:
+    raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv}")
+  full = (batch, num_heads, t_len, s_len)
+  if bias is not None:
+    bias = _checks.as_array("bias", bias)
+    _checks.check_float("bias", bias)
+    _checks.broadcastable("bias", bias.shape, full, "[B, N, T, S]")
+  if mask is not None:
+    if isinstance(mask, AttentionMask):
+      raise TypeError(
+        "mask must be a dense bool array here; an AttentionMask goes to jaxpe.kernels.attention "
+        "(or use mask.dense(B, T))"
+      )
+    mask = _checks.as_array("mask", mask)
+    _checks.broadcastable("mask", mask.shape, full, "[B, N, T, S]")
+    if jnp.result_type(mask) != jnp.bool_:
+      raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
+
+  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int) or not 0 <= precise_dims <= qk_dim:
+    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if causal_block is not None:
+    if isinstance(causal_block, bool) or not isinstance(causal_block, int) or causal_block <= 0:
+      raise ValueError(f"causal_block must be an int > 0 (query block size), got {causal_block!r}")
+    if s_len != t_len:
+      raise ValueError(f"causal_block is for causal self-attention (T == S), got T={t_len}, S={s_len}")
+    if mask is None and bias is None:
+      raise ValueError(
+        "causal_block needs the causal mask (or bias) it skips keys for; with mask=None and bias=None "
+        "every key is visible (pass a causal mask, or drop causal_block)"
+      )
+
+  if s_len == 0:  # no key at all: every row is a row with no visible key
+    return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
+  if isinstance(scale, jax.core.Tracer):
+    q, scale = q.astype(jnp.float32) * scale.astype(jnp.float32), 1.0
+  group = num_heads // num_kv
+  q = q.reshape(batch, t_len, num_kv, group, qk_dim)
+  bias, mask = (None if x is None else _grouped(x, num_kv, group) for x in (bias, mask))
+  attend = functools.partial(_attend_grouped, scale=scale, precise_dims=precise_dims)
+  if causal_block is None or causal_block >= t_len:
+    out = attend(q, k, v, bias, mask)
+  else:
+    outs = []
+    for start in range(0, t_len, causal_block):
+      end = min(start + causal_block, t_len)
+      # the queries [start, end) see no key past end - 1: their rows of the scores stop there
+      cut = functools.partial(_block, start=start, end=end)
+      outs.append(attend(q[:, start:end], k[:, :end], v[:, :end], cut(bias), cut(mask)))
+    out = jnp.concatenate(outs, axis=1)
+  return out.reshape(batch, t_len, num_heads, v.shape[-1])
+
+
+_LOWEST = float(jnp.finfo(jnp.float32).min)
+
+
+def _grouped(x: jax.Array, num_kv: int, group: int) -> jax.Array:
+  """A bias or mask broadcastable to ``[B, N, T, S]`` as one broadcastable to ``[B, K, G, T, S]``."""
+  b, n, t, s = x.shape
+  return x.reshape(b, 1, 1, t, s) if n == 1 else x.reshape(b, num_kv, group, t, s)
+
+
+def _block(x: jax.Array | None, *, start: int, end: int) -> jax.Array | None:
+  """Rows ``start:end`` and columns ``:end`` of a bias or mask broadcastable to ``[..., T, S]``."""
+  if x is None:
+    return None
+  rows = x[..., start:end, :] if x.shape[-2] > 1 else x
+  return rows[..., :end] if x.shape[-1] > 1 else rows
+
+
+def _attend_grouped(q, k, v, bias, mask, *, scale: float, precise_dims: int) -> jax.Array:
+  """q ``[B, T, K, G, Hq]``, k ``[B, S, K, Hq]``, v ``[B, S, K, H]``, bias/mask broadcastable to
+  ``[B, K, G, T, S]`` -> ``[B, T, K, G, H]``, through ``_attend`` in the batched-matmul layout
+  ``[B, K, G*T, .]`` (the G heads of a kv head share one matmul; the big operands stay row-major)."""
+  batch, t_len, num_kv, group, _ = q.shape
+  rows = group * t_len
+
+  def flat(x):  # [b, k|1, g|1, T|1, S|1] -> [b, K|1, G*T|1, S|1]
+    if x is None:
+      return None
+    if x.shape[2] == 1 and (x.shape[3] == 1 or group == 1):
+      return x.reshape(x.shape[0], x.shape[1], x.shape[3], x.shape[4])
+    x = jnp.broadcast_to(x, (x.shape[0], x.shape[1], group, t_len, x.shape[4]))
+    return x.reshape(x.shape[0], x.shape[1], rows, x.shape[4])
+
+  q_rows = jnp.moveaxis(q, 1, 3).reshape(batch, num_kv, rows, q.shape[-1])
+  out = _attend(q_rows, k, v, flat(bias), flat(mask), scale, precise_dims)
+  return jnp.moveaxis(out.reshape(batch, num_kv, group, t_len, v.shape[-1]), 3, 1)
+
+
+def _precise(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  return jnp.einsum(
+    eq,
+    a.astype(jnp.float32),
+    b.astype(jnp.float32),
+    precision=jax.lax.Precision.HIGHEST,
+    preferred_element_type=jnp.float32,
+  )
+
+
+def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
+  """(output ``[B, K, Q, H]`` float32, unnormalised probabilities ``e`` ``[B, K, Q, S]`` float32,
+  ``1 / row sum`` ``[B, K, Q, 1]``, 0 on rows with no visible key)."""
+  split = q.shape[-1] - precise_dims
+  logits = jnp.einsum("BKQH,BSKH->BKQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
+  if precise_dims:
+    logits = logits + _precise("BKQH,BSKH->BKQS", q[..., split:], k[..., split:])
+  logits = logits * jnp.float32(scale)
+  if bias is not None:
+    logits = jnp.maximum(logits + bias.astype(jnp.float32), _LOWEST)  # a -inf bias hides a key like the mask
+  if mask is not None:
+    logits = jnp.where(mask, logits, _LOWEST)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  e = jnp.exp(logits - row_max)
+  inv_sum = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
+  if mask is not None or bias is not None:
+    # a row with no visible key (masked, or -inf bias everywhere) gives zeros, not a mean or NaN
+    inv_sum = jnp.where(row_max > _LOWEST, inv_sum, 0.0)
+  out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return out * inv_sum, e, inv_sum
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attend(q, k, v, bias, mask, scale: float, precise_dims: int):
+  """``q [B, K, Q, Hq], k [B, S, K, Hq], v [B, S, K, H] -> [B, K, Q, H]`` (``v.dtype``); bias and
+  mask broadcastable to ``[B, K, Q, S]``."""
+  return _attention_forward(q, k, v, bias, mask, scale, precise_dims)[0].astype(v.dtype)
+
+
+def _attend_fwd(q, k, v, bias, mask, scale, precise_dims):
+  out, e, inv_sum = _attention_forward(q, k, v, bias, mask, scale, precise_dims)
+  return out.astype(v.dtype), (q, k, v, bias, mask, out, e, inv_sum)
+
+
+def _attend_bwd(scale, precise_dims, residuals, d_out):
+  q, k, v, bias, mask, out, e, inv_sum = residuals
+  d_out = d_out.astype(jnp.float32)
+  # P = e * inv_sum; dV = P^T dO = e^T (dO * inv_sum); dP = dO V^T; dX = P * (dP - rowsum(dO * O)).
+  # Products with a transposed [Q, S] operand are written as (small^T big)^T, so the big one is
+  # read row-major and never copied.
+  f32 = dict(preferred_element_type=jnp.float32)
+  d_v = jnp.einsum("BKQH,BKQS->BSKH", (d_out * inv_sum).astype(v.dtype), e.astype(v.dtype), **f32)
+  d_p = jnp.einsum("BKQH,BSKH->BKQS", d_out.astype(v.dtype), v, **f32)
+  delta = jnp.sum(d_out * out, axis=-1, keepdims=True)
+  d_x = e * inv_sum * (d_p - delta)  # d(loss) / d(scaled logits + bias)
+  split = q.shape[-1] - precise_dims
+  d_q = jnp.einsum("BKQS,BSKH->BKQH", d_x.astype(k.dtype), k[..., :split], **f32)
+  d_k = jnp.einsum("BKQH,BKQS->BSKH", q[..., :split], d_x.astype(q.dtype), **f32)
+  if precise_dims:
+    d_q = jnp.concatenate([d_q, _precise("BKQS,BSKH->BKQH", d_x, k[..., split:])], axis=-1)
+    d_k = jnp.concatenate([d_k, _precise("BKQH,BKQS->BSKH", q[..., split:], d_x)], axis=-1)
+  d_bias = None
+  if bias is not None:
+    summed = tuple(i for i, (a, b) in enumerate(zip(bias.shape, d_x.shape)) if a == 1 and b != 1)
+    d_bias = jnp.sum(d_x, axis=summed, keepdims=True).astype(bias.dtype)
+  scale = jnp.float32(scale)
+  return (
+    (d_q * scale).astype(q.dtype),
+    (d_k * scale).astype(k.dtype),
+    d_v.astype(v.dtype),
+    d_bias,
+    None,
+  )
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)

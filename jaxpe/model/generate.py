@@ -1,0 +1,232 @@
+"""Autoregressive generation with the KV cache: greedy or sampled, batched with any padding.
+
+The sampling rule (``generate``'s ``temperature``, ``top_k``, ``rng``):
+
+- ``temperature == 0``: greedy, the argmax of the logits (the lowest token id among exact ties).
+- ``0 < temperature < inf``: a sample from ``softmax(logits / temperature)`` restricted to the
+  ``top_k`` largest logits (all V when ``top_k`` is None). The scaled logits are computed in float32
+  as ``(logits - max) / temperature``, so they never overflow: a tiny temperature (down to the
+  smallest float32, 1.4e-45; smaller ones are clamped to it) gives the greedy token, or one of the
+  exactly tied maxima.
+- ``temperature == inf``: uniform over the allowed set (the ``top_k`` largest logits, or all V).
+- ``top_k`` picks exactly k ids (ties at the k-th logit broken towards the lower id, as
+  ``jax.lax.top_k``) from the unscaled logits, so the set does not depend on the temperature.
+- The same ``rng`` (and prompt, model, arguments) gives the same tokens; each decoding step splits
+  the key once and every row draws its own sample from that split.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.ops import checks as _checks
+
+_MIN_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
+
+
+def _check_max_new_tokens(max_new_tokens) -> int:
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+    raise TypeError(f"max_new_tokens must be a Python int >= 1, got {max_new_tokens!r}")
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  return int(max_new_tokens)
+
+
+def _check_temperature(temperature) -> float:
+  if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+    raise TypeError(
+      f"temperature must be a Python number in [0, inf] (0 = greedy), got {type(temperature).__name__} "
+      f"{temperature!r}"
+    )
+  t = float(temperature)
+  if math.isnan(t) or t < 0:
+    raise ValueError(f"temperature must be in [0, inf] (0 = greedy, inf = uniform over top_k), got {t}")
+  return t
+
+
+def _check_top_k(top_k, vocab_size: int) -> int | None:
+  if top_k is None:
+    return None
+  if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+    raise TypeError(f"top_k must be None or a Python int in [1, vocab_size={vocab_size}], got {top_k!r}")
+  if not 1 <= top_k <= vocab_size:
+    raise ValueError(f"top_k must be in [1, vocab_size={vocab_size}], got {top_k}")
+  return int(top_k)
+
+
+def _check_rng(rng) -> jax.Array:
+  """A scalar typed PRNG key (``jax.random.key``) or a legacy ``uint32[2]`` key (``PRNGKey``)."""
+  if not isinstance(rng, jax.Array | np.ndarray):
+    raise TypeError(f"rng must be a PRNG key from jax.random.key(seed), got {type(rng).__name__}")
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    if rng.shape != ():
+      raise ValueError(f"rng must be one PRNG key (shape ()), got a key array of shape {rng.shape}")
+    return rng
+  if rng.dtype == np.uint32 and rng.shape == (2,):
+    return jax.random.wrap_key_data(jnp.asarray(rng))
+  raise TypeError(
+    f"rng must be a PRNG key from jax.random.key(seed) (or a legacy uint32[2] PRNGKey), got "
+    f"{rng.dtype}{list(rng.shape)}"
+  )
+
+
+def _check_prompt_mask(prompt, attention_mask, vocab_size: int):
+  """Returns ``(prompt int32 [B, T], mask bool [B, T])``."""
+  prompt = _checks.as_array("prompt", prompt)  # a ragged list or strings: a TypeError naming prompt
+  _checks.check_rank("prompt", prompt, 2, "[B, T]")
+  dtype = jnp.result_type(prompt)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"prompt must hold integer token ids, got dtype {dtype}")
+  if prompt.shape[0] == 0 or prompt.shape[1] == 0:
+    raise ValueError(
+      f"prompt must hold at least one token in at least one row (B, T >= 1), got shape {prompt.shape}"
+    )
+  _checks.check_index_range("prompt", prompt, vocab_size, "vocab_size")
+  prompt = jnp.asarray(prompt).astype(jnp.int32)
+  if attention_mask is None:
+    return prompt, jnp.ones(prompt.shape, bool)
+  if not isinstance(attention_mask, jax.Array | np.ndarray):
+    attention_mask = np.asarray(attention_mask)
+  mdtype = jnp.result_type(attention_mask)
+  if not (mdtype == jnp.bool_ or jnp.issubdtype(mdtype, jnp.integer)):
+    raise TypeError(
+      f"attention_mask must be bool or integer (1 = real token, 0 = padding), got dtype {mdtype}"
+    )
+  if tuple(attention_mask.shape) != tuple(prompt.shape):
+    raise ValueError(
+      f"attention_mask must have the prompt's shape [B, T] = {tuple(prompt.shape)}, got "
+      f"{tuple(attention_mask.shape)}"
+    )
+  if not isinstance(attention_mask, jax.core.Tracer):
+    arr = np.asarray(attention_mask)
+    if mdtype != jnp.bool_ and not np.all((arr == 0) | (arr == 1)):
+      raise ValueError(f"attention_mask must hold 0 (padding) or 1 (real token), got values {np.unique(arr)}")
+    empty = np.flatnonzero(~arr.astype(bool).any(axis=1))
+    if empty.size:
+      raise ValueError(
+        f"attention_mask rows {empty.tolist()} hold no real token; every row needs at least one"
+      )
+  return prompt, jnp.asarray(attention_mask).astype(bool)
+
+
+def generate(
+  model: Decoder,
+  prompt: jax.Array,
+  *,
+  max_new_tokens: int,
+  attention_mask: jax.Array | None = None,
+  temperature: float = 0.0,
+  top_k: int | None = None,
+  rng: jax.Array | None = None,
+) -> jax.Array:
+  """Prefills a KV cache with the prompt, then decodes one token at a time (sampling rule: the
+  module docstring).
+
+  Works for every ``Decoder`` configuration (loop or ``scan_layers``, any ``remat``, every
+  ``pos_encoding``, grouped-query attention): a scanned model gives the tokens of the loop model
+  with the same weights.
+
+  Args:
+    model: a ``Decoder``.
+    prompt: ``[B, T]`` integer token ids in ``[0, V)``, B, T >= 1.
+    max_new_tokens: Python int >= 1, the number of tokens to generate.
+    attention_mask: ``[B, T]`` bool, or integer 0/1: 0 marks padding. Left, right or inner padding
+      all give the tokens of the unpadded row (positions count real tokens only; the first new token
+      follows the row's last real token). Every row needs a real token. Default: all ones.
+    temperature: Python number in ``[0, inf]``: 0 = greedy, inf = uniform over the ``top_k`` set.
+    top_k: None (all V ids) or a Python int in ``[1, V]``.
+    rng: a scalar PRNG key (``jax.random.key(seed)``, or a legacy ``uint32[2]`` key); required when
+      ``temperature > 0``, ignored (but checked) for greedy decoding.
+
+  Returns:
+    ``[B, max_new_tokens]`` int32 generated tokens.
+
+  Raises:
+    TypeError: ``model`` not a ``Decoder``; a non-integer prompt; a float attention mask; a
+      non-int ``max_new_tokens`` or ``top_k``; a non-number ``temperature``; an ``rng`` that is no
+      PRNG key.
+    ValueError: prompt not ``[B, T]`` with B, T >= 1; prompt ids outside ``[0, V)`` or a mask with
+      values other than 0/1 or a row without real tokens (checked when concrete; under ``jax.jit``
+      an id outside ``[0, V)`` embeds as NaN and makes the row's logits NaN; a traced all-padding row decodes from no context: its prompt's attention
+      output is zeros); a mask not of the prompt's shape; ``max_new_tokens < 1``;
+      ``T + max_new_tokens`` beyond ``max_len`` for learned positions, beyond ``rope_alibi_context``
+      for ``rope_alibi``, or beyond 2^31 - 1 (int32 positions); a NaN or negative temperature;
+      ``top_k`` outside ``[1, V]``; sampling without ``rng``; an ``rng`` holding several keys.
+  """
+  if not isinstance(model, Decoder):
+    raise TypeError(f"model must be a jaxpe.model.Decoder, got {type(model).__name__}")
+  cfg = model.cfg
+  max_new_tokens = _check_max_new_tokens(max_new_tokens)
+  temperature = _check_temperature(temperature)
+  top_k = _check_top_k(top_k, cfg.vocab_size)
+  prompt, mask = _check_prompt_mask(prompt, attention_mask, cfg.vocab_size)
+  limits = {
+    "learned": ("max_len", cfg.max_len),
+    "rope_alibi": ("rope_alibi_context", cfg.rope_alibi_context or cfg.max_len),
+  }
+  name, limit = limits.get(cfg.pos_encoding, ("int32 positions", 2**31 - 1))
+  if prompt.shape[1] + max_new_tokens > limit:
+    raise ValueError(
+      f"prompt length T + max_new_tokens must be <= {name} ({limit}) for pos_encoding={cfg.pos_encoding!r}, "
+      f"got T={prompt.shape[1]} + max_new_tokens={max_new_tokens}"
+    )
+  if rng is not None:
+    rng = _check_rng(rng)
+  elif temperature > 0:
+    raise ValueError("rng is required when temperature > 0 (pass jax.random.key(seed))")
+  rng = jax.random.key(0) if rng is None else rng
+  batch, t_len = prompt.shape
+  cache = init_cache(cfg, batch, t_len + max_new_tokens)
+  graphdef, state = nnx.split(model)
+  return _generate(graphdef, state, prompt, mask, cache, rng, max_new_tokens, temperature, top_k)
+
+
+def pick(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | None) -> jax.Array:
+  """One token per row of ``logits [B, V]`` by the sampling rule of this module: ``[B]`` int32."""
+  if temperature == 0.0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits.astype(jnp.float32)
+  allowed = None
+  if top_k is not None and top_k < logits.shape[-1]:
+    idx = jax.lax.top_k(logits, top_k)[1]  # [B, k], from the unscaled logits
+    allowed = jnp.zeros(logits.shape, bool).at[jnp.arange(logits.shape[0])[:, None], idx].set(True)
+  if math.isinf(temperature):
+    scaled = jnp.zeros_like(logits)
+  else:
+    # <= 0 everywhere, 0 at the maxima: no overflow for any temperature, tiny ones give greedy
+    shifted = logits - jnp.max(logits, axis=-1, keepdims=True)
+    scaled = shifted / jnp.float32(max(temperature, _MIN_TEMPERATURE))
+  if allowed is not None:
+    scaled = jnp.where(allowed, scaled, -jnp.inf)
+  return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
+
+
+@jax.jit(static_argnums=(6, 7, 8))
+def _generate(graphdef, state, prompt, mask, cache, rng, max_new_tokens, temperature, top_k):
+  model = nnx.merge(graphdef, state)
+  logits, cache = model(prompt, attention_mask=mask, cache=cache)
+  # the first new token follows the last real token of each row (right padding: not slot T - 1)
+  t_len = prompt.shape[1]
+  last = t_len - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+  rng, sub = jax.random.split(rng)
+  first = pick(logits[jnp.arange(prompt.shape[0]), last], sub, temperature, top_k)
+
+  def step(carry, _):
+    token, cache, rng = carry
+    # A model whose Variables are made at this trace level: nnx.scan / nnx.remat (scan_layers, remat)
+    # refuse Variables of the enclosing jit's level ("different trace level").
+    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    logits, cache = model(token[:, None], cache=cache)
+    rng, sub = jax.random.split(rng)
+    nxt = pick(logits[:, -1], sub, temperature, top_k)
+    return (nxt, cache, rng), token
+
+  (last, _, _), tokens = jax.lax.scan(step, (first, cache, rng), None, length=max_new_tokens - 1)
+  return jnp.concatenate([tokens.T, last[:, None]], axis=1) if max_new_tokens > 1 else last[:, None]

@@ -1,0 +1,80 @@
+"""A floor of the memory a training run needs, checked against the devices before any work: a huge
+``model.*``, ``batch_size``, ``seq_len`` or ``sample_len`` is one line, not an out-of-memory crash (or
+the kernel's OOM killer) minutes later."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxpe.model.config import TrainConfig
+from jaxpe.model.decoder import Decoder
+
+STATE_BYTES_PER_PARAM = 16
+"""Training memory per parameter, at the least: float32 parameter, gradient and AdamW's two moments."""
+
+
+def memory_floor_bytes(cfg: TrainConfig) -> tuple[int, int]:
+  """``(parameters, bytes)``: the model's exact parameter count (``nnx.eval_shape``: nothing is
+  allocated) and a lower bound of the bytes a run needs on all devices together: parameters,
+  gradients and AdamW moments (``STATE_BYTES_PER_PARAM`` each), the float32 logits of one
+  micro-batch and their gradient (``2 x 4 B T V`` bytes with B = batch_size / grad_accum_steps) and
+  the end-of-run sample's KV cache (``2 L (prompt + sample_len) K H x 4`` bytes)."""
+  m = cfg.model
+
+  def count(layers: int) -> int:  # shapes only; layers are identical, so 1 and 2 layers give the rest
+    small = m.model_copy(update={"num_layers": layers, "scan_layers": False, "remat": "none"})
+    abstract = nnx.eval_shape(lambda: Decoder(small, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+  one = count(1)
+  params = one + (m.num_layers - 1) * (count(2) - one)
+  micro = cfg.batch_size // cfg.grad_accum_steps
+  logits = 2 * 4 * micro * cfg.seq_len * m.vocab_size
+  sample = 0
+  if cfg.sample_len:
+    sample = (
+      2 * m.num_layers * (len(cfg.sample_prompt.encode()) + cfg.sample_len) * m.kv_heads * m.head_size * 4
+    )
+  return params, STATE_BYTES_PER_PARAM * params + logits + sample
+
+
+def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> None:
+  """Refuses a run whose ``memory_floor_bytes`` exceed the memory of all ``devices`` together
+  (default ``jax.devices()``; an accelerator's ``bytes_limit``, the machine's physical memory for
+  CPU devices, counted once), so a huge ``model.*``, ``seq_len``, ``batch_size`` or ``sample_len``
+  is one error instead of an out-of-memory crash (or the kernel's OOM killer) minutes later. A
+  run that passes can still run out of memory (activations, XLA buffers): the check is a floor.
+
+  Listing the devices starts JAX's backends: in a multi-process run call
+  ``jaxpe.sharding.initialize_distributed`` first (the command lines do).
+
+  Raises:
+    ValueError: naming the keys to shrink, the bytes needed at least and the bytes available.
+  """
+  devices = list(jax.devices() if devices is None else devices)  # after jax.distributed.initialize, if any
+  available, host_counted = 0, False
+  for d in devices:
+    stats = None
+    try:
+      stats = d.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without memory statistics)
+      stats = None
+    if stats and stats.get("bytes_limit"):
+      available += int(stats["bytes_limit"])
+    elif not host_counted:
+      available += os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+      host_counted = True
+  params, need = memory_floor_bytes(cfg)
+  if need > available:
+    raise ValueError(
+      f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters x {STATE_BYTES_PER_PARAM} B for "
+      f"parameters, gradients and AdamW moments, plus logits of batch_size / grad_accum_steps x seq_len x "
+      f"model.vocab_size and the sample's cache) but the {len(devices)} device(s) have "
+      f"{available / 2**30:,.1f} GiB in all: make model.d_model, model.num_layers, model.mlp_dim, "
+      "model.vocab_size, batch_size, seq_len or sample_len smaller"
+    )

@@ -1,0 +1,214 @@
+"""The optimizer, the loss and one training step as plain functions (no ``TrainConfig`` needed).
+
+``jaxpe.trainer`` builds its run from these; other projects can use them directly::
+
+    tx = make_optimizer(3e-3, num_steps=1000, warmup_steps=100)
+    model = Decoder(ModelConfig(), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
+    train_step = make_train_step(graphdef)
+    state, metrics = train_step(state, batch)  # batch [B, T + 1] int32
+
+Shape alphabet: B batch, T query positions, V vocab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxpe.train import sharding
+
+
+def decay_mask(params):
+  """Weight-decay mask for a parameter pytree (an ``nnx.State`` or nested dicts of arrays).
+
+  True for kernels and embeddings (rank >= 2 and not named ``bias`` or ``scale``); False for
+  biases of any rank (per-head q/k/v biases are ``[N, H]``) and LayerNorm scales/biases. The same
+  leaves are decayed in the ``scan_layers`` layout (every rank-1 block parameter is a bias or a
+  scale, so the stacked ``[L, ...]`` axis changes no decision).
+  """
+
+  def decay(path, x) -> bool:
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return jnp.ndim(x) >= 2 and (not names or names[-1] not in ("bias", "scale"))
+
+  return jax.tree_util.tree_map_with_path(decay, params)
+
+
+def make_optimizer(
+  learning_rate: float,
+  *,
+  num_steps: int,
+  warmup_steps: int = 0,
+  min_lr_ratio: float = 0.1,
+  weight_decay: float = 0.1,
+  b1: float = 0.9,
+  b2: float = 0.95,
+  grad_clip: float = 1.0,
+) -> optax.GradientTransformation:
+  """AdamW with linear warmup, cosine decay to ``min_lr_ratio * learning_rate``, global-norm
+  clipping at ``grad_clip``.
+
+  Decoupled weight decay (``weight_decay``, per step, multiplied by the learning rate) applies only
+  where ``decay_mask`` is True. Learning rates are per optimizer step: 0 at step 0, the peak
+  ``learning_rate`` after ``warmup_steps`` steps, ``min_lr_ratio * learning_rate`` at
+  ``num_steps`` (the decay length includes the warmup). Source: Loshchilov & Hutter, arXiv
+  1711.05101 (AdamW); ``optax.warmup_cosine_decay_schedule``.
+
+  Raises:
+    ValueError: a non-positive ``learning_rate``/``num_steps``/``grad_clip``, a negative
+      ``warmup_steps``/``weight_decay``, ``min_lr_ratio`` outside [0, 1] or betas outside [0, 1).
+  """
+  checks = (
+    ("learning_rate", learning_rate, learning_rate > 0, "> 0"),
+    ("num_steps", num_steps, num_steps > 0, "> 0"),
+    ("warmup_steps", warmup_steps, warmup_steps >= 0, ">= 0"),
+    ("min_lr_ratio", min_lr_ratio, 0 <= min_lr_ratio <= 1, "in [0, 1]"),
+    ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
+    ("b1", b1, 0 <= b1 < 1, "in [0, 1)"),
+    ("b2", b2, 0 <= b2 < 1, "in [0, 1)"),
+    ("grad_clip", grad_clip, grad_clip > 0, "> 0"),
+  )
+  for name, value, ok, accepted in checks:
+    if not ok:
+      raise ValueError(f"{name} must be {accepted}, got {value}")
+  schedule = optax.warmup_cosine_decay_schedule(
+    init_value=0.0,
+    peak_value=learning_rate,
+    warmup_steps=warmup_steps,
+    decay_steps=max(num_steps, warmup_steps + 1),  # includes the warmup
+    end_value=learning_rate * min_lr_ratio,
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(grad_clip),
+    optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask),
+  )
+
+
+def next_token_loss(model: Callable[[jax.Array], jax.Array], batch: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy in nats per token (scalar float32) of ``batch [B, T + 1]`` int32:
+  inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``); ``model`` maps ``[B, T]``
+  tokens to ``[B, T, V]`` logits."""
+  logits = model(batch[:, :-1])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+
+def accumulated_value_and_grad(
+  loss_fn: Callable[[Any, jax.Array], jax.Array], model: nnx.Module, batch: jax.Array, num_microbatches: int
+) -> tuple[jax.Array, nnx.State]:
+  """``(loss, grads)`` of ``loss_fn(model, batch)`` w.r.t. the model's ``nnx.Param``s, computed
+  over ``num_microbatches`` equal micro-batches of ``batch [B, ...]`` in a ``jax.lax.scan``.
+
+  ``loss_fn`` must be a mean over rows; the result is the mean of the micro-batch losses and
+  gradients, which equals the whole batch's to float32 rounding while holding only one
+  micro-batch's activations. Micro-batch j takes rows j, j + m, j + 2m, ... (m =
+  ``num_microbatches``), so every device keeps its own rows.
+
+  Raises:
+    ValueError: B not divisible by ``num_microbatches`` (or ``num_microbatches`` < 1).
+  """
+  if num_microbatches < 1 or batch.shape[0] % num_microbatches:
+    raise ValueError(
+      f"grad_accum_steps ({num_microbatches}) must be >= 1 and divide the batch size ({batch.shape[0]})"
+    )
+  if num_microbatches == 1:
+    return nnx.value_and_grad(loss_fn)(model, batch)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  rows = batch.shape[0] // num_microbatches
+  micro = batch.reshape(rows, num_microbatches, *batch.shape[1:]).swapaxes(0, 1)  # [m, B/m, ...]
+
+  def loss_of(p, mb):
+    return loss_fn(nnx.merge(graphdef, p, rest), mb)
+
+  def body(carry, mb):
+    loss_sum, grad_sum = carry
+    mb = sharding.constrain(mb, ("batch",) + (None,) * (mb.ndim - 1))
+    loss, grads = jax.value_and_grad(loss_of)(params, mb)
+    return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (loss, grads), _ = jax.lax.scan(body, zeros, micro)
+  return loss / num_microbatches, jax.tree.map(lambda g: g / num_microbatches, grads)
+
+
+def _tracing_context(mesh, rules):
+  return contextlib.nullcontext() if mesh is None else sharding.activation_sharding(mesh, rules)
+
+
+def make_train_step(
+  graphdef: nnx.GraphDef,
+  *,
+  grad_accum_steps: int = 1,
+  loss_fn: Callable[[Any, jax.Array], jax.Array] = next_token_loss,
+  mesh: jax.sharding.Mesh | None = None,
+  rules=sharding.DEFAULT_RULES,
+  state_shardings: Any = None,
+  batch_sharding: Any = None,
+  skip_nonfinite: bool = True,
+):
+  """A jitted ``step(state, batch) -> (state, metrics)`` for the state of
+  ``nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))`` (``graphdef`` is that split's).
+
+  One optimizer step on ``batch [B, T + 1]`` int32 (``grad_accum_steps`` micro-batches, see
+  ``accumulated_value_and_grad``). ``metrics``: ``loss``, the mean loss (nats/token, float32)
+  before the update; ``grad_norm``, the global L2 norm of the (accumulated, unclipped) gradient;
+  ``param_norm``, the parameters' L2 norm after the update; ``finite``, whether all three are
+  finite. With ``skip_nonfinite`` a non-finite step is not applied (the state returned is the
+  input state), so a non-finite state is never produced. The input state is
+  donated. With ``mesh``, activations are pinned at block boundaries by ``rules``
+  (``jaxpe.sharding.constrain``) and the state / batch keep ``state_shardings`` /
+  ``batch_sharding`` when given.
+  """
+
+  def step(state, batch):
+    with _tracing_context(mesh, rules):
+      model, optimizer = nnx.merge(graphdef, state)
+      loss, grads = accumulated_value_and_grad(loss_fn, model, batch, grad_accum_steps)
+      optimizer.update(model, grads)
+      new_state = nnx.state((model, optimizer))
+      metrics = {
+        "loss": loss,
+        "grad_norm": optax.tree.norm(grads),
+        "param_norm": optax.tree.norm(nnx.state(model, nnx.Param)),
+      }
+      finite = jnp.all(jnp.isfinite(jnp.stack(list(metrics.values()))))
+      if skip_nonfinite:
+        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+      return new_state, {**metrics, "finite": finite}
+
+  if state_shardings is None:
+    return jax.jit(step, donate_argnums=0)
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, batch_sharding),
+    out_shardings=(state_shardings, None),
+    donate_argnums=0,
+  )
+
+
+def make_eval_step(
+  graphdef: nnx.GraphDef,
+  *,
+  loss_fn: Callable[[Any, jax.Array], jax.Array] = next_token_loss,
+  mesh: jax.sharding.Mesh | None = None,
+  rules=sharding.DEFAULT_RULES,
+  state_shardings: Any = None,
+  batch_sharding: Any = None,
+):
+  """A jitted ``eval_step(state, batch) -> loss`` (scalar float32, nats/token) for the same state
+  as ``make_train_step``; nothing is updated."""
+
+  def eval_step(state, batch):
+    with _tracing_context(mesh, rules):
+      model, _ = nnx.merge(graphdef, state)
+      return loss_fn(model, batch)
+
+  if state_shardings is None:
+    return jax.jit(eval_step)
+  return jax.jit(eval_step, in_shardings=(state_shardings, batch_sharding))

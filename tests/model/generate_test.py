@@ -1,0 +1,259 @@
+"""Cached generation equals step-by-step argmax over full forwards; left padding does not change
+a row's continuation; bad arguments and bad meshes fail clearly."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxpe.model.config import ModelConfig
+from jaxpe.model.decoder import Decoder
+from jaxpe.model.generate import generate
+from jaxpe.train import sharding
+
+
+def _greedy_without_cache(model, row, n):
+  row = list(row)
+  for _ in range(n):
+    row.append(int(jnp.argmax(model(jnp.asarray([row], jnp.int32))[0, -1])))
+  return row[-n:]
+
+
+@pytest.mark.parametrize("pe", ["learned", "rope", "alibi", "rope_alibi"])
+def test_greedy_left_padded_batch_matches_full_forward(pe):
+  # init_std 0.5 gives a random model whose argmax changes from step to step.
+  cfg = ModelConfig(
+    vocab_size=32, d_model=32, num_layers=2, num_heads=4, max_len=32, pos_encoding=pe, init_std=0.5
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(1))
+  rows = [[3, 1, 4, 1, 5], [9, 2, 6]]
+  prompt = jnp.asarray([rows[0], [0, 0] + rows[1]], jnp.int32)
+  mask = jnp.asarray([[1] * 5, [0, 0, 1, 1, 1]], bool)
+  out = generate(model, prompt, attention_mask=mask, max_new_tokens=6)
+  expected = [_greedy_without_cache(model, r, 6) for r in rows]
+  assert out.tolist() == expected
+  assert len({t for r in expected for t in r}) > 1  # the check is not vacuous
+
+
+def test_sampling_is_reproducible_and_respects_top_k():
+  cfg = ModelConfig(vocab_size=32, d_model=32, num_layers=1, num_heads=4, init_std=0.5)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  prompt = jnp.asarray([[1, 2, 3]], jnp.int32)
+  a = generate(model, prompt, max_new_tokens=8, temperature=1.0, top_k=1, rng=jax.random.key(0))
+  np.testing.assert_array_equal(a, generate(model, prompt, max_new_tokens=8))  # top-1 = greedy
+  b = generate(model, prompt, max_new_tokens=8, temperature=1.0, rng=jax.random.key(3))
+  np.testing.assert_array_equal(
+    b, generate(model, prompt, max_new_tokens=8, temperature=1.0, rng=jax.random.key(3))
+  )
+
+
+def test_generate_rejects_bad_arguments():
+  model = Decoder(ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2), rngs=nnx.Rngs(0))
+  prompt = jnp.zeros((1, 2), jnp.int32)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    generate(model, prompt, max_new_tokens=0)
+  with pytest.raises(ValueError, match="rng is required"):
+    generate(model, prompt, max_new_tokens=2, temperature=0.5)
+  with pytest.raises(ValueError, match="top_k"):
+    generate(model, prompt, max_new_tokens=2, temperature=0.5, top_k=99, rng=jax.random.key(0))
+
+
+def test_mesh_shape_must_fit_devices():
+  with pytest.raises(ValueError, match="does not fit 8 devices"):
+    sharding.make_mesh((3, 1))
+  assert dict(sharding.make_mesh((-1, 2)).shape) == {"data": 4, "fsdp": 1, "tensor": 2}  # (data, model)
+  assert dict(sharding.make_mesh((2, -1, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_generate_rejects_empty_prompt_and_out_of_vocab_ids():
+  model = Decoder(ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="at least one token"):
+    generate(model, jnp.zeros((1, 0), jnp.int32), max_new_tokens=2)
+  for bad in (16, -1):
+    with pytest.raises(ValueError, match=r"prompt must be in \[0, vocab_size = 16\)"):
+      generate(model, jnp.asarray([[1, bad, 2]], jnp.int32), max_new_tokens=2)
+  with pytest.raises(TypeError, match="prompt"):
+    generate(model, jnp.zeros((1, 2), jnp.float32), max_new_tokens=2)
+  assert generate(model, jnp.asarray([[0, 15]], jnp.int32), max_new_tokens=2).shape == (1, 2)
+
+
+def test_generate_learned_positions_must_fit_max_len():
+  cfg = ModelConfig(vocab_size=16, d_model=16, num_layers=1, num_heads=2, max_len=8, pos_encoding="learned")
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  prompt = jnp.ones((1, 3), jnp.int32)
+  assert generate(model, prompt, max_new_tokens=5).shape == (1, 5)  # 3 + 5 = max_len
+  with pytest.raises(ValueError, match="max_len"):
+    generate(model, prompt, max_new_tokens=6)
+  rope = Decoder(cfg.model_copy(update={"pos_encoding": "rope"}), rngs=nnx.Rngs(0))
+  assert generate(rope, prompt, max_new_tokens=6).shape == (1, 6)  # relative positions: no table
+
+
+def test_generate_rope_alibi_must_fit_its_context_and_says_so_in_the_callers_terms():
+  cfg = ModelConfig(
+    vocab_size=16,
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    max_len=64,
+    pos_encoding="rope_alibi",
+    rope_alibi_context=8,
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  prompt = jnp.ones((1, 3), jnp.int32)
+  assert generate(model, prompt, max_new_tokens=5).shape == (1, 5)  # 3 + 5 = rope_alibi_context
+  with pytest.raises(
+    ValueError,
+    match=r"T \+ max_new_tokens must be <= rope_alibi_context \(8\) for pos_encoding='rope_alibi', "
+    r"got T=3 \+ max_new_tokens=6$",
+  ):
+    generate(model, prompt, max_new_tokens=6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every model configuration generates (issue 17: scan_layers / remat raised "different trace level")
+
+
+@pytest.mark.parametrize(
+  "pe, scan, remat, kv_heads",
+  [
+    ("none", True, "full", 2),
+    ("learned", True, "dots_saveable", None),
+    ("sinusoidal", False, "full", 1),
+    ("rope", True, "full", 1),
+    ("xpos", True, "none", None),
+    ("alibi", False, "dots_saveable", 2),
+    ("rope_alibi", True, "full", 1),
+  ],
+)
+def test_scanned_and_rematerialised_models_generate_the_loop_models_tokens(pe, scan, remat, kv_heads):
+  base = dict(vocab_size=32, d_model=32, num_layers=2, num_heads=4, max_len=32, pos_encoding=pe)
+  cfg = ModelConfig(**base, num_kv_heads=kv_heads, init_std=0.5)
+  loop = Decoder(cfg, rngs=nnx.Rngs(1))
+  model = Decoder(cfg.model_copy(update={"scan_layers": scan, "remat": remat}), rngs=nnx.Rngs(1))
+  prompt = jnp.asarray([[3, 1, 4, 1, 5]], jnp.int32)
+  expected = _greedy_without_cache(loop, prompt[0].tolist(), 3)  # full forwards of the loop model
+  assert generate(model, prompt, max_new_tokens=3).tolist() == [expected]
+  if pe == "rope":  # sampling too (one configuration: each sampler is one more compile)
+    sample = dict(max_new_tokens=3, temperature=1.0, top_k=8, rng=jax.random.key(2))
+    loop_sampled = generate(loop, prompt, **sample)
+    np.testing.assert_array_equal(generate(model, prompt, **sample), loop_sampled)
+    assert len(set(expected) | set(np.asarray(loop_sampled)[0].tolist())) > 1  # not vacuous
+
+
+@pytest.mark.usefixtures("standard_promotion")
+def test_scan_and_remat_training_run_samples_and_writes_its_outputs(tmp_path, text_file):
+  from jaxpe.model.config import load_config
+  from jaxpe.train import trainer
+
+  workdir = tmp_path / "s"
+  overrides = [
+    f"workdir={workdir}",
+    f"data.path={text_file}",
+    "seq_len=16",
+    "batch_size=8",
+    "num_steps=3",
+    "warmup_steps=1",
+    "eval_every=3",
+    "eval_batches=1",
+    "checkpoint_every=3",
+    "sample_len=6",
+    "model.d_model=16",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.max_len=32",
+    "model.scan_layers=true",
+    "model.remat=full",
+  ]
+  result = trainer.train(load_config(None, overrides), progress=False)
+  for name in ("loss.png", "summary.json", "metrics.jsonl"):
+    assert (workdir / name).is_file(), name
+  prompt = load_config(None, overrides).sample_prompt
+  assert result.sample.startswith(prompt) and len(result.sample) > len(prompt)
+  assert json.loads((workdir / "summary.json").read_text())["sample"] == result.sample
+
+
+# ------------------------------------------------------------------------------------------------
+# The sampling rule at its edges (jaxpe.generate's module docstring), against numpy references
+
+
+def _tiny_model(**kw):
+  cfg = ModelConfig(vocab_size=20, d_model=16, num_layers=1, num_heads=2, max_len=32, init_std=0.5, **kw)
+  return Decoder(cfg, rngs=nnx.Rngs(3))
+
+
+def test_tiny_temperatures_agree_with_greedy():
+  model = _tiny_model()
+  prompt = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
+  greedy = generate(model, prompt, max_new_tokens=6)
+  for t in (1e-40, 5e-324):  # float32 subnormal; below float32 (clamped)
+    out = generate(model, prompt, max_new_tokens=6, temperature=t, rng=jax.random.key(0))
+    np.testing.assert_array_equal(out, greedy, err_msg=f"temperature={t}")
+
+
+def test_pick_follows_the_rule_for_infinite_temperature_and_top_k():
+  from jaxpe.model.generate import pick
+
+  logits = np.random.default_rng(0).normal(size=(1, 20)).astype(np.float32) * 3
+  rows = np.repeat(logits, 4000, axis=0)
+  top5 = set(np.argsort(-logits[0])[:5].tolist())
+  out = np.asarray(pick(jnp.asarray(rows), jax.random.key(1), float("inf"), 5))
+  assert set(out.tolist()) == top5  # only the top 5, all of them
+  counts = np.bincount(out, minlength=20)[sorted(top5)]
+  assert np.all(np.abs(counts - 800) < 120), counts  # uniform: 800 +- 4.2 sigma
+  everything = np.asarray(pick(jnp.asarray(rows), jax.random.key(2), float("inf"), None))
+  assert set(everything.tolist()) == set(range(20))
+  # a finite temperature: frequencies follow softmax(logits / t) over the top 5 (numpy float64)
+  t = 2.0
+  p = np.exp((logits[0].astype(np.float64) - logits.max()) / t)
+  p[[i for i in range(20) if i not in top5]] = 0
+  p /= p.sum()
+  freq = np.bincount(np.asarray(pick(jnp.asarray(rows), jax.random.key(3), t, 5)), minlength=20) / 4000
+  assert np.abs(freq - p).max() < 0.035, (freq, p)
+
+
+def test_generate_with_infinite_temperature_stays_in_the_top_k():
+  model = _tiny_model()
+  prompt = jnp.tile(jnp.asarray([[1, 2, 3]], jnp.int32), (20, 1))
+  logits = np.asarray(model(prompt[:1]))[0, -1]
+  top5 = set(np.argsort(-logits)[:5].tolist())
+  first = generate(model, prompt, max_new_tokens=1, temperature=float("inf"), top_k=5, rng=jax.random.key(0))
+  assert set(np.asarray(first)[:, 0].tolist()) <= top5
+
+
+def test_padding_anywhere_gives_the_unpadded_rows_tokens():
+  model = _tiny_model(pos_encoding="rope")
+  rows = [[3, 1, 4, 1, 5], [9, 2, 6]]
+  expected = [_greedy_without_cache(model, r, 5) for r in rows]
+  layouts = {
+    "left": ([rows[0], [0, 0, *rows[1]]], [[1] * 5, [0, 0, 1, 1, 1]]),
+    "right": ([rows[0], [*rows[1], 7, 7]], [[1] * 5, [1, 1, 1, 0, 0]]),
+    "inner": ([rows[0], [9, 7, 2, 7, 6]], [[1] * 5, [1, 0, 1, 0, 1]]),
+  }
+  for name, (prompt, mask) in layouts.items():
+    out = generate(model, jnp.asarray(prompt, jnp.int32), attention_mask=jnp.asarray(mask), max_new_tokens=5)
+    assert out.tolist() == expected, name
+
+
+def test_a_kv_cache_overflow_under_jit_raises_when_it_runs():
+  from jaxpe.model.decoder import init_cache
+
+  model = _tiny_model()
+
+  @nnx.jit
+  def call(model, tokens, cache):
+    return model(tokens, cache=cache)
+
+  cache = init_cache(model.cfg, 1, 4)
+  _, cache = call(model, jnp.ones((1, 3), jnp.int32), cache)  # 3 of 4 slots
+  msg = r"the KV cache has 4 slots; 2 new tokens after 3 filled ones do not fit"
+  with pytest.raises(Exception, match=msg):
+    jax.block_until_ready(call(model, jnp.ones((1, 2), jnp.int32), cache))
+  with pytest.raises(ValueError, match=msg):  # eager: the same message, a plain ValueError
+    model(jnp.ones((1, 2), jnp.int32), cache=cache)
+  with pytest.raises(ValueError, match="the KV cache has 4 slots; 5 new tokens do not fit"):  # static
+    call(model, jnp.ones((1, 5), jnp.int32), init_cache(model.cfg, 1, 4))
+  logits, full = call(model, jnp.ones((1, 1), jnp.int32), cache)  # exactly full: fine
+  assert int(full.end) == 4 and np.isfinite(np.asarray(logits)).all()

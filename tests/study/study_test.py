@@ -1,0 +1,178 @@
+"""A tiny train-short-test-long study: outputs, a learned table marked n/a beyond its size, a rerun that
+retrains nothing, an interrupted model stopping the study, and one table entry recomputed
+independently (numpy float64 log-softmax over the model's logits, windows cut by hand)."""
+
+import json
+import math
+import sysconfig
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
+from jaxpe.study import core as study
+from jaxpe.train import data, trainer
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> str:
+  root = Path(sysconfig.get_paths()["stdlib"])
+  text = b"".join((root / name).read_bytes() for name in ("argparse.py", "textwrap.py", "shlex.py"))
+  path = tmp_path_factory.mktemp("data") / "corpus.txt"
+  path.write_bytes(text[:150_000])
+  return str(path)
+
+
+def tiny_study(workdir: Path, text_file: str) -> study.StudyConfig:
+  return study.StudyConfig(
+    workdir=str(workdir),
+    encodings=("learned", "rope", "rope_linear"),
+    eval_multiples=(1, 2),
+    eval_windows=4,
+    eval_batch_size=8,
+    train=TrainConfig(
+      model=ModelConfig(d_model=32, num_layers=1, num_heads=2),
+      data=DataConfig(path=text_file, max_bytes=150_000, eval_fraction=0.1),
+      seq_len=16,
+      batch_size=8,  # the suite has 8 CPU devices on the data axis
+      num_steps=3,
+      warmup_steps=1,
+      eval_every=1000,
+      eval_batches=1,
+      checkpoint_every=1000,
+      sample_len=0,
+    ),
+  )
+
+
+def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch, capsys):
+  # optax's Adam mixes Python floats with int32 step counts, which strict promotion (conftest) rejects:
+  # training runs under standard promotion (as in trainer_test.py), the study's evaluation under strict.
+  train = trainer.train
+
+  def train_standard(*args, **kwargs):
+    with jax.numpy_dtype_promotion("standard"):
+      return train(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, "train", train_standard)
+  cfg = tiny_study(tmp_path, text_file)
+  report = study.run_study(cfg, progress=False)
+  assert set(report["models"]) == {"learned", "rope"}  # rope_linear evaluates the rope weights
+  for name in ("study.md", "study.json", "bits_per_byte.png", "loss_vs_position.png"):
+    assert (tmp_path / name).stat().st_size > 0
+  md = (tmp_path / "study.md").read_text()
+  assert report["results"]["learned"]["2"] is None
+  assert "| learned | " in md and "| n/a (table 16) |" in md
+  assert json.loads((tmp_path / "study.json").read_text())["results"] == report["results"]
+
+  # Rerun: nothing is trained (trainer.train would fail) and the numbers are the same.
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished model was trained again")
+
+  monkeypatch.setattr(trainer, "train", no_training)
+  again = study.run_study(cfg, progress=False)
+  assert again["results"] == report["results"]
+  assert not any(m["trained_now"] for m in again["models"].values())
+
+  # A damaged evaluation cache is named, recomputed and rewritten (was a JSONDecodeError naming no file).
+  cache = tmp_path / "models" / "rope" / "eval_rope_linear.json"
+  cache.write_text('{"key": ')
+  again = study.run_study(cfg, progress=False)
+  err = capsys.readouterr().err
+  assert f"[study] warning: cannot read {cache} (JSONDecodeError: " in err and "evaluated again" in err, err
+  assert again["results"] == report["results"] and json.loads(cache.read_text())["results"]
+
+  # Independent recomputation of rope + linear interpolation at 2x: windows cut by hand, the rope
+  # weights under a hand-written linear-scaling config, float64 log-softmax in numpy.
+  t, w = 16, 4
+  corpus = data.load_corpus(text_file, max_bytes=150_000, eval_fraction=0.1)
+  n = (corpus.eval.size - 1) // (2 * t)
+  starts = np.linspace(0, n - 1, w).astype(np.int64) * (2 * t)
+  rope_cfg = study.model_train_config(cfg, "rope")
+  model_cfg = ModelConfig.model_validate(
+    {**rope_cfg.model.model_dump(), "max_len": 2 * t, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+  )
+  # Reading a checkpoint writes nothing and probes nothing: a read-only checkpoint directory loads
+  # (was "cannot write checkpoints": the write probe ran for reads too).
+  ckpt = Path(rope_cfg.workdir) / "checkpoints"
+  before = sorted((str(p), p.stat().st_mtime_ns) for p in ckpt.rglob("*"))
+
+  def no_write(directory):
+    raise AssertionError(f"load_trained probed {directory} for writing")
+
+  monkeypatch.setattr(study.checkpoint, "check_writable", no_write)
+  model = study.load_trained(rope_cfg, model_cfg)
+  assert sorted((str(p), p.stat().st_mtime_ns) for p in ckpt.rglob("*")) == before
+  windows = np.stack([corpus.eval[s : s + 2 * t + 1] for s in starts]).astype(np.int32)
+  logits = np.asarray(model(windows[:, :-1]), np.float64)  # [W, 2T, V]
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  logp -= logits.max(-1, keepdims=True)
+  nll = -np.take_along_axis(logp, windows[:, 1:, None].astype(np.int64), -1)[..., 0]
+  per_window = nll.mean(-1) / math.log(2)
+  want_mean = per_window.mean()
+  want_ci = 1.96 * per_window.std(ddof=1) / math.sqrt(w)
+  got = report["results"]["rope_linear"]["2"]
+  np.testing.assert_allclose(got["per_window"], per_window, rtol=1e-5)
+  np.testing.assert_allclose([got["bits_per_byte"], got["ci95"]], [want_mean, want_ci], rtol=1e-5)
+  np.testing.assert_allclose(got["per_position"], nll.mean(0) / math.log(2), rtol=1e-5)
+  assert f"| {want_mean:.3f} ± {want_ci:.3f} |" in md.split("| rope + linear interpolation (eval) |")[1]
+  # The paired difference from rope (the reference) is the mean of the per-window differences.
+  rope_windows = np.asarray(report["results"]["rope"]["2"]["per_window"])
+  assert report["paired_reference"] == "rope"
+  np.testing.assert_allclose(
+    report["paired"]["rope_linear"]["2"]["bits_per_byte"],
+    (np.asarray(got["per_window"]) - rope_windows).mean(),
+    rtol=1e-9,
+  )
+  # The scaling changed the numbers (the check could fail): plain rope at 2x differs.
+  assert report["results"]["rope"]["2"]["bits_per_byte"] != got["bits_per_byte"]
+
+
+def test_interrupted_model_stops_the_study(tmp_path, text_file, monkeypatch):
+  # The trainer returned before num_steps (stop_at, max_seconds, a signal): nothing is evaluated or
+  # written, and the error says a rerun resumes (the trainer's resume is tested in trainer_test.py).
+  def stopped(cfg, **kwargs):
+    return trainer.TrainResult(2, 0.0, 0.0, 0.0, 0.0, 0.0, "")
+
+  monkeypatch.setattr(trainer, "train", stopped)
+  with pytest.raises(study.StudyInterrupted, match="'learned' stopped at step 2 of 3; rerun"):
+    study.run_study(tiny_study(tmp_path, text_file), progress=False)
+  assert not (tmp_path / "study.json").exists()
+
+
+def test_config_checks():
+  with pytest.raises(ValueError, match="encodings must be distinct names"):
+    study.StudyConfig(encodings=("rope", "nope"))
+  with pytest.raises(ValueError, match="eval_multiples must start at 1"):
+    study.StudyConfig(eval_multiples=(1, 3, 4))
+  cfg = study.StudyConfig()
+  assert study.model_train_config(cfg, "rope_alibi_k2").model.rope_alibi_context == 8 * cfg.train.seq_len
+  assert study.eval_model_config(cfg, "learned", 2) is None
+  assert study.eval_model_config(cfg, "rope_dynamic", 1).rope_scaling is None
+
+
+def test_study_command_line_reports_errors_and_signals_in_one_line(tmp_path, monkeypatch, capsys):
+  """train/study.py reports like train/train.py: a config error is one line with status 2, a run
+  stopped by SIGTERM says where its checkpoint is with status 143 (it printed a traceback)."""
+  import importlib.util
+
+  from jaxpe.train import run_guard
+
+  spec = importlib.util.spec_from_file_location(
+    "study_cli", Path(__file__).resolve().parents[2] / "train" / "study.py"
+  )
+  cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cli)
+  assert cli.main(["train.num_steps=0", f"workdir={tmp_path}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("study.py: error: ") and err.count("\n") == 1 and "num_steps" in err, err
+
+  def stopped(cfg):
+    raise run_guard.TrainingInterrupted("stopped by SIGTERM at step 7; checkpoint saved", signum=15, step=7)
+
+  monkeypatch.setattr(cli, "run_study", stopped)
+  assert cli.main([f"workdir={tmp_path}", "--quick"]) == 143
+  err = capsys.readouterr().err
+  assert err == "study.py: stopped by SIGTERM at step 7; checkpoint saved\n", err
