@@ -49,6 +49,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpe.emulation import core as emulation
+from jaxpe.errors import CheckpointError
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import (
@@ -70,11 +71,6 @@ _HF_DEFAULTS: dict[str, Any] = {
 }
 _ALIASES = {"n_embed": "hidden_size", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
 BLOOM_CONTEXT = 2048  # sequence length BLOOM was trained with (arXiv 2211.05100, table 3)
-
-
-class CheckpointError(ValueError):
-  """A BLOOM checkpoint that cannot be imported: missing/unexpected keys, wrong shapes, a file that
-  cannot be read. The message names the key or the file. Nothing is loaded when it is raised."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,13 +29,10 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from jaxpe.errors import CheckpointError  # noqa: F401  (raised here; one class for every checkpoint)
 from jaxpe.train import run_guard
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(OSError):
-  """A checkpoint could not be written, or no intact checkpoint could be read."""
 
 
 def manager(
