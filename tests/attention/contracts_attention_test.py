@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpe.attention import kernels
+from jaxpe import emulation
+from jaxpe.attention import backends, emulated, kernels, masks
 from jaxpe.attention import reference as attention
-from jaxpe.attention.reference import AttentionMask
+from jaxpe.attention.masks import AttentionMask
 from jaxpe.emulation import bf16_exact
-from jaxpe.emulation import core as emulation
 from jaxpe.emulation import report as emulation_report
 
 B, T, N, K, H = 2, 16, 2, 1, 8
@@ -88,10 +88,10 @@ def test_every_backend_reads_every_segment_id_form_like_xla_and_numpy(name):
   q, k, v = _qkv()
   mask = AttentionMask(valid=jnp.asarray(VALID), segment_ids=ids, causal=False)
   want = _numpy_reference(q, k, v, 0.3, ids, VALID, causal=False)
-  ref = kernels.attention(q, k, v, scale=0.3, mask=mask, impl="xla")
+  ref = kernels.attention(q, k, v, scale=0.3, mask=mask, implementation="xla")
   np.testing.assert_allclose(np.asarray(ref)[VALID], want[VALID], atol=2e-5, rtol=0)
   for impl in FUSED:
-    out = kernels.attention(q, k, v, scale=0.3, mask=mask, impl=impl, interpret=True)
+    out = kernels.attention(q, k, v, scale=0.3, mask=mask, implementation=impl, interpret=True)
     # padding query rows: zeros on the fused kernels (documented); every real row as xla
     np.testing.assert_allclose(np.asarray(out)[VALID], want[VALID], atol=2e-5, rtol=0, err_msg=impl)
     np.testing.assert_array_equal(np.asarray(out)[~VALID], 0.0)
@@ -105,9 +105,9 @@ def test_segment_ids_are_ranked_exactly_in_their_own_dtype_also_with_x64():
     np.array([[2**64 - 1, 0, 2**63, 0]], np.uint64),
   ]
   with jax.enable_x64(True):
-    traced = [jax.jit(attention.dense_segment_ids)(jnp.asarray(c)) for c in cases]
+    traced = [jax.jit(masks.dense_segment_ids)(jnp.asarray(c)) for c in cases]
   for ids, from_jax in zip(cases, traced):
-    for got in (attention.dense_segment_ids(ids), from_jax):
+    for got in (masks.dense_segment_ids(ids), from_jax):
       got = np.asarray(got)
       assert got.dtype == np.int32
       np.testing.assert_array_equal(got[:, :, None] == got[:, None, :], ids[:, :, None] == ids[:, None, :])
@@ -121,7 +121,7 @@ def test_pallas_gpu_runs_under_x64_like_xla():
     ids = jnp.asarray(np.array([_docs(0, 2**32, 7), [1] * T], np.int64))
     assert ids.dtype == jnp.int64
     mask = AttentionMask(valid=jnp.asarray(VALID), segment_ids=ids, causal=True)
-    out = kernels.attention(q, k, v, scale=0.3, mask=mask, impl="pallas_gpu", interpret=True)
+    out = kernels.attention(q, k, v, scale=0.3, mask=mask, implementation="pallas_gpu", interpret=True)
   want = _numpy_reference(q, k, v, 0.3, np.asarray(ids), VALID, causal=True)
   np.testing.assert_allclose(np.asarray(out)[VALID], want[VALID], atol=2e-5, rtol=0)
 
@@ -138,7 +138,7 @@ def test_traced_segment_ids_under_jit_match_xla_on_every_backend():
       v,
       scale=0.3,
       mask=AttentionMask(valid=valid, segment_ids=ids, causal=True),
-      impl=impl,
+      implementation=impl,
       interpret=True,
     )
     return np.asarray(jax.jit(fn)(q, k, v, jnp.asarray(VALID), ids))
@@ -227,7 +227,7 @@ def test_every_backend_refuses_a_bad_mask_with_the_same_error(name, fields, exc,
   messages = set()
   for impl in ("xla", *FUSED):
     with pytest.raises(exc, match=match) as info:
-      kernels.attention(q, k, v, scale=0.3, mask=mask, impl=impl, interpret=True)
+      kernels.attention(q, k, v, scale=0.3, mask=mask, implementation=impl, interpret=True)
     messages.add(str(info.value))
   assert len(messages) == 1, messages
   with pytest.raises(exc, match=match):
@@ -249,16 +249,16 @@ def _dpa(**kw):
 
 def _mam(**kw):
   args = dict(q_index=POS, k_index=POS) | kw
-  return attention.make_attention_mask(args.pop("q_index"), args.pop("k_index"), **args)
+  return masks.dense_attention_mask(args.pop("q_index"), args.pop("k_index"), **args)
 
 
 def _spec(**kw):
-  return kernels.AlibiSpec(**(dict(slopes=SLOPES, q_positions=POS, k_positions=POS, max_position=8) | kw))
+  return backends.AlibiSpec(**(dict(slopes=SLOPES, q_positions=POS, k_positions=POS, max_position=8) | kw))
 
 
 def _att(impl):
   def call(**kw):
-    args = dict(q=Q, k=KK, v=V, scale=0.5, impl=impl, interpret=True) | kw
+    args = dict(q=Q, k=KK, v=V, scale=0.5, implementation=impl, interpret=True) | kw
     return kernels.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
   return call
@@ -409,7 +409,13 @@ for _impl in ("xla", *FUSED):
       ValueError,
       r"AttentionMask is for self-attention",
     ),
-    (_impl, "impl", dict(impl="flash"), ValueError, r"attention impl must be one of"),
+    (
+      _impl,
+      "implementation",
+      dict(implementation="flash"),
+      ValueError,
+      r"attention implementation must be one of",
+    ),
     (_impl, "interpret", dict(interpret="yes"), TypeError, r"interpret must be a bool"),
     (_impl, "alibi_spec", dict(alibi_spec="alibi"), TypeError, r"alibi_spec must be an AlibiSpec"),
     (
@@ -554,11 +560,17 @@ ATTENTION_ROWS += [
   (
     "xla",
     "impl",
-    dict(impl="splash", interpret=False),
+    dict(implementation="splash", interpret=False),
     ValueError,
     r"'splash' is not available.*interpret=True",
   ),
-  ("xla", "impl", dict(impl=None), ValueError, r"attention impl must be one of"),
+  (
+    "xla",
+    "implementation",
+    dict(implementation=None),
+    ValueError,
+    r"attention implementation must be one of",
+  ),
 ]
 
 ENTRY = {"dpa": _dpa, "mam": _mam, **{i: _att(i) for i in ("xla", *FUSED)}}
@@ -603,7 +615,7 @@ def _emul_attn(**kw):
   args = (
     dict(q=EMUL_Q, k=EMUL_K, v=EMUL_K, q_positions=EPOS, k_positions=EPOS, slopes=SLOPES, theta=0.01) | kw
   )
-  return emulation.emulated_alibi_attention(
+  return emulated.emulated_alibi_attention(
     args.pop("q"), args.pop("k"), args.pop("v"), args.pop("q_positions"), args.pop("k_positions"), **args
   )
 
@@ -1010,7 +1022,7 @@ def test_rows_with_no_visible_key_give_zeros_under_jit_on_every_path():
   mask = AttentionMask(valid=valid, segment_ids=jnp.zeros((B, T), jnp.int32), causal=False)
   q, k, v = _qkv(4)
   for impl in ("xla", *FUSED):
-    got = kernels.attention(q, k, v, scale=0.3, mask=mask, impl=impl, interpret=True)
+    got = kernels.attention(q, k, v, scale=0.3, mask=mask, implementation=impl, interpret=True)
     np.testing.assert_array_equal(np.asarray(got)[1], 0.0, err_msg=impl)
     assert np.all(np.isfinite(np.asarray(got)))
 
@@ -1034,7 +1046,9 @@ def test_alibi_spec_slopes_of_zero_per_head_give_the_closed_form_bias_on_xla():
   d = np.arange(8)[:, None] - np.arange(8)[None, :]
   bias = jnp.asarray(np.broadcast_to(-slopes[:, None, None] * d, (B, N, 8, 8)), jnp.float32)
   want = attention.dot_product_attention(Q, KK, V, scale=0.5, bias=bias, mask=mask.dense(B, 8))
-  got = kernels.attention(Q, KK, V, scale=0.5, mask=mask, alibi_spec=_spec(slopes=slopes), impl="xla")
+  got = kernels.attention(
+    Q, KK, V, scale=0.5, mask=mask, alibi_spec=_spec(slopes=slopes), implementation="xla"
+  )
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
 
 
@@ -1046,5 +1060,7 @@ def test_empty_sizes_give_empty_or_zero_results_on_every_backend():
   for impl in ("xla", *FUSED):
     for b, t in ((0, 4), (1, 0)):
       x = jnp.zeros((b, t, N, H)), jnp.zeros((b, t, K, H))
-      out = kernels.attention(x[0], x[1], x[1], scale=0.5, mask=AttentionMask(), impl=impl, interpret=True)
+      out = kernels.attention(
+        x[0], x[1], x[1], scale=0.5, mask=AttentionMask(), implementation=impl, interpret=True
+      )
       assert out.shape == (b, t, N, H), impl

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from jaxpe.attention import kernels
+from jaxpe import emulation
+from jaxpe.attention import backends, emulated, masks
 from jaxpe.attention import reference as attention
-from jaxpe.emulation import core as emulation
 from jaxpe.ops import rope
 
 
@@ -255,13 +255,13 @@ def test_bias_free_kernel_with_padding_matches_native_alibi(order):
   v = jax.random.normal(jax.random.key(4), (2, t, kv, h))
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 100, (2, t))
   theta = emulation.emulation_theta(max_phase=0.1, max_len=256)
-  mask = attention.make_attention_mask(pos, pos)
+  mask = masks.dense_attention_mask(pos, pos)
   bias = -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
     pos[:, None, :, None] - pos[:, None, None, :]
   ).astype(jnp.float32)
   native = attention.dot_product_attention(q, k, v, scale=1 / math.sqrt(h), bias=bias, mask=mask)
   out = jax.jit(
-    lambda q, k, v: emulation.emulated_alibi_attention(
+    lambda q, k, v: emulated.emulated_alibi_attention(
       q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True
     )
   )(q, k, v)
@@ -499,7 +499,7 @@ def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731  exact products of bf16 inputs
     return real(f32(q), f32(k), f32(v), *args, implementation="xla", **kw).astype(q.dtype)
 
-  monkeypatch.setattr(kernels, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
+  monkeypatch.setattr(backends, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
   monkeypatch.setattr(jax.nn, "dot_product_attention", fake_cudnn)
   n, kv, h, t = 4, 2, 8, 16
   slopes = paper_slopes(4)
@@ -509,7 +509,7 @@ def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 1000, (2, t))
   theta = emulation.emulation_theta(max_phase=0.1, max_len=2048)
   out = jax.jit(
-    lambda q, k, v: emulation.emulated_alibi_attention(
+    lambda q, k, v: emulated.emulated_alibi_attention(
       q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True, implementation="cudnn"
     )
   )(q, k, v)
@@ -517,7 +517,7 @@ def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
   bias = -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
     pos[:, None, :, None] - pos[:, None, None, :]
   ).astype(jnp.float32)
-  mask = attention.make_attention_mask(pos, pos)
+  mask = masks.dense_attention_mask(pos, pos)
   native = attention.dot_product_attention(q, k, v, scale=1 / math.sqrt(h), bias=bias, mask=mask)
   chex.assert_shape(out, (2, t, n, h))
   np.testing.assert_allclose(out, native, atol=3e-2)  # bf16 content dims
