@@ -2,7 +2,7 @@
 
   python benchmarks/attention_bench.py [--lengths 1024 2048 ...] [--heads 16] [--head-dim 64]
 
-For each context T, encoding and backend (``jaxpe.kernels``) it compiles one causal self-attention
+For each context T, encoding and backend (``jaxpe.attention``) it compiles one causal self-attention
 forward (B = 1 sequence, N heads, K = N, head dim H) and prints:
   * extra q/k dims of the ALiBi emulation and the head dim the kernel computes with (padding), with
     the FLOP ratio of the two attention matmuls against an unpadded H (causal FLOPs
@@ -31,9 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import kernels
-from jaxpe.attention import reference as attention
-from jaxpe.emulation import core as emulation
+from jaxpe import emulation
+from jaxpe.attention import backends, kernels, masks
 from jaxpe.ops import alibi, rope
 
 ENCODINGS = ("rope", "alibi", "alibi_rot", "rope_alibi")
@@ -42,12 +41,12 @@ GIB = 2.0**30
 
 def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim: int, interpret: bool):
   slopes = alibi.alibi_slopes_f64(heads)
-  mask = attention.AttentionMask(causal=True)
+  mask = masks.AttentionMask(causal=True)
   theta = emulation.emulation_theta(max_phase=0.1, max_len=t_len)
 
   def fn(q, k, v):
     pos = jnp.arange(t_len, dtype=jnp.int32)[None]
-    kw = dict(scale=head_dim**-0.5, mask=mask, impl=backend, interpret=interpret)
+    kw = dict(scale=head_dim**-0.5, mask=mask, implementation=backend, interpret=interpret)
     if encoding == "rope":
       inv = rope.rope_inv_freq(head_dim)
       return kernels.attention(
@@ -55,7 +54,7 @@ def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim:
       )
     if encoding in ("alibi", "alibi_rot"):
       form = "exact" if encoding == "alibi" else "rotated"
-      spec = kernels.AlibiSpec(slopes, pos, pos, max_position=t_len, form=form, order=1, theta=theta)
+      spec = backends.AlibiSpec(slopes, pos, pos, max_position=t_len, form=form, order=1, theta=theta)
       return kernels.attention(q, k, v, alibi_spec=spec, **kw)
     q_aug, k_aug = emulation.apply_rope_alibi(q, k, pos, pos, slopes=slopes, theta=theta, order=1)
     return kernels.attention(q_aug, k_aug, v, precise_dims=2, **kw)
@@ -68,8 +67,8 @@ def _dims(backend: str, encoding: str, head_dim: int, t_len: int) -> tuple[int, 
   form = {"rope": None, "alibi": "exact", "alibi_rot": "rotated", "rope_alibi": "rotated"}[encoding]
   if backend == "xla" and encoding == "alibi_rot":
     form = None  # xla runs ALiBi natively
-  extra = kernels.emulation_dim_count(backend, alibi_form=form, order=1, max_position=t_len)
-  return extra, kernels.padded_head_dim(backend, head_dim + extra)
+  extra = backends.emulation_dim_count(backend, alibi_form=form, order=1, max_position=t_len)
+  return extra, backends.padded_head_dim(backend, head_dim + extra)
 
 
 def _time(compiled, args, repeats: int) -> float:
@@ -100,7 +99,7 @@ def main() -> None:
   parser.add_argument("--time-max-gib", type=float, default=2.0, help="time only runs with fewer temporaries")
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
-  native = kernels.platform_backends()
+  native = backends.platform_backends()
   on_cpu = jax.default_backend() == "cpu"
   dtype = jnp.dtype(args.dtype or ("float32" if on_cpu else "bfloat16"))
   n, h = args.heads, args.head_dim
@@ -114,7 +113,7 @@ def main() -> None:
     q, k, v = (jnp.asarray(rng.normal(size=(1, t_len, n, h)), dtype) for _ in range(3))
     refs = {}  # encoding -> (temp, secs) of xla; alibi_rot is compared with native ALiBi on xla
     for encoding in ENCODINGS:
-      for backend in kernels.BACKENDS:
+      for backend in backends.BACKENDS:
         interpret = backend not in native
         if interpret and (backend == "cudnn" or t_len > args.interpret_memory_max_len):
           continue

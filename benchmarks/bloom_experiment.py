@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import reference as attention
+from jaxpe import emulation
+from jaxpe.attention import masks
 from jaxpe.bloom import convert as bloom
-from jaxpe.emulation import core as emulation
 from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
 from jaxpe.model.decoder import emulation_theta
 from jaxpe.model.generate import generate
@@ -123,7 +123,7 @@ def jax_attention_stats(model, tokens: np.ndarray, mask: np.ndarray) -> dict[str
   tok, valid = jnp.asarray(tokens), jnp.asarray(mask, bool)
   pos = positions.positions_from_mask(jnp.asarray(mask))
   index = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-  amask = attention.make_attention_mask(index, index, k_valid=valid)
+  amask = masks.dense_attention_mask(index, index, k_valid=valid)
   x = model.embed(tok)
   if cfg.embed_layernorm:
     x = model.embed_norm(x)

@@ -222,7 +222,7 @@ def op_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
   ta = min(t, 1024)
   q, k, v = (jax.random.normal(jax.random.key(i), (b, ta, n, h), jnp.float32) for i in range(3))
   p = pos[:, :ta]
-  mask = jaxpe.make_attention_mask(p, p)
+  mask = jaxpe.dense_attention_mask(p, p)
   theta = jaxpe.emulation_theta(max_phase=0.1, max_len=ta)
 
   def native(q, k, v):
@@ -318,7 +318,7 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
   ``forward`` (the loss), ``forward_backward`` (``value_and_grad``), ``update`` (the AdamW update
   from given gradients); the model's own modules, L times on the same ``[B, T, D]`` input:
   ``attention_block`` (q/k/v/o projections, RoPE, attention), ``attention_core`` (the softmax
-  attention alone on ``[B, T, N, H]``, as ``jaxpe.kernels.attention(impl="xla")`` runs it in the
+  attention alone on ``[B, T, N, H]``, as ``jaxpe.attention.attention(implementation="xla")`` runs it in the
   model), ``mlp`` (up, GELU, down), ``layernorm`` (the 2 L + 1 LayerNorms); ``embed_logits_loss``
   (token embedding, tied logits, cross-entropy).
   """
@@ -351,7 +351,7 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
 
   def attention_core(q):
     def one(q):
-      return kernels.attention(q, q, q, scale=h**-0.5, mask=mask, impl="xla").sum()  # as the model
+      return kernels.attention(q, q, q, scale=h**-0.5, mask=mask, implementation="xla").sum()  # as the model
 
     return [jax.grad(one)(q + i) for i in range(cfg.num_layers)]
 

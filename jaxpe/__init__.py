@@ -12,22 +12,14 @@ per token.
 """
 
 from jaxpe import _compat
-from jaxpe.attention.kernels import AlibiSpec
-from jaxpe.attention.masks import document_mask
-from jaxpe.attention.reference import AttentionMask, dot_product_attention, make_attention_mask
-from jaxpe.emulation.core import (
-  apply_augmented_alibi,
-  apply_rope_alibi,
-  base_constrained_qk,
-  emulated_alibi_attention,
-  emulation_amplitudes,
-  emulation_error_bound,
-  emulation_theta,
-  emulation_weights,
-  pad_head_dim,
-  solve_base_constrained,
-  solve_emulation,
-)
+from jaxpe.attention.backends import AlibiSpec
+from jaxpe.attention.emulated import emulated_alibi_attention
+from jaxpe.attention.masks import AttentionMask, dense_attention_mask, document_mask, make_attention_mask
+from jaxpe.attention.reference import dot_product_attention
+from jaxpe.emulation.base_constrained import base_constrained_qk, solve_base_constrained
+from jaxpe.emulation.bounds import emulation_error_bound, emulation_weights
+from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi, pad_head_dim
+from jaxpe.emulation.solver import emulation_amplitudes, emulation_theta, solve_emulation
 from jaxpe.ops.alibi import (
   alibi_bias,
   alibi_bias_bloom,
@@ -62,6 +54,7 @@ __all__ = [
   "base_constrained_qk",
   "convert_layout",
   "convert_qk_proj_weight",
+  "dense_attention_mask",
   "document_mask",
   "dot_product_attention",
   "emulated_alibi_attention",

@@ -1,15 +1,25 @@
-"""Attention: the reference (dense) attention and its masks, and the kernel backends behind one
-``attention(..., impl=)``. Pure JAX, Flax-free."""
+"""Attention, pure JAX and Flax-free: the dense reference attention and its masks, and the kernel
+backends behind one ``attention(..., implementation=)``.
 
-from jaxpe.attention.kernels import (
+Modules, in import order (each imports only the ones before it, ``jaxpe.emulation`` and
+``jaxpe.ops``):
+
+- ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
+- ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
+- ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
+- ``xla``, ``cudnn``, ``splash``, ``pallas_gpu``: one module per backend.
+- ``fused``: q, k, v prepared for a fused kernel (the bias-free ALiBi emulation, segment ids).
+- ``kernels``: ``attention``, the one entry point (checks, then a backend).
+- ``emulated``: ``emulated_alibi_attention``, RoPE-emulated ALiBi through ``attention``.
+"""
+
+from jaxpe.attention.backends import (
   BACKENDS,
   CUDNN_MAX_HEAD_DIM,
   HEAD_DIM_MULTIPLE,
   IMPLEMENTATIONS,
-  XLA_CAUSAL_BLOCK,
   AlibiSpec,
   Backend,
-  attention,
   available_backends,
   emulation_dim_count,
   kernel_length,
@@ -17,17 +27,20 @@ from jaxpe.attention.kernels import (
   platform_backends,
   resolve_backend,
 )
-from jaxpe.attention.masks import document_mask
-from jaxpe.attention.reference import (
+from jaxpe.attention.emulated import emulated_alibi_attention
+from jaxpe.attention.kernels import attention
+from jaxpe.attention.masks import (
   AttentionMask,
   check_causal,
-  check_scale,
   check_segment_ids,
   check_valid,
+  dense_attention_mask,
   dense_segment_ids,
-  dot_product_attention,
+  document_mask,
   make_attention_mask,
 )
+from jaxpe.attention.reference import check_scale, dot_product_attention
+from jaxpe.attention.xla import XLA_CAUSAL_BLOCK
 
 __all__ = [
   "AlibiSpec",
@@ -44,9 +57,11 @@ __all__ = [
   "check_scale",
   "check_segment_ids",
   "check_valid",
+  "dense_attention_mask",
   "dense_segment_ids",
   "document_mask",
   "dot_product_attention",
+  "emulated_alibi_attention",
   "emulation_dim_count",
   "kernel_length",
   "make_attention_mask",

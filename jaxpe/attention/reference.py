@@ -1,144 +1,19 @@
-"""Scaled dot-product attention that every positional-encoding variant goes through.
+"""Scaled dot-product attention that every positional-encoding variant goes through: the dense
+reference (einsum, float32 logits), the ``xla`` backend of ``jaxpe.attention.attention``.
 
 Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K, H).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.attention.masks import AttentionMask
 from jaxpe.ops import checks as _checks
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class AttentionMask:
-  """Structured self-attention mask: what fused kernels take instead of a dense ``[B, 1, T, S]`` mask.
-
-  Queries and keys are the same T tokens (no KV cache: key slot t is query slot t). Query t may
-  attend key s when ``s <= t`` (if ``causal``), ``valid[s]`` and ``segment_ids[t] == segment_ids[s]``.
-  ``dense()`` gives the equivalent bool mask for the ``xla`` backend. Every backend of
-  ``jaxpe.kernels.attention`` reads the mask through ``check`` and compares segment ids exactly in
-  their own dtype (int64 ids of 0 and 2^32 are two documents on every backend).
-
-  Attributes:
-    valid: optional ``[B, T]`` bool (or integer, nonzero = valid) array, False for padding tokens
-      (left or right padding). A float dtype raises TypeError.
-    segment_ids: optional ``[B, T]`` integer (int8..int64, uint8..uint64) document ids of packed
-      sequences; any values (negative, huge) compared exactly. Bool or float ids raise TypeError
-      (0 and 0.5 would be one document after the kernels' int32 cast).
-    causal: static Python bool (a pytree meta field, so jit and scan see it as a Python bool).
-
-  The checks run in ``check(batch, length)`` (called by ``dense`` and by every backend of
-  ``kernels.attention``), not at construction (jax rebuilds the mask from tracers under jit).
-  """
-
-  valid: jax.Array | None = None
-  segment_ids: jax.Array | None = None
-  causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
-
-  def check(self, batch: int, length: int) -> AttentionMask:
-    """This mask with its arrays as arrays, checked for a self-attention of ``[B, T]`` tokens.
-
-    Raises:
-      TypeError: ``causal`` not a bool; ``valid`` not bool/integer; ``segment_ids`` not integer;
-        a field that is not an array (lists are converted).
-      ValueError: ``valid`` or ``segment_ids`` not of shape ``[B, T]``.
-    """
-    causal = check_causal("AttentionMask.causal", self.causal)
-    valid = self.valid
-    if valid is not None:
-      valid = check_valid("AttentionMask.valid", valid)
-      _check_shape("AttentionMask.valid", valid, (batch, length), "[B, T]")
-    segments = self.segment_ids
-    if segments is not None:
-      segments = check_segment_ids("AttentionMask.segment_ids", segments)
-      _check_shape("AttentionMask.segment_ids", segments, (batch, length), "[B, T]")
-    return AttentionMask(valid=valid, segment_ids=segments, causal=causal)
-
-  def dense(self, batch: int, length: int) -> jax.Array:
-    """The ``[B, 1, T, T]`` bool mask (True = may attend) of ``make_attention_mask``.
-
-    Raises:
-      TypeError, ValueError: as ``check``.
-    """
-    mask = self.check(batch, length)
-    index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    return make_attention_mask(
-      index,
-      index,
-      causal=mask.causal,
-      k_valid=mask.valid,
-      q_segment_ids=mask.segment_ids,
-      k_segment_ids=mask.segment_ids,
-    )
-
-
-def _check_shape(name: str, x, shape: tuple[int, ...], hint: str) -> None:
-  if tuple(x.shape) != tuple(shape):
-    raise ValueError(f"{name} must have shape {hint} = {list(shape)}, got {tuple(x.shape)}")
-
-
-def check_causal(name: str, causal) -> bool:
-  """``causal`` as a Python bool; TypeError unless it is a bool (a traced or array value is refused)."""
-  if not isinstance(causal, bool | np.bool_):
-    raise TypeError(f"{name} must be a Python bool (static), got {causal!r}")
-  return bool(causal)
-
-
-def check_valid(name: str, valid):
-  """A padding mask: bool or integer (nonzero = valid) array; TypeError otherwise."""
-  valid = _checks.as_array(name, valid)
-  dtype = jnp.result_type(valid)
-  if dtype != jnp.bool_ and not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(f"{name} must be a bool array (True = real token) or integer 0/1, got dtype {dtype}")
-  return valid
-
-
-def check_segment_ids(name: str, ids):
-  """Document ids: an integer array of any width and sign; TypeError for bool, float and others."""
-  ids = _checks.as_array(name, ids)
-  dtype = jnp.result_type(ids)
-  if not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(
-      f"{name} must be an integer array of document ids (int8..int64 or uint8..uint64), got dtype {dtype}"
-    )
-  return ids
-
-
-def dense_segment_ids(ids) -> jax.Array:
-  """``[B, T]`` int32 ids in ``[0, T)`` equal exactly where ``ids`` are equal along each row.
-
-  The ids are compared in their own dtype (no cast that could merge them: int64 2^32 and 0 stay two
-  documents): each token gets the rank of its id among the row's distinct ids (a stable sort and a
-  running count of changes). numpy inputs are ranked in numpy (a numpy int64 array would wrap on
-  its way into jax without x64), jax inputs with jax ops (traceable). Used by the fused kernels,
-  whose segment ids are int32.
-
-  Args:
-    ids: ``[B, T]`` integer array (checked by ``check_segment_ids``).
-
-  Returns:
-    ``[B, T]`` int32 array.
-  """
-  if isinstance(ids, np.ndarray):
-    order = np.argsort(ids, axis=-1, kind="stable")
-    ranked = np.take_along_axis(ids, order, axis=-1)
-    change = np.concatenate([np.zeros((ids.shape[0], 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=-1)
-    rank = np.empty(ids.shape, np.int32)
-    np.put_along_axis(rank, order, np.cumsum(change, axis=-1, dtype=np.int32), axis=-1)
-    return jnp.asarray(rank)
-  order = jnp.argsort(ids, axis=-1, stable=True)
-  ranked = jnp.take_along_axis(ids, order, axis=-1)
-  change = jnp.concatenate([jnp.zeros((ids.shape[0], 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=-1)
-  rank_sorted = jnp.cumsum(change, axis=-1, dtype=jnp.int32)
-  rows = jnp.arange(ids.shape[0], dtype=jnp.int32)[:, None]
-  return jnp.zeros(ids.shape, jnp.int32).at[rows, order].set(rank_sorted)
 
 
 def check_scale(name: str, scale, *, traced_ok: bool = False):
@@ -160,80 +35,6 @@ def check_scale(name: str, scale, *, traced_ok: bool = False):
   if np.iscomplexobj(scale):
     raise TypeError(f"{name} must be a real number (finite, > 0), got {scale!r}")
   return _checks.check_positive_float(name, scale)
-
-
-def make_attention_mask(
-  q_index: jax.Array,
-  k_index: jax.Array,
-  *,
-  causal: bool = True,
-  k_valid: jax.Array | None = None,
-  q_segment_ids: jax.Array | None = None,
-  k_segment_ids: jax.Array | None = None,
-) -> jax.Array:
-  """Boolean attention mask (True = may attend).
-
-  Args:
-    q_index: ``[B, T]`` integer slot index of each query in the sequence buffer (for causality;
-      with a KV cache this is the cache slot, not the position).
-    k_index: ``[B, S]`` integer slot index of each key.
-    causal: static Python bool; if True, key slot ``s`` is visible to query slot ``t`` only when
-      ``s <= t``.
-    k_valid: optional ``[B, S]`` bool (or integer, nonzero = valid), False for padding keys (or
-      empty cache slots).
-    q_segment_ids, k_segment_ids: optional ``[B, T]``/``[B, S]`` integer document ids of packed
-      sequences (any integer dtype, the same for both; any values, compared exactly);
-      attention does not cross documents. Give both or neither.
-
-  Returns:
-    ``[B, 1, T, S]`` bool. A query row may be all False (e.g. a padding query under left padding);
-    ``dot_product_attention`` returns zeros there.
-
-  Raises:
-    ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31, or
-      only one of the segment ids given.
-    TypeError: non-integer indices or segment ids (bool and float ids too), segment ids of two
-      dtypes, a float ``k_valid``,
-      a non-bool ``causal``.
-  """
-  causal = check_causal("causal", causal)
-  if (q_segment_ids is None) != (k_segment_ids is None):
-    raise ValueError("q_segment_ids and k_segment_ids must be given together")
-  if k_valid is not None:
-    k_valid = check_valid("k_valid", k_valid)
-  if q_segment_ids is not None:
-    q_segment_ids = check_segment_ids("q_segment_ids", q_segment_ids)
-    k_segment_ids = check_segment_ids("k_segment_ids", k_segment_ids)
-    if jnp.result_type(q_segment_ids) != jnp.result_type(k_segment_ids):
-      raise TypeError(
-        "q_segment_ids and k_segment_ids must have the same integer dtype (compared exactly), got "
-        f"{jnp.result_type(q_segment_ids)} and {jnp.result_type(k_segment_ids)}"
-      )
-  q_index, k_index = _checks.as_array("q_index", q_index), _checks.as_array("k_index", k_index)
-  _checks.check_rank("q_index", q_index, 2, "[B, T]")
-  _checks.check_rank("k_index", k_index, 2, "[B, S]")
-  _checks.check_positions("q_index", q_index)
-  _checks.check_positions("k_index", k_index)
-  batch, t_len, s_len = q_index.shape[0], q_index.shape[1], k_index.shape[1]
-  if k_index.shape[0] != batch:
-    raise ValueError(
-      f"q_index and k_index must have the same batch size B, got {batch} and {k_index.shape[0]}"
-    )
-  for name, arr, shape in (
-    ("k_valid", k_valid, (batch, s_len)),
-    ("q_segment_ids", q_segment_ids, (batch, t_len)),
-    ("k_segment_ids", k_segment_ids, (batch, s_len)),
-  ):
-    if arr is not None and arr.shape != shape:
-      raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
-  mask = jnp.ones((batch, t_len, s_len), bool)
-  if causal:
-    mask &= k_index[:, None, :] <= q_index[:, :, None]
-  if k_valid is not None:
-    mask &= k_valid.astype(bool)[:, None, :]
-  if q_segment_ids is not None:
-    mask &= q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
-  return mask[:, None, :, :]
 
 
 def dot_product_attention(

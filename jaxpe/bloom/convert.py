@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpe.emulation import core as emulation
+from jaxpe import emulation
 from jaxpe.errors import CheckpointError
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder

@@ -1,29 +1,42 @@
-"""RoPE-emulated ALiBi: the solver and its error bounds, the emulation ops, the base-constrained
-mode, bf16-exact products and the deviation report. Pure JAX, Flax-free."""
+"""RoPE-emulated ALiBi, pure JAX and Flax-free: ALiBi's bias carried by RoPE machinery.
 
-from jaxpe.emulation.core import (
-  DTYPE_MAX,
-  MAX_PAD_MULTIPLE,
-  MAX_POSITION,
+Modules, in import order (each imports only the ones before it and ``jaxpe.ops``):
+
+- ``checks``: the dtype tables and position limits, and the argument checks every module shares.
+- ``bounds``: the construction's weights and its error model (truncation bound, rounding model).
+- ``solver``: theta and the amplitudes for a context (``solve_emulation`` -> ``EmulationPlan``).
+- ``ops``: the emulation dims on q and k (``apply_rope_alibi``, ``apply_augmented_alibi``,
+  ``pad_head_dim``).
+- ``base_constrained``: the emulation on a standard RoPE engine's frequency table.
+- ``bf16_exact``: the emulation dims split into products that are exact in a float32 accumulator
+  (what the fused kernels of ``jaxpe.attention`` read).
+- ``report``: predicted and measured deviation from ALiBi (``python -m jaxpe.emulation.report``).
+
+Attention with the emulation (``emulated_alibi_attention``) lives in ``jaxpe.attention``, which
+imports this package (never the reverse).
+
+Sources: the construction in ``shared/DESIGN.md`` section 3 (RoPE: Su et al., arXiv 2104.09864;
+ALiBi: Press et al., arXiv 2108.12409); the higher-order, base-constrained, augmented and padded
+forms are jaxpe's extensions (``docs/emulation.md``).
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
+"""
+
+import importlib
+import warnings
+
+from jaxpe.emulation.base_constrained import BaseConstrainedPlan, base_constrained_qk, solve_base_constrained
+from jaxpe.emulation.bounds import (
   ROUNDING_CONSTANT,
-  UNIT_ROUNDOFF,
-  BaseConstrainedPlan,
-  EmulationPlan,
-  apply_augmented_alibi,
-  apply_rope_alibi,
-  base_constrained_qk,
-  emulated_alibi_attention,
-  emulation_amplitudes,
   emulation_error_bound,
-  emulation_theta,
   emulation_weights,
   leading_error_coefficient,
-  pad_head_dim,
   rounding_sum,
-  solve_base_constrained,
-  solve_emulation,
   truncation_error_bound,
 )
+from jaxpe.emulation.checks import DTYPE_MAX, MAX_PAD_MULTIPLE, MAX_POSITION, UNIT_ROUNDOFF
+from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi, pad_head_dim
+from jaxpe.emulation.solver import EmulationPlan, emulation_amplitudes, emulation_theta, solve_emulation
 
 __all__ = [
   "BaseConstrainedPlan",
@@ -36,7 +49,6 @@ __all__ = [
   "apply_augmented_alibi",
   "apply_rope_alibi",
   "base_constrained_qk",
-  "emulated_alibi_attention",
   "emulation_amplitudes",
   "emulation_error_bound",
   "emulation_theta",
@@ -48,3 +60,23 @@ __all__ = [
   "solve_emulation",
   "truncation_error_bound",
 ]
+
+
+# COMPATIBILITY SHIM, the one documented exception to "no import inside a function" in this package:
+# ``jaxpe.emulation.emulated_alibi_attention`` (the old flat module's name) moved to
+# ``jaxpe.attention.emulated_alibi_attention`` (it runs the attention kernels, a layer above this
+# one). The old name still resolves, lazily and with a DeprecationWarning; nothing in jaxpe uses it.
+# Remove together with the other deprecated paths (jaxpe._compat).
+_MOVED_UP = {"emulated_alibi_attention": "jaxpe.attention"}
+
+
+def __getattr__(name: str):
+  if name in _MOVED_UP:
+    target = _MOVED_UP[name]
+    warnings.warn(
+      f"jaxpe.emulation.{name} moved to {target}.{name}; the old path will be removed",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    return getattr(importlib.import_module(target), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

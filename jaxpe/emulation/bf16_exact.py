@@ -23,9 +23,10 @@ bf16-exact parts over a few extra dims:
   positions below 65536, 27 below 2^24.
 
 Either layout is read by every kernel at its native precision without loss in the products; the
-kernels module (``jaxpe.kernels``) places these dims before the content dims so the float32
-accumulator meets them first (an accumulation-order assumption stated in the README's precision
-table; the rounding model in ``tests/kernels_test.py`` accumulates in that order).
+fused-kernel path of ``jaxpe.attention`` (``jaxpe.attention.fused``) places these dims before the
+content dims so the float32 accumulator meets them first (an accumulation-order assumption stated
+in the README's precision table; the rounding model in ``tests/attention/kernels_test.py``
+accumulates in that order).
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
 E extra dims.
@@ -39,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi
+from jaxpe.emulation.solver import emulation_theta
 from jaxpe.ops import checks as _checks
 
 # bf16 parts of one float32 value (8 significant bits each).
@@ -298,8 +301,6 @@ def alibi_term_dims(
       negative or >= 2^31; as the builders.
     TypeError: non-integer positions.
   """
-  from jaxpe.emulation import core as emulation
-
   if representation not in ("float32", "bf16_exact"):
     raise ValueError(f"representation must be 'float32' or 'bf16_exact', got {representation!r}")
   head_dim = _checks.check_positive_int("head_dim", head_dim)
@@ -320,10 +321,10 @@ def alibi_term_dims(
     zq = jnp.zeros((1, qp.shape[1], num_heads, head_dim), jnp.float32)
     zk = jnp.zeros((1, kp.shape[1], 1, head_dim), jnp.float32)
     if form == "exact":
-      q_aug, k_aug = emulation.apply_augmented_alibi(zq, zk, qp, kp, slopes=slopes)
+      q_aug, k_aug = apply_augmented_alibi(zq, zk, qp, kp, slopes=slopes)
     else:
-      theta = emulation.emulation_theta(max_phase=max_phase, max_len=max_len)
-      q_aug, k_aug = emulation.apply_rope_alibi(zq, zk, qp, kp, slopes=slopes, theta=theta, order=order)
+      theta = emulation_theta(max_phase=max_phase, max_len=max_len)
+      q_aug, k_aug = apply_rope_alibi(zq, zk, qp, kp, slopes=slopes, theta=theta, order=order)
     q_e, k_e = q_aug[..., head_dim:], k_aug[..., head_dim:]
     if representation == "bf16_exact":
       q_e, k_e = split_product_dims(q_e, k_e)

@@ -4,7 +4,7 @@
         --dtype float32 bfloat16 --plot docs/emulation_deviation.png
 
 For each context and dtype it prints (markdown) a table of per-head slope m, theta, N = m sqrt(H) /
-theta, and the predicted (``jaxpe.emulation.solve_emulation``) and measured maximum deviation from
+theta, and the predicted (``jaxpe.solve_emulation``) and measured maximum deviation from
 exact ALiBi, in logits, for orders k = 1, 2, 3 and the exact augmented form. "Measured" runs the
 ops as the model does (``apply_rope_alibi`` / ``apply_augmented_alibi``, then a float32 einsum
 like ``jaxpe.attention.dot_product_attention``) with zero content dims of the activation dtype
@@ -30,7 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.emulation import core as emulation
+from jaxpe.emulation.base_constrained import solve_base_constrained
+from jaxpe.emulation.bounds import emulation_error_bound
+from jaxpe.emulation.checks import MAX_POSITION
+from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi
+from jaxpe.emulation.solver import emulation_theta, solve_emulation
 from jaxpe.ops import checks as _checks
 from jaxpe.ops.alibi import alibi_slopes_f64
 
@@ -79,9 +83,9 @@ def measure(
   @jax.jit
   def scores(q, qpos):
     if order is None:
-      qa, ka = emulation.apply_augmented_alibi(q, k, qpos, kpos, slopes=slopes, out_dtype=emul_dtype)
+      qa, ka = apply_augmented_alibi(q, k, qpos, kpos, slopes=slopes, out_dtype=emul_dtype)
     else:
-      qa, ka = emulation.apply_rope_alibi(
+      qa, ka = apply_rope_alibi(
         q, k, qpos, kpos, slopes=slopes, theta=theta, order=order, out_dtype=emul_dtype
       )
     return jnp.einsum("BTNH,BSH->BNTS", qa, ka[:, :, 0], preferred_element_type=jnp.float32) * jnp.float32(
@@ -149,14 +153,14 @@ def report(
   if isinstance(contexts, str | bytes) or not isinstance(contexts, Sequence) or not contexts:
     raise ValueError(f"contexts must be a non-empty list of ints in 2..2^24, got {contexts!r}")
   contexts = [_checks.check_positive_int("contexts", c) for c in contexts]
-  if min(contexts) < 2 or max(contexts) > emulation.MAX_POSITION:
+  if min(contexts) < 2 or max(contexts) > MAX_POSITION:
     raise ValueError(f"contexts must be ints in 2..2^24 (tokens), got {contexts}")
   if isinstance(dtypes, str | bytes) or not isinstance(dtypes, Sequence) or not dtypes:
     raise ValueError(f"dtypes must be a non-empty list of 'float32' / 'bfloat16', got {dtypes!r}")
   for dtype in dtypes:
     if dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtypes must each be 'float32' or 'bfloat16', got {dtype!r}")
-  emulation.emulation_theta(max_phase=max_phase, max_len=max(contexts))  # checks max_phase
+  emulation_theta(max_phase=max_phase, max_len=max(contexts))  # checks max_phase
   target_error = _checks.check_positive_float("target_error", target_error)
   if rotary_dim is not None:
     rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
@@ -169,7 +173,7 @@ def report(
   for context in contexts:
     qpos = np.unique(np.concatenate([np.linspace(0, context - 1, queries).astype(np.int64), [context - 1]]))
     plans = {
-      order: emulation.solve_emulation(
+      order: solve_emulation(
         slopes, head_dim=head_dim, max_len=context, order=order, max_phase=max_phase, dtype="float32"
       )
       for order in FORMS
@@ -185,14 +189,14 @@ def report(
         pred, meas = {}, {}
         for order in FORMS:
           if order is None:  # rounding only, ~ 2 i: worst at the last query
-            pred[order] = emulation.emulation_error_bound(
+            pred[order] = emulation_error_bound(
               slopes, theta=1.0, distance=0, position=context - 1, order=None, dtype=emul_dtype
             )
           else:
             d = np.arange(context, dtype=np.float64)
             # worst case over 0 <= j <= i < context: truncation at d = context-1, rounding at i = context-1
             pred[order] = np.max(
-              emulation.emulation_error_bound(
+              emulation_error_bound(
                 slopes, theta=theta, distance=d, position=context - 1, order=order, dtype=emul_dtype
               ),
               axis=1,
@@ -270,7 +274,7 @@ def _position_table(curves, context: int) -> str:
 def base_constrained_table(
   slopes, *, head_dim: int, contexts, max_phase: float, target_error: float, rotary_dim: int, base: float
 ) -> str:
-  """Markdown: the base-constrained mode per context (``jaxpe.emulation.solve_base_constrained``)."""
+  """Markdown: the base-constrained mode per context (``jaxpe.solve_base_constrained``)."""
   rows = [
     f"\n### Base-constrained mode: base {base:g}, rotary_dim {rotary_dim}, target {target_error} logits\n",
     "| context | wanted theta | pair r | theta = base^(-2r/R) | predicted max dev (head 0) | "
@@ -279,7 +283,7 @@ def base_constrained_table(
   ]
   for context in contexts:
     try:
-      plan = emulation.solve_base_constrained(
+      plan = solve_base_constrained(
         slopes,
         head_dim=head_dim,
         rotary_dim=rotary_dim,
@@ -309,7 +313,7 @@ def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> Non
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
   # (a) deviation vs distance, query at the last position, head 0, float32 policy; maxima over
   # log-spaced distance bins (the raw curve oscillates with rounding)
-  theta = emulation.emulation_theta(max_phase=max_phase, max_len=context)
+  theta = emulation_theta(max_phase=max_phase, max_len=context)
   edges = np.unique(np.geomspace(1, context, 80).astype(np.int64))
   for order in FORMS:
     key = ("float32", "float32", order)
@@ -320,7 +324,7 @@ def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> Non
     centers = edges[1:] - 1  # largest distance of each bin (the bound increases with d)
     binned = np.asarray([row[(d >= lo) & (d < hi)].max(initial=0.0) for lo, hi in zip(edges[:-1], edges[1:])])
     (line,) = ax1.loglog(centers, binned + 1e-12, lw=1.0, label=f"{_form_name(order)} measured")
-    bound = emulation.emulation_error_bound(
+    bound = emulation_error_bound(
       slopes[:1], theta=theta, distance=centers, position=context - 1, order=order
     )[0]
     ax1.loglog(centers, bound, "--", lw=0.8, color=line.get_color(), label=f"{_form_name(order)} predicted")
@@ -340,7 +344,7 @@ def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> Non
     ax2.semilogy(qpos[1:], near[1:] + 1e-12, marker=marker, ls=styles[act], lw=0.8, label=label)
   positions = np.linspace(1, context - 1, 200)
   for emul in sorted({e for (_, e, _) in curves}):
-    pred = emulation.emulation_error_bound(
+    pred = emulation_error_bound(
       slopes[:1], theta=theta, distance=0, position=positions, order=1, dtype=emul
     )[0]
     ax2.semilogy(positions, pred, "k--", lw=0.6)

@@ -24,9 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpe.attention import kernels
-from jaxpe.attention import reference as attention
-from jaxpe.emulation import core as emulation
+from jaxpe import emulation
+from jaxpe.attention import kernels, masks
 from jaxpe.model import partitioning
 from jaxpe.model.config import ModelConfig
 from jaxpe.ops import alibi, rope, sinusoidal, xpos
@@ -214,7 +213,7 @@ class Attention(nnx.Module):
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
     cfg = self.cfg
-    fused = cache_kv is None and isinstance(mask, attention.AttentionMask)
+    fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
     out = kernels.attention(
       q,
       k,
@@ -223,7 +222,7 @@ class Attention(nnx.Module):
       mask=mask,
       alibi_spec=self._alibi_spec(positions, kv_positions),
       precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
-      impl=cfg.attention_impl if fused else "xla",
+      implementation=cfg.attention_impl if fused else "xla",
       interpret=cfg.attention_interpret,
     )
     return self.o(out), (k, v) if cache_kv is not None else None
@@ -619,7 +618,7 @@ class Decoder(nnx.Module):
     x = self.embed_inputs(tokens, positions)
 
     if cache is None:
-      mask = attention.AttentionMask(
+      mask = masks.AttentionMask(
         valid=None if attention_mask is None else valid, segment_ids=segment_ids, causal=True
       )
       kv_positions, layer_caches = positions, None
@@ -629,7 +628,7 @@ class Decoder(nnx.Module):
       k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)
       q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
       k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
-      mask = attention.make_attention_mask(q_index, k_index, k_valid=k_valid)
+      mask = masks.dense_attention_mask(q_index, k_index, k_valid=k_valid)
       kv_positions, layer_caches = k_positions, (cache.k, cache.v)
 
     x, new_kv = self._blocks(

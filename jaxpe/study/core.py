@@ -45,8 +45,8 @@ import numpy as np
 import pydantic
 from flax import nnx
 
+from jaxpe import emulation
 from jaxpe.bloom.convert import build_model, model_params
-from jaxpe.emulation import core as emulation
 from jaxpe.model.config import (
   ModelConfig,
   TrainConfig,

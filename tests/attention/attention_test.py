@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpe.attention import kernels
+from jaxpe.attention import kernels, masks, xla
 from jaxpe.attention import reference as attention
 from jaxpe.ops import alibi
 
@@ -47,12 +47,12 @@ def _textbook(q, k, v, scale, bias, mask):
 
 def _mask(kind, batch, t_len):
   if kind == "causal":
-    return attention.AttentionMask(causal=True)
+    return masks.AttentionMask(causal=True)
   if kind == "left_padding":  # the first query rows see no key at all
     valid = jnp.arange(t_len)[None, :] >= jnp.asarray([[0], [3]])[:batch]
-    return attention.AttentionMask(valid=valid, causal=True)
+    return masks.AttentionMask(valid=valid, causal=True)
   segments = jnp.asarray(np.repeat([[0, 1, 2]], batch, axis=0).repeat(-(-t_len // 3), axis=1)[:, :t_len])
-  return attention.AttentionMask(segment_ids=segments, causal=True)
+  return masks.AttentionMask(segment_ids=segments, causal=True)
 
 
 @pytest.mark.parametrize(
@@ -91,14 +91,14 @@ def test_causal_blocks_match_the_dense_path_and_float64(t_len, block, kind):
 
 def test_xla_backend_runs_long_causal_masks_in_blocks_like_float64(monkeypatch):
   # T = 131: two whole blocks of 64 and a block of 3 (T not a multiple of the block)
-  monkeypatch.setattr(kernels, "XLA_CAUSAL_BLOCK", 64)
+  monkeypatch.setattr(xla, "XLA_CAUSAL_BLOCK", 64)
   seen = []
   real = attention.dot_product_attention
   monkeypatch.setattr(attention, "dot_product_attention", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
   b, t_len, n, h = 1, 131, 2, 4
   q, k, v = (_rand(i, (b, t_len, n, h)) for i in range(3))
   mask = _mask("packed", b, t_len)
-  out = kernels.attention(q, k, v, scale=0.5, mask=mask, impl="xla")
+  out = kernels.attention(q, k, v, scale=0.5, mask=mask, implementation="xla")
   assert seen[-1]["causal_block"] == 64
   np.testing.assert_allclose(out, _numpy_attention(q, k, v, 0.5, None, mask.dense(b, t_len)), atol=2e-6)
 
@@ -107,7 +107,7 @@ def test_precise_dims_gradients_match_autodiff_of_the_textbook_formula():
   b, t_len, n, h = 1, 6, 2, 6
   q, k = _rand(5, (b, t_len, n, h + 2)) * 3.0, _rand(6, (b, t_len, n, h + 2)) * 3.0
   v, cot = _rand(7, (b, t_len, n, h)), _rand(8, (b, t_len, n, h))
-  mask = attention.AttentionMask(causal=True).dense(b, t_len)
+  mask = masks.AttentionMask(causal=True).dense(b, t_len)
 
   def loss(fn):
     return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) * cot), argnums=(0, 1, 2))(q, k, v)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpe.attention import kernels
+from jaxpe.attention import backends, kernels, masks
 from jaxpe.attention import reference as attention
 from jaxpe.emulation import bf16_exact
 from jaxpe.model.config import ModelConfig
@@ -75,10 +75,10 @@ def test_rotated_alibi_on_kernel_matches_its_closed_form():
   )
   pos = jnp.arange(128, dtype=jnp.int32)[None]
   slopes, order, theta = alibi.alibi_slopes_f64(N), 2, 0.5 / 128
-  spec = kernels.AlibiSpec(slopes, pos, pos, max_position=128, form="rotated", order=order, theta=theta)
-  mask = attention.AttentionMask(causal=True)
+  spec = backends.AlibiSpec(slopes, pos, pos, max_position=128, form="rotated", order=order, theta=theta)
+  mask = masks.AttentionMask(causal=True)
   out = kernels.attention(
-    q, k, v, scale=H**-0.5, mask=mask, alibi_spec=spec, impl="pallas_gpu", interpret=True
+    q, k, v, scale=H**-0.5, mask=mask, alibi_spec=spec, implementation="pallas_gpu", interpret=True
   )
   d = np.arange(128)[:, None] - np.arange(128)[None, :]
   w = np.asarray([4 / 3, -1 / 6])
@@ -92,21 +92,23 @@ def test_rotated_alibi_on_kernel_matches_its_closed_form():
 def test_unavailable_backend_names_the_available_ones():
   x = jnp.zeros((1, 128, 2, 8))
   with pytest.raises(ValueError, match=r"not available.*available: \('xla',\).*interpret=True"):
-    kernels.attention(x, x, x, scale=1.0, impl="splash")
+    kernels.attention(x, x, x, scale=1.0, implementation="splash")
   with pytest.raises(ValueError, match="'cudnn' is not available"):
-    kernels.attention(x, x, x, scale=1.0, impl="cudnn", interpret=True)
+    kernels.attention(x, x, x, scale=1.0, implementation="cudnn", interpret=True)
   with pytest.raises(ValueError, match="must be one of"):
-    kernels.attention(x, x, x, scale=1.0, impl="flash")
-  assert kernels.resolve_backend("auto") == "xla"  # on CPU
+    kernels.attention(x, x, x, scale=1.0, implementation="flash")
+  assert backends.resolve_backend("auto") == "xla"  # on CPU
 
 
 def test_native_bias_on_a_bias_free_kernel_says_to_use_the_emulation():
   x = jnp.zeros((1, 128, 2, 8))
   with pytest.raises(ValueError, match="takes no bias.*alibi_spec.*emulated"):
-    kernels.attention(x, x, x, scale=1.0, bias=jnp.zeros((1, 2, 128, 128)), impl="pallas_gpu", interpret=True)
+    kernels.attention(
+      x, x, x, scale=1.0, bias=jnp.zeros((1, 2, 128, 128)), implementation="pallas_gpu", interpret=True
+    )
   with pytest.raises(ValueError, match="AttentionMask"):
     kernels.attention(
-      x, x, x, scale=1.0, mask=jnp.ones((1, 1, 128, 128), bool), impl="splash", interpret=True
+      x, x, x, scale=1.0, mask=jnp.ones((1, 1, 128, 128), bool), implementation="splash", interpret=True
     )
 
 
@@ -249,12 +251,14 @@ def test_gradients_through_a_kernel_match_xla():
     jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((1, 128, 2, H), (1, 128, 1, H), (1, 128, 1, H))
   )
   pos = jnp.arange(128, dtype=jnp.int32)[None]
-  mask = attention.AttentionMask(valid=jnp.asarray(np.arange(128)[None] >= 5), causal=True)
-  spec = kernels.AlibiSpec(alibi.alibi_slopes_f64(2), pos, pos, max_position=128)
+  mask = masks.AttentionMask(valid=jnp.asarray(np.arange(128)[None] >= 5), causal=True)
+  spec = backends.AlibiSpec(alibi.alibi_slopes_f64(2), pos, pos, max_position=128)
 
   def grads(impl):
     def loss(q, k, v):
-      out = kernels.attention(q, k, v, scale=H**-0.5, mask=mask, alibi_spec=spec, impl=impl, interpret=True)
+      out = kernels.attention(
+        q, k, v, scale=H**-0.5, mask=mask, alibi_spec=spec, implementation=impl, interpret=True
+      )
       return jnp.sum(out**2)
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
@@ -309,11 +313,11 @@ def test_sequence_length_off_the_kernel_block_is_padded(impl, t_len, causal):
     for s in ((1, t_len, 2, 8), (1, t_len, 1, 8), (1, t_len, 1, 8))
   )
   pos = jnp.arange(t_len, dtype=jnp.int32)[None]
-  spec = kernels.AlibiSpec(alibi.alibi_slopes_f64(2), pos, pos, max_position=65536)
-  mask = attention.AttentionMask(causal=causal)
+  spec = backends.AlibiSpec(alibi.alibi_slopes_f64(2), pos, pos, max_position=65536)
+  mask = masks.AttentionMask(causal=causal)
   kw = dict(scale=8**-0.5, mask=mask, alibi_spec=spec)
-  out = kernels.attention(q, k, v, impl=impl, interpret=True, **kw)
-  want = kernels.attention(q, k, v, impl="xla", **kw)
+  out = kernels.attention(q, k, v, implementation=impl, interpret=True, **kw)
+  want = kernels.attention(q, k, v, implementation="xla", **kw)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=0)
 
 
@@ -335,18 +339,18 @@ def test_cudnn_gets_no_query_row_without_a_visible_key(monkeypatch):
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
     return real(f32(q), f32(k), f32(v), mask=mask, scale=scale, is_causal=is_causal).astype(q.dtype)
 
-  monkeypatch.setattr(kernels, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
+  monkeypatch.setattr(backends, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
   monkeypatch.setattr(jax.nn, "dot_product_attention", fake_cudnn)
   rng = np.random.default_rng(7)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 12, 2, 8)), jnp.float32) for _ in range(3))
   valid = jnp.asarray(np.arange(12)[None] >= np.array([[0], [5]]))  # row 1: 5 left-padding tokens
   segments = jnp.asarray(np.repeat([[4, 1, 4]], 4, axis=1), jnp.int32).repeat(2, axis=0)
   for mask in (
-    attention.AttentionMask(valid=valid, causal=True),
-    attention.AttentionMask(valid=valid, segment_ids=segments, causal=True),
+    masks.AttentionMask(valid=valid, causal=True),
+    masks.AttentionMask(valid=valid, segment_ids=segments, causal=True),
   ):
-    out = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, impl="cudnn")
+    out = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, implementation="cudnn")
     assert np.all(rows[-1]), "a query row with no visible key reached cuDNN"
-    want = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, impl="xla")
+    want = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, implementation="xla")
     ok = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(out)[ok], np.asarray(want)[ok], atol=3e-2, rtol=0)

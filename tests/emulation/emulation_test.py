@@ -1,8 +1,9 @@
-"""RoPE-emulated ALiBi (issue 4): solver and bounds, higher order, base-constrained, augmented, policy.
+"""RoPE-emulated ALiBi (issue 4): weights and bounds, the solver, higher order, the augmented form,
+the precision policy (jaxpe.emulation.bounds, solver, ops).
 
 References are independent of the code under test: exact ALiBi ``-m (i - j)`` in numpy float64, the
-Taylor conditions on the weights, ``sin`` in float64, and ``jaxpe.rope.apply_rope`` as the "engine"
-for the base-constrained mode.
+Taylor conditions on the weights and ``sin`` in float64. The base-constrained mode is in
+base_constrained_test.py, attention with the emulation in tests/attention/emulated_test.py.
 """
 
 import math
@@ -15,10 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from jaxpe.attention import kernels
-from jaxpe.attention import reference as attention
-from jaxpe.emulation import core as emulation
-from jaxpe.ops import rope
+from jaxpe import emulation
 
 
 def paper_slopes(n):
@@ -244,32 +242,6 @@ class OpsTest(chex.TestCase):
     assert emulation.pad_head_dim(qa, multiple=5).shape[-1] == 10
 
 
-@pytest.mark.parametrize("order", [1, 2, None])
-def test_bias_free_kernel_with_padding_matches_native_alibi(order):
-  # jax.nn.dot_product_attention (no bias; q, k, v padded to 16 dims) against the jaxpe attention
-  # path with the native ALiBi bias, GQA (4 query heads, 2 kv heads), causal.
-  n, kv, h, t = 4, 2, 6, 12
-  slopes = paper_slopes(4)
-  q = jax.random.normal(jax.random.key(2), (2, t, n, h))
-  k = jax.random.normal(jax.random.key(3), (2, t, kv, h))
-  v = jax.random.normal(jax.random.key(4), (2, t, kv, h))
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 100, (2, t))
-  theta = emulation.emulation_theta(max_phase=0.1, max_len=256)
-  mask = attention.make_attention_mask(pos, pos)
-  bias = -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
-    pos[:, None, :, None] - pos[:, None, None, :]
-  ).astype(jnp.float32)
-  native = attention.dot_product_attention(q, k, v, scale=1 / math.sqrt(h), bias=bias, mask=mask)
-  out = jax.jit(
-    lambda q, k, v: emulation.emulated_alibi_attention(
-      q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True
-    )
-  )(q, k, v)
-  chex.assert_shape(out, (2, t, n, h))
-  # logit deviation <= bound (< 1e-5 here, distances <= 11): outputs agree to rounding
-  np.testing.assert_allclose(out, native, atol=1e-4)
-
-
 # ---------------------------------------------------------------- exact augmented form
 
 
@@ -342,78 +314,6 @@ def test_float16_is_refused_where_n_overflows():
   assert plan.amplitudes.max() < 65504
 
 
-# ---------------------------------------------------------------- base-constrained mode
-
-
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_base_constrained_base_10000_achieves_its_prediction(layout):
-  slopes, h, rotary, length = paper_slopes(4), 16, 32, 1024
-  plan = emulation.solve_base_constrained(
-    slopes,
-    head_dim=h,
-    rotary_dim=rotary,
-    base=10000.0,
-    max_len=length,
-    max_phase=0.1,
-    target_error=0.05,
-    layout=layout,
-  )
-  lowest = 10000.0 ** (-(rotary - 2) / rotary)
-  assert plan.pair_index == rotary // 2 - 1  # every frequency is above the wanted 1e-4
-  np.testing.assert_allclose(plan.theta, lowest, rtol=1e-6)
-
-  qpos = sample_queries(length, 4)
-  kpos = np.arange(length)
-  q = jax.random.normal(jax.random.key(7), (1, len(qpos), 4, h))
-  k = jax.random.normal(jax.random.key(8), (1, length, 4, h))
-  qe, ke = emulation.base_constrained_qk(q, k, plan=plan)
-  chex.assert_shape((qe, ke), [(1, len(qpos), 4, rotary + h), (1, length, 4, rotary + h)])
-  # the engine: standard partial-rotary RoPE with base 10000 over the first `rotary` dims
-  inv_freq = rope.rope_inv_freq(rotary + h, base=10000.0, rotary_dim=rotary)
-  qp, kp = jnp.asarray(qpos[None], jnp.int32), jnp.asarray(kpos[None], jnp.int32)
-  qr = rope.apply_rope(qe, qp, inv_freq=inv_freq, layout=layout)
-  kr = rope.apply_rope(ke, kp, inv_freq=inv_freq, layout=layout)
-  np.testing.assert_array_equal(qr[..., rotary:], q)  # content dims do not rotate
-  content = np.einsum("BTNH,BSNH->BNTS", np.asarray(q, np.float64), np.asarray(k, np.float64)) / math.sqrt(h)
-  ref, d = alibi_reference(slopes, qpos[None], kpos[None])
-  dev = np.where(d >= 0, np.abs(scores(qr, kr, h) - content - ref), 0)[0].max(axis=(1, 2))
-  content_rounding = 1e-5
-  assert np.all(dev <= plan.bound + content_rounding)
-  assert np.all(dev >= 0.95 * plan.truncation_bound)  # achieved, not just bounded
-  # reported longest context for 0.05 logits: the bound there is within the target, not beyond
-  assert plan.max_context < length
-  ctx = plan.max_context
-  x = plan.theta * (ctx - 1)
-  assert slopes[0] / plan.theta * (x - math.sin(x)) <= 0.05  # head 0 has the largest slope
-  x = plan.theta * (int(ctx * 1.05) - 1)
-  assert slopes[0] / plan.theta * (x - math.sin(x)) > 0.05  # and 5% more context would miss it
-  # the base it asks for does reach the context
-  again = emulation.solve_base_constrained(
-    slopes,
-    head_dim=h,
-    rotary_dim=rotary,
-    base=plan.base_needed * 1.0001,
-    max_len=length,
-    max_phase=0.1,
-    target_error=0.05,
-  )
-  assert again.max_context >= length and again.base_needed is None
-
-
-def test_base_constrained_picks_the_largest_frequency_below_the_wanted_one():
-  wanted = 0.1 / 64
-  for base, length in [(1e6, 64), (10.0, 8)]:
-    plan = emulation.solve_base_constrained(
-      num_heads=2, head_dim=8, rotary_dim=16, base=base, max_len=length, max_phase=0.1
-    )
-    freqs = base ** (-np.arange(0, 16, 2) / 16)
-    wanted = 0.1 / length
-    below = [f for f in freqs if f <= wanted]
-    want = max(below) if below else freqs.min()  # base 10: all above, take the lowest
-    np.testing.assert_allclose(plan.theta, want, rtol=1e-6)
-    assert (base == 10.0) == (not below)
-
-
 # ---------------------------------------------------------------- errors
 
 
@@ -461,63 +361,3 @@ def test_op_rejects_bad_input():
     emulation.solve_base_constrained(
       num_heads=2, head_dim=8, rotary_dim=4, base=10.0, max_len=4096, max_phase=0.1
     )
-
-
-# ---------------------------------------------------------------- report
-
-
-def test_report_tables_have_measured_within_predicted(tmp_path):
-  from jaxpe.emulation import report as emulation_report
-
-  path = tmp_path / "deviation.png"
-  text = emulation_report.report(
-    num_heads=3, head_dim=8, contexts=[300], dtypes=["bfloat16"], queries=4, plot=str(path)
-  )
-  assert path.stat().st_size > 10_000
-  rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ")]
-  per_head = [[c.strip() for c in row] for row in rows if len(row) == 12 and row[0].strip().isdigit()]
-  assert len(per_head) == 2 * 3  # (bf16 policy, bf16 without) x 3 heads
-  for row in per_head:
-    values = [float(c) for c in row[4:]]
-    for pred, meas in zip(values[0::2], values[1::2]):
-      assert meas <= pred, row
-  assert "Base-constrained mode: base 10000" in text
-
-
-@pytest.mark.parametrize("order", [None, 2])
-def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
-  # cuDNN flash attention reads bf16/fp16 only: emulated_alibi_attention(implementation="cudnn") used
-  # to hand it the float32 emulation dims. A GPU is modelled here: cudnn is reported available and
-  # jax.nn.dot_product_attention checks the dtypes it gets, then computes on xla from those inputs.
-  real = jax.nn.dot_product_attention
-  seen = []
-
-  def fake_cudnn(q, k, v, *args, implementation=None, **kw):
-    assert implementation == "cudnn"
-    seen.append((q.dtype, k.dtype, v.dtype))
-    assert q.dtype == k.dtype == v.dtype and q.dtype in (jnp.bfloat16, jnp.float16), seen[-1]
-    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731  exact products of bf16 inputs
-    return real(f32(q), f32(k), f32(v), *args, implementation="xla", **kw).astype(q.dtype)
-
-  monkeypatch.setattr(kernels, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
-  monkeypatch.setattr(jax.nn, "dot_product_attention", fake_cudnn)
-  n, kv, h, t = 4, 2, 8, 16
-  slopes = paper_slopes(4)
-  q = jax.random.normal(jax.random.key(2), (2, t, n, h))
-  k = jax.random.normal(jax.random.key(3), (2, t, kv, h))
-  v = jax.random.normal(jax.random.key(4), (2, t, kv, h))
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 1000, (2, t))
-  theta = emulation.emulation_theta(max_phase=0.1, max_len=2048)
-  out = jax.jit(
-    lambda q, k, v: emulation.emulated_alibi_attention(
-      q, k, v, pos, pos, slopes=slopes, theta=theta, order=order, is_causal=True, implementation="cudnn"
-    )
-  )(q, k, v)
-  assert seen
-  bias = -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
-    pos[:, None, :, None] - pos[:, None, None, :]
-  ).astype(jnp.float32)
-  mask = attention.make_attention_mask(pos, pos)
-  native = attention.dot_product_attention(q, k, v, scale=1 / math.sqrt(h), bias=bias, mask=mask)
-  chex.assert_shape(out, (2, t, n, h))
-  np.testing.assert_allclose(out, native, atol=3e-2)  # bf16 content dims

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxpe import emulation
 from jaxpe.attention import reference as attention
-from jaxpe.emulation import core as emulation
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder, init_cache
 from jaxpe.ops import alibi

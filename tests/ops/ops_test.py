@@ -10,7 +10,7 @@ import pytest
 from absl.testing import parameterized
 
 import jaxpe
-from jaxpe.emulation import core as emulation
+from jaxpe import emulation
 from jaxpe.ops import alibi, rope
 
 # ---------------------------------------------------------------- references (numpy float64)
@@ -223,7 +223,7 @@ class AttentionTest(chex.TestCase):
     q, k, v = _rand(8, (b, t, n, h)), _rand(9, (b, t, kv, h)), _rand(10, (b, t, kv, h))
     idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     bias = alibi.alibi_bias(alibi.alibi_slopes(n), idx, idx)
-    mask = jaxpe.make_attention_mask(idx, idx)
+    mask = jaxpe.dense_attention_mask(idx, idx)
     out = self.variant(
       lambda q, k, v: jaxpe.dot_product_attention(q, k, v, scale=h**-0.5, bias=bias, mask=mask)
     )(q, k, v)
@@ -256,11 +256,11 @@ def test_bad_inputs_raise_named_errors_not_nans():
     jaxpe.dot_product_attention(x, x, x, scale=1.0, mask=jnp.full((1, 1, 3, 3), 0.5))
   idx = jnp.zeros((1, 3), jnp.int32)
   with pytest.raises(ValueError, match="same batch size"):
-    jaxpe.make_attention_mask(idx, jnp.zeros((3, 3), jnp.int32))
+    jaxpe.dense_attention_mask(idx, jnp.zeros((3, 3), jnp.int32))
   with pytest.raises(ValueError, match=r"k_valid must have shape \[1, 3\]"):
-    jaxpe.make_attention_mask(idx, idx, k_valid=jnp.ones((1, 4), bool))
+    jaxpe.dense_attention_mask(idx, idx, k_valid=jnp.ones((1, 4), bool))
   with pytest.raises(TypeError, match="q_index must be an integer"):
-    jaxpe.make_attention_mask(idx.astype(jnp.float32), idx)
+    jaxpe.dense_attention_mask(idx.astype(jnp.float32), idx)
   # any nonzero mask value is a real token
   np.testing.assert_array_equal(jaxpe.positions_from_mask(jnp.asarray([[0, 2, 1]])), [[0, 0, 1]])
   # zero slopes (ALiBi on a subset of heads) are accepted by the distance form

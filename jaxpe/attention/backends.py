@@ -1,0 +1,252 @@
+"""The attention backends: their names, what each needs, which run here, and ``AlibiSpec``.
+
+Backends (the ``implementation`` argument of ``jaxpe.attention.attention``; one module each):
+
+- ``xla`` (``jaxpe.attention.xla``): ``jaxpe.attention.dot_product_attention`` (einsum, float32
+  logits; the reference). Takes a dense bias, any mask, the KV cache.
+- ``cudnn`` (``jaxpe.attention.cudnn``): ``jax.nn.dot_product_attention(implementation="cudnn")``
+  (cuDNN flash attention, NVIDIA GPU).
+- ``splash`` (``jaxpe.attention.splash``): ``jax.experimental.pallas.ops.tpu.splash_attention``
+  (TPU; ``interpret=True`` runs it on CPU for tests).
+- ``pallas_gpu`` (``jaxpe.attention.pallas_gpu``): ``jax.experimental.pallas.ops.gpu.attention.mha``
+  (Triton, GPU; ``interpret=True`` on CPU).
+- ``auto``: splash on TPU, cudnn on NVIDIA GPU, else xla.
+
+The keyword is ``implementation`` (``jax.nn.dot_product_attention``'s name); ``impl=`` is accepted
+for one release with a DeprecationWarning (``accepts_impl``).
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpe.emulation import bf16_exact
+from jaxpe.ops import checks as _checks
+
+Backend = Literal["xla", "cudnn", "splash", "pallas_gpu"]
+BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu")
+IMPLEMENTATIONS: tuple[str, ...] = (*BACKENDS, "auto")
+# Head-dim multiple each kernel wants (pallas_gpu pads to the next power of two internally).
+HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
+# Largest head dim (after the emulation dims and padding) cuDNN's flash attention accepts.
+CUDNN_MAX_HEAD_DIM = 256
+
+
+def accepts_impl(fn):
+  """``fn`` that also takes its backend keyword under the old spelling ``impl=`` (DeprecationWarning).
+
+  One name per idea: the backend keyword is ``implementation`` everywhere (as in
+  ``jax.nn.dot_product_attention``); ``impl=`` works for one release. Both at once: TypeError.
+  """
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    if "impl" in kwargs:
+      if "implementation" in kwargs:
+        raise TypeError(f"{fn.__name__}() got implementation= and its deprecated spelling impl=; give one")
+      warnings.warn(
+        f"{fn.__name__}(impl=...) is deprecated: the keyword is implementation= "
+        "(as in jax.nn.dot_product_attention)",
+        DeprecationWarning,
+        stacklevel=2,
+      )
+      kwargs["implementation"] = kwargs.pop("impl")
+    return fn(*args, **kwargs)
+
+  return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class AlibiSpec:
+  """ALiBi for ``attention``: native bias on ``xla``, bias-free emulation on fused kernels.
+
+  Checked by ``attention`` (every backend) against q and k, not at construction.
+
+  Attributes:
+    slopes: ``[N]`` concrete float slopes (numpy or Python), finite, >= 0 (0 = no ALiBi on that
+      head); traced slopes raise ValueError.
+    q_positions: ``[B, T]`` integer token indices of the queries, >= 0.
+    k_positions: ``[B, S]`` integer token indices of the keys, >= 0.
+    max_position: static bound on positions: the exact form uses base-256 digits enough for
+      positions below it (2 digits up to 65536, 3 up to 2^24); on a fused kernel with the exact
+      form, concrete positions at or above it raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
+      give a bound that holds for every position (the decoder uses at least 65536). The rotated
+      form's context for theta when ``theta`` is None.
+      An int in 1..2^24 on every backend (``xla`` does not use it).
+    form: ``"exact"`` (augmented, bf16-exact, no truncation error) or ``"rotated"`` (order k).
+    order: k of the rotated form, an int 1..8.
+    theta: radians per token of the rotated form, a finite number > 0, or None (``max_phase`` 0.1
+      over ``max_position``).
+
+  Source: ALiBi, Press et al., arXiv 2108.12409; the emulations in ``jaxpe.bf16_exact`` and
+  ``jaxpe.emulation``.
+  """
+
+  slopes: np.ndarray
+  q_positions: jax.Array
+  k_positions: jax.Array
+  max_position: int
+  form: Literal["exact", "rotated"] = "exact"
+  order: int = 1
+  theta: float | None = None
+
+
+def check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *, fused: bool) -> AlibiSpec:
+  """``spec`` checked against q ``[B, T, N, .]`` and k ``[B, S, ., .]``; positions as arrays.
+
+  ``fused``: the checks only the bias-free emulation needs (exact form: positions below
+  ``max_position``; rotated form: every slope > 0).
+
+  Raises:
+    TypeError, ValueError: as ``jaxpe.attention.attention`` for ``alibi_spec``.
+  """
+  if not isinstance(spec, AlibiSpec):
+    raise TypeError(f"alibi_spec must be an AlibiSpec or None, got {type(spec).__name__}")
+  if isinstance(spec.slopes, jax.core.Tracer):
+    raise ValueError("AlibiSpec.slopes must be concrete (numpy or Python numbers), not traced under jit")
+  slopes = spec.slopes  # a numpy array of another dtype is named by the float check below
+  slopes = slopes if isinstance(slopes, np.ndarray) else _checks.as_array("AlibiSpec.slopes", slopes)
+  if not (jnp.issubdtype(slopes.dtype, jnp.floating) or jnp.issubdtype(slopes.dtype, jnp.integer)):
+    raise TypeError(f"AlibiSpec.slopes must be a float array, got dtype {slopes.dtype}")
+  slopes = np.asarray(slopes, np.float64)
+  if slopes.shape != (num_heads,):
+    raise ValueError(
+      f"AlibiSpec.slopes must have shape [N] = [{num_heads}] (one per query head), got {slopes.shape}"
+    )
+  if not np.all(np.isfinite(slopes)) or np.any(slopes < 0):
+    raise ValueError(
+      f"AlibiSpec.slopes must be finite and >= 0 (0 = no ALiBi on that head), got {slopes.tolist()}"
+    )
+  max_position = spec.max_position
+  if isinstance(max_position, bool) or not isinstance(max_position, int | np.integer):
+    raise TypeError(f"AlibiSpec.max_position must be an int in 1..2^24, got {max_position!r}")
+  if not 1 <= max_position <= 2**24:
+    raise ValueError(f"AlibiSpec.max_position must be in 1..2^24, got {max_position}")
+  if spec.form not in ("exact", "rotated"):
+    raise ValueError(f"AlibiSpec.form must be 'exact' or 'rotated', got {spec.form!r}")
+  order = spec.order
+  if isinstance(order, bool) or not isinstance(order, int | np.integer):
+    raise TypeError(f"AlibiSpec.order must be an int in 1..8, got {order!r}")
+  if not 1 <= order <= 8:
+    raise ValueError(f"AlibiSpec.order must be in 1..8, got {order}")
+  theta = spec.theta
+  if theta is not None:
+    if isinstance(theta, bool | str | bytes | jax.core.Tracer) or np.ndim(theta) != 0:
+      raise TypeError(f"AlibiSpec.theta must be None or a number (radians per token), got {theta!r}")
+    theta = _checks.check_positive_float("AlibiSpec.theta", theta)
+  positions = []
+  for name, pos, shape in (
+    ("AlibiSpec.q_positions", spec.q_positions, (batch, t_len)),
+    ("AlibiSpec.k_positions", spec.k_positions, (batch, s_len)),
+  ):
+    pos = _checks.as_array(name, pos)
+    _checks.check_positions(name, pos)
+    if tuple(pos.shape) != shape:
+      raise ValueError(
+        f"{name} must have shape {list(shape)} (q/k's [B, T] / [B, S]), got {tuple(pos.shape)}"
+      )
+    if fused and spec.form == "exact":  # its base-256 digits hold positions below max_position only
+      _checks.check_index_range(name, pos, max_position, "AlibiSpec.max_position")
+    positions.append(pos)
+  if fused and spec.form == "rotated" and np.any(slopes <= 0):
+    raise ValueError("the rotated ALiBi emulation needs every slope > 0 (alibi_heads): use form='exact'")
+  return dataclasses.replace(
+    spec,
+    slopes=slopes,
+    q_positions=positions[0],
+    k_positions=positions[1],
+    max_position=int(max_position),
+    order=int(order),
+    theta=theta,
+  )
+
+
+def platform_backends() -> tuple[str, ...]:
+  """Backends that run natively on the default JAX platform (``xla`` always)."""
+  platform = jax.default_backend()
+  if platform == "gpu":
+    return ("xla", "cudnn", "pallas_gpu")
+  if platform == "tpu":
+    return ("xla", "splash")
+  return ("xla",)
+
+
+def available_backends(*, interpret: bool = False) -> tuple[str, ...]:
+  """Backends usable here: the platform's, plus the Pallas ones in interpret mode when asked."""
+  names = list(platform_backends())
+  if interpret:
+    names += [b for b in ("splash", "pallas_gpu") if b not in names]
+  return tuple(names)
+
+
+@accepts_impl
+def resolve_backend(implementation: str, *, interpret: bool = False) -> str:
+  """The backend ``implementation`` names here (``auto``: splash on TPU, cudnn on GPU, else xla).
+
+  Raises:
+    ValueError: unknown name, or a backend this platform cannot run; the message lists what is
+      available (and that the Pallas kernels run on CPU with ``interpret=True``).
+  """
+  impl = implementation
+  if impl not in IMPLEMENTATIONS:
+    raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
+  if impl == "auto":
+    native = platform_backends()
+    return "splash" if "splash" in native else "cudnn" if "cudnn" in native else "xla"
+  available = available_backends(interpret=interpret)
+  if impl not in available:
+    hint = "" if interpret else "; the Pallas kernels (splash, pallas_gpu) run on CPU with interpret=True"
+    raise ValueError(
+      f"attention implementation {impl!r} is not available on platform {jax.default_backend()!r} "
+      f"(interpret={interpret}); available: {available}{hint}"
+    )
+  return impl
+
+
+@accepts_impl
+def emulation_dim_count(
+  implementation: str, *, alibi_form: str | None = None, order: int = 1, max_position: int = 1
+) -> int:
+  """Extra q/k dims the emulation costs on backend ``implementation`` (before head-dim padding).
+
+  ``xla``: 0 for native ALiBi, 2k float32 dims for ``rope_alibi``. Fused kernels: the exact form
+  ``exact_alibi_dim_count(max_position)`` (18 below 65536), the rotated form 18k (9 bf16-exact
+  products per float32 dim).
+  """
+  if alibi_form is None:
+    return 0
+  if alibi_form == "exact":
+    return 0 if implementation == "xla" else bf16_exact.exact_alibi_dim_count(max_position)
+  return 2 * order * (1 if implementation == "xla" else 3 * bf16_exact.PARTS)
+
+
+@accepts_impl
+def padded_head_dim(implementation: str, dim: int) -> int:
+  """Head dim backend ``implementation`` computes with for ``dim`` q/k/v dims (multiple or next power of two)."""
+  multiple = HEAD_DIM_MULTIPLE[implementation]
+  if multiple == 0:
+    return 1 << max(dim - 1, 0).bit_length()
+  return -(-dim // multiple) * multiple
+
+
+@accepts_impl
+def kernel_length(implementation: str, length: int) -> int:
+  """Sequence length backend ``implementation`` computes with for T = ``length`` (whole blocks).
+
+  splash: a multiple of 128 (its block). pallas_gpu: the next power of two >= 16 up to 128 (Triton
+  blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
+  """
+  if implementation == "splash":
+    return -(-length // 128) * 128
+  if implementation == "pallas_gpu":
+    return max(16, 1 << (length - 1).bit_length()) if length <= 128 else -(-length // 128) * 128
+  return length

@@ -1,0 +1,50 @@
+"""The ``splash`` backend: TPU splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``).
+
+TPU; ``interpret=True`` runs it on CPU for tests. The kernel has no scale argument: q comes
+pre-scaled (``jaxpe.attention.fused``); T is padded to a multiple of 128 (``kernel_length``).
+
+Shape alphabet: B batch, T query positions, N heads, K kv heads, D kernel head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxpe.attention.masks import AttentionMask, kernel_segment_ids
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(t_len: int, num_heads: int, causal: bool, interpret: bool):
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
+
+  head_mask = splash.CausalMask((t_len, t_len)) if causal else splash.FullMask((t_len, t_len))
+  with jax.ensure_compile_time_eval():  # the mask tables are constants, also when first built under jit
+    return splash.make_splash_mha(
+      splash.MultiHeadMask([head_mask] * num_heads), head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+
+
+def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool) -> jax.Array:
+  """Self-attention ``[B, T, N, D]`` of pre-scaled q ``[B, T, N, D]``, k, v ``[B, T, K, D]``.
+
+  ``scale`` is not used: q is already scaled (the kernel has none).
+  """
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
+
+  del scale
+
+  batch, t_len, num_heads, _ = q.shape
+  # attention() pads T to a multiple of 128 (kernel_length)
+  kernel = _splash_kernel(t_len, num_heads, mask.causal, interpret)
+  ids = kernel_segment_ids(mask, batch, t_len)
+  swap = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, N, H] <-> [B, N, T, H]
+  if ids is None:
+    out = jax.vmap(kernel)(swap(q), swap(k), swap(v))
+  else:
+    out = jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(s1, s1)))(
+      swap(q), swap(k), swap(v), ids
+    )
+  return swap(out)
