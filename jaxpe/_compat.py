@@ -26,7 +26,7 @@ MOVED: dict[str, tuple[str, ...]] = {
   "jaxpe.sinusoidal": ("jaxpe.ops.sinusoidal",),
   "jaxpe.bf16_exact": ("jaxpe.emulation.bf16_exact",),
   "jaxpe.emulation_report": ("jaxpe.emulation.report",),
-  "jaxpe.kernels": ("jaxpe.attention.kernels",),
+  "jaxpe.kernels": ("jaxpe.attention.kernels", "jaxpe.attention"),
   "jaxpe.config": ("jaxpe.model.config", "jaxpe.train.config"),
   "jaxpe.generate": ("jaxpe.model.generate",),
   "jaxpe.sharding": ("jaxpe.train.sharding", "jaxpe.model.partitioning"),
