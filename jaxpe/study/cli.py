@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None, *, prog: str = "study.py") -> int:
   args = parser.parse_intermixed_args(argv)
   if args.quick and args.config:
     parser.error("--quick and --config are exclusive")
-  path = resolve_config(args.config or ("study_quick" if args.quick else "study"))
 
   def body() -> int:
+    path = resolve_config(args.config or ("study_quick" if args.quick else "study"))
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
     sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
 

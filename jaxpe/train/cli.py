@@ -38,12 +38,20 @@ def builtin_configs(*, study: bool = False) -> list[str]:
 def resolve_config(value: str | Path) -> Path:
   """The YAML file ``--config value`` means: ``value`` itself when it exists, else the built-in
   config of that name (``tiny`` or ``tiny.yaml`` -> ``jaxpe/configs/tiny.yaml``), else ``value``
-  unchanged (the loader then names it as missing)."""
+  unchanged (the loader then names it as missing).
+
+  Raises:
+    FileNotFoundError: ``value`` is a bare name (no folder) that is neither a file nor a built-in
+      config; the message lists the built-in names.
+  """
   path = Path(value)
   if path.exists() or len(path.parts) != 1:
     return path
   builtin = CONFIGS / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
-  return builtin if builtin.is_file() else path
+  if builtin.is_file():
+    return builtin
+  names = ", ".join(builtin_configs() + builtin_configs(study=True))
+  raise FileNotFoundError(f"config file {str(value)!r} does not exist and is no built-in config ({names})")
 
 
 def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
