@@ -130,7 +130,7 @@ def _check_jaxpe_command(kind: str, args: list[str], where: str) -> None:
   """A jaxpe-train / jaxpe-study line: its options exist and its config with the overrides validates."""
   from jaxpe.model.config import load_config
   from jaxpe.study import load_study_config
-  from jaxpe.train.cli import resolve_config
+  from jaxpe.train.cli import builtin_configs, resolve_config
 
   options = {"--config": None, "--data": None}
   flags = {"--debug", "--quick"} if kind == "study" else {"--debug"}
@@ -146,16 +146,15 @@ def _check_jaxpe_command(kind: str, args: list[str], where: str) -> None:
       assert not args[i].startswith("-"), f"{where}: unknown option {args[i]}"
       overrides.append(args[i])
       i += 1
-  config = options["--config"]
-  if kind == "train":
-    load_config(resolve_config(config or "default"), overrides, unique_overrides=True)
-  else:
-    name = config or ("study_quick" if options.get("--quick") else "study")
-    if not Path(name).exists() and not re.fullmatch(r"[\w.-]+", name):
-      return
-    if name.endswith(".yaml") and not (Path.cwd() / name).exists():  # a user's file, named only
-      name = "study"
-    load_study_config(resolve_config(name), overrides, unique_overrides=True)
+  default = "default" if kind == "train" else ("study_quick" if options.get("--quick") else "study")
+  config = options["--config"] or default
+  builtin = builtin_configs(study=kind == "study")
+  if (ROOT / config).is_file():  # a path in the checkout (configs/tiny.yaml)
+    config = str(ROOT / config)
+  elif Path(config).stem not in builtin:
+    config = default  # a user's file, named only: its overrides are checked against the built-in config
+  load = load_config if kind == "train" else load_study_config
+  load(resolve_config(config), overrides, unique_overrides=True)
 
 
 def check_shell_line(cmd: str, where: str) -> None:
