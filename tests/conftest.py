@@ -31,3 +31,12 @@ def text_file(tmp_path_factory) -> str:
   path = tmp_path_factory.mktemp("data") / "corpus.txt"
   path.write_bytes(text)
   return str(path)
+
+
+def pytest_collection_modifyitems(items):
+  """Marks the jax.jit variants of the chex property tests (``@chex.variants(with_jit=True, ...)``
+  names them ``<test>__with_jit``) with ``jit``: ``pytest -m jit`` runs them all, ``-m 'not jit'``
+  skips them."""
+  for item in items:
+    if item.name.endswith("__with_jit"):
+      item.add_marker(pytest.mark.jit)

@@ -156,15 +156,9 @@ def test_config_checks():
 def test_study_command_line_reports_errors_and_signals_in_one_line(tmp_path, monkeypatch, capsys):
   """train/study.py reports like train/train.py: a config error is one line with status 2, a run
   stopped by SIGTERM says where its checkpoint is with status 143 (it printed a traceback)."""
-  import importlib.util
-
+  from jaxpe.study import cli  # what train/study.py and jaxpe-study run
   from jaxpe.train import run_guard
 
-  spec = importlib.util.spec_from_file_location(
-    "study_cli", Path(__file__).resolve().parents[2] / "train" / "study.py"
-  )
-  cli = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(cli)
   assert cli.main(["train.num_steps=0", f"workdir={tmp_path}"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("study.py: error: ") and err.count("\n") == 1 and "num_steps" in err, err

@@ -6,7 +6,7 @@ The command lines run in-process (``main(argv)``); only the cases that must trai
 three-step, tiny) run. References are the schema's declared ranges (walked key by key) and file contents
 written here."""
 
-import importlib.util
+import importlib
 import os
 import re
 import shutil
@@ -30,10 +30,8 @@ TINY = str(ROOT / "configs" / "tiny.yaml")
 
 
 def _load(name: str):
-  spec = importlib.util.spec_from_file_location(f"{name}_cli", ROOT / "train" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  # train/<name>.py is a wrapper of this module (the jaxpe-<name> command), which the tests patch
+  return importlib.import_module(f"jaxpe.{name}.cli")
 
 
 @pytest.fixture(scope="module")
