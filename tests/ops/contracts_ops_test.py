@@ -7,6 +7,8 @@ huge, empty, or of the right type but out of range. A second table checks what t
 reference. Issue 17.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,125 +62,129 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "ma
 HUGE = 2**40
 NAN, INF = float("nan"), float("inf")
 
+# apply_rope / apply_xpos with the pair layout (a required argument) held fixed: CASES walk the others.
+rope = functools.partial(apply_rope, layout="interleaved")
+xpos = functools.partial(apply_xpos, layout="interleaved")
+
 # (id, call, exception, regex of the message)
 CASES = [
   # ---------------------------------------------------------------- apply_rope
-  ("rope-x-ragged", lambda: apply_rope([[[[1.0, 2.0]], [[1.0]]]], P(1, 2)), TypeError, "x must be an array"),
-  ("rope-x-str", lambda: apply_rope("abcd", P(1, 1)), TypeError, "x must be an array of numbers"),
-  ("rope-x-int", lambda: apply_rope(X(dtype=I32), P()), TypeError, "x must be a float"),
-  ("rope-x-bool", lambda: apply_rope(X(dtype=jnp.bool_), P()), TypeError, "x must be a float"),
-  ("rope-x-complex", lambda: apply_rope(X(dtype=jnp.complex64), P()), TypeError, "x must be a float"),
+  ("rope-x-ragged", lambda: rope([[[[1.0, 2.0]], [[1.0]]]], P(1, 2)), TypeError, "x must be an array"),
+  ("rope-x-str", lambda: rope("abcd", P(1, 1)), TypeError, "x must be an array of numbers"),
+  ("rope-x-int", lambda: rope(X(dtype=I32), P()), TypeError, "x must be a float"),
+  ("rope-x-bool", lambda: rope(X(dtype=jnp.bool_), P()), TypeError, "x must be a float"),
+  ("rope-x-complex", lambda: rope(X(dtype=jnp.complex64), P()), TypeError, "x must be a float"),
   (
     "rope-x-rank3",
-    lambda: apply_rope(jnp.ones((2, 3, 8)), P()),
+    lambda: rope(jnp.ones((2, 3, 8)), P()),
     ValueError,
     r"x must have shape \[B, T, N, H\]",
   ),
-  ("rope-x-odd-H", lambda: apply_rope(X(h=7), P()), ValueError, "head_dim.*even"),
+  ("rope-x-odd-H", lambda: rope(X(h=7), P()), ValueError, "head_dim.*even"),
   (
     "rope-pos-bool",
-    lambda: apply_rope(X(), P().astype(bool)),
+    lambda: rope(X(), P().astype(bool)),
     TypeError,
     "positions must be an integer or float",
   ),
-  ("rope-pos-complex", lambda: apply_rope(X(), P().astype(jnp.complex64)), TypeError, "positions must be"),
+  ("rope-pos-complex", lambda: rope(X(), P().astype(jnp.complex64)), TypeError, "positions must be"),
   (
     "rope-pos-str",
-    lambda: apply_rope(X(), np.asarray([["a", "b", "c"]] * 2)),
+    lambda: rope(X(), np.asarray([["a", "b", "c"]] * 2)),
     TypeError,
     "positions must be an",
   ),
-  ("rope-pos-shape", lambda: apply_rope(X(), P(2, 4)), ValueError, r"positions must have shape \[B, T\]"),
-  ("rope-pos-rank3", lambda: apply_rope(X(), P()[None]), ValueError, "positions must have shape"),
-  ("rope-pos-batch", lambda: apply_rope(X(), P(3, 3)), ValueError, "positions must have shape"),
-  ("rope-pos-neg", lambda: apply_rope(X(), P() - 1), ValueError, "positions must be >= 0"),
+  ("rope-pos-shape", lambda: rope(X(), P(2, 4)), ValueError, r"positions must have shape \[B, T\]"),
+  ("rope-pos-rank3", lambda: rope(X(), P()[None]), ValueError, "positions must have shape"),
+  ("rope-pos-batch", lambda: rope(X(), P(3, 3)), ValueError, "positions must have shape"),
+  ("rope-pos-neg", lambda: rope(X(), P() - 1), ValueError, "positions must be >= 0"),
   (
     "rope-pos-2^31",
-    lambda: apply_rope(X(), np.full((2, 3), 2**31, np.int64)),
+    lambda: rope(X(), np.full((2, 3), 2**31, np.int64)),
     ValueError,
     "positions must be < 2",
   ),
   (
     "rope-pos-nan",
-    lambda: apply_rope(X(), P(dtype=F32).at[0, 0].set(NAN)),
+    lambda: rope(X(), P(dtype=F32).at[0, 0].set(NAN)),
     ValueError,
     "positions must be finite",
   ),
   (
     "rope-pos-inf",
-    lambda: apply_rope(X(), P(dtype=F32).at[0, 0].set(INF)),
+    lambda: rope(X(), P(dtype=F32).at[0, 0].set(INF)),
     ValueError,
     "positions must be finite",
   ),
   (
     "rope-pos-negf",
-    lambda: apply_rope(X(), P(dtype=F32) - 0.5),
+    lambda: rope(X(), P(dtype=F32) - 0.5),
     ValueError,
     r"positions must be in \[0, 2\^31\)",
   ),
   (
     "rope-pos-hugef",
-    lambda: apply_rope(X(), P(dtype=F32) + 3e9),
+    lambda: rope(X(), P(dtype=F32) + 3e9),
     ValueError,
     r"positions must be in \[0, 2\^31\)",
   ),
-  ("rope-pos-f64", lambda: apply_rope(X(), np.full((2, 3), 1e9 + 0.5)), ValueError, "float32 cannot hold"),
+  ("rope-pos-f64", lambda: rope(X(), np.full((2, 3), 1e9 + 0.5)), ValueError, "float32 cannot hold"),
   (
     "rope-inv-int",
-    lambda: apply_rope(X(), P(), inv_freq=jnp.ones(4, I32)),
+    lambda: rope(X(), P(), inv_freq=jnp.ones(4, I32)),
     TypeError,
     "inv_freq must be a float",
   ),
   (
     "rope-inv-rank2",
-    lambda: apply_rope(X(), P(), inv_freq=jnp.ones((1, 4))),
+    lambda: rope(X(), P(), inv_freq=jnp.ones((1, 4))),
     ValueError,
     "inv_freq must have shape",
   ),
-  ("rope-inv-nan", lambda: apply_rope(X(), P(), inv_freq=INV * NAN), ValueError, "inv_freq must be finite"),
+  ("rope-inv-nan", lambda: rope(X(), P(), inv_freq=INV * NAN), ValueError, "inv_freq must be finite"),
   (
     "rope-inv-long",
-    lambda: apply_rope(X(), P(), inv_freq=np.ones(5)),
+    lambda: rope(X(), P(), inv_freq=np.ones(5)),
     ValueError,
     "rotary_dim must be <= head_dim",
   ),
   (
     "rope-inv-empty",
-    lambda: apply_rope(X(), P(), inv_freq=np.ones(0)),
+    lambda: rope(X(), P(), inv_freq=np.ones(0)),
     ValueError,
     "inv_freq must have at least",
   ),
-  ("rope-base-0", lambda: apply_rope(X(), P(), base=0.0), ValueError, "base must be a finite number > 0"),
-  ("rope-base-neg", lambda: apply_rope(X(), P(), base=-1e4), ValueError, "base must be a finite number > 0"),
-  ("rope-base-nan", lambda: apply_rope(X(), P(), base=NAN), ValueError, "base must be a finite number > 0"),
-  ("rope-base-inf", lambda: apply_rope(X(), P(), base=INF), ValueError, "base must be a finite number > 0"),
-  ("rope-base-str", lambda: apply_rope(X(), P(), base="1e4"), TypeError, "base must be a finite number"),
-  ("rope-base-bool", lambda: apply_rope(X(), P(), base=True), TypeError, "base must be a finite number"),
+  ("rope-base-0", lambda: rope(X(), P(), base=0.0), ValueError, "base must be a finite number > 0"),
+  ("rope-base-neg", lambda: rope(X(), P(), base=-1e4), ValueError, "base must be a finite number > 0"),
+  ("rope-base-nan", lambda: rope(X(), P(), base=NAN), ValueError, "base must be a finite number > 0"),
+  ("rope-base-inf", lambda: rope(X(), P(), base=INF), ValueError, "base must be a finite number > 0"),
+  ("rope-base-str", lambda: rope(X(), P(), base="1e4"), TypeError, "base must be a finite number"),
+  ("rope-base-bool", lambda: rope(X(), P(), base=True), TypeError, "base must be a finite number"),
   ("rope-layout", lambda: apply_rope(X(), P(), layout="complex"), ValueError, "layout must be one of"),
   ("rope-layout-none", lambda: apply_rope(X(), P(), layout=None), ValueError, "layout must be one of"),
-  ("rope-scale-nan", lambda: apply_rope(X(), P(), scale=NAN), ValueError, "scale must be finite"),
-  ("rope-scale-str", lambda: apply_rope(X(), P(), scale="2"), TypeError, "scale must be a float"),
-  ("rope-scale-complex", lambda: apply_rope(X(), P(), scale=1j), TypeError, "scale must be a float"),
+  ("rope-scale-nan", lambda: rope(X(), P(), scale=NAN), ValueError, "scale must be finite"),
+  ("rope-scale-str", lambda: rope(X(), P(), scale="2"), TypeError, "scale must be a float"),
+  ("rope-scale-complex", lambda: rope(X(), P(), scale=1j), TypeError, "scale must be a float"),
   (
     "rope-scale-shape",
-    lambda: apply_rope(X(), P(), scale=jnp.ones((2, 3, 2, 5))),
+    lambda: rope(X(), P(), scale=jnp.ones((2, 3, 2, 5))),
     ValueError,
     "scale must broadcast",
   ),
   (
     "rope-scale-nan-arr",
-    lambda: apply_rope(X(), P(), scale=jnp.full((1, 1, 1, 4), NAN)),
+    lambda: rope(X(), P(), scale=jnp.full((1, 1, 1, 4), NAN)),
     ValueError,
     "scale must be finite",
   ),
-  ("rope-slice", lambda: apply_rope(X(), P(), rotated_slice="middle"), ValueError, "rotated_slice must be"),
+  ("rope-slice", lambda: rope(X(), P(), rotated_slice="middle"), ValueError, "rotated_slice must be"),
   (
     "rope-precision",
-    lambda: apply_rope(X(), P(), phase_precision="float64"),
+    lambda: rope(X(), P(), phase_precision="float64"),
     ValueError,
     "phase_precision must be",
   ),
-  ("rope-mrope-sum", lambda: apply_rope(X(), P()[None], mrope_section=[1, 1]), ValueError, "mrope_section"),
+  ("rope-mrope-sum", lambda: rope(X(), P()[None], mrope_section=[1, 1]), ValueError, "mrope_section"),
   # ---------------------------------------------------------------- rope_inv_freq, rope_phases, rope_cos_sin
   ("inv-H-0", lambda: rope_inv_freq(0), ValueError, "head_dim must be a positive integer"),
   ("inv-H-neg", lambda: rope_inv_freq(-8), ValueError, "head_dim must be a positive integer"),
@@ -649,26 +655,26 @@ CASES = [
     ValueError,
     "too far from offset=0",
   ),
-  ("xpos-x-int", lambda: apply_xpos(X(dtype=I32), P(), kind="query"), TypeError, "x must be a float"),
-  ("xpos-x-rank", lambda: apply_xpos(jnp.ones((3, 8)), P(), kind="query"), ValueError, "x must have shape"),
-  ("xpos-x-odd", lambda: apply_xpos(X(h=7), P(), kind="query"), ValueError, "head_dim.*even"),
+  ("xpos-x-int", lambda: xpos(X(dtype=I32), P(), kind="query"), TypeError, "x must be a float"),
+  ("xpos-x-rank", lambda: xpos(jnp.ones((3, 8)), P(), kind="query"), ValueError, "x must have shape"),
+  ("xpos-x-odd", lambda: xpos(X(h=7), P(), kind="query"), ValueError, "head_dim.*even"),
   (
     "xpos-pos-float",
-    lambda: apply_xpos(X(), P(dtype=F32), kind="query"),
+    lambda: xpos(X(), P(dtype=F32), kind="query"),
     TypeError,
     "positions must be an integer",
   ),
-  ("xpos-pos-shape", lambda: apply_xpos(X(), P(2, 4), kind="query"), ValueError, "positions must have shape"),
-  ("xpos-far", lambda: apply_xpos(X(), P() + 10**9, kind="query"), ValueError, "too far from offset=0"),
+  ("xpos-pos-shape", lambda: xpos(X(), P(2, 4), kind="query"), ValueError, "positions must have shape"),
+  ("xpos-far", lambda: xpos(X(), P() + 10**9, kind="query"), ValueError, "too far from offset=0"),
   (
     "xpos-att-0",
-    lambda: apply_xpos(X(), P(), kind="query", attention_factor=0),
+    lambda: xpos(X(), P(), kind="query", attention_factor=0),
     ValueError,
     "attention_factor must",
   ),
   (
     "xpos-att-nan",
-    lambda: apply_xpos(X(), P(), kind="key", attention_factor=NAN),
+    lambda: xpos(X(), P(), kind="key", attention_factor=NAN),
     ValueError,
     "attention_factor",
   ),
@@ -739,7 +745,7 @@ def _rope_f64(x, positions, inv_freq):
 
 
 XR = jax.random.normal(jax.random.key(0), (1, 5, 2, 8), F32)
-ROPE_JIT = jax.jit(lambda x, p: apply_rope(x, p, inv_freq=INV))
+ROPE_JIT = jax.jit(lambda x, p: apply_rope(x, p, inv_freq=INV, layout="interleaved"))
 
 
 def test_traced_negative_and_far_integer_positions_rotate_exactly():
@@ -765,13 +771,13 @@ def test_traced_non_finite_or_huge_float_positions_give_nan_rows_only():
 def test_traced_int64_positions_beyond_int32_give_nan_under_x64():
   with jax.enable_x64(True):
     p = jnp.asarray([[2**31 - 1, 2**31, -(2**31) - 1, 2**40, 5]], jnp.int64)
-    out = np.asarray(jax.jit(lambda x, p: apply_rope(x, p, inv_freq=INV))(XR, p))
+    out = np.asarray(jax.jit(lambda x, p: apply_rope(x, p, inv_freq=INV, layout="interleaved"))(XR, p))
     assert np.all(np.isnan(out[0, 1:4]))
     keep = [0, 4]
     np.testing.assert_allclose(out[0, keep], _rope_f64(XR[:, keep], p[:, keep], INV)[0], atol=2e-6)
     # Concrete int64 beyond int32 is refused, as without x64.
     with pytest.raises(ValueError, match="positions must be"):
-      apply_rope(XR, p)
+      apply_rope(XR, p, layout="interleaved")
 
 
 def test_traced_far_alibi_positions_are_exact_to_float32():
@@ -792,8 +798,8 @@ def test_empty_batches_and_sequences_keep_their_shapes():
   # Under jit (one compile per op and shape; eager op-by-op dispatch is slower).
   for b, t in ((0, 3), (2, 0)):
     x, p, k = jnp.ones((b, t, 2, 8), F32), jnp.zeros((b, t), I32), jnp.zeros((b, 4), I32)
-    assert jax.jit(apply_rope)(x, p).shape == (b, t, 2, 8)
-    assert jax.jit(lambda x, p: apply_xpos(x, p, kind="key"))(x, p).shape == (b, t, 2, 8)
+    assert jax.jit(rope)(x, p).shape == (b, t, 2, 8)
+    assert jax.jit(lambda x, p: xpos(x, p, kind="key"))(x, p).shape == (b, t, 2, 8)
     assert jax.jit(lambda p: sinusoidal_embedding(p, d_model=8))(p).shape == (b, t, 8)
     assert jax.jit(positions_from_mask)(p).shape == (b, t)
     assert jax.jit(positions_from_segment_ids)(p).shape == (b, t)
@@ -805,7 +811,7 @@ def test_empty_batches_and_sequences_keep_their_shapes():
 def test_low_precision_x_is_rotated_in_float32_and_cast_back(dtype):
   x = XR.astype(dtype)
   p = jnp.asarray([[0, 1, 2**20, 2**31 - 1, 17]], I32)
-  out = apply_rope(x, p, inv_freq=INV)
+  out = apply_rope(x, p, inv_freq=INV, layout="interleaved")
   assert out.dtype == dtype
   ref = _rope_f64(x.astype(F32), p, INV)
   np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=float(jnp.finfo(dtype).eps) * 4)
@@ -837,6 +843,7 @@ def test_traced_wide_xpos_positions_give_nan_and_hfrope_query_scale_refuses_nega
 def test_int64_positions_without_x64_equal_int32_ones():
   p64 = np.asarray([[0, 7, 2**31 - 1, 5, 2**24 + 1]], np.int64)
   np.testing.assert_array_equal(
-    apply_rope(XR, p64, inv_freq=INV), apply_rope(XR, p64.astype(np.int32), inv_freq=INV)
+    apply_rope(XR, p64, inv_freq=INV, layout="interleaved"),
+    apply_rope(XR, p64.astype(np.int32), inv_freq=INV, layout="interleaved"),
   )
   np.testing.assert_array_equal(alibi_bias(SLOPES, p64, p64), alibi_bias(SLOPES, p64.astype(np.int32), p64))

@@ -25,6 +25,7 @@ import pytest
 import jaxpe
 from jaxpe.ops import hf_rope
 from jaxpe.ops.hf_rope import rope_from_hf_config
+from jaxpe.ops.rope_scaling import rope_frequencies
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -418,7 +419,7 @@ def test_local_and_global_bases_of_v4_configs_per_layer_type():
     for layer_type in ("full_attention", "sliding_attention"):
       ref = dict(hf.rope_parameters[layer_type])
       head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-      inv_ref, _ = hf_rope._rs.rope_frequencies(ref, head_dim=head_dim)
+      inv_ref, _ = rope_frequencies(ref, head_dim=head_dim)
       r = rope_from_hf_config(config, layer_type=layer_type)
       assert r.rope_theta == ref["rope_theta"] and r.rope_type == ref["rope_type"], (
         config["model_type"],
@@ -465,6 +466,9 @@ def test_layout_and_rotated_slice_match_transformers_apply():
         phase_precision="float32",  # transformers' float32 phases (exact ones differ by its rounding)
       )
     )
+    # HFRope.apply takes the layout, slice and table from the config: the same rotation.
+    applied = r.apply(jnp.asarray(q), jnp.asarray(positions, jnp.int32), phase_precision="float32")
+    np.testing.assert_array_equal(np.asarray(applied), got)
     if name == "deepseek_v3":
       got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
     np.testing.assert_allclose(got, hf, atol=2e-5 * max(1.0, r.attention_factor) * 4, rtol=0)
@@ -474,6 +478,32 @@ def test_layout_and_rotated_slice_match_transformers_apply():
         jnp.asarray(q), jnp.asarray(positions, jnp.int32), inv_freq=r.inv_freq, layout=other
       )
       assert np.abs(np.asarray(wrong) - hf).max() > 0.1
+
+
+def test_apply_uses_the_config_layout_slice_sections_and_length():
+  """HFRope.apply = apply_rope with the config's layout, rotated slice, mrope sections and
+  (for longrope / dynamic) the table of ``frequencies(seq_len)``: nothing for the caller to guess."""
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(1, 5, 2, 96)), jnp.float32)
+  pos = jnp.arange(4090, 4095, dtype=jnp.int32)[None]
+  r = rope_from_hf_config(PHI35)  # rotate-half, longrope (attention factor, long table past 4096)
+  assert r.layout == "half" and r.length_dependent
+  for seq_len in (None, 4096, 8192):
+    inv, att = (r.inv_freq, r.attention_factor) if seq_len is None else r.frequencies(seq_len)
+    want = jaxpe.apply_rope(x, pos, inv_freq=inv, layout="half", scale=att)
+    np.testing.assert_array_equal(r.apply(x, pos, seq_len=seq_len), want)
+  assert not np.array_equal(r.apply(x, pos, seq_len=8192), r.apply(x, pos))  # the long factors
+  qwen = {
+    "model_type": "qwen2_vl",
+    "hidden_size": 1536,
+    "num_attention_heads": 12,
+    "rope_theta": 1e6,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+  }
+  r = rope_from_hf_config(qwen)
+  x = jnp.ones((1, 3, 2, 128), jnp.float32)
+  pos3 = jnp.asarray([[[0, 1, 2]], [[0, 4, 8]], [[0, 5, 9]]], jnp.int32)  # [A, B, T]
+  want = jaxpe.apply_rope(x, pos3, inv_freq=r.inv_freq, layout="half", mrope_section=[16, 24, 24])
+  np.testing.assert_array_equal(r.apply(x, pos3), want)
 
 
 def test_deepseek_softmax_scale_factor():

@@ -142,8 +142,8 @@ class RopeParityTest(chex.TestCase):
     inv_bf16 = inv.astype(jnp.bfloat16).astype(jnp.float32)
     x = _rand(4, (1, 1, 1, 64))
     pos = jnp.asarray([[131072]], jnp.int32)
-    good = rope.apply_rope(x, pos, inv_freq=inv)
-    bad = rope.apply_rope(x, pos, inv_freq=inv_bf16)
+    good = rope.apply_rope(x, pos, inv_freq=inv, layout="interleaved")
+    bad = rope.apply_rope(x, pos, inv_freq=inv_bf16, layout="interleaved")
     ref = meta_complex_rope(x, pos, np.asarray(inv, np.float64))
     assert np.max(np.abs(good - ref)) < 0.05
     assert np.max(np.abs(bad - ref)) > 0.5
@@ -179,11 +179,11 @@ def test_17780_case_from_the_issue():
   x = np.zeros((1, 1, 1, 128), np.float32)
   x[..., 2] = 1.0  # pair 1 = 1 + 0j: the output pair is (cos, sin)
   pos = jnp.asarray([[17780]], jnp.int32)
-  out = jax.jit(rope.apply_rope)(jnp.asarray(x), pos)
+  out = jax.jit(lambda x, p: rope.apply_rope(x, p, layout="interleaved"))(jnp.asarray(x), pos)
   assert abs(float(out[0, 0, 0, 2]) - want_cos) <= 3e-7 and abs(float(out[0, 0, 0, 3]) - want_sin) <= 3e-7
   cos, sin = rope.rope_cos_sin(pos, rope.rope_inv_freq(128, dtype=np.float64))
   assert abs(float(cos[0, 0, 1]) - want_cos) <= 3e-7 and abs(float(sin[0, 0, 1]) - want_sin) <= 3e-7
-  f32 = rope.apply_rope(jnp.asarray(x), pos, phase_precision="float32")
+  f32 = rope.apply_rope(jnp.asarray(x), pos, phase_precision="float32", layout="interleaved")
   assert abs(float(f32[0, 0, 0, 3]) - want_sin) > 5e-4  # today's float32 phases: 0.0987543
 
 
@@ -259,8 +259,8 @@ def test_bf16_error_does_not_grow_with_position():
   truth = np.einsum("bthd,bthd->h", meta_complex_rope(q64, [[3]], inv), meta_complex_rope(k64, [[1]], inv))
   errors = []
   for s in [0, 4096, 2**20, 2**27 + 5, 2**30]:
-    rq = rope.apply_rope(q, jnp.asarray([3 + s], jnp.int32))
-    rk = rope.apply_rope(k, jnp.asarray([1 + s], jnp.int32))
+    rq = rope.apply_rope(q, jnp.asarray([3 + s], jnp.int32), layout="interleaved")
+    rk = rope.apply_rope(k, jnp.asarray([1 + s], jnp.int32), layout="interleaved")
     score = np.einsum("bthd,bthd->h", np.asarray(rq, np.float64), np.asarray(rk, np.float64))
     errors.append(np.max(np.abs(score - truth)))
   bound = 2 * 2.0**-8 * np.max(np.sum(np.abs(q64) * np.abs(k64), axis=-1))
@@ -274,7 +274,9 @@ def test_xpos_and_sinusoidal_phases_are_exact():
   pos = jnp.asarray([[2**30 + 3, 2**30 + 999, 2**30 - 7, 2**30 - 1000]], jnp.int32)
   offset = 2**30
   for kind in ("query", "key"):
-    out = jax.jit(lambda x, p, kind=kind: xpos.apply_xpos(x, p, kind=kind, offset=offset))(x, pos)
+    out = jax.jit(
+      lambda x, p, kind=kind: xpos.apply_xpos(x, p, kind=kind, offset=offset, layout="interleaved")
+    )(x, pos)
     ref = torchscale_xpos(x, np.asarray(pos, np.int64), kind, offset=offset)
     np.testing.assert_allclose(out, ref, atol=2e-6 * np.abs(ref).max(), rtol=0)
   # Sinusoids at large positions against the paper's formula in float64.
@@ -333,51 +335,51 @@ def test_rope_errors_name_the_argument():
   x = jnp.zeros((1, 4, 2, 8))
   p = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match="x must have shape"):
-    rope.apply_rope(jnp.zeros((4, 2, 8)), p)
+    rope.apply_rope(jnp.zeros((4, 2, 8)), p, layout="interleaved")
   with pytest.raises(ValueError, match="positions must have shape"):
-    rope.apply_rope(x, jnp.zeros((5,), jnp.int32))
+    rope.apply_rope(x, jnp.zeros((5,), jnp.int32), layout="interleaved")
   with pytest.raises(ValueError, match="positions must have shape"):
-    rope.apply_rope(jnp.zeros((3, 4, 2, 8)), jnp.zeros((2, 4), jnp.int32))
+    rope.apply_rope(jnp.zeros((3, 4, 2, 8)), jnp.zeros((2, 4), jnp.int32), layout="interleaved")
   with pytest.raises(ValueError, match=r"positions must be < 2\^31"):
-    rope.apply_rope(x, np.full((1, 4), 2**31, np.int64))
+    rope.apply_rope(x, np.full((1, 4), 2**31, np.int64), layout="interleaved")
   with pytest.raises(ValueError, match="float32 cannot hold"):
-    rope.apply_rope(x, np.full((1, 4), 2.0**24 + 1.0))
+    rope.apply_rope(x, np.full((1, 4), 2.0**24 + 1.0), layout="interleaved")
   with pytest.raises(ValueError, match="finite"):
-    rope.apply_rope(x, np.full((1, 4), np.inf, np.float32))
+    rope.apply_rope(x, np.full((1, 4), np.inf, np.float32), layout="interleaved")
   with pytest.raises(ValueError, match="rotated_slice"):
-    rope.apply_rope(x, p, rotated_slice="last")
+    rope.apply_rope(x, p, rotated_slice="last", layout="interleaved")
   with pytest.raises(ValueError, match="phase_precision"):
-    rope.apply_rope(x, p, phase_precision="float64")
+    rope.apply_rope(x, p, phase_precision="float64", layout="interleaved")
   with pytest.raises(ValueError, match="mrope_section must sum"):
-    rope.apply_rope(x, jnp.zeros((3, 1, 4), jnp.int32), mrope_section=[1, 1, 1])
+    rope.apply_rope(x, jnp.zeros((3, 1, 4), jnp.int32), mrope_section=[1, 1, 1], layout="interleaved")
   with pytest.raises(ValueError, match=r"positions must have shape \[3, \.\.\.\]"):
-    rope.apply_rope(x, jnp.zeros((2, 1, 4), jnp.int32), mrope_section=[2, 1, 1])
+    rope.apply_rope(x, jnp.zeros((2, 1, 4), jnp.int32), mrope_section=[2, 1, 1], layout="interleaved")
   with pytest.raises(ValueError, match="head_dim.*even"):
-    rope.apply_rope(jnp.zeros((1, 4, 2, 7)), p)
+    rope.apply_rope(jnp.zeros((1, 4, 2, 7)), p, layout="interleaved")
   with pytest.raises(ValueError, match="positions must be >= 0"):
-    rope.apply_rope(x, p.at[0, 1].set(-1))
+    rope.apply_rope(x, p.at[0, 1].set(-1), layout="interleaved")
   with pytest.raises(TypeError, match="positions must be an integer or float"):
-    rope.apply_rope(x, p.astype(bool))
+    rope.apply_rope(x, p.astype(bool), layout="interleaved")
   with pytest.raises(TypeError, match="x must be a float"):
-    rope.apply_rope(x.astype(jnp.int32), p)
+    rope.apply_rope(x.astype(jnp.int32), p, layout="interleaved")
   with pytest.raises(ValueError, match="positions must have shape"):
-    rope.apply_rope(x, jnp.zeros((1, 5), jnp.int32))
+    rope.apply_rope(x, jnp.zeros((1, 5), jnp.int32), layout="interleaved")
   with pytest.raises(ValueError, match="rotary_dim must be <= head_dim"):
-    rope.apply_rope(x, p, inv_freq=jnp.ones((5,), jnp.float32))
+    rope.apply_rope(x, p, inv_freq=jnp.ones((5,), jnp.float32), layout="interleaved")
   with pytest.raises(ValueError, match="layout"):
     rope.apply_rope(x, p, layout="neox")
   with pytest.raises(ValueError, match="rotary_dim must be even"):
     rope.rope_inv_freq(8, rotary_dim=3)
   with pytest.raises(ValueError, match="scale must broadcast"):
-    rope.apply_rope(x, p, scale=jnp.ones((1, 4, 2, 3), jnp.float32))
+    rope.apply_rope(x, p, scale=jnp.ones((1, 4, 2, 3), jnp.float32), layout="interleaved")
   with pytest.raises(ValueError, match="scale must be finite"):
-    rope.apply_rope(x, p, scale=float("nan"))
+    rope.apply_rope(x, p, scale=float("nan"), layout="interleaved")
   with pytest.raises(ValueError, match="inv_freq must have shape"):
     rope.rope_phases(p, jnp.ones((2, 2), jnp.float32))
   with pytest.raises(TypeError, match="positions must be an integer"):
     rope.rope_phases(p.astype(jnp.float32), jnp.ones((2,), jnp.float32))
   with pytest.raises(TypeError, match="inv_freq must be a float"):
-    rope.apply_rope(x, p, inv_freq=jnp.ones((4,), jnp.int32))
+    rope.apply_rope(x, p, inv_freq=jnp.ones((4,), jnp.int32), layout="interleaved")
 
 
 # ---------------------------------------------------------------- xPos
@@ -413,7 +415,9 @@ class XposTest(chex.TestCase):
   def test_matches_torchscale(self, kind):
     x = _rand(5, (2, 9, 2, 32))
     pos = _positions(6, (2, 9), 3000)
-    out = self.variant(lambda x, p: xpos.apply_xpos(x, p, kind=kind, offset=1500))(x, pos)
+    out = self.variant(lambda x, p: xpos.apply_xpos(x, p, kind=kind, offset=1500, layout="interleaved"))(
+      x, pos
+    )
     ref = torchscale_xpos(x, pos, kind, offset=1500)
     np.testing.assert_allclose(out, ref, atol=5e-4 * np.abs(ref).max(), rtol=1e-4)
 
@@ -423,8 +427,8 @@ class XposTest(chex.TestCase):
     k = _rand(8, (1, 1, 1, 32))
 
     def score(a, b):
-      rq = xpos.apply_xpos(q, jnp.asarray([[a]], jnp.int32), kind="query", offset=2000)
-      rk = xpos.apply_xpos(k, jnp.asarray([[b]], jnp.int32), kind="key", offset=2000)
+      rq = xpos.apply_xpos(q, jnp.asarray([[a]], jnp.int32), kind="query", offset=2000, layout="interleaved")
+      rk = xpos.apply_xpos(k, jnp.asarray([[b]], jnp.int32), kind="key", offset=2000, layout="interleaved")
       return jnp.sum(rq * rk)
 
     f = self.variant(score)
@@ -452,7 +456,7 @@ class XposTest(chex.TestCase):
     with pytest.raises(ValueError, match="gamma"):
       xpos.xpos_zeta(8, gamma=-0.1)
     with pytest.raises(ValueError, match="positions must be >= 0"):
-      xpos.apply_xpos(jnp.zeros((1, 3, 1, 8)), p.at[0, 0].set(-2), kind="key")
+      xpos.apply_xpos(jnp.zeros((1, 3, 1, 8)), p.at[0, 0].set(-2), kind="key", layout="interleaved")
     with pytest.raises(TypeError, match="offset"):
       xpos.xpos_scale(p, rotary_dim=8, kind="query", offset=1.5)
 
@@ -480,8 +484,10 @@ def test_xpos_far_positions_score_is_the_float64_distance_decay():
     for distance in (0, 1, 777, 30000, 70000):
       n, m = far, far - distance
       offset = (n + m) // 2
-      rq = xpos.apply_xpos(q, jnp.asarray([[n]], jnp.int32), kind="query", offset=offset)
-      rk = xpos.apply_xpos(k, jnp.asarray([[m]], jnp.int32), kind="key", offset=offset)
+      rq = xpos.apply_xpos(
+        q, jnp.asarray([[n]], jnp.int32), kind="query", offset=offset, layout="interleaved"
+      )
+      rk = xpos.apply_xpos(k, jnp.asarray([[m]], jnp.int32), kind="key", offset=offset, layout="interleaved")
       score = float(jnp.sum(rq * rk))
       truth = _xpos_score_f64(q, k, n, m)
       # Bound: float32 rounding of each term, relative to the sum of |terms| (decays with the distance).
@@ -507,8 +513,8 @@ def test_xpos_positions_outside_the_window_are_refused_or_nan_under_jit():
   assert window == math.floor(87 * 512 / math.log(1.4 / 0.4))
   for kind in ("query", "key"):
     with pytest.raises(ValueError, match=r"too far from offset=0.*offset=\(min \+ max\) // 2"):
-      xpos.apply_xpos(x, p, kind=kind)
-    out = jax.jit(lambda x, p, kind=kind: xpos.apply_xpos(x, p, kind=kind))(x, p)
+      xpos.apply_xpos(x, p, kind=kind, layout="interleaved")
+    out = jax.jit(lambda x, p, kind=kind: xpos.apply_xpos(x, p, kind=kind, layout="interleaved"))(x, p)
     assert np.all(np.isnan(out))  # not a silent 0 or inf
     # The window edge itself is accepted and finite, one past it is refused.
     edge = jnp.asarray([[window]], jnp.int32)
@@ -606,14 +612,16 @@ class SinusoidalTest(chex.TestCase):
 def test_positions_broadcast_over_the_batch_and_float_positions():
   x = _rand(30, (2, 5, 3, 16))
   pos = jnp.arange(5, dtype=jnp.int32) + 1000
-  full = rope.apply_rope(x, jnp.broadcast_to(pos, (2, 5)))
-  np.testing.assert_array_equal(rope.apply_rope(x, pos), full)  # [T]
-  np.testing.assert_array_equal(rope.apply_rope(x, pos[None]), full)  # [1, T]
-  np.testing.assert_array_equal(rope.apply_rope(x, np.asarray(pos, np.int64)), full)  # int64, < 2^31
-  np.testing.assert_array_equal(rope.apply_rope(x, pos.astype(jnp.float32)), full)  # integral floats
+  full = rope.apply_rope(x, jnp.broadcast_to(pos, (2, 5)), layout="interleaved")
+  np.testing.assert_array_equal(rope.apply_rope(x, pos, layout="interleaved"), full)  # [T]
+  np.testing.assert_array_equal(rope.apply_rope(x, pos[None], layout="interleaved"), full)  # [1, T]
+  int64 = np.asarray(pos, np.int64)  # < 2^31
+  np.testing.assert_array_equal(rope.apply_rope(x, int64, layout="interleaved"), full)
+  integral = pos.astype(jnp.float32)
+  np.testing.assert_array_equal(rope.apply_rope(x, integral, layout="interleaved"), full)
   # Fractional positions rotate by p * theta (float64 reference).
   fpos = np.asarray([0.5, 1.25, 99.75, 1000.5, 4096.125], np.float32)
-  out = jax.jit(rope.apply_rope)(x, jnp.asarray(fpos))
+  out = jax.jit(lambda x, p: rope.apply_rope(x, p, layout="interleaved"))(x, jnp.asarray(fpos))
   ref = meta_complex_rope(x, np.broadcast_to(fpos, (2, 5)), inv_freq_f64(16))
   np.testing.assert_allclose(out, ref, atol=1e-6 * np.abs(ref).max())
 
@@ -713,7 +721,9 @@ def test_gradients_in_frequencies_and_float_positions():
   inv = jnp.asarray([1.0, 0.1, 0.01, 0.001], jnp.float32)
 
   def loss(inv, p, precision):
-    return jnp.sum(rope.apply_rope(x, p, inv_freq=inv, phase_precision=precision) * x[..., ::-1])
+    return jnp.sum(
+      rope.apply_rope(x, p, inv_freq=inv, phase_precision=precision, layout="interleaved") * x[..., ::-1]
+    )
 
   for argnum, p in ((0, pos), (1, pos.astype(jnp.float32))):
     exact = jax.jit(jax.grad(loss, argnums=argnum), static_argnums=2)(inv, p, "exact")
