@@ -318,7 +318,7 @@ def rope_frequencies(
 
   Deliberate differences from transformers' validation (which raises only for missing keys and
   warns otherwise) are listed in docs/contracts.md and tested beside it in
-  tests/ops/rope_scaling_test.py.
+  tests/ops/rope_parameters_test.py.
 
   Source: HF transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (and
   ``LlamaRotaryEmbedding.compute_default_rope_parameters`` for ``default``).
