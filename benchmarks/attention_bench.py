@@ -50,7 +50,10 @@ def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim:
     if encoding == "rope":
       inv = rope.rope_inv_freq(head_dim)
       return kernels.attention(
-        rope.apply_rope(q, pos, inv_freq=inv), rope.apply_rope(k, pos, inv_freq=inv), v, **kw
+        rope.apply_rope(q, pos, inv_freq=inv, layout="interleaved"),
+        rope.apply_rope(k, pos, inv_freq=inv, layout="interleaved"),
+        v,
+        **kw,
       )
     if encoding in ("alibi", "alibi_rot"):
       form = "exact" if encoding == "alibi" else "rotated"

@@ -133,7 +133,10 @@ def jax_attention_stats(model, tokens: np.ndarray, mask: np.ndarray) -> dict[str
   def probs_of(q, k):
     if cfg.pos_encoding == "rope_alibi" and cfg.rope_alibi_in_projection:
       inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
-      q, k = rope.apply_rope(q, pos, inv_freq=inv_freq), rope.apply_rope(k, pos, inv_freq=inv_freq)
+      q, k = (
+        rope.apply_rope(q, pos, inv_freq=inv_freq, layout="interleaved"),
+        rope.apply_rope(k, pos, inv_freq=inv_freq, layout="interleaved"),
+      )
     logits = jnp.einsum("BTNH,BSNH->BNTS", q, k) / jnp.float32(math.sqrt(cfg.head_size))
     if cfg.pos_encoding == "alibi":
       logits = logits + alibi.alibi_bias(alibi.alibi_slopes(cfg.num_heads), pos, pos)

@@ -130,8 +130,8 @@ def op_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
       "ops", name, seconds * 1e3, "ms", ratio=nbytes / seconds / bw, vs="elementwise ceiling", goal=">= 0.6"
     )
 
-  t_exact = bench(lambda x, p: jaxpe.apply_rope(x, p), x, pos)
-  t_f32 = bench(lambda x, p: jaxpe.apply_rope(x, p, phase_precision="float32"), x, pos)
+  t_exact = bench(lambda x, p: jaxpe.apply_rope(x, p, layout="interleaved"), x, pos)
+  t_f32 = bench(lambda x, p: jaxpe.apply_rope(x, p, phase_precision="float32", layout="interleaved"), x, pos)
   t_ref = bench(rope_rotate_half_reference, x, pos)
   rows.append(bandwidth_row(f"apply_rope exact {shape}", t_exact))
   rows.append(
@@ -159,7 +159,7 @@ def op_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
   rows.append(bandwidth_row(f"apply_rope float32 phases {shape}", t_f32))
   # inv_freq as a jit argument (a learnable or module-held frequency): converted in the graph.
   inv = jaxpe.rope_inv_freq(h)
-  t_traced = bench(lambda x, p, i: jaxpe.apply_rope(x, p, inv_freq=i), x, pos, inv)
+  t_traced = bench(lambda x, p, i: jaxpe.apply_rope(x, p, inv_freq=i, layout="interleaved"), x, pos, inv)
   rows.append(
     row(
       "ops",
@@ -190,7 +190,7 @@ def op_rows(ceil: dict[str, float], *, small: bool) -> list[Row]:
       )
     )
 
-  t_xpos = bench(lambda x, p: jaxpe.apply_xpos(x, p, kind="query"), x, pos)
+  t_xpos = bench(lambda x, p: jaxpe.apply_xpos(x, p, kind="query", layout="interleaved"), x, pos)
   rows.append(bandwidth_row(f"apply_xpos {shape}", t_xpos))
   slopes = np.asarray(jaxpe.alibi_slopes(n))
   theta = jaxpe.emulation_theta(max_phase=0.1, max_len=t)

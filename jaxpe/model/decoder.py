@@ -246,8 +246,8 @@ class Attention(nnx.Module):
       # q, k already carry the two fixed dims (from the projection biases): rotate the last pair only.
       inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
       return (
-        rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq),
-        rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq),
+        rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq, layout="interleaved"),
+        rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq, layout="interleaved"),
       )
     if cfg.pos_encoding == "rope_alibi":
       slopes = alibi.alibi_slopes_f64(cfg.num_heads)

@@ -1,7 +1,24 @@
-"""Conversion between the two RoPE pair layouts, for activations and q/k projection weights.
+"""The two RoPE pair layouts: the ``layout`` argument every RoPE op requires, and conversion
+between the layouts for activations and q/k projection weights.
 
 * ``"interleaved"`` (Meta LLaMA, complex): rotary pair i is dims ``(2i, 2i + 1)``.
 * ``"half"`` (GPT-NeoX / HF ``rotate_half``): rotary pair i is dims ``(i, i + R/2)``.
+
+No default layout. The field has no single convention, and the wrong one raises nothing: the
+attention runs and its scores are silently wrong. HF transformers rotates halves (``rotate_half``
+in ``models/llama/modeling_llama.py``, no option; its ``convert_llama_weights_to_hf.py`` permutes
+Meta's q/k weights to fit), and so does Google's Gemma (``gemma/gm/math/_positional_embeddings.py``
+``apply_rope``: ``jnp.split(inputs, 2, axis=-1)``, no option). Meta's reference (``llama/model.py``
+``apply_rotary_emb``: ``view_as_complex``) and EasyLM (``EasyLM/models/llama/llama_model.py``
+``apply_rotary_emb``: ``jax.lax.complex`` of ``reshape(..., -1, 2)``) rotate interleaved pairs.
+MaxText has both and names the choice: ``RotaryEmbedding`` rotates halves, ``LLaMARotaryEmbedding``
+interleaved pairs (HF Llama checkpoints are permuted on import, ``permute_to_match_maxtext_rope``),
+and its YaRN embedding takes an explicit ``rope_interleave`` flag set per model config (true for
+DeepSeek, false for gpt-oss and OLMo-3). Each library fixes the layout with the model, so a default
+in a library of ops would be wrong for half of the weights a user brings. jaxpe's RoPE ops
+(``apply_rope``, ``apply_xpos``) therefore take ``layout=`` from the caller, with a ``TypeError``
+naming it and both values when it is missing, or from the model's config:
+``rope_from_hf_config(config).layout`` (``HFRope.apply`` passes it).
 
 Only the first R (``rotary_dim``) dims of each head are paired; dims ``R..H-1`` stay in place.
 Converting the q and k projection weights (and biases) of a model with this permutation of each
@@ -16,14 +33,51 @@ rotary and to either direction. Values (v), the output projection and everything
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.ops import checks as _checks
-from jaxpe.ops.rope import LAYOUTS
 
 Array = jax.Array | np.ndarray
+Layout = Literal["interleaved", "half"]
+LAYOUTS: tuple[str, ...] = ("interleaved", "half")
+
+
+class _Required:
+  """The default of a ``layout`` argument, which has none: a call without it raises TypeError."""
+
+  __slots__ = ()
+
+  def __repr__(self) -> str:
+    return "<required>"
+
+
+REQUIRED: Any = _Required()
+"""Placeholder default of the RoPE ops' ``layout`` (``check_layout`` refuses it)."""
+
+
+def check_layout(layout: Any, caller: str) -> str:
+  """``layout`` of the RoPE op ``caller``: one of ``LAYOUTS``.
+
+  Raises:
+    TypeError: ``layout`` not given (``REQUIRED``); the message names ``layout``, both values and
+      the convention of each.
+    ValueError: any other value (``layout must be one of ...``).
+  """
+  if layout is REQUIRED:
+    raise TypeError(
+      f"{caller}() missing required keyword argument 'layout': pass layout='half' (pairs (i, i + R/2), "
+      "rotate_half: HF transformers checkpoints of Llama, Mistral, Qwen, Gemma, GPT-NeoX) or "
+      "layout='interleaved' (pairs (2i, 2i + 1), complex: Meta's llama reference, EasyLM, GPT-J). There is "
+      "no default: the wrong layout gives wrong attention without an error. For an HF model, "
+      "jaxpe.rope_from_hf_config(config).layout"
+    )
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+  return layout
 
 
 def _check_layouts(src: str, dst: str) -> None:

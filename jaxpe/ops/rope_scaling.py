@@ -4,7 +4,8 @@
 (``{"rope_type": "yarn", "factor": 4.0, ...}``; the old key ``"type"`` is accepted too) into
 ``(inv_freq, attention_factor)``: the inverse frequencies ``[R/2]`` float32 in radians per token and
 the factor that multiplies cos and sin (so q.k scales by its square). Pass them to
-``jaxpe.rope.apply_rope(x, positions, inv_freq=inv_freq, scale=attention_factor)``.
+``jaxpe.apply_rope(x, positions, inv_freq=inv_freq, layout=..., scale=attention_factor)`` with the
+model's pair layout. The dict's spelling, keys and values are read by ``jaxpe.ops.rope_parameters``.
 
 Types (``ROPE_TYPES``) and their sources:
 
@@ -44,180 +45,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.ops import checks as _checks
-
-ROPE_TYPES: tuple[str, ...] = (
-  "default",
-  "linear",
-  "dynamic",
-  "ntk",
-  "yarn",
-  "longrope",
-  "llama3",
-  "proportional",
+from jaxpe.ops.rope_parameters import (
+  ROPE_TYPES,
+  check_original_not_above_max,
+  check_seq_len,
+  check_type_keys,
+  normalize_rope_parameters,
+  original_length,
+  param_factor,
+  param_float,
+  param_int,
+  read_base,
+  read_max_positions,
+  resolve_rotary_dim,
 )
 
-# Keys each type reads (besides rope_type/type, rope_theta, partial_rotary_factor).
-_REQUIRED: dict[str, tuple[str, ...]] = {
-  "default": (),
-  "linear": ("factor",),
-  "dynamic": ("factor",),
-  "ntk": ("factor",),
-  "yarn": ("factor",),  # and original_max_position_embeddings (or max_position_embeddings): _yarn
-  "longrope": ("short_factor", "long_factor"),
-  "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-  "proportional": (),
-}
-# Every key HF's RopeParameters knows, plus max_position_embeddings; other keys are typos.
-_KNOWN_KEYS = frozenset(
-  {
-    "rope_type",
-    "type",
-    "rope_theta",
-    "partial_rotary_factor",
-    "factor",
-    "original_max_position_embeddings",
-    "max_position_embeddings",
-    "attention_factor",
-    "beta_fast",
-    "beta_slow",
-    "short_factor",
-    "long_factor",
-    "low_freq_factor",
-    "high_freq_factor",
-    "mscale",
-    "mscale_all_dim",
-    "truncate",
-    "mrope_section",
-  }
-)
-
-
-# Keys each type accepts: transformers 5.24's `_validate_<type>_rope_parameters` required and optional
-# keys (it warns about any other key), plus the keys every type takes (rope_type/type, rope_theta,
-# partial_rotary_factor, jaxpe's max_position_embeddings, and `mrope_section`, which multi-axis models
-# such as Qwen2-VL / HunYuan-VL add to any type and transformers' configs exclude from the check) and
-# jaxpe's extensions: `factor` for proportional (transformers' compute function reads it), the
-# pretraining length for dynamic. A key of another type is refused: it would be silently ignored.
-_COMMON_KEYS = frozenset(
-  {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings", "mrope_section"}
-)
-_TYPE_KEYS: dict[str, frozenset[str]] = {
-  "default": _COMMON_KEYS,
-  "linear": _COMMON_KEYS | {"factor"},
-  "dynamic": _COMMON_KEYS | {"factor", "original_max_position_embeddings"},
-  "ntk": _COMMON_KEYS | {"factor"},
-  "yarn": _COMMON_KEYS
-  | {
-    "factor",
-    "original_max_position_embeddings",
-    "attention_factor",
-    "beta_fast",
-    "beta_slow",
-    "mscale",
-    "mscale_all_dim",
-    "truncate",
-  },
-  "longrope": _COMMON_KEYS
-  | {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor", "factor"},
-  "llama3": _COMMON_KEYS
-  | {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
-  "proportional": _COMMON_KEYS | {"factor"},
-}
-
-# Legacy spellings transformers still reads (Phi3Config maps "su" to longrope; "su" has no other meaning).
-_TYPE_ALIASES: dict[str, str] = {"su": "longrope"}
-
-
-def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[str, Any]:
-  """The canonical form of one HF ``rope_scaling`` / ``rope_parameters`` dict.
-
-  The one place jaxpe reads the key spellings: ``"type"`` (transformers v4) becomes ``"rope_type"``
-  (both may be present if they agree), the legacy type ``"su"`` becomes ``"longrope"`` (early
-  Phi-3-128k configs), a missing type is ``"default"``, lists stay lists. Values are checked later
-  by ``rope_frequencies``; this only settles the spelling, so
-  ``normalize_rope_parameters(normalize_rope_parameters(d)) == normalize_rope_parameters(d)``.
-
-  Args:
-    rope_scaling: a mapping with HF's keys (``rope_type``/``type``, ``rope_theta``,
-      ``partial_rotary_factor``, ``factor``, ``original_max_position_embeddings``,
-      ``attention_factor``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
-      ``truncate``, ``short_factor``, ``long_factor``, ``low_freq_factor``, ``high_freq_factor``,
-      ``mrope_section``) plus jaxpe's ``max_position_embeddings``; None means ``{}``.
-
-  Returns:
-    A new dict with ``"rope_type"`` in ``ROPE_TYPES`` and no ``"type"``.
-
-  Raises:
-    ValueError: an unknown key (named, with the known ones); ``type`` and ``rope_type`` that
-      differ; an unknown type or one that is not a string (named, with ``ROPE_TYPES``).
-    TypeError (also a ValueError): not a mapping.
-
-  Source: transformers 5.24 ``RotaryEmbeddingConfigMixin.standardize_rope_params`` (``type`` ->
-  ``rope_type``) and ``Phi3Config.convert_rope_params_to_dict`` (``"su"`` -> ``"longrope"``).
-  """
-  if rope_scaling is None:
-    rope_scaling = {}
-  if not isinstance(rope_scaling, Mapping):
-    raise _checks.ArgTypeError(
-      f"rope_scaling must be a mapping (dict) or None, got {type(rope_scaling).__name__}"
-    )
-  params = dict(rope_scaling)
-  unknown = sorted(set(params) - _KNOWN_KEYS, key=str)
-  if unknown:
-    raise ValueError(f"rope_scaling has unknown keys {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
-  kind = params.pop("type", None)
-  rope_type = params.get("rope_type")
-
-  def canonical(name):
-    return _TYPE_ALIASES.get(name, name) if isinstance(name, str) else name
-
-  if kind is not None and rope_type is not None and canonical(kind) != canonical(rope_type):
-    raise ValueError(f"rope_scaling['type'] ({kind!r}) and rope_scaling['rope_type'] ({rope_type!r}) differ")
-  rope_type = rope_type if rope_type is not None else (kind if kind is not None else "default")
-  if isinstance(rope_type, str):
-    rope_type = _TYPE_ALIASES.get(rope_type, rope_type)
-  if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
-    raise ValueError(
-      f"rope_scaling['rope_type'] must be one of {ROPE_TYPES} (or the legacy {sorted(_TYPE_ALIASES)}), "
-      f"got {rope_type!r}"
-    )
-  params["rope_type"] = rope_type
-  return params
-
-
-def _float(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-    raise _checks.ArgTypeError(f"rope_scaling[{name!r}] must be a number, got {value!r}")
-  v = float(value)
-  if not math.isfinite(v):
-    raise ValueError(f"rope_scaling[{name!r}] must be finite, got {value!r}")
-  if minimum is not None and (v <= minimum if strict else v < minimum):
-    op = ">" if strict else ">="
-    raise ValueError(f"rope_scaling[{name!r}] must be {op} {minimum}, got {value!r}")
-  return v
-
-
-# Types whose formula is defined for a factor below 1 (compression: positions closer together).
-_BELOW_ONE_TYPES = ("linear", "yarn", "proportional")
-
-
-def _factor(value: Any, rope_type: str) -> float:
-  """``factor`` > 0; below 1 only for ``_BELOW_ONE_TYPES`` (ValueError naming the type otherwise)."""
-  factor = _float("factor", value, minimum=0.0, strict=True)
-  if factor < 1 and rope_type not in _BELOW_ONE_TYPES:
-    raise ValueError(
-      f"rope_scaling['factor'] must be >= 1 for rope_type={rope_type!r}, got {value!r} (a factor below 1 "
-      f"is defined only for {_BELOW_ONE_TYPES})"
-    )
-  return factor
-
-
-def _int(name: str, value: Any) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise _checks.ArgTypeError(f"rope_scaling[{name!r}] must be a positive integer, got {value!r}")
-  if value <= 0:
-    raise ValueError(f"rope_scaling[{name!r}] must be a positive integer, got {value!r}")
-  return int(value)
+__all__ = ["ROPE_TYPES", "normalize_rope_parameters", "ntk_aware_base", "rope_frequencies"]
 
 
 def _exponents(rotary_dim: int) -> np.ndarray:
@@ -263,76 +106,8 @@ def ntk_aware_base(base: float, *, factor: float, rotary_dim: int) -> float:
   return base * factor ** (rotary_dim / (rotary_dim - 2))
 
 
-def _resolve_rotary_dim(params: Mapping[str, Any], head_dim: int, rotary_dim: int | None) -> int:
-  head_dim = _checks.check_positive_int("head_dim", head_dim, maximum=_checks.MAX_DIM)
-  from_factor = None
-  if params.get("partial_rotary_factor") is not None:
-    prf = _float("partial_rotary_factor", params["partial_rotary_factor"], minimum=0.0, strict=True)
-    if prf > 1:
-      raise ValueError(f"rope_scaling['partial_rotary_factor'] must be in (0, 1], got {prf}")
-    from_factor = int(head_dim * prf)  # HF: int(head_dim * partial_rotary_factor)
-  if rotary_dim is not None:
-    rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
-    if from_factor is not None and from_factor != rotary_dim:
-      raise ValueError(
-        f"rotary_dim={rotary_dim} disagrees with rope_scaling['partial_rotary_factor'] "
-        f"({params['partial_rotary_factor']} * head_dim {head_dim} = {from_factor})"
-      )
-  else:
-    rotary_dim = head_dim if from_factor is None else from_factor
-  if rotary_dim <= 0 or rotary_dim % 2:
-    raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim}")
-  if rotary_dim > head_dim:
-    raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {rotary_dim}")
-  return rotary_dim
-
-
-def _original_len(params: Mapping[str, Any], max_position_embeddings: int | None, rope_type: str) -> int:
-  value = params.get("original_max_position_embeddings")
-  if value is None:
-    value = max_position_embeddings  # HF's standardize_rope_params default
-  if value is None:
-    raise ValueError(
-      f"rope_scaling for rope_type={rope_type!r} needs 'original_max_position_embeddings' "
-      "(or the max_position_embeddings argument)"
-    )
-  return _int("original_max_position_embeddings", value)
-
-
-def _original_not_above_max(original: int, max_position_embeddings: int | None, rope_type: str) -> None:
-  """llama3 (transformers warns) and longrope's implicit factor: the pretraining length <= the context."""
-  if max_position_embeddings is not None and original > max_position_embeddings:
-    raise ValueError(
-      f"rope_scaling['original_max_position_embeddings'] ({original}) must be <= max_position_embeddings "
-      f"({max_position_embeddings}) for rope_type={rope_type!r}: the pretraining length cannot exceed the "
-      "context the scaling extends to"
-    )
-
-
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
-
-
-def _check_seq_len(seq_len):
-  if seq_len is None:
-    return None
-  if isinstance(seq_len, (jax.Array, np.ndarray)):
-    if not jnp.issubdtype(seq_len.dtype, jnp.integer):
-      raise _checks.ArgTypeError(f"seq_len must be a scalar integer (tokens), got dtype {seq_len.dtype}")
-    if jnp.ndim(seq_len) != 0:
-      raise ValueError(f"seq_len must be a scalar integer, got shape {jnp.shape(seq_len)} {seq_len.dtype}")
-    if not _is_concrete(seq_len):
-      return seq_len
-    seq_len = int(seq_len)
-  if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)):
-    raise _checks.ArgTypeError(f"seq_len must be a non-negative integer (tokens), got {seq_len!r}")
-  if seq_len < 0:
-    raise ValueError(f"seq_len must be a non-negative integer (tokens), got {seq_len!r}")
-  return int(seq_len)
-
-
 def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
-  factor = _factor(params["factor"], "dynamic")
+  factor = param_factor(params["factor"], "dynamic")
   if rotary_dim <= 2:
     raise ValueError(f"rotary_dim must be > 2 for dynamic NTK (exponent R / (R - 2)), got {rotary_dim}")
   ref_len = params.get("original_max_position_embeddings") or max_position_embeddings
@@ -341,9 +116,9 @@ def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
       "rope_type='dynamic' needs max_position_embeddings (the pretraining context; or "
       "rope_scaling['original_max_position_embeddings'])"
     )
-  ref_len = _int("max_position_embeddings", ref_len)
+  ref_len = param_int("max_position_embeddings", ref_len)
   power = rotary_dim / (rotary_dim - 2)
-  if seq_len is None or _is_concrete(seq_len):
+  if seq_len is None or not isinstance(seq_len, jax.core.Tracer):
     s = max(ref_len if seq_len is None else seq_len, ref_len)
     new_base = base * ((factor * s / ref_len) - (factor - 1)) ** power
     return _to_f32(new_base ** -_exponents(rotary_dim))
@@ -356,10 +131,10 @@ def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
 
 
 def _yarn(params, base, rotary_dim, max_position_embeddings):
-  orig = _original_len(params, max_position_embeddings, "yarn")
+  orig = original_length(params, max_position_embeddings, "yarn")
   # transformers requires the key (its compute function's implicit max / original is unreachable
   # through a validated config); rope_frequencies refused a missing or None factor already.
-  factor = _factor(params["factor"], "yarn")
+  factor = param_factor(params["factor"], "yarn")
 
   def get_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -367,18 +142,18 @@ def _yarn(params, base, rotary_dim, max_position_embeddings):
   attention_factor = params.get("attention_factor")
   mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
   if mscale is not None:
-    mscale = _float("mscale", mscale)
+    mscale = param_float("mscale", mscale)
   if mscale_all_dim is not None:
-    mscale_all_dim = _float("mscale_all_dim", mscale_all_dim)
+    mscale_all_dim = param_float("mscale_all_dim", mscale_all_dim)
   if attention_factor is None:
     if mscale and mscale_all_dim:
       attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
     else:
       attention_factor = get_mscale(factor)
-  attention_factor = _float("attention_factor", attention_factor, minimum=0.0, strict=True)
+  attention_factor = param_float("attention_factor", attention_factor, minimum=0.0, strict=True)
   # HF: `get("beta_fast") or 32`, `get("beta_slow") or 1`.
-  beta_fast = _float("beta_fast", params.get("beta_fast") or 32, minimum=0.0, strict=True)
-  beta_slow = _float("beta_slow", params.get("beta_slow") or 1, minimum=0.0, strict=True)
+  beta_fast = param_float("beta_fast", params.get("beta_fast") or 32, minimum=0.0, strict=True)
+  beta_slow = param_float("beta_slow", params.get("beta_slow") or 1, minimum=0.0, strict=True)
   if beta_fast < beta_slow:
     raise ValueError(
       f"rope_scaling['beta_fast'] ({beta_fast}) must be >= rope_scaling['beta_slow'] ({beta_slow})"
@@ -406,7 +181,7 @@ def _yarn(params, base, rotary_dim, max_position_embeddings):
 
 
 def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
-  orig = _original_len(params, max_position_embeddings, "longrope")
+  orig = original_length(params, max_position_embeddings, "longrope")
   factors = {}
   for key in ("short_factor", "long_factor"):
     value = params[key]
@@ -427,18 +202,18 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
   if factor is None:
     if max_position_embeddings is None:
       raise ValueError("rope_type='longrope' needs rope_scaling['factor'] (or max_position_embeddings)")
-    _original_not_above_max(orig, max_position_embeddings, "longrope")
+    check_original_not_above_max(orig, max_position_embeddings, "longrope")
     factor = max_position_embeddings / orig  # HF: Phi-3 style implicit factor (>= 1: _original_len)
   else:
-    factor = _factor(factor, "longrope")
+    factor = param_factor(factor, "longrope")
   attention_factor = params.get("attention_factor")
   if attention_factor is None:
     attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-  attention_factor = _float("attention_factor", attention_factor, minimum=0.0, strict=True)
+  attention_factor = param_float("attention_factor", attention_factor, minimum=0.0, strict=True)
   pos_freqs = base ** _exponents(rotary_dim)
   short = _to_f32(1.0 / (factors["short_factor"] * pos_freqs))
   long = _to_f32(1.0 / (factors["long_factor"] * pos_freqs))
-  if seq_len is None or _is_concrete(seq_len):
+  if seq_len is None or not isinstance(seq_len, jax.core.Tracer):
     inv_freq = long if (seq_len and seq_len > orig) else short
   else:
     inv_freq = jnp.where(seq_len > orig, long, short)
@@ -446,11 +221,11 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
 
 
 def _llama3(params, base, rotary_dim, max_position_embeddings):
-  orig = _original_len(params, max_position_embeddings, "llama3")
-  _original_not_above_max(orig, max_position_embeddings, "llama3")
-  factor = _factor(params["factor"], "llama3")
-  low_freq_factor = _float("low_freq_factor", params["low_freq_factor"], minimum=0.0, strict=True)
-  high_freq_factor = _float("high_freq_factor", params["high_freq_factor"], minimum=0.0, strict=True)
+  orig = original_length(params, max_position_embeddings, "llama3")
+  check_original_not_above_max(orig, max_position_embeddings, "llama3")
+  factor = param_factor(params["factor"], "llama3")
+  low_freq_factor = param_float("low_freq_factor", params["low_freq_factor"], minimum=0.0, strict=True)
+  high_freq_factor = param_float("high_freq_factor", params["high_freq_factor"], minimum=0.0, strict=True)
   if high_freq_factor < low_freq_factor:
     raise ValueError(
       f"rope_scaling['high_freq_factor'] ({high_freq_factor}) must be >= "
@@ -479,10 +254,10 @@ def _proportional(params, base, head_dim, rotary_dim):
     )
   prf = 1.0
   if params.get("partial_rotary_factor") is not None:
-    prf = _float("partial_rotary_factor", params["partial_rotary_factor"], minimum=0.0, strict=True)
+    prf = param_float("partial_rotary_factor", params["partial_rotary_factor"], minimum=0.0, strict=True)
     if prf > 1:
       raise ValueError(f"rope_scaling['partial_rotary_factor'] must be in (0, 1], got {prf}")
-  factor = _factor(1.0 if params.get("factor") is None else params["factor"], "proportional")
+  factor = param_factor(1.0 if params.get("factor") is None else params["factor"], "proportional")
   angles = int(prf * head_dim // 2)  # HF: int(rope_proportion * head_dim // 2)
   inv_freq = np.zeros(head_dim // 2, np.float64)
   inv_freq[:angles] = base ** -(np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim)
@@ -543,49 +318,28 @@ def rope_frequencies(
 
   Deliberate differences from transformers' validation (which raises only for missing keys and
   warns otherwise) are listed in docs/contracts.md and tested beside it in
-  tests/rope_scaling_test.py.
+  tests/ops/rope_parameters_test.py.
 
   Source: HF transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (and
   ``LlamaRotaryEmbedding.compute_default_rope_parameters`` for ``default``).
   """
   params = normalize_rope_parameters(rope_scaling)
   rope_type = params["rope_type"]
-  missing = [key for key in _REQUIRED[rope_type] if params.get(key) is None]
-  if missing:
-    raise ValueError(f"rope_scaling for rope_type={rope_type!r} is missing required keys {missing}")
-  foreign = sorted(set(params) - _TYPE_KEYS[rope_type])
-  if foreign:
-    raise ValueError(
-      f"rope_scaling keys {foreign} are not used by rope_type={rope_type!r} (it reads "
-      f"{sorted(_TYPE_KEYS[rope_type] - {'type'})})"
-    )
-  base = params.get("rope_theta")
-  if base is None:
-    base = _checks.check_positive_float("rope_theta", rope_theta)
-  else:  # a config value: a number (not a string or bool), as every other key of the dict
-    base = _float("rope_theta", base, minimum=0.0, strict=True)
+  check_type_keys(params)
+  base = read_base(params, rope_theta)
   if rope_type == "proportional":
     return _proportional(params, base, head_dim, rotary_dim), 1.0
-  rotary_dim = _resolve_rotary_dim(params, head_dim, rotary_dim)
-  if max_position_embeddings is not None:
-    max_position_embeddings = _checks.check_positive_int("max_position_embeddings", max_position_embeddings)
-  if params.get("max_position_embeddings") is not None:
-    dict_max = _int("max_position_embeddings", params["max_position_embeddings"])
-    if max_position_embeddings is not None and dict_max != max_position_embeddings:
-      raise ValueError(
-        f"rope_scaling['max_position_embeddings'] ({dict_max}) disagrees with max_position_embeddings "
-        f"({max_position_embeddings})"
-      )
-    max_position_embeddings = dict_max
-  seq_len = _check_seq_len(seq_len)
+  rotary_dim = resolve_rotary_dim(params, head_dim, rotary_dim)
+  max_position_embeddings = read_max_positions(params, max_position_embeddings)
+  seq_len = check_seq_len(seq_len)
 
   if rope_type == "default":
     return _to_f32(base ** -_exponents(rotary_dim)), 1.0
   if rope_type == "linear":
-    factor = _factor(params["factor"], rope_type)
+    factor = param_factor(params["factor"], rope_type)
     return _to_f32(base ** -_exponents(rotary_dim) / factor), 1.0
   if rope_type == "ntk":
-    new_base = ntk_aware_base(base, factor=_factor(params["factor"], rope_type), rotary_dim=rotary_dim)
+    new_base = ntk_aware_base(base, factor=param_factor(params["factor"], rope_type), rotary_dim=rotary_dim)
     return _to_f32(new_base ** -_exponents(rotary_dim)), 1.0
   if rope_type == "dynamic":
     return _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len), 1.0

@@ -12,7 +12,7 @@
   Transformer tutorial ``positional_encoding``).
 
 The two frequency rules differ (by up to 1.95 in the table at D = 8); a checkpoint trained with one
-needs the same one. Phases are exact (``jaxpe.rope.rope_cos_sin``): within 3e-7 of float64 at any
+needs the same one. Phases are exact (``jaxpe.ops.rope.rope_cos_sin``): within 3e-7 of float64 at any
 integer position below 2^31.
 """
 
@@ -73,7 +73,7 @@ def sinusoidal_embedding(
 
   Args:
     positions: ``[B, T]`` (or any shape, e.g. ``[T]``) token indices: integers in ``[0, 2^31)``,
-      or floats (taken as float32; see ``jaxpe.rope.rope_cos_sin``).
+      or floats (taken as float32; see ``jaxpe.ops.rope.rope_cos_sin``).
     d_model: D, even and positive.
     base: > 0, the wavelength base (10000 in the paper).
     convention: ``"vaswani"`` (sin at even dims, cos at odd), ``"tensor2tensor"`` (t2t / fairseq /

@@ -7,7 +7,7 @@ Pair i of a query at position n is multiplied by ``zeta_i ** (n / scale_base)`` 
 at position m by ``zeta_i ** (-m / scale_base)``, with ``zeta_i = (2i / R + gamma) / (1 + gamma)``
 (torchscale: ``(arange(0, R, 2) + 0.4 R) / (1.4 R)``). The score of the pair then carries
 ``zeta_i ** ((n - m) / scale_base)``: it depends only on the distance, and decays with it.
-The rotation is RoPE (``jaxpe.rope.apply_rope``) with the same inv_freq.
+The rotation is RoPE (``jaxpe.ops.rope.apply_rope``) with the same inv_freq and pair layout.
 
 Far positions. The scales are computed relative to a reference position, ``offset``:
 ``zeta_i ** ((n - offset) / scale_base)`` and ``zeta_i ** (-(m - offset) / scale_base)``. Their
@@ -43,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.ops import checks as _checks
-from jaxpe.ops.rope import Layout, _batch_positions, apply_rope, rope_inv_freq
+from jaxpe.ops.layouts import REQUIRED, Layout, check_layout
+from jaxpe.ops.rope import _batch_positions, apply_rope, rope_inv_freq
 
 
 def xpos_zeta(rotary_dim: int, *, gamma: float = 0.4) -> np.ndarray:
@@ -163,7 +164,7 @@ def apply_xpos(
   kind: Literal["query", "key"],
   inv_freq: jax.Array | None = None,
   base: float = 10000.0,
-  layout: Layout = "interleaved",
+  layout: Layout = REQUIRED,
   scale_base: float = 512.0,
   gamma: float = 0.4,
   offset: int = 0,
@@ -179,21 +180,24 @@ def apply_xpos(
     inv_freq: ``[R/2]`` float radians per token (``R <= H``, dims R..H-1 pass through unscaled);
       default ``rope_inv_freq(H, base=base)`` in float64.
     base: rope_theta when ``inv_freq`` is None.
-    layout: ``"interleaved"`` (torchscale's ``rotate_every_two``) or ``"half"``.
+    layout: required, ``"interleaved"`` (torchscale's ``rotate_every_two``) or ``"half"``
+      (rotate-half); no default, as ``apply_rope`` (``jaxpe.ops.layouts`` says why).
     scale_base, gamma, offset: see ``xpos_scale``. ``offset`` is the reference position, shared by
       the query and the key call; positions must lie within ``offset +- xpos_window(...)`` (35,556
       at the defaults): far positions need an offset near them (refused otherwise, NaN under jit).
     attention_factor: extra constant on the rotated pairs (HF's ``attention_scaling`` of YaRN /
-      LongRoPE frequencies, see ``jaxpe.rope_scaling``); > 0, default 1.
+      LongRoPE frequencies, see ``jaxpe.ops.rope_scaling``); > 0, default 1.
 
   Returns:
     ``[B, T, N, H]`` array of ``x.dtype``.
 
   Raises:
+    TypeError: ``layout`` not given (the message names both values).
     ValueError / TypeError: as ``apply_rope`` and ``xpos_scale`` (positions must be integers here).
 
   Source: arXiv 2212.10554; torchscale ``XPOS`` with ``rotate_every_two``.
   """
+  check_layout(layout, "apply_xpos")
   x = _checks.as_array("x", x)
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   _checks.check_float("x", x)

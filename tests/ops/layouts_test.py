@@ -1,4 +1,8 @@
-"""Layout conversion (interleaved <-> rotate-half) for activations and q/k projection weights."""
+"""The RoPE pair layout: required by every op that rotates (no default), and the conversion
+(interleaved <-> rotate-half) of activations and q/k projection weights."""
+
+import inspect
+import re
 
 import chex
 import hypothesis.extra.numpy as hnp
@@ -10,6 +14,8 @@ from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import jaxpe
+import jaxpe.ops
 from jaxpe.ops import layouts, rope
 
 
@@ -131,3 +137,59 @@ def test_errors_name_the_argument():
     layouts.convert_layout(np.zeros((2, 8)), src="half", dst="interleaved", axis=2)
   with pytest.raises(ValueError, match="rotary_dim must be even"):
     layouts.convert_layout(np.zeros((2, 7)), src="half", dst="interleaved")
+
+
+# ---------------------------------------------------------------- the layout is required
+
+# Arguments (all but the layout) of every public op that takes a layout.
+_LAYOUT_CALLS = {
+  "apply_rope": lambda **kw: jaxpe.ops.apply_rope(jnp.ones((1, 3, 2, 8)), jnp.arange(3), **kw),
+  "apply_xpos": lambda **kw: jaxpe.ops.apply_xpos(jnp.ones((1, 3, 2, 8)), jnp.arange(3), kind="query", **kw),
+}
+
+
+def _public_ops_with_a_layout():
+  return sorted(
+    name
+    for name in jaxpe.ops.__all__
+    if inspect.isfunction(getattr(jaxpe.ops, name)) and "layout" in _parameters(getattr(jaxpe.ops, name))
+  )  # HFRope, a class, carries the layout read from an HF config
+
+
+def _parameters(fn):
+  return inspect.signature(fn).parameters
+
+
+def test_every_public_op_with_a_layout_is_walked():
+  assert _public_ops_with_a_layout() == sorted(_LAYOUT_CALLS)
+  for name in _LAYOUT_CALLS:  # keyword-only, no usable default
+    parameter = _parameters(getattr(jaxpe.ops, name))["layout"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is layouts.REQUIRED
+
+
+@pytest.mark.parametrize("name", sorted(_LAYOUT_CALLS))
+def test_a_call_without_layout_is_a_type_error_naming_it_and_both_values(name):
+  call = _LAYOUT_CALLS[name]
+  pattern = rf"{name}\(\) missing required keyword argument 'layout'.*'half'.*'interleaved'"
+  with pytest.raises(TypeError, match=pattern):
+    call()
+  with pytest.raises(TypeError, match=pattern):  # the same under jit (the check is at trace time)
+    jax.jit(lambda: call())()
+  # The message says why there is no default and where an HF model's layout comes from.
+  with pytest.raises(TypeError) as info:
+    call()
+  assert "wrong attention" in str(info.value) and "rope_from_hf_config" in str(info.value)
+  for layout in layouts.LAYOUTS:  # given, either layout runs
+    assert call(layout=layout).shape == (1, 3, 2, 8)
+  with pytest.raises(ValueError, match=re.escape("layout must be one of ('interleaved', 'half')")):
+    call(layout="complex")
+
+
+def test_the_layouts_rotate_different_pairs():
+  """Why no default: the same weights under the other layout give other scores, and nothing fails."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 4, 1, 8))
+  pos = jnp.arange(4)
+  q = {layout: rope.apply_rope(x, pos, layout=layout) for layout in layouts.LAYOUTS}
+  scores = {layout: jnp.einsum("BTNH,BSNH->BNTS", v, v) for layout, v in q.items()}
+  assert bool(jnp.all(jnp.isfinite(scores["half"]))) and bool(jnp.all(jnp.isfinite(scores["interleaved"])))
+  assert float(jnp.abs(scores["half"] - scores["interleaved"]).max()) > 0.1

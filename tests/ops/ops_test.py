@@ -57,13 +57,15 @@ class RopeTest(chex.TestCase):
   def test_preserves_norm(self):
     x = _rand(1, (3, 11, 2, 32))
     pos = jnp.asarray(np.random.default_rng(1).integers(0, 100000, (3, 11)), jnp.int32)
-    out = self.variant(rope.apply_rope)(x, pos)
+    out = self.variant(lambda x, p: rope.apply_rope(x, p, layout="interleaved"))(x, pos)
     np.testing.assert_allclose(jnp.linalg.norm(out, axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_position_zero_is_identity(self):
     x = _rand(2, (2, 5, 4, 8))
-    out = self.variant(rope.apply_rope)(x, jnp.zeros((2, 5), jnp.int32))
+    out = self.variant(lambda x, p: rope.apply_rope(x, p, layout="interleaved"))(
+      x, jnp.zeros((2, 5), jnp.int32)
+    )
     np.testing.assert_array_equal(out, x)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -72,7 +74,11 @@ class RopeTest(chex.TestCase):
     q, k = _rand(3, (1, 6, 2, 16)), _rand(4, (1, 6, 2, 16))
     pos = jnp.asarray([[0, 3, 9, 20, 50, 200]], jnp.int32)
     f = self.variant(
-      lambda q, k, p: jnp.einsum("BTNH,BSNH->BNTS", rope.apply_rope(q, p), rope.apply_rope(k, p))
+      lambda q, k, p: jnp.einsum(
+        "BTNH,BSNH->BNTS",
+        rope.apply_rope(q, p, layout="interleaved"),
+        rope.apply_rope(k, p, layout="interleaved"),
+      )
     )
     base, shifted = f(q, k, pos), f(q, k, pos + shift)
     # A query/key pair changes by < 1e-4 relative even though each vector rotated by shift radians.
@@ -83,7 +89,7 @@ class RopeTest(chex.TestCase):
   def test_bf16_in_bf16_out(self):
     x = _rand(5, (2, 7, 2, 16), jnp.bfloat16)
     pos = jnp.asarray(np.random.default_rng(2).integers(0, 2048, (2, 7)), jnp.int32)
-    out = self.variant(rope.apply_rope)(x, pos)
+    out = self.variant(lambda x, p: rope.apply_rope(x, p, layout="interleaved"))(x, pos)
     assert out.dtype == jnp.bfloat16
     ref = rope_reference(np.asarray(x, np.float64), pos)
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, atol=3e-2, rtol=1e-2)
@@ -97,13 +103,13 @@ class RopeTest(chex.TestCase):
     x = _rand(0, (1, 4, 2, 7))
     pos = jnp.zeros((1, 4), jnp.int32)
     with pytest.raises(ValueError, match="head_dim"):
-      rope.apply_rope(x, pos)  # odd head_dim
+      rope.apply_rope(x, pos, layout="interleaved")  # odd head_dim
     with pytest.raises(ValueError, match=r"x must have shape \[B, T, N, H\]"):
-      rope.apply_rope(x[0], pos)
+      rope.apply_rope(x[0], pos, layout="interleaved")
     with pytest.raises(TypeError, match="positions must be an integer or float"):
-      rope.apply_rope(_rand(0, (1, 4, 2, 8)), pos.astype(bool))
+      rope.apply_rope(_rand(0, (1, 4, 2, 8)), pos.astype(bool), layout="interleaved")
     with pytest.raises(ValueError, match="positions must be >= 0"):
-      rope.apply_rope(_rand(0, (1, 4, 2, 8)), pos - 1)
+      rope.apply_rope(_rand(0, (1, 4, 2, 8)), pos - 1, layout="interleaved")
     with pytest.raises(ValueError, match="rotary_dim must be even"):
       rope.rope_inv_freq(8, rotary_dim=3)
     with pytest.raises(ValueError, match="base"):
@@ -195,8 +201,8 @@ class EmulationTest(chex.TestCase):
     q_fixed = jnp.broadcast_to(jnp.stack([-big_n, jnp.zeros_like(big_n)], -1), (2, 4, n_heads, 2))
     k_fixed = jnp.broadcast_to(jnp.asarray([0.0, 1.0]), (2, 6, n_heads, 2))
     inv_freq = jnp.asarray([0.0] * (h // 2) + [theta], jnp.float32)
-    q_rope = rope.apply_rope(jnp.concatenate([q, q_fixed], -1), qp, inv_freq=inv_freq)
-    k_rope = rope.apply_rope(jnp.concatenate([k, k_fixed], -1), kp, inv_freq=inv_freq)
+    q_rope = rope.apply_rope(jnp.concatenate([q, q_fixed], -1), qp, inv_freq=inv_freq, layout="interleaved")
+    k_rope = rope.apply_rope(jnp.concatenate([k, k_fixed], -1), kp, inv_freq=inv_freq, layout="interleaved")
     np.testing.assert_allclose(qa, q_rope, rtol=1e-6, atol=1e-6 * float(big_n.max()))
     np.testing.assert_allclose(ka, k_rope, rtol=1e-6, atol=1e-6)
 
@@ -246,10 +252,11 @@ class AttentionTest(chex.TestCase):
 def test_bad_inputs_raise_named_errors_not_nans():
   x = _rand(0, (1, 3, 2, 8))
   pos = jnp.zeros((1, 3), jnp.int32)
-  out = rope.apply_rope(x, pos + 2, inv_freq=[1.0, 0.5])  # a list works (partial rotary)
+  # A list works (partial rotary).
+  out = rope.apply_rope(x, pos + 2, inv_freq=[1.0, 0.5], layout="interleaved")
   np.testing.assert_array_equal(out[..., 4:], x[..., 4:])
   with pytest.raises(ValueError, match="inv_freq must be finite"):
-    rope.apply_rope(x, pos, inv_freq=jnp.asarray([1.0, jnp.nan]))
+    rope.apply_rope(x, pos, inv_freq=jnp.asarray([1.0, jnp.nan]), layout="interleaved")
   with pytest.raises(ValueError, match="scale must be a finite number > 0"):
     jaxpe.dot_product_attention(x, x, x, scale=float("nan"))
   with pytest.raises(TypeError, match="mask must be a bool array"):

@@ -1,0 +1,255 @@
+"""What transformers does per model family (``model_type``) for RoPE, as jaxpe reads it.
+
+The tables name the families by their transformers 5.24 behaviour: pair layout, latent-attention
+(MLA) heads, softmax scale, the config-class defaults a ``config.json`` leaves out, legacy rope type
+names, per-layer-type bases, and the families without (or with an unsupported) rotary embedding.
+``jaxpe.ops.hf_config`` reads a config with them; ``jaxpe.ops.hf_rope.rope_from_hf_config`` puts
+the result together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+# Families whose transformers modeling code rotates adjacent pairs (2i, 2i+1) ("interleaved");
+# every other family uses rotate_half ("half"). Found in transformers 5.24: ``rotate_every_two`` or a
+# ``rotate_half`` that slices ``x[..., ::2]``, or complex multiplication (``view_as_complex``).
+INTERLEAVED_FAMILIES: frozenset[str] = frozenset(
+  {
+    "bailing_hybrid",
+    "blt",
+    "blt_global_transformer",
+    "blt_local_decoder",
+    "blt_local_encoder",
+    "blt_patcher",
+    "codegen",
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+    "deepseek_v2",
+    "deepseek_v32",
+    "deepseek_v4",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "glm",
+    "glm4",
+    "glm4v",
+    "glm4v_text",
+    "glm_moe_dsa",
+    "glm_ocr",
+    "glm_ocr_text",
+    "gptj",
+    "helium",
+    "hy_v4_vl",
+    "hy_v4_vl_text",
+    "llama4",
+    "llama4_text",
+    "longcat_flash",
+    "mistral_large4",
+    "mistral_large4_text",
+    "moonshine",
+    "moonshine_streaming",
+    "openai_privacy_filter",
+    "pe_audio_encoder",
+    "pe_audio_video_encoder",
+    "pe_video_encoder",
+    "axk2",
+  }
+)
+# Latent-attention (MLA) families: q/k heads are [nope | rope], the rope part is qk_rope_head_dim
+# wide and last. Those with a ``rope_interleave`` config key (default True) rotate interleaved pairs
+# when it is set, rotate-half otherwise.
+MLA_FAMILIES = frozenset(
+  {
+    "axk1",
+    "axk2",
+    "bailing_hybrid",
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "glm4_moe_lite",
+    "glm_moe_dsa",
+    "hy_v4",
+    "hy_v4_vl",
+    "longcat_flash",
+    "minicpm3",
+    "mistral4",
+    "mistral_large4",
+    "mistral_large4_text",
+    "sarvam_mla",
+    "youtu",
+  }
+)
+ROPE_INTERLEAVE_FAMILIES = frozenset(
+  {"axk1", "deepseek_v3", "glm4_moe_lite", "mistral4", "sarvam_mla", "youtu"}
+)
+# Families whose attention multiplies the softmax scale by yarn_get_mscale(factor, mscale_all_dim)**2
+# (``yarn_apply_mscale`` in their modeling code).
+MSCALE_SOFTMAX_FAMILIES = frozenset(
+  {
+    "axk1",
+    "axk2",
+    "bailing_hybrid",
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "glm4_moe_lite",
+    "glm_moe_dsa",
+    "hy_v4",
+    "hy_v4_vl",
+    "longcat_flash",
+    "minicpm3",
+    "mistral4",
+    "mistral_large4",
+    "youtu",
+  }
+)
+# Config-class defaults that a config.json written by transformers leaves out (it saves only values
+# that differ from the class defaults): rope_theta, partial_rotary_factor and the top-level
+# original_max_position_embeddings (Phi-3: a class attribute, so transformers always prefers it to a
+# nested one) per family, transformers 5.24. Families not listed use the generic defaults (theta 1e4 is *not* assumed: a config without
+# rope_theta from an unlisted family is an error).
+FAMILY_DEFAULTS: dict[str, dict[str, float | int]] = {
+  "llama": {"rope_theta": 10000.0},
+  "mistral": {"rope_theta": 10000.0},
+  "mixtral": {"rope_theta": 1e6},
+  "qwen2": {"rope_theta": 10000.0},
+  "qwen2_moe": {"rope_theta": 10000.0},
+  "qwen3": {"rope_theta": 10000.0},
+  "gemma": {"rope_theta": 10000.0},
+  "gemma2": {"rope_theta": 10000.0},
+  "phi3": {"rope_theta": 10000.0, "original_max_position_embeddings": 4096},
+  "phi4_multimodal": {"original_max_position_embeddings": 4096},
+  "phi": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+  "persimmon": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+  "gpt_neox": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+  "gpt_neox_japanese": {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+  "gptj": {"rope_theta": 10000.0},
+  "codegen": {"rope_theta": 10000.0},
+  "falcon": {"rope_theta": 10000.0},
+  "stablelm": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+  "deepseek_v2": {"rope_theta": 10000.0},
+  "deepseek_v3": {"rope_theta": 10000.0},
+  "cohere": {"rope_theta": 500000.0},
+  "glm": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+  "glm4": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+  "qwen2_vl": {"rope_theta": 1e6},
+  "qwen2_5_vl": {"rope_theta": 1e6},
+}
+# GPT-J and CodeGen: fixed base 10000 and an integer ``rotary_dim`` (HF ``create_sinusoidal_positions``).
+ROTARY_DIM_FAMILIES = frozenset({"gptj", "codegen"})
+PHI3_FAMILIES = frozenset({"phi3", "phi4_multimodal"})  # legacy "yarn" means longrope here
+MROPE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})  # legacy "mrope" means default + mrope_section
+# Families whose v4 config.json gives one base per layer type outside the rope dict (transformers'
+# convert_rope_params_to_dict): (full-attention base key, sliding base key, their class defaults,
+# whether rope_scaling applies to the sliding layers too).
+LOCAL_THETA_FAMILIES: dict[str, tuple[str, str, float, float, bool]] = {
+  "gemma3": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
+  "gemma3_text": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
+  "gemma3n": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
+  "modernbert": ("global_rope_theta", "local_rope_theta", 160_000.0, 10_000.0, True),
+  "modernbert-decoder": ("global_rope_theta", "local_rope_theta", 160_000.0, 10_000.0, True),
+}
+GEMMA3_FAMILIES = frozenset(LOCAL_THETA_FAMILIES)
+NO_ROPE_FAMILIES = frozenset({"bloom", "mpt", "gpt2", "opt", "bert", "roberta", "t5", "baichuan"})
+# Families whose nested rope_parameters are keyed by labels other than layer_types
+# (transformers' ``_rope_type_labels``).
+ROPE_TYPE_LABELS = {"deepseek_v4": ("main", "compress"), "lfm3": ("full_attention", "sliding_attention")}
+# Where a family's config.json spells the head dim differently (transformers' attribute_map).
+HEAD_DIM_KEYS = {"jetmoe": "kv_channels", "zamba2": "attention_head_dim"}
+HEADS_KEYS = {"moonshine": "decoder_num_attention_heads"}
+# Families whose rotary table transformers builds in a way jaxpe's 1-D inv_freq does not describe.
+UNSUPPORTED = {
+  "nanochat": "its rotate_half has flipped signs (rotation by -theta), neither jaxpe layout",
+  "eomt_dinov3": "it is a vision transformer with 2-D patch RoPE (jaxpe's tables are 1-D token positions)",
+  "dinov3_vit": "it is a vision transformer with 2-D patch RoPE (jaxpe's tables are 1-D token positions)",
+  "ernie4_5_vl_moe": "its text rotary embedding pre-permutes the height/width frequencies of mrope_section",
+  "ernie4_5_vl_moe_text": "its text rotary embedding pre-permutes the height/width frequencies of mrope_section",
+}
+# Types whose transformers standardisation moves an original pretraining length into the dict.
+ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+
+
+def family(model_type: Any) -> Any:
+  """The name jaxpe's family tables use: a composite model's text config (``qwen2_5_vl_text``,
+  ``mistral_large4_text``) is its family's decoder, so ``<family>_text`` reads as ``<family>`` unless
+  the family is unknown to them (each table that names a ``<family>_text`` names ``<family>`` too)."""
+  if not isinstance(model_type, str) or not model_type.endswith("_text"):
+    return model_type
+  tables = (
+    INTERLEAVED_FAMILIES,
+    MLA_FAMILIES,
+    ROPE_INTERLEAVE_FAMILIES,
+    MSCALE_SOFTMAX_FAMILIES,
+    FAMILY_DEFAULTS,
+    ROTARY_DIM_FAMILIES,
+    PHI3_FAMILIES,
+    MROPE_FAMILIES,
+    GEMMA3_FAMILIES,
+    NO_ROPE_FAMILIES,
+    ROPE_TYPE_LABELS,
+    HEAD_DIM_KEYS,
+    HEADS_KEYS,
+    UNSUPPORTED,
+  )
+  family = model_type[: -len("_text")]
+  return family if any(family in t for t in tables) else model_type
+
+
+def family_rope_type(params: dict[str, Any], model_type: str | None) -> dict[str, Any]:
+  """``params`` with the family's legacy rope type names read as transformers reads them (Phi-3:
+  ``"su"`` / ``"yarn"`` -> ``"longrope"``; Qwen2-VL: ``"mrope"`` -> ``"default"``)."""
+  params = dict(params)
+  for key in ("type", "rope_type"):
+    kind = params.get(key)
+    if model_type in PHI3_FAMILIES and kind in ("su", "yarn"):
+      params[key] = "longrope"  # Phi3Config: "For backward compatibility if previous version used su or yarn"
+    if model_type in MROPE_FAMILIES and kind == "mrope":
+      params[key] = "default"  # Qwen2VLConfig: mrope is default RoPE with mrope_section
+  return params
+
+
+def check_supported(family: Any, model_type: Any, cfg: Mapping[str, Any]) -> None:
+  """ValueError for a family without a rotary embedding (BLOOM, MPT, Falcon with ``alibi: true``,
+  ...) or with one that jaxpe's 1-D ``inv_freq`` does not describe (the message says why)."""
+  if family == "falcon" and cfg.get("alibi"):
+    raise ValueError("config has alibi: true (Falcon with ALiBi): the model has no rotary embedding")
+  if family in NO_ROPE_FAMILIES:
+    raise ValueError(f"model_type {model_type!r} has no rotary embedding in transformers")
+  if family in UNSUPPORTED:
+    raise ValueError(
+      f"model_type {model_type!r} is not supported by rope_from_hf_config: {UNSUPPORTED[family]}"
+    )
+
+
+def pair_layout(family: Any, cfg: Mapping[str, Any], trailing: bool) -> Literal["half", "interleaved"]:
+  """The pair layout the family's modeling code rotates: ``"interleaved"`` for
+  ``INTERLEAVED_FAMILIES``, for DeepSeek-V2 (complex multiplication) and for MLA heads whose
+  ``rope_interleave`` is set (default True for DeepSeek-V3); ``"half"`` (rotate_half) otherwise."""
+  layout: Literal["half", "interleaved"] = "half"
+  if family in INTERLEAVED_FAMILIES or (trailing and cfg.get("rope_interleave", family == "deepseek_v3")):
+    layout = "interleaved"
+  if family == "deepseek_v2":
+    layout = "interleaved"  # complex multiplication (view_as_complex)
+  return layout
+
+
+def softmax_scale_factor(family: Any, model_type: Any, rope_type: str, params: Mapping[str, Any]) -> float:
+  """``yarn_get_mscale(factor, mscale_all_dim) ** 2`` for the families that multiply their softmax
+  scale by it (``MSCALE_SOFTMAX_FAMILIES``, when the rope dict has ``mscale_all_dim``), else 1.
+
+  Raises:
+    ValueError: ``mscale_all_dim`` without ``factor`` in such a family.
+  """
+  if family not in MSCALE_SOFTMAX_FAMILIES or rope_type == "default" or not params.get("mscale_all_dim"):
+    return 1.0
+  if params.get("factor") is None:
+    raise ValueError(
+      f"model_type {model_type!r} scales the softmax by yarn_get_mscale(factor, mscale_all_dim) ** 2: "
+      "its rope dict needs 'factor' when it has 'mscale_all_dim'"
+    )
+  factor = float(params["factor"])
+  mscale = 1.0 if factor <= 1 else 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0
+  return mscale * mscale

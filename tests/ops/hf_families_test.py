@@ -1,0 +1,275 @@
+"""jaxpe.ops.hf_families' per-family rules against transformers 5.24: every model type it ships
+with a rotary embedding (matched or refused by name), composite models' text configs, a
+PretrainedConfig object against its dict, the errors naming the key, and Ministral-3's query scale.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpe
+from jaxpe.ops import hf_rope
+from jaxpe.ops.hf_rope import rope_from_hf_config
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+transformers.logging.set_verbosity_error()
+from hf_cases import (  # noqa: E402  (tests/ops/hf_cases.py: the shared config table)
+  CASES,
+  DEEPSEEK_V3,
+  LLAMA31,
+  hf_module,
+)
+
+
+def test_text_config_model_types_use_their_family_rules():
+  """A composite model's text config has its own model_type (``qwen2_5_vl_text``,
+  ``mistral_large4_text``, ...): the family's rules still apply. Qwen2.5-VL config.json as saved
+  with a text_config (legacy "mrope" type), and Mistral-Large-3's yarn softmax scale, against
+  transformers."""
+  import importlib
+
+  qwen = {
+    "model_type": "qwen2_5_vl",
+    "text_config": {
+      "model_type": "qwen2_5_vl_text",
+      "hidden_size": 2048,
+      "num_attention_heads": 16,
+      "max_position_embeddings": 128000,
+      "rope_theta": 1000000.0,
+      "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    },
+  }
+  hf = transformers.AutoConfig.for_model(**qwen).get_text_config()
+  r = rope_from_hf_config(qwen)
+  assert r.rope_type == "default" and r.mrope_section == tuple(hf.rope_parameters["mrope_section"])
+  module_cls = importlib.import_module("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
+  inv_hf = module_cls.Qwen2_5_VLRotaryEmbedding(hf).inv_freq.double().numpy()
+  np.testing.assert_allclose(r.inv_freq, inv_hf, rtol=1e-6)
+  for family in ("mistral_large4", "hy_v4_vl"):
+    text = transformers.AutoConfig.for_model(family).get_text_config()
+    yarn = {
+      "rope_type": "yarn",
+      "factor": 40.0,
+      "mscale": 0.707,
+      "mscale_all_dim": 0.707,
+      "original_max_position_embeddings": 4096,
+      "rope_theta": 10000.0,
+    }
+    text = type(text)(**{**text.to_dict(), "rope_parameters": yarn, "max_position_embeddings": 163840})
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    expected = modeling.yarn_apply_mscale(text.rope_parameters, 1.0)
+    assert expected > 1.5
+    for config in (text, text.to_dict()):
+      r = rope_from_hf_config(config)
+      assert r.softmax_scale_factor == pytest.approx(expected, rel=1e-12), family
+      # Both rotate the last qk_rope_head_dim dims of [nope | rope] heads (their modeling code's
+      # torch.split(q, [qk_nope_head_dim, qk_rope_head_dim])), in interleaved pairs.
+      assert (r.rotated_slice, r.layout) == ("trailing", "interleaved"), family
+
+
+def test_pretrained_config_object_equals_its_dict():
+  for case in CASES:
+    if case.hf_config is not None:
+      continue
+    _, config = hf_module(case)
+    a = rope_from_hf_config(config, layer_type=case.layer_type)
+    b = rope_from_hf_config(case.config, layer_type=case.layer_type)
+    for field in (
+      "rope_type",
+      "head_dim",
+      "rotary_dim",
+      "layout",
+      "rotated_slice",
+      "original_max_position_embeddings",
+    ):
+      assert getattr(a, field) == getattr(b, field), (case.name, field)
+    np.testing.assert_array_equal(a.inv_freq, b.inv_freq)
+    assert a.attention_factor == b.attention_factor
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+  "config, kwargs, match",
+  [
+    ({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "low_freq_facotr": 1}}, {}, "low_freq_facotr"),
+    ({**LLAMA31, "rope_scaling": {"rope_type": "cubic"}}, {}, "cubic"),
+    ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "alibi": True}, {}, "alibi"),
+    ({"model_type": "bloom", "hidden_size": 64, "n_head": 2}, {}, "no rotary"),
+    ({"model_type": "somefamily", "hidden_size": 64, "num_attention_heads": 2}, {}, "rope_theta"),
+    ({"model_type": "llama", "rope_theta": 1e4}, {}, "hidden_size"),
+    ({**LLAMA31}, {"layer_type": "full_attention"}, "layer_type"),
+    (CASES[-1].config, {}, "layer_type"),
+    (CASES[-1].config, {"layer_type": "local"}, "layer_type"),
+    (
+      {**LLAMA31, "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+      {},
+      "rope_scaling.*rope_parameters",
+    ),
+    ({**LLAMA31, "rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}, {}, "factor.*>= 1.*dynamic"),
+    ({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], "factor": 0.5}}, {}, "factor.*llama3"),
+    # Odd rotary dims name where the head dim comes from and the partial factor.
+    ({**LLAMA31, "hidden_size": 4000}, {}, "rotary dim 125.*hidden_size // num_attention_heads = 4000 // 32"),
+    ({**LLAMA31, "head_dim": 100, "partial_rotary_factor": 0.25}, {}, "rotary dim 25.*'head_dim'.*0.25"),
+    ({**LLAMA31, "partial_rotary_factor": 0.001}, {}, "rotary dim 0.*partial_rotary_factor"),
+    (  # the softmax scale (yarn_apply_mscale) reads factor; transformers raises KeyError
+      {
+        **DEEPSEEK_V3,
+        "rope_scaling": {k: v for k, v in DEEPSEEK_V3["rope_scaling"].items() if k != "factor"},
+      },
+      {},
+      r"missing required keys \[.factor.\]",
+    ),
+  ],
+)
+def test_errors_name_the_key(config, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    rope_from_hf_config(config, **kwargs)
+
+
+def test_type_errors_and_exports():
+  with pytest.raises(TypeError, match="config"):
+    rope_from_hf_config(["llama"])
+  assert "rope_from_hf_config" in jaxpe.__all__ and "HFRope" in jaxpe.__all__
+  assert "gptj" in hf_rope.INTERLEAVED_FAMILIES
+
+
+# ------------------------------------------------------------------ every family transformers ships
+
+
+def _default_rotary_modules():
+  """(model_type, text config, rotary module) for every model type whose default config builds a
+  *RotaryEmbedding from its own modeling file."""
+  import importlib
+  import importlib.util
+  import inspect
+  import warnings
+
+  from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+  for model_type in sorted(CONFIG_MAPPING.keys()):
+    config_cls = CONFIG_MAPPING[model_type]
+    family = config_cls.__module__.split(".")[-2]
+    spec = importlib.util.find_spec(f"transformers.models.{family}.modeling_{family}")
+    if spec is None or "RotaryEmbedding(" not in open(spec.origin, encoding="utf-8").read():
+      continue  # no rotary embedding: skip the (slow) import
+    try:
+      modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except Exception:  # noqa: BLE001 - optional backends (vision, audio) missing
+      continue
+    rotary = [
+      c
+      for n, c in vars(modeling).items()
+      if n.endswith("RotaryEmbedding") and inspect.isclass(c) and c.__module__ == modeling.__name__
+    ]
+    if not rotary:
+      continue
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      config = config_cls()
+      try:
+        config = config.get_text_config()
+      except ValueError:
+        pass
+      for cls in rotary:
+        try:
+          module = cls(config)
+        except Exception:  # noqa: BLE001 - a rotary class for another sub-config
+          continue
+        yield model_type, config, module
+        break
+
+
+def _layout_matches(module, r, layer_type):
+  """jaxpe.apply_rope with r.layout on r's rotated slice equals the family's own
+  apply_rotary_pos_emb(q, k, cos, sin) (or its _interleave variant for MLA families that use it).
+  None when the family's apply function has another signature."""
+  import inspect
+  import sys
+
+  modeling = sys.modules[type(module).__module__]
+  interleave_fn = getattr(modeling, "apply_rotary_pos_emb_interleave", None)
+  mla_interleaved = r.rotated_slice == "trailing" and r.layout == "interleaved" and interleave_fn is not None
+  fn = interleave_fn if mla_interleaved else getattr(modeling, "apply_rotary_pos_emb", None)
+  if fn is None or list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]:
+    return None
+  positions = np.array([[0, 3, 50, 1000]], np.int64)
+  q = np.random.default_rng(0).normal(size=(1, 2, 4, r.head_dim)).astype(np.float32)  # [B, N, T, H]
+  kwargs = {"layer_type": layer_type} if layer_type else {}
+  try:
+    with torch.no_grad():
+      cos, sin = module(torch.zeros(1), torch.from_numpy(positions), **kwargs)
+      hf = fn(torch.from_numpy(q), torch.from_numpy(q), cos, sin)[0].numpy()
+  except (RuntimeError, TypeError, ValueError):  # partial rotary applied outside, mrope sections
+    return None
+  x = jnp.asarray(np.transpose(q, (0, 2, 1, 3)))  # [B, T, N, H]
+  got = jaxpe.apply_rope(
+    x, jnp.asarray(positions, jnp.int32), inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor
+  )
+  got = np.transpose(np.asarray(got), (0, 2, 1, 3))
+  if mla_interleaved:  # transformers returns the interleaved pairs de-interleaved (evens | odds)
+    got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
+  return bool(np.abs(got - hf).max() <= 1e-3 * max(1.0, r.attention_factor))
+
+
+def test_every_family_default_config_matches_or_is_refused():
+  """For every model type transformers 5.24 ships with a rotary embedding (default config, the text
+  config of composite models): rope_from_hf_config either raises ValueError or gives transformers'
+  inv_freq (1e-6 relative, 2.2e-6 for llama3) and attention factor, from the PretrainedConfig and
+  from its to_dict() alike, and where the family's apply_rotary_pos_emb takes (q, k, cos, sin),
+  jaxpe.apply_rope with the returned layout rotates q as it does. Never a silent mismatch."""
+  matched, refused, layouts = [], [], []
+  for model_type, config, module in _default_rotary_modules():
+    layer_types = sorted(module.rope_type) if isinstance(getattr(module, "rope_type", None), dict) else [None]
+    for layer_type in layer_types:
+      name = f"{layer_type}_inv_freq" if layer_type else "inv_freq"
+      if getattr(module, name, None) is None:
+        continue  # GPT-J / CodeGen build a sin/cos table (tested above)
+      inv_hf = getattr(module, name).double().numpy()
+      att_hf = float(
+        getattr(module, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
+      )
+      try:
+        r = rope_from_hf_config(config, layer_type=layer_type)
+      except ValueError as e:
+        refused.append((model_type, str(e)[:60]))
+        continue
+      label = f"{model_type}/{layer_type}"
+      assert r.inv_freq.shape == inv_hf.shape, label
+      rel = np.abs(np.asarray(r.inv_freq, np.float64) - inv_hf) / np.maximum(inv_hf, 1e-30)
+      assert rel.max() <= (2.2e-6 if r.rope_type == "llama3" else 1e-6), (label, rel.max())
+      assert r.attention_factor == pytest.approx(att_hf, rel=1e-12), label
+      from_dict = rope_from_hf_config(config.to_dict(), layer_type=layer_type)
+      np.testing.assert_array_equal(from_dict.inv_freq, r.inv_freq, err_msg=label)
+      assert from_dict.attention_factor == r.attention_factor, label
+      matched.append(label)
+      same_layout = _layout_matches(module, r, layer_type)
+      assert same_layout in (None, True), (label, r.layout)
+      layouts += [label] if same_layout else []
+  print(
+    f"\n{len(matched)} model types / layer types match ({len(layouts)} with the layout checked), "
+    f"{len(refused)} refused: {sorted(set(refused))}"
+  )
+  assert len(matched) >= 230 and len(layouts) >= 200  # 265 and 227 in transformers 5.24
+  for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
+    assert any(m == family or m.startswith(family + "/") for m in matched), family
+
+
+def test_llama4_query_scale_matches_ministral3():
+  """Ministral-3's llama_4_scaling_beta: jaxpe's query_scale equals transformers'
+  get_llama_4_attn_scale."""
+  from transformers.models.ministral3 import modeling_ministral3
+
+  config = transformers.AutoConfig.for_model("ministral3")
+  r = rope_from_hf_config(config)
+  assert r.query_scale_beta == config.rope_parameters["llama_4_scaling_beta"]
+  positions = np.array([[0, 1, 16383, 16384, 16385, 70000, 1_000_000]], np.int64)
+  ref = modeling_ministral3.get_llama_4_attn_scale(
+    torch.from_numpy(positions),
+    r.query_scale_beta,
+    config.rope_parameters["original_max_position_embeddings"],
+  )[:, 0, :, 0]
+  np.testing.assert_allclose(r.query_scale(jnp.asarray(positions, jnp.int32)), ref.numpy(), rtol=1e-6)
+  assert rope_from_hf_config(LLAMA31).query_scale_beta is None
