@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxpe.study.core import StudyInterrupted, load_study_config, model_train_config, run_study
+from jaxpe.study import StudyInterrupted, load_study_config, model_train_config, run_study
 from jaxpe.train import run_guard
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
