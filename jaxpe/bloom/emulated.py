@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from jaxpe.emulation import EmulationPlan, emulation_error_bound, solve_emulation
+from jaxpe.model import Decoder, emulation_theta
 from jaxpe.model.build import build_model, model_params, param_shapes
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder, emulation_theta
 from jaxpe.ops import alibi
 from jaxpe.ops import checks as _checks
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from jaxpe.bloom.config import check_bloom_compatible, hf_config_from
 from jaxpe.bloom.names import Dims, weight_rules
+from jaxpe.model import Decoder
 from jaxpe.model.build import model_params
-from jaxpe.model.decoder import Decoder
 
 __all__ = ["EXPORT_FILES", "save_hf", "to_hf_state_dict", "to_transformers"]
 

@@ -17,9 +17,9 @@ import numpy as np
 from jaxpe.bloom.config import BLOOM_CONTEXT, config_from_hf
 from jaxpe.bloom.names import Dims, weight_rules
 from jaxpe.errors import CheckpointError
+from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, key_listing
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder
 
 __all__ = ["WEIGHT_FILES", "from_hf", "params_from_hf", "read_checkpoint"]
 

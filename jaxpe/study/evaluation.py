@@ -21,9 +21,9 @@ import numpy as np
 from flax import nnx
 
 from jaxpe.emulation import emulation_error_bound
+from jaxpe.model import Decoder, emulation_theta
 from jaxpe.model.build import build_model
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder, emulation_theta
 from jaxpe.ops.alibi import alibi_slopes_f64
 from jaxpe.study.config import StudyConfig, model_train_config
 from jaxpe.train import data

@@ -14,9 +14,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig, TrainConfig
-from jaxpe.model.decoder import Decoder
 from jaxpe.train import checkpoint, trainer
 
 __all__ = ["load_trained", "trained_params"]
