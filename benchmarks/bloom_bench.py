@@ -65,7 +65,7 @@ def bloom_rows(ceil: dict[str, float], *, small: bool, tokens: int = 512, new: i
   import torch
   import transformers
 
-  from jaxpe.bloom import convert as bloom
+  from jaxpe import bloom
   from jaxpe.model.generate import generate
 
   config = dict(BLOOM_560M, **({"n_layer": 2, "vocab_size": 32768} if small else {}))

@@ -33,14 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe import emulation
+from jaxpe import bloom, emulation, study
 from jaxpe.attention import masks
-from jaxpe.bloom import convert as bloom
 from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
 from jaxpe.model.decoder import emulation_theta
 from jaxpe.model.generate import generate
 from jaxpe.ops import alibi, positions, rope
-from jaxpe.study import core as study
 from jaxpe.train import data, trainer
 
 # Public config of bigscience/bloom-560m (shared/DESIGN.md section 4).

@@ -1,27 +1,37 @@
-"""The length-generalisation study: train each encoding, evaluate by position, plot."""
+"""Train short, test long: one small model per positional encoding, evaluated at 1x..8x its training length.
 
-from jaxpe.study.core import (
+Every model is trained by ``jaxpe.train.trainer.train`` on the same data, seed, batch stream, budget
+and architecture; only ``model.pos_encoding`` (and the emulation order) differ. The eval-time RoPE
+scalings (linear interpolation, dynamic NTK, YaRN) reuse the plain ``rope`` model's weights and
+change only ``rope_scaling`` at evaluation. One module per step:
+
+- ``config``: the rows (``ENCODINGS``), ``StudyConfig``, the train and eval ``ModelConfig`` of a row.
+- ``evaluation``: held-out windows and chunks, bits/byte by position, the emulation check.
+- ``report``: table cells, paired differences, ``study.md`` and the plots.
+- ``run``: ``run_study``, from training (or resuming) to the written outputs.
+
+Outputs in ``<workdir>``: ``study.md`` (table, settings, emulation check), ``study.json`` (every
+number, per-window means and per-position curves), ``bits_per_byte.png`` (bits/byte against eval
+length) and ``loss_vs_position.png``. ``load_trained`` / ``trained_params`` (a trained run's latest
+checkpoint) live in ``jaxpe.train.load`` and are re-exported here.
+
+Sources: Press et al., "Train Short, Test Long" (ALiBi, arXiv 2108.12409); linear position
+interpolation (Chen et al., arXiv 2306.15595); dynamic NTK (bloc97/emozilla 2023, HF
+``_compute_dynamic_ntk_parameters``); YaRN (Peng et al., arXiv 2309.00071); xPos (arXiv 2212.10554).
+"""
+
+from jaxpe.study.config import (
   ENCODINGS,
   Encoding,
   StudyConfig,
-  StudyInterrupted,
-  cell,
-  chunks,
-  emulation_check,
   eval_model_config,
-  evaluate,
   load_study_config,
-  load_trained,
-  markdown,
   model_train_config,
-  paired,
-  plot_bits_per_byte,
-  plot_loss_vs_position,
-  run_study,
-  study_windows,
-  token_nll,
-  trained_params,
 )
+from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll
+from jaxpe.study.report import cell, markdown, paired, plot_bits_per_byte, plot_loss_vs_position
+from jaxpe.study.run import StudyInterrupted, run_study
+from jaxpe.train.load import load_trained, trained_params
 
 __all__ = [
   "ENCODINGS",

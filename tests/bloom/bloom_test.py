@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 from flax import nnx  # noqa: E402
 
-from jaxpe.bloom import convert as bloom  # noqa: E402
+from jaxpe import bloom  # noqa: E402
 from jaxpe.model.config import ModelConfig  # noqa: E402
 from jaxpe.model.decoder import Decoder, init_cache  # noqa: E402
 from jaxpe.model.generate import generate  # noqa: E402

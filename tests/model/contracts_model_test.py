@@ -14,7 +14,7 @@ import pydantic
 import pytest
 from flax import nnx
 
-from jaxpe.bloom import convert as bloom
+from jaxpe import bloom
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder, init_cache
 from jaxpe.model.generate import generate

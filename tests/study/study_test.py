@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
+from jaxpe import study
 from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
-from jaxpe.study import core as study
-from jaxpe.train import data, trainer
+from jaxpe.train import checkpoint, data, trainer
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch
   def no_write(directory):
     raise AssertionError(f"load_trained probed {directory} for writing")
 
-  monkeypatch.setattr(study.checkpoint, "check_writable", no_write)
+  monkeypatch.setattr(checkpoint, "check_writable", no_write)
   model = study.load_trained(rope_cfg, model_cfg)
   assert sorted((str(p), p.stat().st_mtime_ns) for p in ckpt.rglob("*")) == before
   windows = np.stack([corpus.eval[s : s + 2 * t + 1] for s in starts]).astype(np.int32)

@@ -20,9 +20,9 @@ import jax
 import pydantic
 import pytest
 
+from jaxpe import study
 from jaxpe.model import config as config_lib
 from jaxpe.model.config import TrainConfig, load_config, parse_overrides
-from jaxpe.study import core as study
 from jaxpe.train import data, memory_check, run_guard, trainer
 
 ROOT = Path(__file__).resolve().parents[2]

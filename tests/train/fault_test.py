@@ -349,7 +349,7 @@ def test_no_intact_checkpoint_is_an_error_naming_each_step(tmp_path, small_check
 
 _READ_ONLY = """
 import sys
-from jaxpe.study import core as study
+from jaxpe import study
 from jaxpe.model.config import load_config
 params = study.trained_params(load_config(sys.argv[1], sys.argv[2:]))
 print(len(params), "arrays")

@@ -1,0 +1,181 @@
+"""The study's configuration: its rows (``ENCODINGS``), ``StudyConfig`` and its YAML loader, and the
+``ModelConfig`` each row trains and evaluates with.
+
+Every model shares the data, seed, batch stream, budget and architecture; only ``model.pos_encoding``
+(and the emulation order) differ. The eval-time RoPE scalings (linear interpolation, dynamic NTK,
+YaRN) reuse the plain ``rope`` model's weights and change only ``rope_scaling`` at evaluation, as
+they are used in practice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from jaxpe.model.config import (
+  ModelConfig,
+  TrainConfig,
+  _merge,
+  load_yaml_file,
+  parse_overrides,
+  with_data_path,
+)
+
+__all__ = [
+  "ENCODINGS",
+  "Encoding",
+  "StudyConfig",
+  "eval_model_config",
+  "load_study_config",
+  "model_train_config",
+]
+
+
+@dataclass(frozen=True)
+class Encoding:
+  """One row of the study.
+
+  ``model``: ModelConfig keys set for training (besides the shared architecture); ``base``: the
+  encoding whose trained weights this row evaluates (itself when None); ``scaling``: the RoPE
+  scaling applied only at evaluation (``linear``, ``dynamic`` or ``yarn``), at lengths above 1x.
+  """
+
+  label: str
+  model: dict[str, Any] = field(default_factory=dict)
+  base: str | None = None
+  scaling: str | None = None
+
+
+ENCODINGS: dict[str, Encoding] = {
+  "none": Encoding("none (NoPE)", {"pos_encoding": "none"}),
+  "learned": Encoding("learned", {"pos_encoding": "learned"}),
+  "sinusoidal": Encoding("sinusoidal", {"pos_encoding": "sinusoidal"}),
+  "rope": Encoding("rope", {"pos_encoding": "rope"}),
+  "rope_linear": Encoding("rope + linear interpolation (eval)", base="rope", scaling="linear"),
+  "rope_dynamic": Encoding("rope + dynamic NTK (eval)", base="rope", scaling="dynamic"),
+  "rope_yarn": Encoding("rope + YaRN (eval)", base="rope", scaling="yarn"),
+  "xpos": Encoding("xpos", {"pos_encoding": "xpos"}),
+  "alibi": Encoding("alibi", {"pos_encoding": "alibi"}),
+  "rope_alibi_k1": Encoding("rope_alibi k=1", {"pos_encoding": "rope_alibi", "rope_alibi_order": 1}),
+  "rope_alibi_k2": Encoding("rope_alibi k=2", {"pos_encoding": "rope_alibi", "rope_alibi_order": 2}),
+}
+"""Study rows by name, in table order."""
+
+
+class StudyConfig(pydantic.BaseModel):
+  """A study: the shared training run (``train``), the encodings and the evaluation.
+
+  ``train.workdir`` and ``train.model.pos_encoding`` are set per model (``<workdir>/models/<name>``);
+  ``train.model.max_len`` is set to ``train.seq_len`` (the learned table covers the training length
+  only) and ``rope_alibi_context`` to the longest eval length.
+  """
+
+  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+
+  workdir: str = "runs/study"
+  encodings: tuple[str, ...] = tuple(ENCODINGS)
+  eval_multiples: tuple[int, ...] = (1, 2, 4, 8)
+  eval_windows: int = pydantic.Field(32, gt=1, description="W held-out windows of the longest length")
+  eval_batch_size: int = pydantic.Field(8, gt=0, description="chunks per evaluation forward pass")
+  train: TrainConfig = TrainConfig()
+
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _lists_to_tuples(cls, raw: Any) -> Any:
+    if isinstance(raw, dict):
+      raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+      if isinstance(raw.get("train"), dict) and isinstance(raw["train"].get("mesh_shape"), list):
+        raw["train"] = {**raw["train"], "mesh_shape": tuple(raw["train"]["mesh_shape"])}
+    return raw
+
+  @pydantic.model_validator(mode="after")
+  def _check(self) -> StudyConfig:
+    unknown = [e for e in self.encodings if e not in ENCODINGS]
+    if unknown or not self.encodings or len(set(self.encodings)) != len(self.encodings):
+      raise ValueError(f"encodings must be distinct names from {list(ENCODINGS)}, got {list(self.encodings)}")
+    m = self.eval_multiples
+    if not m or m[0] != 1 or any(b <= a or b % a for a, b in zip(m, m[1:])):
+      raise ValueError(
+        f"eval_multiples must start at 1, increase, and each divide the next (e.g. [1, 2, 4, 8]), got {list(m)}"
+      )
+    return self
+
+  @property
+  def longest(self) -> int:
+    """Longest eval length in tokens (``max(eval_multiples) * train.seq_len``)."""
+    return self.eval_multiples[-1] * self.train.seq_len
+
+
+def load_study_config(
+  path: str | Path, overrides: list[str] = (), *, data_path: str | None = None, unique_overrides: bool = False
+) -> StudyConfig:
+  """Reads a study YAML and applies ``key=value`` overrides (dotted keys, YAML values, e.g.
+  ``train.num_steps=50`` or ``encodings=[rope,alibi]``) and ``data_path``.
+
+  Args:
+    path: the study YAML.
+    overrides: ``key=value`` strings (``jaxpe.model.config.parse_overrides``), applied over the file.
+    data_path: ``--data``: sets ``train.data.path`` verbatim (never YAML-parsed); cannot be combined
+      with a ``train.data.path=`` override.
+    unique_overrides: refuse a key given twice in ``overrides`` (the command line); else a later
+      override replaces an earlier one.
+
+  Raises:
+    FileNotFoundError: ``path`` or ``data_path`` does not exist.
+    ValueError: unknown keys, wrong types or values (pydantic's ``ValidationError``); a file that is
+      not UTF-8, not valid YAML or gives a key twice (named with the line); a bad override.
+  """
+  raw = load_yaml_file(path, "study config")
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  extra = parse_overrides(list(overrides), unique=unique_overrides)
+  train_extra = extra.get("train") if isinstance(extra.get("train"), dict) else {}
+  if data_path is not None and isinstance(train_extra.get("data"), dict) and "path" in train_extra["data"]:
+    raise ValueError("--data and the override train.data.path= both set the data path; give one")
+  raw = with_data_path(_merge(raw, extra), data_path, section=("train",))
+  return StudyConfig.model_validate(raw)
+
+
+def model_train_config(study: StudyConfig, name: str) -> TrainConfig:
+  """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings).
+
+  Raises:
+    KeyError: unknown name.
+  """
+  enc = ENCODINGS[name]
+  name = enc.base or name
+  raw = study.train.model_dump(mode="python")
+  model = {**raw["model"], "max_len": study.train.seq_len, "rope_scaling": None, **ENCODINGS[name].model}
+  if model["pos_encoding"] == "rope_alibi":
+    model["rope_alibi_context"] = study.longest
+  raw.update(model=model, workdir=str(Path(study.workdir) / "models" / name))
+  return TrainConfig.model_validate(raw)
+
+
+def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConfig | None:
+  """The ``ModelConfig`` evaluating encoding ``name`` at ``multiple`` x the training length, or None
+  where it cannot run (learned positions beyond their table).
+
+  ``max_len`` becomes the eval length (it only sets xPos's offset, which cancels in q.k). Eval-time
+  scalings at m > 1: ``linear`` factor m; ``dynamic`` factor 1 with the training length as
+  ``original_max_position_embeddings`` (base x m^(R/(R-2)) at length m T); ``yarn`` factor m over the
+  training length (HF defaults beta_fast 32, beta_slow 1, attention factor 0.1 ln m + 1). At 1x they
+  are the plain rope model.
+  """
+  base = model_train_config(study, name).model
+  length = multiple * study.train.seq_len
+  if base.pos_encoding == "learned" and length > base.max_len:
+    return None
+  update: dict[str, Any] = {"max_len": max(length, base.max_len)}
+  scaling = ENCODINGS[name].scaling
+  if scaling is not None and multiple > 1:
+    t = study.train.seq_len
+    update["rope_scaling"] = {
+      "linear": {"rope_type": "linear", "factor": float(multiple)},
+      "dynamic": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": t},
+      "yarn": {"rope_type": "yarn", "factor": float(multiple), "original_max_position_embeddings": t},
+    }[scaling]
+  return ModelConfig.model_validate({**base.model_dump(mode="python"), **update})

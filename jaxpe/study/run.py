@@ -1,0 +1,157 @@
+"""The study from start to finish: train (or resume) each model, evaluate each row, write the outputs.
+
+Each model trains in its own workdir ``<workdir>/models/<name>``, so the trainer's checkpoints make a
+killed study resume the model it was training, and a finished model (``summary.json`` at
+``num_steps``) is not trained again; evaluations are cached next to the checkpoints
+(``eval_<name>.json``, keyed by everything they depend on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxpe.model.build import build_model
+from jaxpe.model.config import TrainConfig
+from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_train_config
+from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
+from jaxpe.study.report import markdown, paired, plot_bits_per_byte, plot_loss_vs_position
+from jaxpe.train import trainer
+from jaxpe.train.load import trained_params
+
+__all__ = ["StudyInterrupted", "run_study"]
+
+
+class StudyInterrupted(RuntimeError):
+  """A model's training stopped before ``num_steps``; rerunning the study resumes it."""
+
+
+def _key(*parts: Any) -> str:
+  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
+  """The run's ``summary.json`` when it reached ``num_steps``, else None."""
+  path = Path(cfg.workdir) / "summary.json"
+  summary = _read_json(path, "the model is resumed from its checkpoints, which rewrites it")
+  if summary is None or not isinstance(summary.get("step"), int):
+    return None
+  length = summary.get("num_steps") or cfg.num_steps
+  return summary if isinstance(length, int) and summary["step"] >= length else None
+
+
+def _read_json(path: Path, then: str) -> dict[str, Any] | None:
+  """The JSON object in ``path``; None when there is no file, or (with a warning naming the file, the
+  reason and what happens ``then``) when it cannot be read or is not a JSON object."""
+  if not path.is_file():
+    return None
+  try:
+    value = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    print(
+      f"[study] warning: cannot read {path} ({type(e).__name__}: {e}); {then}", file=sys.stderr, flush=True
+    )
+    return None
+  if not isinstance(value, dict):
+    print(f"[study] warning: {path} holds no JSON object; {then}", file=sys.stderr, flush=True)
+    return None
+  return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
+  """Trains (or resumes) every model, evaluates every row and writes the outputs to ``study.workdir``.
+
+  A model whose run reached ``train.num_steps`` is not trained again; an interrupted one resumes
+  from its last checkpoint (``jaxpe.train.trainer.train``). Evaluations are cached per row in the model's
+  workdir and recomputed only when the model, data, windows or eval lengths change.
+
+  Returns:
+    The ``study.json`` dict: ``results[name][str(multiple)]`` is an ``evaluate`` dict, or None where
+    the row cannot run at that length; ``models[name]`` says whether it was trained in this process.
+
+  Raises:
+    StudyInterrupted: a model stopped before ``num_steps`` (``stop_at``, ``max_seconds``, a signal);
+      nothing is evaluated or written, and a rerun resumes it.
+    ValueError: held-out data too small for the windows, or any ``trainer.train`` error.
+  """
+  start = time.time()
+  out = Path(study.workdir)
+  out.mkdir(parents=True, exist_ok=True)
+  windows = study_windows(study)
+  results: dict[str, dict[str, Any]] = {}
+  models: dict[str, dict[str, Any]] = {}
+  for name in study.encodings:
+    cfg = model_train_config(study, name)
+    base = ENCODINGS[name].base or name
+    if base not in models:
+      summary = _finished(cfg)
+      trained_now = summary is None
+      if trained_now:
+        print(f"[study] training {base} in {cfg.workdir}", flush=True)
+        summary = trainer.train(cfg, progress=progress).__dict__
+        length = summary.get("num_steps") or cfg.num_steps  # the schedule (fitted to max_seconds)
+        if summary["step"] < length:
+          raise StudyInterrupted(
+            f"model {base!r} stopped at step {summary['step']} of {length}; rerun the same command to "
+            f"resume it from {cfg.workdir}/checkpoints (stopped by stop_at, max_seconds or a signal)"
+          )
+      models[base] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}
+    cache_path = Path(cfg.workdir) / f"eval_{name}.json"
+    key = _key(
+      cfg.model_dump(mode="json"),
+      models[base]["step"],
+      hashlib.sha256(windows.tobytes()).hexdigest(),
+      study.eval_multiples,
+      ENCODINGS[name].scaling,
+    )
+    cached = _read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
+    if cached.get("key") == key and isinstance(cached.get("results"), dict):
+      results[name] = cached["results"]
+      continue
+    row: dict[str, Any] = {}
+    params = trained_params(cfg)
+    for m in study.eval_multiples:
+      mcfg = eval_model_config(study, name, m)
+      if mcfg is None:
+        row[str(m)] = None
+        continue
+      print(f"[study] evaluating {name} at {m}x ({m * study.train.seq_len} bytes)", flush=True)
+      row[str(m)] = evaluate(
+        build_model(mcfg, params), windows, m * study.train.seq_len, study.eval_batch_size
+      )
+    _write_atomic(cache_path, json.dumps({"key": key, "results": row}))
+    results[name] = row
+  emu = emulation_check(study, windows) if "alibi" in study.encodings else []
+  ref = "rope" if "rope" in study.encodings else study.encodings[0]
+  report = {
+    "config": study.model_dump(mode="json"),
+    "eval_lengths": [m * study.train.seq_len for m in study.eval_multiples],
+    "models": models,
+    "results": results,
+    "paired_reference": ref,
+    "paired": paired(results, ref),
+    "emulation_check": emu,
+    "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
+    f"{jax.devices()[0].platform})",
+    "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    "wall_seconds_this_process": time.time() - start,
+  }
+  _write_atomic(out / "study.json", json.dumps(report, indent=1))
+  _write_atomic(out / "study.md", markdown(study, report))
+  plot_bits_per_byte(study, report, out / "bits_per_byte.png")
+  plot_loss_vs_position(study, report, out / "loss_vs_position.png")
+  return report
