@@ -213,8 +213,6 @@ PENDING = {
   "jaxpe/model/encodings/",
   "jaxpe/model/encodings/base.py",
   "jaxpe/model/encodings/__init__.py",
-  "jaxpe/attention/backends.py",
-  "jaxpe/attention/fused.py",
 }
 
 PATH = re.compile(r"(?<![\w/.])((?:tests|jaxpe|benchmarks|train|configs|docs|\.ci)/[\w/.*-]*[\w*/])")
