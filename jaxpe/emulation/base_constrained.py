@@ -31,6 +31,7 @@ from jaxpe.emulation.checks import (
 )
 from jaxpe.emulation.solver import emulation_theta, solve_emulation
 from jaxpe.ops import checks as _checks
+from jaxpe.ops.layouts import REQUIRED, check_layout
 from jaxpe.ops.rope import rope_inv_freq
 
 
@@ -104,7 +105,7 @@ def solve_base_constrained(
   max_len: int,
   max_phase: float | None = None,
   target_error: float | None = None,
-  layout: str = "interleaved",
+  layout: str = REQUIRED,
   dtype="float32",
 ) -> BaseConstrainedPlan:
   """Emulation for a RoPE engine whose only controls are a base and a rotary block.
@@ -125,14 +126,16 @@ def solve_base_constrained(
     max_phase: wanted largest phase (radians, in (0, pi/2)): wanted theta <= max_phase / max_len.
     target_error: error in logits: wanted theta <= the solver's theta for this error; also sets
       ``max_context`` / ``base_needed``.
-    layout: the engine's pair layout: ``"interleaved"`` (pair r = dims 2r, 2r+1) or ``"half"``
-      (dims r, r + R/2).
+    layout: the engine's pair layout, required (no default, as for ``apply_rope``: the wrong one
+      gives wrong scores without an error): ``"interleaved"`` (pair r = dims 2r, 2r+1; Meta's
+      llama, EasyLM) or ``"half"`` (dims r, r + R/2; HF transformers' ``rotate_half``, GPT-NeoX).
     dtype: dtype carrying the emulation dims (float32 = the policy).
 
   Returns:
     A ``BaseConstrainedPlan``.
 
   Raises:
+    TypeError: ``layout`` not given.
     ValueError: neither max_phase nor target_error; odd or too small rotary_dim; base <= 1; bad
       layout; the chosen frequency makes the phase reach pi/2 within max_len (message gives the
       longest usable context and the base that would be needed); amplitude overflow.
@@ -146,6 +149,8 @@ def solve_base_constrained(
   base = _checks.check_positive_float("base", base)
   if base <= 1.0:
     raise ValueError(f"base must be > 1 (frequencies base^(-2r/R) must fall with r), got {base}")
+  if layout is REQUIRED:
+    check_layout(layout, "solve_base_constrained")
   if layout not in ("interleaved", "half"):
     raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
   dtype = dtype_name(dtype)

@@ -291,6 +291,7 @@ def base_constrained_table(
         max_len=context,
         max_phase=max_phase,
         target_error=target_error,
+        layout="interleaved",
       )
     except ValueError as err:
       rows.append(f"| {context} | - | - | - | refused: {err} | - | - |")

@@ -93,6 +93,7 @@ def test_base_constrained_base_10000_achieves_its_prediction(layout):
     max_len=length,
     max_phase=0.1,
     target_error=0.05,
+    layout="interleaved",
   )
   assert again.max_context >= length and again.base_needed is None
 
@@ -101,7 +102,7 @@ def test_base_constrained_picks_the_largest_frequency_below_the_wanted_one():
   wanted = 0.1 / 64
   for base, length in [(1e6, 64), (10.0, 8)]:
     plan = emulation.solve_base_constrained(
-      num_heads=2, head_dim=8, rotary_dim=16, base=base, max_len=length, max_phase=0.1
+      num_heads=2, head_dim=8, rotary_dim=16, base=base, max_len=length, max_phase=0.1, layout="interleaved"
     )
     freqs = base ** (-np.arange(0, 16, 2) / 16)
     wanted = 0.1 / length

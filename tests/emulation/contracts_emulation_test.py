@@ -16,6 +16,7 @@ import pytest
 from jaxpe import emulation
 from jaxpe.emulation import bf16_exact
 from jaxpe.emulation import report as emulation_report
+from jaxpe.ops.layouts import REQUIRED
 
 H = 8
 nan, inf = float("nan"), float("inf")
@@ -26,7 +27,9 @@ def _rand(*shape, dtype=jnp.float32):
   return jnp.asarray(np.random.default_rng(9).normal(size=shape), dtype)
 
 
-PLAN = emulation.solve_base_constrained(SLOPES, head_dim=H, rotary_dim=8, max_len=8, max_phase=0.1)
+PLAN = emulation.solve_base_constrained(
+  SLOPES, head_dim=H, rotary_dim=8, max_len=8, max_phase=0.1, layout="interleaved"
+)
 EMUL_Q, EMUL_K = _rand(1, 8, 2, 4), _rand(1, 8, 1, 4)
 EPOS = jnp.arange(8, dtype=jnp.int32)[None]
 
@@ -61,7 +64,7 @@ EMULATION_ENTRY = {
   ),
   "solve_base_constrained": _kw(
     emulation.solve_base_constrained,
-    dict(slopes=[0.5, 0.25], head_dim=4, rotary_dim=8, max_len=8, max_phase=0.1),
+    dict(slopes=[0.5, 0.25], head_dim=4, rotary_dim=8, max_len=8, max_phase=0.1, layout="interleaved"),
   ),
   "pad_head_dim": lambda **kw: emulation.pad_head_dim(**(dict(x=EMUL_Q) | kw)),
   "apply_rope_alibi": _rope,
@@ -220,6 +223,13 @@ EMULATION_ROWS = [
     r"layout must be 'interleaved' or 'half'",
   ),
   ("solve_base_constrained", "max_len", dict(max_len=10**6), ValueError, r"raise the base"),
+  (
+    "solve_base_constrained",
+    "layout",
+    dict(layout=REQUIRED),
+    TypeError,
+    r"missing required keyword argument 'layout'",
+  ),
   ("solve_base_constrained", "max_phase", dict(max_phase=None), ValueError, r"give max_phase"),
   ("solve_base_constrained", "target_error", dict(target_error=-1), ValueError, r"target_error must be"),
   ("pad_head_dim", "multiple", dict(multiple=0), ValueError, r"multiple must be a positive integer"),

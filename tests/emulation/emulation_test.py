@@ -356,8 +356,10 @@ def test_op_rejects_bad_input():
   with pytest.raises(ValueError, match="multiple must be a positive integer"):
     emulation.pad_head_dim(q, multiple=0)
   with pytest.raises(ValueError, match="rotary_dim must be even"):
-    emulation.solve_base_constrained(num_heads=2, head_dim=8, rotary_dim=7, max_len=64, max_phase=0.1)
+    emulation.solve_base_constrained(
+      num_heads=2, head_dim=8, rotary_dim=7, max_len=64, max_phase=0.1, layout="interleaved"
+    )
   with pytest.raises(ValueError, match="raise the base"):
     emulation.solve_base_constrained(
-      num_heads=2, head_dim=8, rotary_dim=4, base=10.0, max_len=4096, max_phase=0.1
+      num_heads=2, head_dim=8, rotary_dim=4, base=10.0, max_len=4096, max_phase=0.1, layout="interleaved"
     )
