@@ -398,7 +398,7 @@ def test_a_failed_run_prints_exactly_its_one_line_while_background_threads_raise
   env = dict(os.environ, PYTHONPATH="")
   for _ in range(10):
     proc = subprocess.run(
-      [sys.executable, str(script), str(ROOT / "jaxpe" / "run_guard.py")],
+      [sys.executable, str(script), str(ROOT / "jaxpe" / "train" / "run_guard.py")],
       capture_output=True,
       text=True,
       timeout=60,
