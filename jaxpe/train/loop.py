@@ -170,9 +170,11 @@ class _Training:
     self.target = run.schedule_steps if cfg.stop_at is None else min(run.schedule_steps, cfg.stop_at)
 
   def evaluate(self) -> float:
+    """Held-out bits per byte of the current state."""
     return evaluation.evaluate(self.eval_step, self.run.state, self.eval_set, self.batch_sharding)
 
   def save(self) -> None:
+    """Checkpoints the current step with what a resume needs (position, schedule, config, data)."""
     run = self.run
     meta = {
       "step": run.step,
