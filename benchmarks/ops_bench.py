@@ -276,7 +276,7 @@ def _model_and_batch(cfg, *, batch: int, seq: int):
 
   from jaxpe.model.config import TrainConfig
   from jaxpe.model.decoder import Decoder
-  from jaxpe.train.trainer import make_optimizer
+  from jaxpe.train.optimizer import make_optimizer
 
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   opt = nnx.Optimizer(model, make_optimizer(TrainConfig(model=cfg)), wrt=nnx.Param)
@@ -294,7 +294,7 @@ def train_step_cost(
   from flax import nnx
 
   from jaxpe.model.config import ModelConfig
-  from jaxpe.train.trainer import next_token_loss
+  from jaxpe.train.steps import next_token_loss
 
   cfg = model_cfg or ModelConfig()
   model, graphdef, state, tokens = _model_and_batch(cfg, batch=batch, seq=seq)
@@ -325,7 +325,7 @@ def step_breakdown(model_cfg, *, batch: int, seq: int, repeats: int = 3) -> dict
   from flax import nnx
 
   from jaxpe.attention import kernels
-  from jaxpe.train.trainer import next_token_loss
+  from jaxpe.train.steps import next_token_loss
 
   cfg = model_cfg
   model, graphdef, state, tokens = _model_and_batch(cfg, batch=batch, seq=seq)

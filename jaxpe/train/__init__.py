@@ -1,3 +1,4 @@
-"""Training: the run configuration, trainer, train/eval steps, mesh sharding, checkpoints, data,
-pacing and the run guard. Import the modules (``from jaxpe.train import trainer``); this package
-imports nothing itself, so ``jaxpe.train.data`` does not load Flax."""
+"""Training: the run configuration, the trainer (``trainer.train``) and its parts (``optimizer``,
+``steps``, ``state``, ``loop``, ``evaluation``, ``run_checks``, ``run_files``, ``run_log``), mesh
+sharding, checkpoints, data, pacing and the run guard. Import the modules (``from jaxpe.train import
+trainer``); this package imports nothing itself, so ``jaxpe.train.data`` does not load Flax."""

@@ -1,8 +1,9 @@
-"""The optimizer, the loss and one training step as plain functions (no ``TrainConfig`` needed).
+"""The loss and one training or evaluation step as plain functions (no ``TrainConfig`` needed).
 
-``jaxpe.trainer`` builds its run from these; other projects can use them directly::
+``jaxpe.train.trainer`` builds its run from these and ``jaxpe.train.optimizer``; other projects can
+use them directly::
 
-    tx = make_optimizer(3e-3, num_steps=1000, warmup_steps=100)
+    tx = make_optimizer(3e-3, num_steps=1000, warmup_steps=100)  # jaxpe.train.optimizer
     model = Decoder(ModelConfig(), rngs=nnx.Rngs(0))
     graphdef, state = nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
     train_step = make_train_step(graphdef)
@@ -23,72 +24,6 @@ import optax
 from flax import nnx
 
 from jaxpe.train import sharding
-
-
-def decay_mask(params):
-  """Weight-decay mask for a parameter pytree (an ``nnx.State`` or nested dicts of arrays).
-
-  True for kernels and embeddings (rank >= 2 and not named ``bias`` or ``scale``); False for
-  biases of any rank (per-head q/k/v biases are ``[N, H]``) and LayerNorm scales/biases. The same
-  leaves are decayed in the ``scan_layers`` layout (every rank-1 block parameter is a bias or a
-  scale, so the stacked ``[L, ...]`` axis changes no decision).
-  """
-
-  def decay(path, x) -> bool:
-    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-    return jnp.ndim(x) >= 2 and (not names or names[-1] not in ("bias", "scale"))
-
-  return jax.tree_util.tree_map_with_path(decay, params)
-
-
-def make_optimizer(
-  learning_rate: float,
-  *,
-  num_steps: int,
-  warmup_steps: int = 0,
-  min_lr_ratio: float = 0.1,
-  weight_decay: float = 0.1,
-  b1: float = 0.9,
-  b2: float = 0.95,
-  grad_clip: float = 1.0,
-) -> optax.GradientTransformation:
-  """AdamW with linear warmup, cosine decay to ``min_lr_ratio * learning_rate``, global-norm
-  clipping at ``grad_clip``.
-
-  Decoupled weight decay (``weight_decay``, per step, multiplied by the learning rate) applies only
-  where ``decay_mask`` is True. Learning rates are per optimizer step: 0 at step 0, the peak
-  ``learning_rate`` after ``warmup_steps`` steps, ``min_lr_ratio * learning_rate`` at
-  ``num_steps`` (the decay length includes the warmup). Source: Loshchilov & Hutter, arXiv
-  1711.05101 (AdamW); ``optax.warmup_cosine_decay_schedule``.
-
-  Raises:
-    ValueError: a non-positive ``learning_rate``/``num_steps``/``grad_clip``, a negative
-      ``warmup_steps``/``weight_decay``, ``min_lr_ratio`` outside [0, 1] or betas outside [0, 1).
-  """
-  checks = (
-    ("learning_rate", learning_rate, learning_rate > 0, "> 0"),
-    ("num_steps", num_steps, num_steps > 0, "> 0"),
-    ("warmup_steps", warmup_steps, warmup_steps >= 0, ">= 0"),
-    ("min_lr_ratio", min_lr_ratio, 0 <= min_lr_ratio <= 1, "in [0, 1]"),
-    ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
-    ("b1", b1, 0 <= b1 < 1, "in [0, 1)"),
-    ("b2", b2, 0 <= b2 < 1, "in [0, 1)"),
-    ("grad_clip", grad_clip, grad_clip > 0, "> 0"),
-  )
-  for name, value, ok, accepted in checks:
-    if not ok:
-      raise ValueError(f"{name} must be {accepted}, got {value}")
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=learning_rate,
-    warmup_steps=warmup_steps,
-    decay_steps=max(num_steps, warmup_steps + 1),  # includes the warmup
-    end_value=learning_rate * min_lr_ratio,
-  )
-  return optax.chain(
-    optax.clip_by_global_norm(grad_clip),
-    optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask),
-  )
 
 
 def next_token_loss(model: Callable[[jax.Array], jax.Array], batch: jax.Array) -> jax.Array:

@@ -23,7 +23,7 @@ import pytest
 from jaxpe import study
 from jaxpe.model import config as config_lib
 from jaxpe.model.config import TrainConfig, load_config, parse_overrides
-from jaxpe.train import data, memory_check, run_guard, trainer
+from jaxpe.train import data, memory_check, run_files, run_guard, trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -327,14 +327,14 @@ def test_a_data_directory_is_read_by_content_reported_and_a_deleted_workdir_stop
     (corpus / name).write_bytes(text[i * 6000 : (i + 1) * 6000])
   (corpus / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 10)
   workdir = tmp_path / "run"
-  batch = trainer.data.train_batch
+  batch = data.train_batch
 
   def delete_after_step_1(*args, step, **kwargs):
     if step == 1:  # the batch of step 2: step 1 is written
       shutil.rmtree(workdir)
     return batch(*args, step=step, **kwargs)
 
-  monkeypatch.setattr(trainer.data, "train_batch", delete_after_step_1)
+  monkeypatch.setattr(data, "train_batch", delete_after_step_1)
   argv = ["--config", TINY, "--data", str(corpus), f"workdir={workdir}", "num_steps=3", "sample_len=0"]
   argv += [
     "seq_len=16",
@@ -396,7 +396,7 @@ def test_a_failed_run_prints_exactly_its_one_line_while_background_threads_raise
   env = dict(os.environ, PYTHONPATH="")
   for _ in range(10):
     proc = subprocess.run(
-      [sys.executable, str(script), str(ROOT / "jaxpe" / "run_guard.py")],
+      [sys.executable, str(script), str(ROOT / "jaxpe" / "train" / "run_guard.py")],
       capture_output=True,
       text=True,
       timeout=60,
@@ -453,7 +453,7 @@ def test_a_workdir_holding_other_files_is_refused_and_nothing_is_overwritten(tmp
     message = r"workdir '.*w/sub': its parent '.*w' is a file, not a directory"
   else:
     work.mkdir()
-    before = {work / n: f"USER {n}" for n in (*trainer.RUN_FILES, "notes.txt")}
+    before = {work / n: f"USER {n}" for n in (*run_files.RUN_FILES, "notes.txt")}
     message = r"workdir '.*w' holds config\.json, metrics\.jsonl, summary\.json, loss\.png but no jaxpe run"
   for path, text in before.items():
     path.write_text(text)

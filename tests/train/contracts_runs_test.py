@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from jaxpe.model.config import DistributedConfig, load_config
-from jaxpe.train import data, run_guard, sharding, trainer
+from jaxpe.train import data, loop, run_guard, sharding
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "train" / "train.py")
@@ -173,8 +173,8 @@ def test_agree_on_stop_never_loses_or_overwrites_a_signal(monkeypatch, mine, gat
   stop = run_guard.StopRequest()
   stop.signum = mine
   monkeypatch.setattr(jax, "process_count", lambda: 2)
-  monkeypatch.setattr(trainer.multihost_utils, "process_allgather", lambda x: np.asarray(gathered, np.int32))
-  assert trainer._agree_on_stop(stop) is stops
+  monkeypatch.setattr(loop.multihost_utils, "process_allgather", lambda x: np.asarray(gathered, np.int32))
+  assert loop.agree_on_stop(stop) is stops
   assert stop.signum == signum and stop.from_process == origin
 
 

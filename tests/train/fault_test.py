@@ -23,7 +23,8 @@ import pydantic
 import pytest
 
 from jaxpe.model.config import load_config
-from jaxpe.train import checkpoint, run_guard, sharding, trainer
+from jaxpe.train import checkpoint, data, loop, run_checks, run_files, run_guard, sharding, trainer
+from jaxpe.train import state as state_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "train" / "train.py")
@@ -330,7 +331,7 @@ def test_a_checkpoint_with_nonfinite_values_counts_as_damaged(tmp_path, small_ch
   with checkpoint.manager(directory) as mngr:
     nan = {"w": jax.numpy.full((128, 64), jax.numpy.nan), "count": jax.numpy.int32(6)}
     checkpoint.save(mngr, 6, nan, {"step": 6})
-  _, meta = _restore_small(directory, base, check_state=trainer._nonfinite_reason)
+  _, meta = _restore_small(directory, base, check_state=state_lib.nonfinite_reason)
   assert meta["step"] == 4 and "step 6 in" in caplog.text and "holds non-finite values" in caplog.text
 
 
@@ -407,13 +408,11 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed(tmp_path, saved_run,
   run = tmp_path / "run"
   shutil.copytree(saved_run, run)
   cfg = _cfg(run, text_file)
-  corpus = trainer.data.load_corpus(
-    text_file, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction
-  )
+  corpus = data.load_corpus(text_file, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   meta_file = run / "checkpoints" / "4" / "meta" / "metadata"
   meta = json.loads(meta_file.read_text())
-  assert meta["data_fingerprint"] == trainer.data.fingerprint(corpus)  # it travels
-  other = trainer.data.fingerprint(trainer.data.Corpus(corpus.train[7:], corpus.eval, 1))
+  assert meta["data_fingerprint"] == data.fingerprint(corpus)  # it travels
+  other = data.fingerprint(data.Corpus(corpus.train[7:], corpus.eval, 1))
   meta_file.write_text(json.dumps({**meta, "data_fingerprint": other}))  # as if trained on other bytes
   config_json = (run / "config.json").read_text()
   with pytest.raises(ValueError) as refused:
@@ -440,7 +439,7 @@ def test_metrics_lines_that_do_not_parse_are_skipped_with_a_warning(tmp_path, ca
     b'{"step": 2, "loss": "x"}\n{"step": true, "loss": 1.0}\n{"step": 2, "loss": 1.0, "tokens_per_second": null}\n'
     b'{"step": 3, "loss": 1.0}\n{"step": 4, "loss": 0.5}\n'
   )
-  kept = trainer._truncate_metrics(path, 3)
+  kept = run_files.truncate_metrics(path, 3)
   assert [r["step"] for r in kept] == [1, 3]
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 3]
   assert f"{path} line 2 is not a metrics record" in caplog.text
@@ -455,7 +454,7 @@ def test_config_json_that_is_not_a_json_object_is_ignored_with_a_warning(tmp_pat
   # '[]' with an AttributeError traceback.
   path = tmp_path / "config.json"
   path.write_bytes(content)
-  assert trainer._read_saved_config(path) is None
+  assert run_files.read_saved_config(path) is None
   assert f"ignoring {path}: it is not a valid JSON object" in caplog.text
 
 
@@ -463,12 +462,12 @@ def test_a_saved_config_that_is_not_a_mapping_is_refused_naming_its_source(tmp_p
   cfg = _cfg(tmp_path, text_file)
   for saved in ([1, 2], "[1, 2]", None):
     with pytest.raises(ValueError, match=r"config saved in the checkpoint of step 4 is not a mapping"):
-      trainer.check_resume_config(saved, cfg, source="the checkpoint of step 4")
+      run_checks.check_resume_config(saved, cfg, source="the checkpoint of step 4")
 
 
 def test_skip_nonfinite_skips_bad_batches_up_to_its_limit_across_resumes(tmp_path, text_file, monkeypatch):
   # Batches whose first token is 255 (never in the ASCII corpus) get a NaN loss; steps 3 and 5 have them.
-  real_batch, real_loss = trainer.data.train_batch, trainer.next_token_loss
+  real_batch, real_loss = data.train_batch, loop.next_token_loss
 
   def train_batch(tokens, *, step, **kw):
     batch = real_batch(tokens, step=step, **kw)
@@ -480,8 +479,8 @@ def test_skip_nonfinite_skips_bad_batches_up_to_its_limit_across_resumes(tmp_pat
   def loss(model, batch):
     return jax.numpy.where(batch[0, 0] == 255, jax.numpy.nan, real_loss(model, batch))
 
-  monkeypatch.setattr(trainer.data, "train_batch", train_batch)
-  monkeypatch.setattr(trainer, "next_token_loss", loss)
+  monkeypatch.setattr(data, "train_batch", train_batch)
+  monkeypatch.setattr(loop, "next_token_loss", loss)
   run = tmp_path / "run"
   cfg = _cfg(run, text_file, "num_steps=6", "skip_nonfinite=1")
   with pytest.raises(
@@ -537,7 +536,7 @@ def test_command_line_reports_a_corpus_of_one_repeated_byte(tmp_path, monkeypatc
   cli = _cli()
   corpus = tmp_path / "a.txt"
   corpus.write_text("a" * 4000)
-  unigram = trainer.data.unigram_bits_per_byte(np.frombuffer(corpus.read_bytes(), np.uint8))
+  unigram = data.unigram_bits_per_byte(np.frombuffer(corpus.read_bytes(), np.uint8))
   assert unigram == 0.0 and np.copysign(1.0, unigram) == 1.0  # not -0.0 ("-0.000" in the log)
   result = trainer.TrainResult(4, 0.1, 0.2, unigram, 1.0, 1.0, "", 4)
   monkeypatch.setattr(trainer, "train", lambda c, **kw: result)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxpe.model.config import load_config
-from jaxpe.train import checkpoint, pacing, sharding, trainer
+from jaxpe.train import checkpoint, loop, pacing, sharding, trainer
 
 COSTS = pacing.StepCosts(step=0.5, compile=4.0, eval=2.0, save=1.0)
 
@@ -91,10 +91,10 @@ def test_a_fitted_schedule_ends_complete_and_equals_the_configured_run(tmp_path,
     calls.append((step, schedule_steps))
     return 9  # what a slow machine would leave room for
 
-  monkeypatch.setattr(trainer, "_fit_schedule", fit)
+  monkeypatch.setattr(loop, "fit_schedule", fit)
   budget = _cfg(tmp_path / "budget", text_file, "num_steps=14", "max_seconds=3600")
   result = trainer.train(budget, progress=False)
-  assert calls == [(trainer.FIT_AFTER_STEPS + 1, 14)]  # once, after the timed steps, within the warmup
+  assert calls == [(loop.FIT_AFTER_STEPS + 1, 14)]  # once, after the timed steps, within the warmup
   assert "now ends at step 9" in capsys.readouterr().out
   assert (result.step, result.num_steps) == (9, 9)
   records = [json.loads(line) for line in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]

@@ -20,6 +20,7 @@ from flax import nnx
 from jaxpe.model.config import ModelConfig, TrainConfig, load_config
 from jaxpe.model.decoder import Decoder, to_loop_layout, to_scan_layout
 from jaxpe.train import checkpoint, sharding, steps, trainer
+from jaxpe.train import state as state_lib
 
 STEPS, BATCH, SEQ = 10, 8, 16
 MODEL = ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_dim=64, max_len=SEQ)
@@ -94,7 +95,7 @@ def _losses(cfg, checkpoints=None):
   state, rest = run(state, _batches()[RESUME_AT:])
   final = jax.tree.map(np.asarray, state)
   restored, meta = checkpoint.restore_latest(
-    mngr, checkpoint.abstract_with_shardings(state, shardings), check_state=trainer._nonfinite_reason
+    mngr, checkpoint.abstract_with_shardings(state, shardings), check_state=state_lib.nonfinite_reason
   )
   mngr.close()
   assert meta == {"step": RESUME_AT}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxpe.model.config import load_config
-from jaxpe.train import checkpoint, data, sharding, trainer
+from jaxpe.train import checkpoint, data, evaluation, sharding, trainer
 
 pytestmark = pytest.mark.usefixtures("standard_promotion")
 
@@ -208,22 +208,22 @@ def test_sample_is_clipped_to_max_len_for_learned_positions(monkeypatch, tmp_pat
 
   cfg = _cfg(tmp_path, text_file, "model.pos_encoding=learned", "model.max_len=16", "seq_len=16")
   calls = []
-  real = trainer.generate
+  real = evaluation.generate
 
   def spy(model, prompt, **kw):
     calls.append((prompt.shape[1], kw["max_new_tokens"]))
     return real(model, prompt, **kw)
 
-  monkeypatch.setattr(trainer, "generate", spy)
+  monkeypatch.setattr(evaluation, "generate", spy)
   learned = Decoder(cfg.model, rngs=nnx.Rngs(0))
-  out = trainer.sample_text(learned, "def ", 64, seed=0)
+  out = evaluation.sample_text(learned, "def ", 64, seed=0)
   assert calls == [(4, 12)] and out.startswith("def ")
   rope = Decoder(cfg.model.model_copy(update={"pos_encoding": "rope"}), rngs=nnx.Rngs(0))
-  trainer.sample_text(rope, "def ", 20, seed=0)
+  evaluation.sample_text(rope, "def ", 20, seed=0)
   assert calls[-1] == (4, 20)  # relative positions: not clipped
   # rope_alibi follows ALiBi only within its context: clipped to it (it would refuse the cache).
   emulated = cfg.model.model_copy(update={"pos_encoding": "rope_alibi", "rope_alibi_context": 12})
-  trainer.sample_text(Decoder(emulated, rngs=nnx.Rngs(0)), "def ", 20, seed=0)
+  evaluation.sample_text(Decoder(emulated, rngs=nnx.Rngs(0)), "def ", 20, seed=0)
   assert calls[-1] == (4, 8)
   with pytest.raises(ValueError, match=r"no room in rope_alibi_context \(12\)"):
-    trainer.sample_text(Decoder(emulated, rngs=nnx.Rngs(0)), "x" * 12, 20, seed=0)
+    evaluation.sample_text(Decoder(emulated, rngs=nnx.Rngs(0)), "x" * 12, 20, seed=0)

@@ -1,0 +1,226 @@
+"""What a run reports while it trains (the log a maxtext or nanoGPT user expects).
+
+At the start: the parameter count, the devices and the mesh (shape and axis names); the data
+(which files and how many bytes went to training and held-out) is ``data.Corpus.describe()``,
+printed before. Per step: one record in ``<workdir>/metrics.jsonl`` and the same scalars as
+TensorBoard events in ``<workdir>/tensorboard/`` (through tensorboardX, an optional dependency in
+the ``train`` extra; without it the run says so in one line and writes no events), and progress on
+the console. At the end (and when a signal stops the run): ``summary.json``, a ``TrainResult``
+that says whether the schedule completed and why the run stopped. Losses are shown in bits per
+byte, the unit of ``loss.png`` and the README; the records keep ``loss`` in nats per token too.
+
+A record (``metrics.jsonl``; all numbers): ``step``; ``loss`` (training cross-entropy, nats/token,
+before the update); ``train_bits_per_byte`` (the same in bits/byte); ``grad_norm``;
+``learning_rate`` (the one this step's update used); ``step_seconds`` (wall time of the step, the
+first of each process including compilation); ``tokens_per_second`` (this process's mean over its
+timed steps, compiling steps excluded); and where they apply ``schedule_steps`` (the schedule was
+fitted), ``skipped`` and ``param_norm`` (a non-finite step), ``eval_bits_per_byte``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxpe.train import data, pacing, run_files, run_guard
+
+__all__ = [
+  "STOP_REASONS",
+  "TENSORBOARD_DIR",
+  "RunLog",
+  "TrainResult",
+  "console_figures",
+  "run_info",
+  "start_lines",
+  "tensorboard_scalars",
+  "write_summary",
+]
+
+STOP_REASONS = ("schedule_done", "stop_at", "max_seconds", "signal")
+"""Why a run stopped (``TrainResult.stop_reason``): its schedule is complete, it reached
+``stop_at``, it ran out of ``max_seconds``, or SIGTERM/SIGINT (a checkpoint was written)."""
+
+
+@dataclass
+class TrainResult:
+  """What a run reports at the end (also written to ``<workdir>/summary.json``).
+
+  ``step``: optimizer steps done; ``train_loss``: last training loss (nats/token);
+  ``eval_bits_per_byte`` and ``unigram_bits_per_byte``: held-out cross-entropy and the held-out
+  unigram entropy (bits/byte); ``tokens_per_second``: training throughput of the last process that
+  timed steps (first step of each process excluded); ``wall_seconds``: this process's wall time;
+  ``sample``: prompt + generated text; ``num_steps``: the schedule's length (``cfg.num_steps``, or
+  fewer when fitted to ``max_seconds``: see ``jaxpe.pacing``), the run is complete at that step;
+  ``completed``: whether it is (``step >= num_steps``); ``stop_reason``: one of
+  ``STOP_REASONS``; ``run``: what the run started with (``run_info``: parameters, devices, mesh,
+  data).
+  """
+
+  step: int
+  train_loss: float
+  eval_bits_per_byte: float
+  unigram_bits_per_byte: float
+  tokens_per_second: float
+  wall_seconds: float
+  sample: str
+  num_steps: int = 0
+  completed: bool = False
+  stop_reason: str = ""
+  run: dict[str, Any] = field(default_factory=dict)
+
+
+TENSORBOARD_DIR = "tensorboard"
+"""The folder under the workdir that holds the TensorBoard event files (``tensorboard --logdir``)."""
+
+
+def run_info(
+  mesh: jax.sharding.Mesh, num_params: int, fingerprint: dict[str, Any], corpus: data.Corpus
+) -> dict:
+  """What a run starts with, for the start lines, TensorBoard and ``summary.json`` (``run``):
+  ``num_params``; ``devices`` (``count``, ``platform``, ``kind``, ``processes``); ``mesh`` (axis
+  name -> size, in the mesh's axis order); ``data`` (``path``, ``train_bytes``, ``eval_bytes``,
+  ``train_files``, ``held_files``: counts, and the data's ``sha256`` fingerprint)."""
+  devices = jax.devices()
+  return {
+    "num_params": num_params,
+    "devices": {
+      "count": len(devices),
+      "platform": devices[0].platform,
+      "kind": devices[0].device_kind,
+      "processes": jax.process_count(),
+    },
+    "mesh": {name: int(size) for name, size in mesh.shape.items()},
+    "data": {
+      "path": corpus.where,
+      "train_bytes": fingerprint["train_bytes"],
+      "eval_bytes": fingerprint["eval_bytes"],
+      "train_files": len(corpus.train_files),
+      "held_files": len(corpus.held_files),
+      "sha256": fingerprint["sha256"],
+    },
+  }
+
+
+def start_lines(info: dict) -> list[str]:
+  """The console lines of ``run_info``: parameters, devices, mesh shape and axis names."""
+  d, mesh = info["devices"], info["mesh"]
+  return [
+    f"model: {info['num_params']:,} parameters",
+    f"devices: {d['count']} x {d['kind']} ({d['platform']}), {d['processes']} process{'es' * (d['processes'] != 1)}",
+    f"mesh: {' x '.join(f'{name} {size}' for name, size in mesh.items())} "
+    f"(shape {tuple(mesh.values())}, axis names {tuple(mesh)})",
+  ]
+
+
+_TAGS = {
+  "loss": "train/loss_nats_per_token",
+  "train_bits_per_byte": "train/bits_per_byte",
+  "eval_bits_per_byte": "eval/bits_per_byte",
+}
+
+
+def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
+  """TensorBoard tag -> value for a ``metrics.jsonl`` record: ``train/bits_per_byte``,
+  ``eval/bits_per_byte``, ``train/loss_nats_per_token`` and ``train/<key>`` for its other numbers
+  (``learning_rate``, ``step_seconds``, ``tokens_per_second``, ``grad_norm``, ...); not ``step``
+  (the event's step) nor flags."""
+  return {
+    _TAGS.get(k, f"train/{k}"): float(v)
+    for k, v in record.items()
+    if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
+  }
+
+
+def console_figures(record: dict[str, Any]) -> dict[str, str]:
+  """The progress bar's figures for a record: loss in bits/byte, learning rate, step time, tokens/s."""
+  return {
+    "loss": f"{record['train_bits_per_byte']:.3f} bits/byte",
+    "lr": f"{record['learning_rate']:.2e}",
+    "time": f"{record['step_seconds']:.3f} s/step",
+    "tok/s": f"{record['tokens_per_second']:,.0f}",
+  }
+
+
+def _open_tensorboard(logdir: Path, purge_step: int):
+  """``(writer or None, the line saying where events go or why none are written)``."""
+  try:
+    from tensorboardX import SummaryWriter  # optional (the train extra); imports torch when installed
+  except ImportError:
+    return None, "tensorboard: off (tensorboardX is not installed: pip install tensorboardX)"
+  try:
+    # purge_step: events of a resumed run's lost steps (after its checkpoint) are hidden
+    return SummaryWriter(str(logdir), purge_step=purge_step, flush_secs=10), f"tensorboard: {logdir}"
+  except OSError as e:
+    return None, f"tensorboard: off (cannot write {logdir}: {e})"
+
+
+class RunLog:
+  """A run's reports, opened for the loop: the console (``pacing.Progress`` from step ``initial``
+  of ``total``), ``<workdir>/metrics.jsonl`` (appended) and the TensorBoard writer. Process 0
+  writes the files; other processes write only messages. Use as a context manager (closes all).
+  """
+
+  def __init__(self, workdir: Path, *, total: int, initial: int, primary: bool, progress: bool):
+    self.workdir, self.primary, self.progress = workdir, primary, progress
+    self.bar = pacing.Progress(total, initial, enabled=progress)
+    self.metrics = (workdir / "metrics.jsonl").open("a") if primary else open(os.devnull, "w")
+    self.tensorboard, self.tensorboard_line = None, ""
+    if primary:
+      self.tensorboard, self.tensorboard_line = _open_tensorboard(workdir / TENSORBOARD_DIR, initial + 1)
+
+  def __enter__(self) -> RunLog:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.bar.close()  # the bar ends its line before any error
+    self.metrics.close()
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+
+  def start(self, info: dict, config_json: str) -> None:
+    """Says what the run starts with (``run_info``): on the console when ``progress``, as
+    TensorBoard text (with the config) on process 0."""
+    lines = [*start_lines(info), self.tensorboard_line] if self.primary else start_lines(info)
+    if self.progress:
+      for line in lines:
+        self.bar.write(line)
+    if self.tensorboard is not None:
+      self.tensorboard.add_text("run/start", "\n\n".join(lines), 0)
+      self.tensorboard.add_text("run/config", "    " + config_json.replace("\n", "\n    "), 0)
+
+  def write(self, text: str) -> None:
+    """A message line on the console (every process, whatever ``progress``)."""
+    self.bar.write(text)
+
+  def append(self, record: dict[str, Any]) -> None:
+    """Writes ``record`` to ``metrics.jsonl`` and TensorBoard (no check, no flush)."""
+    self.metrics.write(json.dumps(record) + "\n")
+    if self.tensorboard is not None:
+      for tag, value in tensorboard_scalars(record).items():
+        self.tensorboard.add_scalar(tag, value, record["step"])
+
+  def step(self, record: dict[str, Any]) -> None:
+    """Logs a step's record: checks the workdir is still there (``run_guard.check_workdir_intact``,
+    process 0), appends and flushes the record, and updates the console.
+
+    Raises:
+      run_guard.WorkdirGoneError: the workdir was deleted, moved or replaced; nothing is written.
+    """
+    if self.primary:
+      run_guard.check_workdir_intact(self.workdir, self.metrics, record["step"])
+    self.append(record)
+    self.metrics.flush()
+    self.bar.update(record["step"], **console_figures(record))
+
+
+def write_summary(workdir: Path, summary: dict[str, Any]) -> None:
+  """Writes ``summary`` to ``<workdir>/summary.json`` (atomically; NaN becomes null, so the file is
+  valid JSON)."""
+  clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()}
+  run_files.write_atomic(workdir / "summary.json", json.dumps(clean, indent=2))
