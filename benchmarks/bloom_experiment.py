@@ -36,12 +36,13 @@ import numpy as np
 from jaxpe.attention import reference as attention
 from jaxpe.bloom import convert as bloom
 from jaxpe.emulation import core as emulation
-from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
+from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import emulation_theta
 from jaxpe.model.generate import generate
 from jaxpe.ops import alibi, positions, rope
 from jaxpe.study import core as study
 from jaxpe.train import data, trainer
+from jaxpe.train.config import DataConfig, TrainConfig
 
 # Public config of bigscience/bloom-560m (shared/DESIGN.md section 4).
 BLOOM_560M = {

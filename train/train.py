@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
   args = parser.parse_intermixed_args(argv)
 
-  from jaxpe.model.config import load_config
+  from jaxpe.train.config import load_config
   from jaxpe.train.memory_check import check_fits_memory
   from jaxpe.train.trainer import train
 

@@ -205,7 +205,7 @@ class Attention(nnx.Module):
 
     ``mask`` (an ``AttentionMask`` without a cache, a dense ``[B, 1, T, S]`` bool mask with one) and
     ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
-    slots with one. Runs on ``cfg.attention_impl`` (``jaxpe.kernels``); with a cache on ``xla``.
+    slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.kernels``); with a cache on ``xla``.
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     q, k = self._encode_qk(q, k, positions)
@@ -223,7 +223,7 @@ class Attention(nnx.Module):
       mask=mask,
       alibi_spec=self._alibi_spec(positions, kv_positions),
       precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
-      impl=cfg.attention_impl if fused else "xla",
+      impl=cfg.attn_implementation if fused else "xla",
       interpret=cfg.attention_interpret,
     )
     return self.o(out), (k, v) if cache_kv is not None else None

@@ -26,10 +26,10 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from jaxpe.model import decoder as model_lib
-from jaxpe.model.config import TrainConfig
 from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import generate
 from jaxpe.train import checkpoint, data, pacing, run_guard, sharding, steps
+from jaxpe.train.config import TrainConfig
 from jaxpe.train.steps import decay_mask, next_token_loss
 
 __all__ = [

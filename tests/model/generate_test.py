@@ -145,8 +145,8 @@ def test_scanned_and_rematerialised_models_generate_the_loop_models_tokens(pe, s
 
 @pytest.mark.usefixtures("standard_promotion")
 def test_scan_and_remat_training_run_samples_and_writes_its_outputs(tmp_path, text_file):
-  from jaxpe.model.config import load_config
   from jaxpe.train import trainer
+  from jaxpe.train.config import load_config
 
   workdir = tmp_path / "s"
   overrides = [

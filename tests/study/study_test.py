@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
+from jaxpe.model.config import ModelConfig
 from jaxpe.study import core as study
 from jaxpe.train import data, trainer
+from jaxpe.train.config import DataConfig, TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ import jax
 import pydantic
 import pytest
 
-from jaxpe.model import config as config_lib
-from jaxpe.model.config import TrainConfig, load_config, parse_overrides
 from jaxpe.study import core as study
+from jaxpe.train import config as config_lib
 from jaxpe.train import data, memory_check, run_guard, trainer
+from jaxpe.train.config import TrainConfig, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yaml")
