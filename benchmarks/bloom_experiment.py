@@ -37,7 +37,7 @@ from jaxpe.attention import reference as attention
 from jaxpe.bloom import convert as bloom
 from jaxpe.emulation import core as emulation
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import emulation_theta
+from jaxpe.model.encodings import emulation_theta
 from jaxpe.model.generate import generate
 from jaxpe.ops import alibi, positions, rope
 from jaxpe.study import core as study

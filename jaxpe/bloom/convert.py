@@ -866,7 +866,7 @@ def bias_error_bound(cfg: ModelConfig, distance, position=None) -> np.ndarray:
   Raises:
     ValueError: negative distances or positions.
   """
-  from jaxpe.model.decoder import emulation_theta
+  from jaxpe.model.encodings import emulation_theta
 
   theta = float(np.float32(emulation_theta(cfg)))  # the model rotates with the float32 value
   return emulation.emulation_error_bound(

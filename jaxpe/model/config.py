@@ -16,10 +16,13 @@ from typing import Any, Literal
 
 import pydantic
 
+from jaxpe.model import encodings
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
-PosEncoding = Literal["none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi"]
-POS_ENCODINGS: tuple[str, ...] = typing.get_args(PosEncoding)
+POS_ENCODINGS: tuple[str, ...] = tuple(encodings.REGISTRY)
+"""The registered positional encodings (``jaxpe.model.encodings``): ``none``, ``learned``,
+``sinusoidal``, ``rope``, ``xpos``, ``alibi``, ``rope_alibi``, then any added there."""
+PosEncoding = Literal[POS_ENCODINGS]  # the values ModelConfig.pos_encoding accepts
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
 Remat = Literal["none", "full", "dots_saveable"]

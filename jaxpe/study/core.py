@@ -48,7 +48,8 @@ from flax import nnx
 from jaxpe.bloom.convert import build_model, model_params
 from jaxpe.emulation import core as emulation
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder, emulation_theta
+from jaxpe.model.decoder import Decoder
+from jaxpe.model.encodings import emulation_theta
 from jaxpe.ops.alibi import alibi_slopes_f64
 from jaxpe.train import checkpoint, data, trainer
 from jaxpe.train.config import TrainConfig, _merge, load_yaml_file, parse_overrides, with_data_path

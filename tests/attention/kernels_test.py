@@ -276,7 +276,7 @@ def test_config_keys_refuse_what_cannot_run():
 
 
 def test_cached_decoding_runs_on_xla_and_matches_the_kernel_forward():
-  from jaxpe.model.decoder import init_cache
+  from jaxpe.model.cache import init_cache
 
   cfg = ModelConfig(
     vocab_size=32,

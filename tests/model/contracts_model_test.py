@@ -15,8 +15,9 @@ import pytest
 from flax import nnx
 
 from jaxpe.bloom import convert as bloom
+from jaxpe.model.cache import init_cache
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import generate
 
 V = 16

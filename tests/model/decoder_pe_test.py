@@ -8,8 +8,9 @@ import pydantic
 import pytest
 from flax import nnx
 
+from jaxpe.model.cache import init_cache
 from jaxpe.model.config import POS_ENCODINGS, ModelConfig, RopeScalingConfig
-from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.model.decoder import Decoder
 from jaxpe.train.config import load_config
 
 # init_std 0.2 (not 0.02): attention logits of order 1, so positions visibly change the outputs.

@@ -238,7 +238,7 @@ def test_padding_anywhere_gives_the_unpadded_rows_tokens():
 
 
 def test_a_kv_cache_overflow_under_jit_raises_when_it_runs():
-  from jaxpe.model.decoder import init_cache
+  from jaxpe.model.cache import init_cache
 
   model = _tiny_model()
 
