@@ -15,14 +15,16 @@ import warnings
 from typing import Any, Literal
 
 import pydantic
+from pydantic_core import PydanticCustomError
 
 from jaxpe.model import encodings
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
 POS_ENCODINGS: tuple[str, ...] = tuple(encodings.REGISTRY)
-"""The registered positional encodings (``jaxpe.model.encodings``): ``none``, ``learned``,
-``sinusoidal``, ``rope``, ``xpos``, ``alibi``, ``rope_alibi``, then any added there."""
-PosEncoding = Literal[POS_ENCODINGS]  # the values ModelConfig.pos_encoding accepts
+"""The positional encodings of ``jaxpe/model/encodings/`` (``none``, ``learned``, ``sinusoidal``,
+``rope``, ``xpos``, ``alibi``, ``rope_alibi``, then any module added there). ``ModelConfig`` also
+accepts an encoding registered later (``jaxpe.model.encodings.register``)."""
+PosEncoding = Literal[POS_ENCODINGS]
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
 Remat = Literal["none", "full", "dots_saveable"]
@@ -97,7 +99,9 @@ class ModelConfig(StrictConfig):
   head_dim: int | None = pydantic.Field(None, gt=0, description="H; default D // N")
   mlp_dim: int | None = pydantic.Field(None, gt=0, description="F; default 4 D")
   max_len: int = pydantic.Field(256, gt=0, description="longest context in tokens")
-  pos_encoding: PosEncoding = "rope"
+  pos_encoding: str = pydantic.Field(
+    "rope", description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): POS_ENCODINGS"
+  )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
   rope_layout: Literal["interleaved", "half"] = "interleaved"
@@ -158,6 +162,17 @@ class ModelConfig(StrictConfig):
     description="rematerialise each block in the backward pass: none (keep activations), full (keep "
     "only block inputs) or dots_saveable (keep matmul outputs, recompute the rest)",
   )
+
+  @pydantic.field_validator("pos_encoding", mode="before")
+  @classmethod
+  def _registered_encoding(cls, name: Any) -> Any:
+    """A name of ``jaxpe.model.encodings.REGISTRY`` (read when validating, so an encoding
+    registered after this import counts); else pydantic's literal error listing them."""
+    if not (isinstance(name, str) and name in encodings.REGISTRY):
+      names = [repr(n) for n in encodings.REGISTRY]
+      expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+      raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
 
   @pydantic.model_validator(mode="before")
   @classmethod
