@@ -3,8 +3,9 @@
 
 To add an encoding: write ``jaxpe/model/encodings/<name>.py`` with a ``@register("<name>")``
 subclass of ``PositionalEncoding`` overriding the hooks it needs, and add its import line below.
-``ModelConfig(pos_encoding="<name>")`` then builds a decoder with it (the config accepts the
-registered names).
+``ModelConfig(pos_encoding="<name>")`` then builds a decoder with it (the config accepts every
+registered name; an encoding registered from outside the package, after ``import jaxpe.model``,
+is accepted as well).
 """
 
 from jaxpe.model.encodings.base import REGISTRY, PositionalEncoding, emulation_theta, for_config, register
