@@ -25,6 +25,7 @@ POS_ENCODINGS: tuple[str, ...] = tuple(encodings.REGISTRY)
 ``rope``, ``xpos``, ``alibi``, ``rope_alibi``, then any module added there). ``ModelConfig`` also
 accepts an encoding registered later (``jaxpe.model.encodings.register``)."""
 PosEncoding = Literal[POS_ENCODINGS]
+"""The names in ``POS_ENCODINGS`` as a type."""
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
 Remat = Literal["none", "full", "dots_saveable"]
@@ -100,7 +101,9 @@ class ModelConfig(StrictConfig):
   mlp_dim: int | None = pydantic.Field(None, gt=0, description="F; default 4 D")
   max_len: int = pydantic.Field(256, gt=0, description="longest context in tokens")
   pos_encoding: str = pydantic.Field(
-    "rope", description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): POS_ENCODINGS"
+    "rope",
+    description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): none, learned, "
+    "sinusoidal, rope, xpos, alibi, rope_alibi",
   )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
