@@ -58,6 +58,8 @@ class LayerNorm(nnx.LayerNorm):
 
 
 def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
+  """The model's ``LayerNorm`` over D: ``layernorm_eps``, scale ones and bias zeros ``[D]``
+  (logical name ``embed``), float32."""
   return LayerNorm(
     cfg.d_model,
     epsilon=cfg.layernorm_eps,
@@ -69,7 +71,18 @@ def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
   )
 
 
-def dense(cfg, eq, kernel_shape, bias_shape, names, std, rngs) -> nnx.Einsum:
+def dense(
+  cfg: ModelConfig,
+  eq: str,
+  kernel_shape: tuple[int, ...],
+  bias_shape: tuple[int, ...],
+  names: tuple[str | None, ...],
+  std: float,
+  rngs: nnx.Rngs,
+) -> nnx.Einsum:
+  """A projection ``nnx.Einsum(eq)`` in ``cfg.dtype``: kernel ``kernel_shape`` initialised
+  Normal(0, ``std``) with logical ``names``; bias ``bias_shape`` (zeros, the last names) only with
+  ``cfg.use_bias``."""
   return nnx.Einsum(
     eq,
     kernel_shape,
