@@ -35,11 +35,12 @@ import numpy as np
 
 from jaxpe import bloom, emulation, study
 from jaxpe.attention import masks
-from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
-from jaxpe.model.decoder import emulation_theta
+from jaxpe.model.config import ModelConfig
+from jaxpe.model.encodings import emulation_theta
 from jaxpe.model.generate import generate
 from jaxpe.ops import alibi, positions, rope
 from jaxpe.train import data, trainer
+from jaxpe.train.config import DataConfig, TrainConfig
 
 # Public config of bigscience/bloom-560m (shared/DESIGN.md section 4).
 BLOOM_560M = {

@@ -274,8 +274,8 @@ def _model_and_batch(cfg, *, batch: int, seq: int):
   int32 random tokens) for the train-step benchmarks."""
   from flax import nnx
 
-  from jaxpe.model.config import TrainConfig
   from jaxpe.model.decoder import Decoder
+  from jaxpe.train.config import TrainConfig
   from jaxpe.train.optimizer import make_optimizer
 
   model = Decoder(cfg, rngs=nnx.Rngs(0))

@@ -26,12 +26,12 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxpe.model.config import load_config  # noqa: E402
 from jaxpe.train import (
   sharding,
   steps,
   trainer,  # noqa: E402
 )
+from jaxpe.train.config import load_config  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 

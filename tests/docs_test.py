@@ -128,9 +128,9 @@ def _check_options(words: list[str], help_text: str, where: str) -> None:
 
 def _check_jaxpe_command(kind: str, args: list[str], where: str) -> None:
   """A jaxpe-train / jaxpe-study line: its options exist and its config with the overrides validates."""
-  from jaxpe.model.config import load_config
   from jaxpe.study import load_study_config
   from jaxpe.train.cli import builtin_configs, resolve_config
+  from jaxpe.train.config import load_config
 
   options = {"--config": None, "--data": None}
   flags = {"--debug", "--quick"} if kind == "study" else {"--debug"}

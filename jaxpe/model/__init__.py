@@ -1,18 +1,11 @@
-"""The Flax NNX decoder: its configuration, the decoder, the encodings it composes, generation."""
+"""The Flax NNX decoder: its configuration (``config``), layers (``layers``), the decoder
+(``decoder``), its KV cache (``cache``), the positional encodings it composes (``encodings``, one
+module per family) and generation (``generate``)."""
 
-from jaxpe.model.decoder import (
-  MLP,
-  Attention,
-  Block,
-  Decoder,
-  KVCache,
-  LayerNorm,
-  emulation_theta,
-  init_cache,
-  stack_blocks,
-  to_loop_layout,
-  to_scan_layout,
-)
+from jaxpe.model.cache import KVCache, init_cache
+from jaxpe.model.decoder import Decoder, stack_blocks, to_loop_layout, to_scan_layout
+from jaxpe.model.encodings import emulation_theta
+from jaxpe.model.layers import MLP, Attention, Block, LayerNorm
 
 __all__ = [
   "Attention",

@@ -1,10 +1,12 @@
-"""Flax NNX decoder-only transformer that composes the jaxpe ops.
+"""Flax NNX decoder-only transformer that composes the jaxpe ops: the ``Decoder`` and the layouts of
+its stacked layers (``stack_blocks``, ``to_scan_layout``, ``to_loop_layout``).
 
 Pre-LayerNorm blocks (LayerNorm -> causal multi-head attention -> residual, LayerNorm -> GELU MLP
 -> residual), final LayerNorm, output head tied to the token embedding by default. The positional
 encoding is chosen by ``ModelConfig.pos_encoding``: ``none``, ``learned`` (absolute table),
 ``sinusoidal``, ``rope`` (with ``rope_scaling`` and ``rotary_dim``), ``xpos``, ``alibi`` or
-``rope_alibi`` (RoPE-emulated ALiBi). BLOOM-compatible options:
+``rope_alibi`` (RoPE-emulated ALiBi), each a module of ``jaxpe.model.encodings`` that the decoder
+and its layers (``jaxpe.model.layers``) ask once per concern. BLOOM-compatible options:
 ``use_bias``, ``embed_layernorm``, ``gelu_approximate`` (tanh GELU), ``layernorm_eps``.
 
 Parameters carry logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
@@ -16,267 +18,19 @@ D model dim, F MLP dim, V vocab, L layers.
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jaxpe import emulation
-from jaxpe.attention import kernels, masks
-from jaxpe.model import partitioning
+from jaxpe.attention import masks
+from jaxpe.model import encodings, initializers, partitioning
+from jaxpe.model.cache import KVCache, check_cache
 from jaxpe.model.config import ModelConfig
-from jaxpe.ops import alibi, rope, sinusoidal, xpos
+from jaxpe.model.layers import Block, dense, layer_norm
 from jaxpe.ops import checks as _checks
 from jaxpe.ops import positions as positions_lib
-
-
-class KVCache(NamedTuple):
-  """Keys and values of earlier tokens, for decoding one chunk at a time.
-
-  Slots ``0..end-1`` are filled. Keys are stored after the positional encoding (rotated keys for
-  ``rope``; the augmented float32 keys for ``rope_alibi``).
-
-  Attributes:
-    k: L arrays ``[B, S, K, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k).
-    v: L arrays ``[B, S, K, H]``.
-    positions: ``[B, S]`` int32 token positions of the slots.
-    valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token.
-    end: ``[]`` int32 number of filled slots.
-  """
-
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
-  positions: jax.Array
-  valid: jax.Array
-  end: jax.Array
-
-
-def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
-  """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated).
-
-  Args:
-    cfg: the ``ModelConfig`` of the ``Decoder`` that will use the cache.
-    batch_size: B, a positive Python int.
-    max_len: S, the number of slots, a positive Python int.
-
-  Returns:
-    a ``KVCache`` with ``end = 0``: k ``L x [B, S, K, Hk]`` (float32 for ``rope_alibi``, else
-    ``cfg.dtype``), v ``L x [B, S, K, H]`` ``cfg.dtype``, positions ``[B, S]`` int32, valid
-    ``[B, S]`` bool.
-
-  Raises:
-    TypeError: ``cfg`` not a ``ModelConfig``.
-    ValueError: ``batch_size`` or ``max_len`` not a positive integer.
-  """
-  if not isinstance(cfg, ModelConfig):
-    raise TypeError(f"cfg must be a jaxpe.config.ModelConfig, got {type(cfg).__name__}")
-  batch_size = _checks.check_positive_int("batch_size", batch_size)
-  max_len = _checks.check_positive_int("max_len", max_len)
-  key_dim = cfg.head_size + (2 * cfg.rope_alibi_order if cfg.pos_encoding == "rope_alibi" else 0)
-  k_dtype = jnp.float32 if cfg.pos_encoding == "rope_alibi" else jnp.dtype(cfg.dtype)
-  shape = (batch_size, max_len, cfg.kv_heads)
-  return KVCache(
-    k=tuple(jnp.zeros((*shape, key_dim), k_dtype) for _ in range(cfg.num_layers)),
-    v=tuple(jnp.zeros((*shape, cfg.head_size), cfg.dtype) for _ in range(cfg.num_layers)),
-    positions=jnp.zeros((batch_size, max_len), jnp.int32),
-    valid=jnp.zeros((batch_size, max_len), bool),
-    end=jnp.zeros((), jnp.int32),
-  )
-
-
-def _init(std: float, names: tuple[str | None, ...]):
-  return nnx.with_partitioning(nnx.initializers.normal(std), names)
-
-
-def _zeros(names: tuple[str | None, ...]):
-  return nnx.with_partitioning(nnx.initializers.zeros_init(), names)
-
-
-def _ones(names: tuple[str | None, ...]):
-  return nnx.with_partitioning(nnx.initializers.ones_init(), names)
-
-
-def _token_embed_std(cfg: ModelConfig) -> float:
-  """Init std of the token embedding: ``D ** -0.5`` for ``sinusoidal`` (scaled by ``sqrt(D)`` in
-  ``Decoder.embed_inputs``, as Vaswani et al. and fairseq), else ``init_std``."""
-  return cfg.d_model**-0.5 if cfg.pos_encoding == "sinusoidal" else cfg.init_std
-
-
-class LayerNorm(nnx.LayerNorm):
-  """``nnx.LayerNorm`` over the last axis with an exact, corrected two-pass variance, in float32.
-
-  ``mu = mean(x)``, ``d = x - mu``, then ``d -= mean(d)`` (the corrected two-pass algorithm, Chan,
-  Golub & LeVeque 1983: it removes the rounding error of ``mu``), ``var = mean(d^2)``,
-  ``y = d / sqrt(var + eps) * scale + bias``. flax's default ``E[x^2] - E[x]^2`` cancels in float32
-  when a row's mean is large next to its spread (rows of 100 + 1e-3 k normalised to -0.17 instead of
-  -1.34), and the plain two-pass form still carries the mean's rounding error (3e-3 at an offset of
-  1e4 with unit spread); this one stays at float32 rounding of the result at any offset whose
-  values float32 holds. Same parameters (``scale``, ``bias`` ``[D]``) and the same result as
-  Ba et al. 2016 (arXiv 1607.06450) / HF ``torch.nn.LayerNorm`` up to rounding.
-
-  x ``[..., D]`` -> ``[..., D]`` float32.
-  """
-
-  def __call__(self, x, *, mask=None):
-    if mask is not None:
-      raise ValueError("jaxpe's LayerNorm takes no mask")
-    scale = self.scale[...] if self.scale else None
-    bias = self.bias[...] if self.bias else None
-    x, scale, bias = self.promote_dtype((x, scale, bias), dtype=jnp.float32)
-    x = x.astype(jnp.float32)
-    d = x - jnp.mean(x, axis=-1, keepdims=True)
-    d = d - jnp.mean(d, axis=-1, keepdims=True)
-    mul = jax.lax.rsqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True) + jnp.float32(self.epsilon))
-    feature = (1,) * (x.ndim - 1) + (x.shape[-1],)
-    if scale is not None:
-      mul = mul * scale.astype(jnp.float32).reshape(feature)
-    y = d * mul
-    if bias is not None:
-      y = y + bias.astype(jnp.float32).reshape(feature)
-    return y
-
-
-def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
-  return LayerNorm(
-    cfg.d_model,
-    epsilon=cfg.layernorm_eps,
-    dtype=jnp.float32,
-    use_fast_variance=False,
-    scale_init=_ones(("embed",)),
-    bias_init=_zeros(("embed",)),
-    rngs=rngs,
-  )
-
-
-def _dense(cfg, eq, kernel_shape, bias_shape, names, std, rngs) -> nnx.Einsum:
-  return nnx.Einsum(
-    eq,
-    kernel_shape,
-    bias_shape if cfg.use_bias else None,
-    dtype=cfg.dtype,
-    kernel_init=_init(std, names),
-    bias_init=_zeros(names[-len(bias_shape) :]),
-    rngs=rngs,
-  )
-
-
-class Attention(nnx.Module):
-  """Causal multi-head (or grouped-query) self-attention with the configured position encoding."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    d, n, kv, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
-    hq = h + 2 if cfg.rope_alibi_in_projection else h  # q/k dims per head
-    out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
-    self.q = _dense(
-      cfg, "BTD,DNH->BTNH", (d, n, hq), (n, hq), ("embed", "heads", "head_dim"), cfg.init_std, rngs
-    )
-    self.k = _dense(
-      cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
-    )
-    if cfg.rope_alibi_in_projection:
-      # The two extra dims: zero kernel columns; biases carry q_fixed = (-N_h, 0), k_fixed = (0, 1).
-      amp = emulation.emulation_amplitudes(alibi.alibi_slopes_f64(n), head_dim=h, theta=emulation_theta(cfg))
-      q_fixed = jnp.stack([-jnp.asarray(amp, jnp.float32), jnp.zeros((n,), jnp.float32)], axis=-1)
-      self.q.kernel[...] = self.q.kernel[...].at[:, :, h:].set(0.0)
-      self.k.kernel[...] = self.k.kernel[...].at[:, :, h:].set(0.0)
-      self.q.bias[...] = self.q.bias[...].at[:, h:].set(q_fixed)
-      self.k.bias[...] = self.k.bias[...].at[:, h:].set(jnp.asarray([0.0, 1.0], jnp.float32)[None, :])
-    self.v = _dense(
-      cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
-    )
-    self.o = _dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), ("heads", "head_dim", "embed"), out_std, rngs)
-
-  def __call__(
-    self,
-    x: jax.Array,
-    positions: jax.Array,
-    mask: jax.Array,
-    *,
-    kv_positions: jax.Array,
-    cache_kv: tuple[jax.Array, jax.Array] | None = None,
-    cache_end: jax.Array | None = None,
-  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
-
-    ``mask`` (an ``AttentionMask`` without a cache, a dense ``[B, 1, T, S]`` bool mask with one) and
-    ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
-    slots with one. Runs on ``cfg.attention_impl`` (``jaxpe.kernels``); with a cache on ``xla``.
-    """
-    q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
-    q, k = self._encode_qk(q, k, positions)
-    if cache_kv is not None:
-      k_cache, v_cache = cache_kv
-      k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
-      v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
-    cfg = self.cfg
-    fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
-    out = kernels.attention(
-      q,
-      k,
-      v,
-      scale=1.0 / math.sqrt(cfg.head_size),
-      mask=mask,
-      alibi_spec=self._alibi_spec(positions, kv_positions),
-      precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
-      implementation=cfg.attention_impl if fused else "xla",
-      interpret=cfg.attention_interpret,
-    )
-    return self.o(out), (k, v) if cache_kv is not None else None
-
-  def _encode_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The rotary encodings: q ``[B, T, N, Hq]``, k ``[B, T, K, Hq]`` at ``positions [B, T]``."""
-    cfg = self.cfg
-    if cfg.pos_encoding == "rope":
-      inv_freq, factor = cfg.rope_frequencies()  # rope_scaling + rotary_dim
-      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
-      return rope.apply_rope(q, positions, **kw), rope.apply_rope(k, positions, **kw)
-    if cfg.pos_encoding == "xpos":
-      inv_freq, factor = cfg.rope_frequencies()
-      # The same offset for queries and keys cancels in q.k and keeps zeta ** (p / scale_base) finite
-      # in float32 for |p - offset| up to ~35,000 (config: max_len <= 65536).
-      kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor, offset=cfg.max_len // 2)
-      return xpos.apply_xpos(q, positions, kind="query", **kw), xpos.apply_xpos(
-        k, positions, kind="key", **kw
-      )
-    if cfg.pos_encoding == "rope_alibi" and cfg.rope_alibi_in_projection:
-      # q, k already carry the two fixed dims (from the projection biases): rotate the last pair only.
-      inv_freq = jnp.asarray([0.0] * (cfg.head_size // 2) + [emulation_theta(cfg)], jnp.float32)
-      return (
-        rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq, layout="interleaved"),
-        rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq, layout="interleaved"),
-      )
-    if cfg.pos_encoding == "rope_alibi":
-      slopes = alibi.alibi_slopes_f64(cfg.num_heads)
-      theta = emulation_theta(cfg)
-      return emulation.apply_rope_alibi(
-        q, k, positions, positions, slopes=slopes, theta=theta, order=cfg.rope_alibi_order
-      )
-    return q, k
-
-  def _alibi_spec(self, positions: jax.Array, kv_positions: jax.Array) -> kernels.AlibiSpec | None:
-    """ALiBi for the backend (``alibi_heads``: the first heads only, slope 0 on the rest), else None."""
-    cfg = self.cfg
-    if cfg.pos_encoding != "alibi":
-      return None
-    n_alibi = cfg.alibi_heads or cfg.num_heads
-    slopes = alibi.alibi_slopes_f64(n_alibi)
-    return kernels.AlibiSpec(
-      slopes=np.pad(slopes, (0, cfg.num_heads - n_alibi)),
-      q_positions=positions,
-      k_positions=kv_positions,
-      # positions are < max(T, max_len) unless given explicitly; the exact form's two base-256
-      # digits (18 dims) cover every position below 65536 whatever the model's lengths
-      max_position=max(
-        65536, cfg.max_len, cfg.rope_alibi_context or 0, positions.shape[1], kv_positions.shape[1]
-      ),
-      form=cfg.alibi_emulation,
-      order=cfg.rope_alibi_order,
-      theta=emulation_theta(cfg),
-    )
 
 
 def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids, cache):
@@ -324,140 +78,6 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
   return to_jax(tokens), to_jax(positions), to_jax(attention_mask), to_jax(segment_ids)
 
 
-def _raise_overflow(end, t_len: int, slots: int) -> None:
-  raise ValueError(
-    f"the KV cache has {slots} slots; {t_len} new tokens after {int(end)} filled ones do not fit "
-    "(init_cache with a larger max_len)"
-  )
-
-
-def _check_cache(cfg: ModelConfig, cache, batch: int, t_len: int) -> None:
-  """The KV cache matches the model (``init_cache(cfg, B, S)``) and has room for ``t_len`` tokens."""
-  if not isinstance(cache, KVCache):
-    raise TypeError(f"cache must be a KVCache from jaxpe.model.init_cache, got {type(cache).__name__}")
-  ref = jax.eval_shape(lambda: init_cache(cfg, batch, cache.positions.shape[1]))
-  if jnp.ndim(cache.positions) != 2:
-    raise ValueError(f"cache.positions must have shape [B, S], got {jnp.shape(cache.positions)}")
-  for name in ("k", "v"):
-    got = getattr(cache, name)
-    if not isinstance(got, tuple | list) or len(got) != cfg.num_layers:
-      raise ValueError(
-        f"cache.{name} must hold num_layers = {cfg.num_layers} arrays, got {type(got).__name__}"
-      )
-  for name, want, got in [
-    *((f"cache.k[{i}]", r, g) for i, (r, g) in enumerate(zip(ref.k, cache.k))),
-    *((f"cache.v[{i}]", r, g) for i, (r, g) in enumerate(zip(ref.v, cache.v))),
-    ("cache.positions", ref.positions, cache.positions),
-    ("cache.valid", ref.valid, cache.valid),
-    ("cache.end", ref.end, cache.end),
-  ]:
-    if tuple(jnp.shape(got)) != tuple(want.shape):
-      raise ValueError(
-        f"{name} must have shape {tuple(want.shape)} (init_cache(cfg, B={batch}, S) of this model), "
-        f"got {tuple(jnp.shape(got))}"
-      )
-    if jnp.result_type(got) != want.dtype:
-      raise TypeError(
-        f"{name} must have dtype {want.dtype} (init_cache of this model), got {jnp.result_type(got)}"
-      )
-  slots = cache.positions.shape[1]
-  if t_len > slots:
-    raise ValueError(
-      f"the KV cache has {slots} slots; {t_len} new tokens do not fit (init_cache with a larger max_len)"
-    )
-  if isinstance(cache.end, jax.core.Tracer):
-    # traced: checked when the call runs (a host callback, run only on overflow)
-    jax.lax.cond(
-      (cache.end < 0) | (cache.end > slots - t_len),
-      lambda: jax.debug.callback(_raise_overflow, cache.end, t_len, slots),
-      lambda: None,
-    )
-    return
-  end = int(cache.end)
-  if end < 0 or end + t_len > slots:
-    _raise_overflow(end, t_len, slots)
-
-
-def _check_rope_alibi_span(cfg: ModelConfig, span: int) -> None:
-  """Refuses a ``rope_alibi`` model a sequence (or KV cache) longer than the context its emulation
-  is tuned for: beyond it the emulated bias leaves ALiBi (it turns positive past the phase's
-  quarter turn)."""
-  context = cfg.rope_alibi_context or cfg.max_len
-  if cfg.pos_encoding == "rope_alibi" and span > context:
-    raise ValueError(
-      f"pos_encoding='rope_alibi' follows ALiBi only within rope_alibi_context = {context} tokens, got a "
-      f"sequence or KV cache of {span} tokens; build the model with a larger rope_alibi_context (or max_len)"
-    )
-
-
-def _check_rope_alibi_positions(cfg: ModelConfig, positions, cache) -> None:
-  """Concrete positions of a ``rope_alibi`` call: every query-key distance (within the call, and
-  against the cached positions) must stay within ``rope_alibi_context``, where the emulation follows
-  ALiBi; a short call with far-apart positions would otherwise leave it without a word. Traced
-  positions cannot be checked (documented: keep distances within the context)."""
-  p = np.asarray(positions)
-  if p.size == 0:
-    return
-  lo, hi = int(p.min()), int(p.max())
-  if cache is not None and not isinstance(cache.positions, jax.core.Tracer):
-    cached = np.asarray(cache.positions)[np.asarray(cache.valid, bool)]
-    if cached.size:
-      lo, hi = min(lo, int(cached.min())), max(hi, int(cached.max()))
-  context = cfg.rope_alibi_context or cfg.max_len
-  if hi - lo >= context:
-    raise ValueError(
-      f"positions span {lo}..{hi} ({hi - lo + 1} positions, with the KV cache's): pos_encoding='rope_alibi' "
-      f"follows ALiBi only for distances below rope_alibi_context = {context}; build the model with a larger "
-      "rope_alibi_context (or max_len)"
-    )
-
-
-def emulation_theta(cfg: ModelConfig) -> float:
-  """theta of the ``rope_alibi`` pair: max phase over the configured context."""
-  return emulation.emulation_theta(
-    max_phase=cfg.rope_alibi_max_phase, max_len=cfg.rope_alibi_context or cfg.max_len
-  )
-
-
-class MLP(nnx.Module):
-  """``D -> F -> GELU -> D``."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
-    self.up = _dense(
-      cfg, "BTD,DF->BTF", (cfg.d_model, cfg.mlp_size), (cfg.mlp_size,), ("embed", "mlp"), cfg.init_std, rngs
-    )
-    self.down = _dense(
-      cfg, "BTF,FD->BTD", (cfg.mlp_size, cfg.d_model), (cfg.d_model,), ("mlp", "embed"), out_std, rngs
-    )
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    h = self.up(x)
-    # GELU on the [B*T, F] view (the same values): XLA CPU ran GELU's erfc and its gradient on the
-    # [B, T, F] array about 2x slower, which doubled the MLP's forward + backward (B 8, T 512,
-    # D 512: 1151 -> 593 ms per layer; benchmarks/ops_bench.py's "step part: mlp").
-    flat = jax.nn.gelu(h.reshape(-1, h.shape[-1]), approximate=self.cfg.gelu_approximate)
-    return self.down(flat.reshape(h.shape))
-
-
-class Block(nnx.Module):
-  """Pre-LayerNorm transformer block."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.attn_norm = _layer_norm(cfg, rngs)
-    self.attn = Attention(cfg, rngs=rngs)
-    self.mlp_norm = _layer_norm(cfg, rngs)
-    self.mlp = MLP(cfg, rngs=rngs)
-
-  def __call__(self, x, positions, mask, **attn_kwargs):
-    h, new_kv = self.attn(self.attn_norm(x).astype(self.cfg.dtype), positions, mask, **attn_kwargs)
-    x = x + h.astype(jnp.float32)
-    x = x + self.mlp(self.mlp_norm(x).astype(self.cfg.dtype)).astype(jnp.float32)
-    return x, new_kv
-
-
 class Decoder(nnx.Module):
   """Decoder-only language model.
 
@@ -476,28 +96,23 @@ class Decoder(nnx.Module):
 
   def _build(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
     self.cfg = cfg
+    enc = encodings.for_config(cfg)
     self.embed = nnx.Embed(
       cfg.vocab_size,
       cfg.d_model,
       dtype=cfg.dtype,
-      embedding_init=_init(_token_embed_std(cfg), ("vocab", "embed")),
+      embedding_init=initializers.normal(enc.token_embed_std(), ("vocab", "embed")),
       rngs=rngs,
     )
-    if cfg.pos_encoding == "learned":
-      self.pos_embed = nnx.Embed(
-        cfg.max_len,
-        cfg.d_model,
-        dtype=cfg.dtype,
-        embedding_init=_init(cfg.init_std, ("pos", "embed")),
-        rngs=rngs,
-      )
+    for name, module in enc.params(rngs).items():  # learned: pos_embed
+      setattr(self, name, module)
     if cfg.embed_layernorm:
-      self.embed_norm = _layer_norm(cfg, rngs)
+      self.embed_norm = layer_norm(cfg, rngs)
     blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
     self.blocks = stack_blocks(blocks) if cfg.scan_layers else nnx.List(blocks)
-    self.final_norm = _layer_norm(cfg, rngs)
+    self.final_norm = layer_norm(cfg, rngs)
     if not cfg.tie_embeddings:
-      self.lm_head = _dense(
+      self.lm_head = dense(
         cfg,
         "BTD,DV->BTV",
         (cfg.d_model, cfg.vocab_size),
@@ -510,10 +125,11 @@ class Decoder(nnx.Module):
   def embed_inputs(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
     """Token embeddings plus the absolute position encoding, the input of the first block.
 
-    ``sinusoidal`` follows Vaswani et al. (arXiv 1706.03762, section 3.4) and fairseq's
-    ``TransformerEncoder``: token embeddings initialised with std ``D ** -0.5`` and multiplied by
-    ``sqrt(D)`` (unit scale, like the sinusoids), so neither drowns the other; ``learned`` adds its
-    table; the relative encodings add nothing here.
+    The encoding's ``embed_inputs`` (``jaxpe.model.encodings``): ``sinusoidal`` follows Vaswani et
+    al. (arXiv 1706.03762, section 3.4) and fairseq's ``TransformerEncoder``: token embeddings
+    initialised with std ``D ** -0.5`` and multiplied by ``sqrt(D)`` (unit scale, like the
+    sinusoids), so neither drowns the other; ``learned`` adds its table; the relative encodings add
+    nothing here.
 
     Args:
       tokens: ``[B, T]`` int token ids in ``[0, V)``.
@@ -529,21 +145,10 @@ class Decoder(nnx.Module):
         row's logits NaN (never another row of the table).
     """
     cfg = self.cfg
-    t_len = tokens.shape[1]
     # A traced id outside [0, V) embeds as NaN (jnp.take's fill mode), never as another token: negative
-    # ids would otherwise wrap to V + id. The same for learned positions outside [0, max_len).
+    # ids would otherwise wrap to V + id.
     x = self.embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
-    if cfg.pos_encoding == "learned":
-      if t_len > cfg.max_len:
-        raise ValueError(
-          f"sequence length {t_len} exceeds max_len={cfg.max_len} of the learned position table"
-        )
-      _checks.check_index_range("positions", positions, cfg.max_len, "max_len (learned position table)")
-      x = x + self.pos_embed(jnp.where(positions < 0, cfg.max_len, positions))
-    elif cfg.pos_encoding == "sinusoidal":
-      x = x * math.sqrt(cfg.d_model) + sinusoidal.sinusoidal_embedding(
-        positions, d_model=cfg.d_model, dtype=x.dtype
-      )
+    x = encodings.for_config(cfg).embed_inputs(self, x, positions)
     if cfg.embed_layernorm:
       x = self.embed_norm(x)
     return x.astype(jnp.float32)  # residual stream in float32
@@ -594,14 +199,10 @@ class Decoder(nnx.Module):
     )
     batch, t_len = tokens.shape
     if cache is not None:
-      _check_cache(cfg, cache, batch, t_len)
-    _check_rope_alibi_span(cfg, t_len if cache is None else cache.positions.shape[1])
-    if (
-      cfg.pos_encoding == "rope_alibi"
-      and positions is not None
-      and not isinstance(positions, jax.core.Tracer)
-    ):
-      _check_rope_alibi_positions(cfg, positions, cache)
+      check_cache(cfg, cache, batch, t_len)
+    encodings.for_config(cfg).check_call(
+      t_len if cache is None else cache.positions.shape[1], positions, cache
+    )
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       if segment_ids is not None:

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.model.cache import init_cache
+from jaxpe.model.decoder import Decoder
 from jaxpe.ops import checks as _checks
 
 _MIN_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45

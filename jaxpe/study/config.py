@@ -15,14 +15,8 @@ from typing import Any
 
 import pydantic
 
-from jaxpe.model.config import (
-  ModelConfig,
-  TrainConfig,
-  _merge,
-  load_yaml_file,
-  parse_overrides,
-  with_data_path,
-)
+from jaxpe.model.config import ModelConfig
+from jaxpe.train.config import TrainConfig, _merge, load_yaml_file, parse_overrides, with_data_path
 
 __all__ = [
   "ENCODINGS",

@@ -20,11 +20,11 @@ from typing import Any
 import jax
 
 from jaxpe.model.build import build_model
-from jaxpe.model.config import TrainConfig
 from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_train_config
 from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.report import markdown, paired, plot_bits_per_byte, plot_loss_vs_position
 from jaxpe.train import trainer
+from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 
 __all__ = ["StudyInterrupted", "run_study"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from jaxpe.model import config as config_lib
+from jaxpe.train import config as config_lib
 from jaxpe.train import memory_check, run_guard, sharding, trainer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

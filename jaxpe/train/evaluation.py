@@ -12,10 +12,10 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from jaxpe.model.config import TrainConfig
 from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import generate
 from jaxpe.train import data, sharding
+from jaxpe.train.config import TrainConfig
 
 __all__ = ["evaluate", "held_out", "sample_run", "sample_text"]
 

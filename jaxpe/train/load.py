@@ -16,8 +16,9 @@ from flax import nnx
 
 from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, model_params
-from jaxpe.model.config import ModelConfig, TrainConfig
+from jaxpe.model.config import ModelConfig
 from jaxpe.train import checkpoint, trainer
+from jaxpe.train.config import TrainConfig
 
 __all__ = ["load_trained", "trained_params"]
 

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxpe.model.config import TrainConfig
 from jaxpe.train import checkpoint, data, evaluation, pacing, run_files, run_guard, run_log, sharding, steps
 from jaxpe.train import state as state_lib
+from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import learning_rate_schedule
 from jaxpe.train.run_log import TrainResult
 from jaxpe.train.steps import next_token_loss

@@ -11,8 +11,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxpe.model.config import TrainConfig
 from jaxpe.model.decoder import Decoder
+from jaxpe.train.config import TrainConfig
 
 STATE_BYTES_PER_PARAM = 16
 """Training memory per parameter, at the least: float32 parameter, gradient and AdamW's two moments."""

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpe.model.config import TrainConfig
+from jaxpe.train.config import TrainConfig
 
 __all__ = ["OPTIMIZER_DEFAULTS", "decay_mask", "learning_rate_schedule", "make_optimizer"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import pydantic
 from jax.experimental import multihost_utils
 
-from jaxpe.model.config import TrainConfig
 from jaxpe.train import run_files
+from jaxpe.train.config import TrainConfig
 
 __all__ = [
   "PROCESS_LOCAL_KEYS",

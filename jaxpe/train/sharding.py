@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxpe.model.config import MESH_AXES, DistributedConfig, ModelConfig
+from jaxpe.model.config import MESH_AXES, ModelConfig
 from jaxpe.model.partitioning import (  # noqa: F401  (re-exported: the trainer's one sharding namespace)
   ACTIVATION,
   DEFAULT_RULES,
@@ -39,6 +39,7 @@ from jaxpe.model.partitioning import (  # noqa: F401  (re-exported: the trainer'
   constrain,
   logical_to_spec,
 )
+from jaxpe.train.config import DistributedConfig
 
 
 def mesh_dims(shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:

@@ -17,9 +17,9 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from jaxpe.model import decoder as model_lib
-from jaxpe.model.config import TrainConfig
 from jaxpe.model.decoder import Decoder
 from jaxpe.train import checkpoint, run_checks, sharding
+from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import make_optimizer
 
 __all__ = ["RunState", "abstract_state", "create_state", "num_params", "restore_or_create", "with_schedule"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import jax
 
-from jaxpe.model.config import TrainConfig
 from jaxpe.train import checkpoint, data, loop, run_checks, run_files, run_guard, sharding
+from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import decay_mask, make_optimizer
 from jaxpe.train.run_log import TrainResult
 from jaxpe.train.state import abstract_state, create_state

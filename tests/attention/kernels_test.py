@@ -53,7 +53,7 @@ def test_decoder_on_pallas_kernel_matches_xla(impl, extra):
   # B 2, T 256, N 4, K 2, H 64; causal, packed segments (row 0) and left padding (row 1).
   base = dict(vocab_size=64, d_model=N * H, num_layers=1, num_heads=N, num_kv_heads=K, max_len=T, **extra)
   ref_model = Decoder(ModelConfig(**base), rngs=nnx.Rngs(0))
-  model = Decoder(ModelConfig(**base, attention_impl=impl, attention_interpret=True), rngs=nnx.Rngs(0))
+  model = Decoder(ModelConfig(**base, attn_implementation=impl, attention_interpret=True), rngs=nnx.Rngs(0))
   tokens, valid, segments = _tokens_and_masks()
 
   def run(m):
@@ -268,19 +268,19 @@ def test_gradients_through_a_kernel_match_xla():
 
 
 def test_config_keys_refuse_what_cannot_run():
-  with pytest.raises(ValueError, match="attention_impl"):
-    ModelConfig(attention_impl="flash")
+  with pytest.raises(ValueError, match="attn_implementation"):
+    ModelConfig(attn_implementation="flash")
   with pytest.raises(ValueError, match="alibi_emulation='rotated' needs ALiBi on every head"):
     ModelConfig(pos_encoding="alibi", alibi_heads=2, alibi_emulation="rotated")
   model = Decoder(
-    ModelConfig(vocab_size=16, d_model=32, num_layers=1, attention_impl="splash"), rngs=nnx.Rngs(0)
+    ModelConfig(vocab_size=16, d_model=32, num_layers=1, attn_implementation="splash"), rngs=nnx.Rngs(0)
   )
   with pytest.raises(ValueError, match="'splash' is not available.*available: \\('xla',\\)"):
     model(jnp.zeros((1, 128), jnp.int32))
 
 
 def test_cached_decoding_runs_on_xla_and_matches_the_kernel_forward():
-  from jaxpe.model.decoder import init_cache
+  from jaxpe.model.cache import init_cache
 
   cfg = ModelConfig(
     vocab_size=32,
@@ -289,7 +289,7 @@ def test_cached_decoding_runs_on_xla_and_matches_the_kernel_forward():
     num_heads=2,
     max_len=16,
     pos_encoding="alibi",
-    attention_impl="pallas_gpu",
+    attn_implementation="pallas_gpu",
     attention_interpret=True,
   )
   model = Decoder(cfg, rngs=nnx.Rngs(0))

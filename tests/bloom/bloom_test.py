@@ -23,8 +23,9 @@ transformers = pytest.importorskip("transformers")
 from flax import nnx  # noqa: E402
 
 from jaxpe import bloom  # noqa: E402
+from jaxpe.model.cache import init_cache  # noqa: E402
 from jaxpe.model.config import ModelConfig  # noqa: E402
-from jaxpe.model.decoder import Decoder, init_cache  # noqa: E402
+from jaxpe.model.decoder import Decoder  # noqa: E402
 from jaxpe.model.generate import generate  # noqa: E402
 from jaxpe.ops import alibi as alibi_lib  # noqa: E402
 
@@ -356,7 +357,7 @@ def _layer0_scores(model, tokens):
   pos = np.arange(t)
   h = cfg.head_size
   if cfg.pos_encoding == "rope_alibi":  # rotate the last pair by position * theta, in float64
-    from jaxpe.model.decoder import emulation_theta
+    from jaxpe.model.encodings import emulation_theta
 
     ang = pos * emulation_theta(cfg)
     c, s = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]

@@ -4,7 +4,8 @@ restrictions, and override parsing."""
 import pydantic
 import pytest
 
-from jaxpe.model.config import ModelConfig, load_config, parse_overrides
+from jaxpe.model.config import ModelConfig
+from jaxpe.train.config import load_config, parse_overrides
 
 
 @pytest.mark.parametrize("pe", ["none", "learned", "sinusoidal", "alibi", "rope_alibi"])
@@ -92,7 +93,7 @@ def test_rope_scaling_accepts_hf_v5_dicts_and_legacy_names():
 def test_rope_theta_inside_rope_scaling_is_the_config_base_and_round_trips():
   """A v5 dict's rope_theta is the base the model uses: ModelConfig.rope_theta reports it, and a
   dumped config (the trainer's config.json) validates again instead of finding two bases."""
-  from jaxpe.model.config import TrainConfig
+  from jaxpe.train.config import TrainConfig
 
   v5 = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
   cfg = ModelConfig(pos_encoding="rope", rope_scaling=v5)
@@ -214,3 +215,34 @@ def test_yaml_files_with_duplicate_keys_or_bad_syntax_are_named(tmp_path):
   ok = tmp_path / "ok.yaml"
   ok.write_text("num_steps: 3\nmodel:\n  d_model: 64\ndata:\n  max_bytes: 64\n")  # same key in two sections
   assert load_config(ok).model.d_model == 64
+
+
+def test_old_attention_impl_key_is_read_as_attn_implementation_with_a_warning(tmp_path):
+  """attention_impl (the key before attn_implementation) still works in keyword arguments, YAML
+  files, overrides and the saved config of an older run, with a DeprecationWarning."""
+  import json
+
+  from jaxpe.train.config import TrainConfig
+  from jaxpe.train.trainer import check_resume_config
+
+  with pytest.warns(DeprecationWarning, match="attention_impl is renamed attn_implementation"):
+    assert ModelConfig(attention_impl="cudnn").attn_implementation == "cudnn"
+  old = tmp_path / "old.yaml"
+  old.write_text("model:\n  attention_impl: auto\n")
+  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+    assert load_config(old).model.attn_implementation == "auto"
+  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+    assert load_config(None, ["model.attention_impl=splash"]).model.attn_implementation == "splash"
+  saved = TrainConfig().model_dump(mode="json")
+  saved["model"] = {
+    ("attention_impl" if k == "attn_implementation" else k): v for k, v in saved["model"].items()
+  }
+  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+    restored = TrainConfig.model_validate_json(json.dumps(saved))
+  assert restored == TrainConfig()
+  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+    check_resume_config(json.dumps(saved), TrainConfig())  # an older run resumes
+  with pytest.raises(pydantic.ValidationError, match="give attn_implementation only"):
+    ModelConfig(attention_impl="xla", attn_implementation="xla")
+  with pytest.raises(pydantic.ValidationError, match="attn_implementation"):
+    ModelConfig(attn_implementation="flash")

@@ -15,8 +15,9 @@ import pytest
 from flax import nnx
 
 from jaxpe import bloom
+from jaxpe.model.cache import init_cache
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import generate
 
 V = 16
@@ -65,7 +66,7 @@ CONFIG_CASES = [
   ("rope_alibi_order", 0, "rope_alibi_order"),
   ("rope_alibi_order", 9, "rope_alibi_order"),
   ("rope_alibi_in_projection", True, "rope_alibi_in_projection=True needs"),
-  ("attention_impl", "flash", "attention_impl"),
+  ("attn_implementation", "flash", "attn_implementation"),
   ("alibi_emulation", "approx", "alibi_emulation"),
   ("layernorm_eps", 0.0, "layernorm_eps"),
   ("layernorm_eps", math.nan, "layernorm_eps"),

@@ -16,8 +16,9 @@ from flax import nnx
 
 from jaxpe import emulation
 from jaxpe.attention import reference as attention
+from jaxpe.model.cache import init_cache
 from jaxpe.model.config import ModelConfig
-from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.model.decoder import Decoder
 from jaxpe.ops import alibi
 
 N, H, CONTEXT = 4, 8, 8192

@@ -145,8 +145,8 @@ def test_scanned_and_rematerialised_models_generate_the_loop_models_tokens(pe, s
 
 @pytest.mark.usefixtures("standard_promotion")
 def test_scan_and_remat_training_run_samples_and_writes_its_outputs(tmp_path, text_file):
-  from jaxpe.model.config import load_config
   from jaxpe.train import trainer
+  from jaxpe.train.config import load_config
 
   workdir = tmp_path / "s"
   overrides = [
@@ -238,7 +238,7 @@ def test_padding_anywhere_gives_the_unpadded_rows_tokens():
 
 
 def test_a_kv_cache_overflow_under_jit_raises_when_it_runs():
-  from jaxpe.model.decoder import init_cache
+  from jaxpe.model.cache import init_cache
 
   model = _tiny_model()
 

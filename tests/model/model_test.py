@@ -7,8 +7,10 @@ import pydantic
 import pytest
 from flax import nnx
 
-from jaxpe.model.config import POS_ENCODINGS, ModelConfig, load_config
-from jaxpe.model.decoder import Decoder, init_cache
+from jaxpe.model.cache import init_cache
+from jaxpe.model.config import POS_ENCODINGS, ModelConfig
+from jaxpe.model.decoder import Decoder
+from jaxpe.train.config import load_config
 
 TINY = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, max_len=32)
 

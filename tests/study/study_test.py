@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from jaxpe import study
-from jaxpe.model.config import DataConfig, ModelConfig, TrainConfig
+from jaxpe.model.config import ModelConfig
 from jaxpe.train import checkpoint, data, trainer
+from jaxpe.train.config import DataConfig, TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ import pydantic
 import pytest
 
 from jaxpe import study
-from jaxpe.model import config as config_lib
-from jaxpe.model.config import TrainConfig, load_config, parse_overrides
+from jaxpe.train import config as config_lib
 from jaxpe.train import data, memory_check, run_files, run_guard, trainer
+from jaxpe.train.config import TrainConfig, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yaml")

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpe.model.config import DistributedConfig, load_config
 from jaxpe.train import data, loop, run_guard, sharding
+from jaxpe.train.config import DistributedConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "train" / "train.py")

@@ -22,9 +22,9 @@ import numpy as np
 import pydantic
 import pytest
 
-from jaxpe.model.config import load_config
 from jaxpe.train import checkpoint, data, loop, run_checks, run_files, run_guard, sharding, trainer
 from jaxpe.train import state as state_lib
+from jaxpe.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "train" / "train.py")
@@ -351,7 +351,7 @@ def test_no_intact_checkpoint_is_an_error_naming_each_step(tmp_path, small_check
 _READ_ONLY = """
 import sys
 from jaxpe import study
-from jaxpe.model.config import load_config
+from jaxpe.train.config import load_config
 params = study.trained_params(load_config(sys.argv[1], sys.argv[2:]))
 print(len(params), "arrays")
 """

@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpe.model.config import TrainConfig
 from jaxpe.train import optimizer, steps, trainer
+from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import OPTIMIZER_DEFAULTS, learning_rate_schedule, make_optimizer
 
 pytestmark = pytest.mark.usefixtures("standard_promotion")

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpe.model.config import load_config
 from jaxpe.train import checkpoint, loop, pacing, sharding, trainer
+from jaxpe.train.config import load_config
 
 COSTS = pacing.StepCosts(step=0.5, compile=4.0, eval=2.0, save=1.0)
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpe.model.config import load_config
 from jaxpe.model.decoder import Decoder
 from jaxpe.train import data, optimizer, run_guard, run_log, trainer
+from jaxpe.train.config import load_config
 
 pytestmark = pytest.mark.usefixtures("standard_promotion")
 

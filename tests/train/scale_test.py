@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpe.model.config import ModelConfig, TrainConfig, load_config
+from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder, to_loop_layout, to_scan_layout
 from jaxpe.train import checkpoint, sharding, steps, trainer
 from jaxpe.train import state as state_lib
+from jaxpe.train.config import TrainConfig, load_config
 
 STEPS, BATCH, SEQ = 10, 8, 16
 MODEL = ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_dim=64, max_len=SEQ)

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpe.model.config import load_config
 from jaxpe.train import checkpoint, data, evaluation, sharding, trainer
+from jaxpe.train.config import load_config
 
 pytestmark = pytest.mark.usefixtures("standard_promotion")
 

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxpe.model.config import load_config
 from jaxpe.train import checkpoint, sharding, trainer
+from jaxpe.train.config import load_config
 
 
 def _restore(directory, abstract):

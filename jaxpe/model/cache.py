@@ -1,0 +1,122 @@
+"""The KV cache of decoding: keys and values of earlier tokens, one chunk appended per call.
+
+Shape alphabet: B batch, S cache slots, K kv heads, H head dim, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxpe.model import encodings
+from jaxpe.model.config import ModelConfig
+from jaxpe.ops import checks as _checks
+
+
+class KVCache(NamedTuple):
+  """Keys and values of earlier tokens, for decoding one chunk at a time.
+
+  Slots ``0..end-1`` are filled. Keys are stored after the positional encoding (rotated keys for
+  ``rope``; the augmented float32 keys for ``rope_alibi``).
+
+  Attributes:
+    k: L arrays ``[B, S, K, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k).
+    v: L arrays ``[B, S, K, H]``.
+    positions: ``[B, S]`` int32 token positions of the slots.
+    valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token.
+    end: ``[]`` int32 number of filled slots.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  positions: jax.Array
+  valid: jax.Array
+  end: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
+  """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated).
+
+  Args:
+    cfg: the ``ModelConfig`` of the ``Decoder`` that will use the cache.
+    batch_size: B, a positive Python int.
+    max_len: S, the number of slots, a positive Python int.
+
+  Returns:
+    a ``KVCache`` with ``end = 0``: k ``L x [B, S, K, Hk]`` (float32 for ``rope_alibi``, else
+    ``cfg.dtype``), v ``L x [B, S, K, H]`` ``cfg.dtype``, positions ``[B, S]`` int32, valid
+    ``[B, S]`` bool.
+
+  Raises:
+    TypeError: ``cfg`` not a ``ModelConfig``.
+    ValueError: ``batch_size`` or ``max_len`` not a positive integer.
+  """
+  if not isinstance(cfg, ModelConfig):
+    raise TypeError(f"cfg must be a jaxpe.config.ModelConfig, got {type(cfg).__name__}")
+  batch_size = _checks.check_positive_int("batch_size", batch_size)
+  max_len = _checks.check_positive_int("max_len", max_len)
+  key_dim, k_dtype = encodings.for_config(cfg).cache_key()
+  shape = (batch_size, max_len, cfg.kv_heads)
+  return KVCache(
+    k=tuple(jnp.zeros((*shape, key_dim), k_dtype) for _ in range(cfg.num_layers)),
+    v=tuple(jnp.zeros((*shape, cfg.head_size), cfg.dtype) for _ in range(cfg.num_layers)),
+    positions=jnp.zeros((batch_size, max_len), jnp.int32),
+    valid=jnp.zeros((batch_size, max_len), bool),
+    end=jnp.zeros((), jnp.int32),
+  )
+
+
+def _raise_overflow(end, t_len: int, slots: int) -> None:
+  raise ValueError(
+    f"the KV cache has {slots} slots; {t_len} new tokens after {int(end)} filled ones do not fit "
+    "(init_cache with a larger max_len)"
+  )
+
+
+def check_cache(cfg: ModelConfig, cache, batch: int, t_len: int) -> None:
+  """The KV cache matches the model (``init_cache(cfg, B, S)``) and has room for ``t_len`` tokens."""
+  if not isinstance(cache, KVCache):
+    raise TypeError(f"cache must be a KVCache from jaxpe.model.init_cache, got {type(cache).__name__}")
+  ref = jax.eval_shape(lambda: init_cache(cfg, batch, cache.positions.shape[1]))
+  if jnp.ndim(cache.positions) != 2:
+    raise ValueError(f"cache.positions must have shape [B, S], got {jnp.shape(cache.positions)}")
+  for name in ("k", "v"):
+    got = getattr(cache, name)
+    if not isinstance(got, tuple | list) or len(got) != cfg.num_layers:
+      raise ValueError(
+        f"cache.{name} must hold num_layers = {cfg.num_layers} arrays, got {type(got).__name__}"
+      )
+  for name, want, got in [
+    *((f"cache.k[{i}]", r, g) for i, (r, g) in enumerate(zip(ref.k, cache.k))),
+    *((f"cache.v[{i}]", r, g) for i, (r, g) in enumerate(zip(ref.v, cache.v))),
+    ("cache.positions", ref.positions, cache.positions),
+    ("cache.valid", ref.valid, cache.valid),
+    ("cache.end", ref.end, cache.end),
+  ]:
+    if tuple(jnp.shape(got)) != tuple(want.shape):
+      raise ValueError(
+        f"{name} must have shape {tuple(want.shape)} (init_cache(cfg, B={batch}, S) of this model), "
+        f"got {tuple(jnp.shape(got))}"
+      )
+    if jnp.result_type(got) != want.dtype:
+      raise TypeError(
+        f"{name} must have dtype {want.dtype} (init_cache of this model), got {jnp.result_type(got)}"
+      )
+  slots = cache.positions.shape[1]
+  if t_len > slots:
+    raise ValueError(
+      f"the KV cache has {slots} slots; {t_len} new tokens do not fit (init_cache with a larger max_len)"
+    )
+  if isinstance(cache.end, jax.core.Tracer):
+    # traced: checked when the call runs (a host callback, run only on overflow)
+    jax.lax.cond(
+      (cache.end < 0) | (cache.end > slots - t_len),
+      lambda: jax.debug.callback(_raise_overflow, cache.end, t_len, slots),
+      lambda: None,
+    )
+    return
+  end = int(cache.end)
+  if end < 0 or end + t_len > slots:
+    _raise_overflow(end, t_len, slots)

@@ -1,0 +1,169 @@
+"""The interface between the decoder and a positional encoding, and the registry of encodings.
+
+The decoder asks the encoding of its config (``for_config(cfg)``) once per concern and never
+looks at ``cfg.pos_encoding`` itself:
+
+====================  =======================================  ===================================
+concern               hook                                     who overrides it
+====================  =======================================  ===================================
+parameters            ``token_embed_std``, ``params``,         sinusoidal, learned, rope_alibi
+                      ``qk_extra_dims``, ``init_qk``           (in-projection form)
+inputs                ``embed_inputs``                         learned, sinusoidal
+queries and keys      ``encode_qk``                            rope, xpos, rope_alibi
+attention bias        ``alibi_spec``                           alibi
+KV cache              ``cache_key``                            rope_alibi
+call checks           ``check_call``                           rope_alibi
+====================  =======================================  ===================================
+
+Every hook has a do-nothing default (NoPE), so an encoding overrides only what it changes. A new
+encoding is one module in ``jaxpe/model/encodings/`` holding a ``@register("name")`` subclass of
+``PositionalEncoding``, and its import line in ``jaxpe/model/encodings/__init__.py``;
+``ModelConfig.pos_encoding`` then accepts ``"name"``. An encoding is a plain object built from the
+config (no state): parameters it needs are created by ``params`` and live on the ``Decoder``.
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
+D model dim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpe import emulation
+from jaxpe.attention.kernels import AlibiSpec
+
+if TYPE_CHECKING:  # the config imports this registry for the names it accepts
+  from jaxpe.model.cache import KVCache
+  from jaxpe.model.config import ModelConfig
+
+
+class PositionalEncoding:
+  """One family of positional encodings, as the decoder uses it; the defaults encode nothing.
+
+  Built as ``cls(cfg)`` from the model's ``ModelConfig`` (``self.cfg``); holds no parameters and
+  no state. ``name`` is the ``pos_encoding`` value it is registered under (``register``).
+  """
+
+  name: ClassVar[str] = ""
+
+  def __init__(self, cfg: ModelConfig):
+    self.cfg = cfg
+
+  # -- parameters ---------------------------------------------------------------------------
+
+  def token_embed_std(self) -> float:
+    """Init std of the token embedding ``[V, D]``; default ``cfg.init_std``."""
+    return self.cfg.init_std
+
+  def params(self, rngs: nnx.Rngs) -> dict[str, nnx.Module]:
+    """Modules holding the encoding's own parameters, set as attributes of the ``Decoder`` under
+    these names (right after the token embedding, so their place in the parameter tree and in the
+    initialisation's random stream is fixed); default none."""
+    del rngs
+    return {}
+
+  def qk_extra_dims(self) -> int:
+    """Extra outputs per head of the q and k projections (``H + extra``); default 0."""
+    return 0
+
+  def init_qk(self, q: nnx.Einsum, k: nnx.Einsum) -> None:
+    """Adjusts the freshly initialised q / k projections of one ``Attention`` in place (kernels
+    ``[D, N, H + extra]`` / ``[D, K, H + extra]``); default nothing."""
+    del q, k
+
+  # -- inputs -------------------------------------------------------------------------------
+
+  def embed_inputs(self, model: nnx.Module, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """The first block's input from the token embeddings.
+
+    Args:
+      model: the ``Decoder`` (holding the modules made by ``params``).
+      x: ``[B, T, D]`` token embeddings in ``cfg.dtype``.
+      positions: ``[B, T]`` int32 token positions.
+
+    Returns:
+      ``[B, T, D]``; default ``x`` unchanged (relative encodings add nothing here).
+    """
+    del model, positions
+    return x
+
+  # -- queries and keys ---------------------------------------------------------------------
+
+  def encode_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """q ``[B, T, N, Hq]`` and k ``[B, T, K, Hq]`` of the new tokens at ``positions [B, T]`` int32
+    -> the encoded ``(q, k)`` (k as stored in the KV cache, ``cache_key``); default unchanged."""
+    del positions
+    return q, k
+
+  # -- attention bias -----------------------------------------------------------------------
+
+  def alibi_spec(self, positions: jax.Array, kv_positions: jax.Array) -> AlibiSpec | None:
+    """The ALiBi bias for the attention backend (``jaxpe.attention.kernels.attention``), from query
+    ``positions [B, T]`` and key ``kv_positions [B, S]`` int32; default None (no bias)."""
+    del positions, kv_positions
+    return None
+
+  # -- KV cache -----------------------------------------------------------------------------
+
+  def cache_key(self) -> tuple[int, jnp.dtype]:
+    """``(Hk, dtype)`` of the keys stored in the KV cache (``encode_qk``'s k); default
+    ``(H + qk_extra_dims(), cfg.dtype)``."""
+    return self.cfg.head_size + self.qk_extra_dims(), jnp.dtype(self.cfg.dtype)
+
+  # -- call checks --------------------------------------------------------------------------
+
+  def check_call(self, span: int, positions: jax.Array | None, cache: KVCache | None) -> None:
+    """Refuses inputs the encoding cannot encode, before the decoder runs.
+
+    Args:
+      span: T, or the KV cache's S when a cache is given (static).
+      positions: the caller's ``[B, T]`` positions, or None when they are derived.
+      cache: the ``KVCache`` of the call, or None.
+
+    Raises:
+      ValueError: inputs outside the encoding's range; default: nothing refused.
+    """
+    del span, positions, cache
+
+
+def emulation_theta(cfg: ModelConfig) -> float:
+  """theta of the ``rope_alibi`` pair: max phase over the configured context (``rope_alibi_max_phase``
+  over ``rope_alibi_context``, default ``max_len``), in radians per token. Used by ``rope_alibi`` and
+  by ``alibi``'s rotated emulation on bias-free kernels."""
+  return emulation.emulation_theta(
+    max_phase=cfg.rope_alibi_max_phase, max_len=cfg.rope_alibi_context or cfg.max_len
+  )
+
+
+REGISTRY: dict[str, type[PositionalEncoding]] = {}
+"""``pos_encoding`` name -> encoding class, in registration order (``ModelConfig`` accepts these
+names, in this order: ``jaxpe.model.config.POS_ENCODINGS``)."""
+
+
+def register(name: str):
+  """Class decorator: registers a ``PositionalEncoding`` subclass as ``pos_encoding=name``.
+
+  Raises:
+    ValueError: ``name`` is already registered.
+    TypeError: the class is no ``PositionalEncoding``.
+  """
+
+  def add(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
+    if not (isinstance(cls, type) and issubclass(cls, PositionalEncoding)):
+      raise TypeError(f"@register({name!r}) takes a PositionalEncoding subclass, got {cls!r}")
+    if name in REGISTRY:
+      raise ValueError(f"pos_encoding {name!r} is already registered ({REGISTRY[name].__qualname__})")
+    cls.name = name
+    REGISTRY[name] = cls
+    return cls
+
+  return add
+
+
+def for_config(cfg: ModelConfig) -> PositionalEncoding:
+  """The encoding ``cfg.pos_encoding`` names, built for ``cfg``."""
+  return REGISTRY[cfg.pos_encoding](cfg)

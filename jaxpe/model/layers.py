@@ -1,0 +1,193 @@
+"""The decoder's layers: LayerNorm, the attention layer, the MLP and the pre-LayerNorm block.
+
+The attention layer asks the configured positional encoding (``jaxpe.model.encodings``) for the
+q/k projection width, the q/k transform and the ALiBi bias, and runs on the configured backend
+(``jaxpe.attention.kernels``). Parameters carry logical axis names (``embed``, ``heads``,
+``kv_heads``, ``head_dim``, ``mlp``).
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
+D model dim, F MLP dim, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpe.attention import kernels, masks
+from jaxpe.model import encodings, initializers
+from jaxpe.model.config import ModelConfig
+
+
+class LayerNorm(nnx.LayerNorm):
+  """``nnx.LayerNorm`` over the last axis with an exact, corrected two-pass variance, in float32.
+
+  ``mu = mean(x)``, ``d = x - mu``, then ``d -= mean(d)`` (the corrected two-pass algorithm, Chan,
+  Golub & LeVeque 1983: it removes the rounding error of ``mu``), ``var = mean(d^2)``,
+  ``y = d / sqrt(var + eps) * scale + bias``. flax's default ``E[x^2] - E[x]^2`` cancels in float32
+  when a row's mean is large next to its spread (rows of 100 + 1e-3 k normalised to -0.17 instead of
+  -1.34), and the plain two-pass form still carries the mean's rounding error (3e-3 at an offset of
+  1e4 with unit spread); this one stays at float32 rounding of the result at any offset whose
+  values float32 holds. Same parameters (``scale``, ``bias`` ``[D]``) and the same result as
+  Ba et al. 2016 (arXiv 1607.06450) / HF ``torch.nn.LayerNorm`` up to rounding.
+
+  x ``[..., D]`` -> ``[..., D]`` float32.
+  """
+
+  def __call__(self, x, *, mask=None):
+    if mask is not None:
+      raise ValueError("jaxpe's LayerNorm takes no mask")
+    scale = self.scale[...] if self.scale else None
+    bias = self.bias[...] if self.bias else None
+    x, scale, bias = self.promote_dtype((x, scale, bias), dtype=jnp.float32)
+    x = x.astype(jnp.float32)
+    d = x - jnp.mean(x, axis=-1, keepdims=True)
+    d = d - jnp.mean(d, axis=-1, keepdims=True)
+    mul = jax.lax.rsqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True) + jnp.float32(self.epsilon))
+    feature = (1,) * (x.ndim - 1) + (x.shape[-1],)
+    if scale is not None:
+      mul = mul * scale.astype(jnp.float32).reshape(feature)
+    y = d * mul
+    if bias is not None:
+      y = y + bias.astype(jnp.float32).reshape(feature)
+    return y
+
+
+def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
+  """The model's ``LayerNorm`` over D: ``layernorm_eps``, scale ones and bias zeros ``[D]``
+  (logical name ``embed``), float32."""
+  return LayerNorm(
+    cfg.d_model,
+    epsilon=cfg.layernorm_eps,
+    dtype=jnp.float32,
+    use_fast_variance=False,
+    scale_init=initializers.ones(("embed",)),
+    bias_init=initializers.zeros(("embed",)),
+    rngs=rngs,
+  )
+
+
+def dense(
+  cfg: ModelConfig,
+  eq: str,
+  kernel_shape: tuple[int, ...],
+  bias_shape: tuple[int, ...],
+  names: tuple[str | None, ...],
+  std: float,
+  rngs: nnx.Rngs,
+) -> nnx.Einsum:
+  """A projection ``nnx.Einsum(eq)`` in ``cfg.dtype``: kernel ``kernel_shape`` initialised
+  Normal(0, ``std``) with logical ``names``; bias ``bias_shape`` (zeros, the last names) only with
+  ``cfg.use_bias``."""
+  return nnx.Einsum(
+    eq,
+    kernel_shape,
+    bias_shape if cfg.use_bias else None,
+    dtype=cfg.dtype,
+    kernel_init=initializers.normal(std, names),
+    bias_init=initializers.zeros(names[-len(bias_shape) :]),
+    rngs=rngs,
+  )
+
+
+class Attention(nnx.Module):
+  """Causal multi-head (or grouped-query) self-attention with the configured position encoding."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, n, kv, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
+    enc = encodings.for_config(cfg)
+    hq = h + enc.qk_extra_dims()  # q/k dims per head
+    out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
+    self.q = dense(
+      cfg, "BTD,DNH->BTNH", (d, n, hq), (n, hq), ("embed", "heads", "head_dim"), cfg.init_std, rngs
+    )
+    self.k = dense(
+      cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
+    )
+    enc.init_qk(self.q, self.k)
+    self.v = dense(
+      cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
+    )
+    self.o = dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), ("heads", "head_dim", "embed"), out_std, rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    *,
+    kv_positions: jax.Array,
+    cache_kv: tuple[jax.Array, jax.Array] | None = None,
+    cache_end: jax.Array | None = None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
+
+    ``mask`` (an ``AttentionMask`` without a cache, a dense ``[B, 1, T, S]`` bool mask with one) and
+    ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
+    slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
+    on ``xla``.
+    """
+    q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
+    enc = encodings.for_config(self.cfg)
+    q, k = enc.encode_qk(q, k, positions)
+    if cache_kv is not None:
+      k_cache, v_cache = cache_kv
+      k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
+      v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
+    cfg = self.cfg
+    fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
+    out = kernels.attention(
+      q,
+      k,
+      v,
+      scale=1.0 / math.sqrt(cfg.head_size),
+      mask=mask,
+      alibi_spec=enc.alibi_spec(positions, kv_positions),
+      precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
+      implementation=cfg.attn_implementation if fused else "xla",
+      interpret=cfg.attention_interpret,
+    )
+    return self.o(out), (k, v) if cache_kv is not None else None
+
+
+class MLP(nnx.Module):
+  """``D -> F -> GELU -> D``."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
+    self.up = dense(
+      cfg, "BTD,DF->BTF", (cfg.d_model, cfg.mlp_size), (cfg.mlp_size,), ("embed", "mlp"), cfg.init_std, rngs
+    )
+    self.down = dense(
+      cfg, "BTF,FD->BTD", (cfg.mlp_size, cfg.d_model), (cfg.d_model,), ("mlp", "embed"), out_std, rngs
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = self.up(x)
+    # GELU on the [B*T, F] view (the same values): XLA CPU ran GELU's erfc and its gradient on the
+    # [B, T, F] array about 2x slower, which doubled the MLP's forward + backward (B 8, T 512,
+    # D 512: 1151 -> 593 ms per layer; benchmarks/ops_bench.py's "step part: mlp").
+    flat = jax.nn.gelu(h.reshape(-1, h.shape[-1]), approximate=self.cfg.gelu_approximate)
+    return self.down(flat.reshape(h.shape))
+
+
+class Block(nnx.Module):
+  """Pre-LayerNorm transformer block."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.attn_norm = layer_norm(cfg, rngs)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = layer_norm(cfg, rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, mask, **attn_kwargs):
+    h, new_kv = self.attn(self.attn_norm(x).astype(self.cfg.dtype), positions, mask, **attn_kwargs)
+    x = x + h.astype(jnp.float32)
+    x = x + self.mlp(self.mlp_norm(x).astype(self.cfg.dtype)).astype(jnp.float32)
+    return x, new_kv

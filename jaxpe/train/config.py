@@ -1,0 +1,410 @@
+"""The training run's configuration (``TrainConfig``: data, mesh, optimizer, schedule, checkpoints)
+and how it is read: YAML files and ``key=value`` overrides.
+
+Frozen pydantic models like ``jaxpe.model.config.ModelConfig`` (unknown keys forbidden, strict
+types, ints accepted for floats), so a YAML typo or a wrong type is an error naming the key.
+YAML files in ``configs/`` are read by ``load_config`` (a key given twice is refused);
+``key=value`` overrides use dotted keys (``model.d_model=64``) and YAML value syntax (an empty value
+or a value YAML would cut at a `` #`` comment is refused; the command lines also refuse a key given
+twice); ``--data`` sets ``data.path`` verbatim (``with_data_path``). ``check_fits_memory``
+(``jaxpe.train.memory_check``) refuses a run too large for the devices. The contract of every key:
+docs/contracts.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+
+from jaxpe.model.config import LogicalRules, ModelConfig, StrictConfig
+
+
+class DataConfig(StrictConfig):
+  """Byte-level text data."""
+
+  path: str | None = pydantic.Field(
+    None,
+    min_length=1,
+    description="text file or directory of text files, taken verbatim (no ~ expansion); None = Python "
+    "stdlib sources. ``--data PATH`` sets it without YAML parsing",
+  )
+  max_bytes: int = pydantic.Field(
+    16_000_000,
+    gt=0,
+    description="cap on corpus bytes read: eval_fraction of it held-out, the rest training (each side's "
+    "files in sorted order)",
+  )
+  eval_fraction: float = pydantic.Field(
+    0.05, gt=0, lt=1, description="held-out share of files (by path hash) or of a single file's bytes"
+  )
+  allow_changed: bool = pydantic.Field(
+    False,
+    description="resume although the data's bytes changed since the checkpoint (its fingerprint "
+    "differs); the batch stream then differs from the saved run's. false = refuse such a resume",
+  )
+
+
+class DistributedConfig(StrictConfig):
+  """Multi-process (multi-host) runs through ``jax.distributed.initialize``.
+
+  Unset values come from the environment: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+  ``JAX_PROCESS_ID``; what is still unset is left to JAX's cluster detection (SLURM, Open MPI,
+  Kubernetes, Cloud TPU).
+  """
+
+  enabled: bool | None = pydantic.Field(
+    None,
+    description="None = initialise when a coordinator address is configured or JAX_COORDINATOR_ADDRESS "
+    "is set; true = always (cluster auto-detection); false = never",
+  )
+  coordinator_address: str | None = pydantic.Field(None, description="host:port of process 0")
+  num_processes: int | None = pydantic.Field(None, gt=0)
+  process_id: int | None = pydantic.Field(None, ge=0)
+  cpu_collectives: Literal["gloo", "mpi"] = pydantic.Field(
+    "gloo", description="collectives between processes on the CPU backend"
+  )
+  initialization_timeout: int = pydantic.Field(
+    60,
+    gt=0,
+    le=86_400,
+    description="seconds to wait for all processes to join (and for a dead peer's heartbeat) before "
+    "failing with a message naming what is missing",
+  )
+
+
+class TrainConfig(StrictConfig):
+  """One training run."""
+
+  model: ModelConfig = ModelConfig()
+  data: DataConfig = DataConfig()
+  workdir: str = pydantic.Field("runs/default", min_length=1, description="run directory (not empty)")
+  seed: int = pydantic.Field(0, ge=0, le=2**63 - 1, description="initialisation, batch and sampling seed")
+  seq_len: int = pydantic.Field(256, gt=1)
+  batch_size: int = pydantic.Field(32, gt=0, description="global batch, split over devices")
+  num_steps: int = pydantic.Field(2000, gt=0)
+  learning_rate: float = pydantic.Field(3e-3, gt=0)
+  warmup_steps: int = pydantic.Field(100, ge=0)
+  min_lr_ratio: float = pydantic.Field(0.1, ge=0, le=1)
+  weight_decay: float = pydantic.Field(0.1, ge=0)
+  b1: float = pydantic.Field(0.9, ge=0, lt=1)
+  b2: float = pydantic.Field(0.95, ge=0, lt=1)
+  grad_clip: float = pydantic.Field(1.0, gt=0)
+  eval_every: int = pydantic.Field(500, gt=0)
+  eval_batches: int = pydantic.Field(16, gt=0)
+  checkpoint_every: int = pydantic.Field(500, gt=0)
+  keep_checkpoints: int = pydantic.Field(2, gt=0)
+  mesh_shape: tuple[int, int, int] = pydantic.Field(
+    (-1, 1, 1),
+    description="(data, fsdp, tensor) mesh axis sizes; one may be -1 = all remaining devices. The old "
+    "(data, model) form is read as (data, 1, model)",
+  )
+  logical_rules: LogicalRules = LogicalRules()
+  grad_accum_steps: int = pydantic.Field(
+    1, gt=0, description="micro-batches per optimizer step (batch_size / grad_accum_steps rows each)"
+  )
+  async_checkpoints: bool = pydantic.Field(
+    False,
+    description="write checkpoints in the background while the next steps run (a write failure is "
+    "then reported at the next save or at the end, not at once)",
+  )
+  distributed: DistributedConfig = DistributedConfig()
+  sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end")
+  sample_prompt: str = "def "
+  max_seconds: float | None = pydantic.Field(
+    None, gt=0, description="stop early (with a checkpoint) after this much training time"
+  )
+  stop_at: int | None = pydantic.Field(
+    None, gt=0, description="stop (with a checkpoint) after this step; rerun to resume"
+  )
+  skip_nonfinite: int = pydantic.Field(
+    0,
+    ge=0,
+    description="steps with a non-finite loss, gradient or update to skip (not applied, batch dropped) "
+    "before the run stops; 0 = stop at the first",
+  )
+
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _old_mesh_shape(cls, data: Any) -> Any:
+    if isinstance(data, dict) and isinstance(data.get("mesh_shape"), (list, tuple)):
+      shape = tuple(data["mesh_shape"])
+      if len(shape) not in (2, 3):
+        raise ValueError(
+          f"mesh_shape takes 3 sizes (data, fsdp, tensor) or the old 2 (data, model), got {list(shape)}"
+        )
+      # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism.
+      data = {**data, "mesh_shape": (shape[0], 1, shape[1]) if len(shape) == 2 else shape}
+    return data
+
+  @pydantic.model_validator(mode="after")
+  def _check_context(self) -> TrainConfig:
+    if sum(1 for s in self.mesh_shape if s == -1) > 1 or any(s == 0 or s < -1 for s in self.mesh_shape):
+      raise ValueError(
+        f"mesh_shape (data, fsdp, tensor) takes positive sizes and at most one -1, got {list(self.mesh_shape)}"
+      )
+    if self.batch_size % self.grad_accum_steps:
+      raise ValueError(
+        f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})"
+      )
+    m = self.model
+    if m.vocab_size < 256:
+      raise ValueError(
+        f"model.vocab_size ({m.vocab_size}) must be >= 256: the training data is bytes (token ids 0..255)"
+      )
+    if m.pos_encoding == "learned" and self.seq_len > m.max_len:
+      raise ValueError(
+        f"seq_len ({self.seq_len}) must be <= model.max_len ({m.max_len}) for learned positions"
+      )
+    if m.pos_encoding == "rope_alibi" and self.seq_len > (m.rope_alibi_context or m.max_len):
+      raise ValueError(
+        f"seq_len ({self.seq_len}) must be <= model.rope_alibi_context (or model.max_len when unset) "
+        f"= {m.rope_alibi_context or m.max_len} for pos_encoding='rope_alibi': the emulation phase is "
+        "bounded only inside that context"
+      )
+    if m.rope_alibi_in_projection:
+      raise ValueError(
+        "model.rope_alibi_in_projection=True cannot be trained: its fixed q/k bias vectors and zero "
+        "kernel columns are ordinary trainable, weight-decayed parameters and would drift (the form is "
+        "for converted checkpoints); train with model.pos_encoding=rope_alibi and "
+        "model.rope_alibi_in_projection=false"
+      )
+    if self.sample_len > 0 and not self.sample_prompt:
+      raise ValueError("sample_prompt must be non-empty when sample_len > 0 (set sample_len=0 for no sample)")
+    if self.sample_len > 0 and m.pos_encoding == "learned" and len(self.sample_prompt.encode()) >= m.max_len:
+      raise ValueError(
+        f"sample_prompt ({len(self.sample_prompt.encode())} bytes) must be shorter than model.max_len "
+        f"({m.max_len}) for learned positions (the sample is clipped to fit max_len)"
+      )
+    context = m.rope_alibi_context or m.max_len
+    if self.sample_len > 0 and m.pos_encoding == "rope_alibi" and len(self.sample_prompt.encode()) >= context:
+      raise ValueError(
+        f"sample_prompt ({len(self.sample_prompt.encode())} bytes) must be shorter than "
+        f"model.rope_alibi_context (or model.max_len when unset) = {context} for pos_encoding='rope_alibi' "
+        "(the sample is clipped to fit it)"
+      )
+    return self
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, *, unique: bool) -> None:
+  parts = key.split(".")
+  if any(not part for part in parts):
+    raise ValueError(f"override key {key!r} has an empty part (keys look like model.d_model)")
+  node = tree
+  for i, part in enumerate(parts[:-1]):
+    child = node.setdefault(part, {})
+    if not isinstance(child, dict):
+      if unique:
+        raise ValueError(
+          f"override {key!r}: {'.'.join(parts[: i + 1])!r} is already given as a value; give each key once"
+        )
+      raise ValueError(f"override {key!r}: {part!r} is not a section")
+    node = child
+  if unique and parts[-1] in node:
+    raise ValueError(f"override {key!r} is given twice (or inside a section given twice); give each key once")
+  node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str], *, unique: bool = False) -> dict[str, Any]:
+  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax (``_parse_value``).
+
+  Args:
+    overrides: ``key=value`` strings, dotted keys.
+    unique: refuse a key given twice (``a=1 a=2``, or ``model={d_model: 64} model.d_model=32``), as
+      the command lines do; otherwise (the library default, so scripts can layer overrides) a later
+      value replaces an earlier one.
+
+  Raises:
+    TypeError: an override that is not a string.
+    ValueError: an override without ``=``, with an empty key or key part (``a..b``), with an empty
+      value (write ``key=null`` for null), whose value is not valid YAML, repeats a key inside a
+      mapping value, or holds a YAML comment (`` #`` outside quotes: quote the value); with
+      ``unique``, a key given twice.
+  """
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  tree: dict[str, Any] = {}
+  for item in overrides:
+    if not isinstance(item, str):
+      raise TypeError(f"overrides must be strings 'key=value', got {type(item).__name__} {item!r}")
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+      raise ValueError(f"override must look like key=value, got {item!r}")
+    _set_dotted(tree, key.strip(), _parse_value(raw, key.strip()), unique=unique)
+  return tree
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+  """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML keeps the last)."""
+
+  def construct_mapping(self, node, deep=False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+      key = self.construct_object(key_node, deep=True)
+      line = key_node.start_mark.line + 1
+      if key in seen:
+        raise yaml.constructor.ConstructorError(
+          None, None, f"duplicate key {key!r} (first given on line {seen[key]})", key_node.start_mark
+        )
+      seen[key] = line
+    return super().construct_mapping(node, deep=deep)
+
+
+def _read_text(path: Path, source: str) -> str:
+  """``path``'s UTF-8 text.
+
+  Raises:
+    ValueError: bytes that are not UTF-8, naming ``source``, the line and the byte.
+  """
+  data = path.read_bytes()
+  try:
+    return data.decode()
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{source} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+  """Parses YAML ``text``; errors name ``source`` (a file or an override) and the line.
+
+  Raises:
+    ValueError: invalid YAML or a duplicate key.
+  """
+  try:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e)
+    raise ValueError(f"{source}{where}: {problem}") from None
+
+
+def _parse_value(raw: str, key: str = "") -> Any:
+  """YAML value syntax, plus unquoted numbers YAML 1.1 reads as strings (``1e-2``); quoted values
+  (``'1e3'``) stay strings. The value's type is then checked by the schema (strict: ``workdir=1e3``
+  or ``sample_prompt=yes`` are refused, not turned into strings).
+
+  Raises:
+    ValueError: an empty value, invalid YAML, or text after the value that YAML would drop as a
+      comment (``path=my text #2.txt`` would read ``my text``).
+  """
+  where = f"override {key}={raw!r}" if key else f"override value {raw!r}"
+  if not raw.strip():
+    raise ValueError(
+      f"{where} has no value; write {key or 'key'}=null for null or quote an empty string ('')"
+    )
+  value = _load_yaml(raw, where)
+  try:
+    node = yaml.compose(raw, Loader=yaml.SafeLoader)
+  except yaml.YAMLError:  # pragma: no cover (parsed above)
+    node = None
+  if node is None or raw[node.end_mark.index :].strip():
+    raise ValueError(
+      f"{where}: YAML reads the text after ' #' as a comment and drops it; quote the value "
+      f"({key or 'key'}='...') to keep it"
+    )
+  if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
+    try:
+      return float(value)
+    except ValueError:
+      pass
+  return value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+  out = dict(base)
+  for key, value in extra.items():
+    if isinstance(value, dict) and isinstance(out.get(key), dict):
+      out[key] = _merge(out[key], value)
+    else:
+      out[key] = value
+  return out
+
+
+def load_yaml_file(path: str | Path, what: str = "config file") -> dict[str, Any]:
+  """The mapping in the YAML file ``path`` (``{}`` for an empty file).
+
+  Raises:
+    FileNotFoundError: ``path`` does not exist.
+    ValueError: a directory, not UTF-8, not valid YAML, a key given twice in one mapping (named with its line),
+      or not a mapping at the top.
+  """
+  path = Path(path)
+  source = f"{what} {str(path)!r}"
+  if path.is_dir():
+    raise ValueError(f"{source} is a directory; give a YAML file")
+  if not path.is_file():
+    raise FileNotFoundError(f"{source} does not exist")
+  raw = _load_yaml(_read_text(path, source), source)
+  if raw is None:
+    return {}
+  if not isinstance(raw, dict):
+    raise ValueError(f"{source} must hold a mapping, got {type(raw).__name__}")
+  return raw
+
+
+def with_data_path(
+  raw: dict[str, Any], data_path: str | None, *, section: tuple[str, ...] = ()
+) -> dict[str, Any]:
+  """``raw`` with ``data.path`` (under ``section``, e.g. ``("train",)`` for a study) set to
+  ``data_path`` verbatim (``--data``: never YAML-parsed, so ``null``, ``~`` or ``a #2.txt`` are
+  file names). None leaves ``raw`` unchanged.
+
+  Raises:
+    TypeError: ``data_path`` is not a string.
+    ValueError: ``data_path`` is empty, or ``data.path`` is also given as an override.
+    FileNotFoundError: nothing exists at ``data_path`` (named).
+  """
+  if data_path is None:
+    return raw
+  if not isinstance(data_path, str):
+    raise TypeError(f"--data takes a path string, got {type(data_path).__name__}")
+  if not data_path:
+    raise ValueError(
+      "--data got an empty path; give a text file or a directory (leave --data out for the default)"
+    )
+  if not Path(data_path).exists():
+    raise FileNotFoundError(f"--data: data path {data_path!r} does not exist")
+  return _merge(raw, _nest((*section, "data"), {"path": data_path}))
+
+
+def _nest(keys: tuple[str, ...], leaf: dict[str, Any]) -> dict[str, Any]:
+  for key in reversed(keys):
+    leaf = {key: leaf}
+  return leaf
+
+
+def load_config(
+  path: str | Path | None = None,
+  overrides: list[str] = (),
+  *,
+  data_path: str | None = None,
+  unique_overrides: bool = False,
+) -> TrainConfig:
+  """Reads a YAML config (or the defaults), applies ``key=value`` overrides and ``data_path``, and validates.
+
+  Args:
+    path: a YAML file of ``TrainConfig`` keys, or None for the defaults.
+    overrides: ``key=value`` strings (``parse_overrides``), applied over the file.
+    data_path: ``--data``: sets ``data.path`` verbatim (``with_data_path``); cannot be combined
+      with a ``data.path=`` override.
+    unique_overrides: refuse a key given twice in ``overrides`` (the command line); else a later
+      override replaces an earlier one.
+
+  Raises:
+    FileNotFoundError: ``path`` or ``data_path`` does not exist.
+    ValueError: an unknown key, a wrong type or an out-of-range value (pydantic's
+      ``ValidationError``, a ``ValueError``, names the dotted key); a file that is not UTF-8, not valid YAML or
+      gives a key twice (named with the line); a bad override (``parse_overrides``).
+  """
+  raw: dict[str, Any] = load_yaml_file(path) if path is not None else {}
+  if isinstance(overrides, str):
+    raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
+  extra = parse_overrides(list(overrides), unique=unique_overrides)
+  if data_path is not None and isinstance(extra.get("data"), dict) and "path" in extra["data"]:
+    raise ValueError("--data and the override data.path= both set the data path; give one")
+  raw = with_data_path(_merge(raw, extra), data_path)
+  # YAML lists become the schema's tuples in TrainConfig's and LogicalRules' "before" validators.
+  return TrainConfig.model_validate(raw)
