@@ -37,7 +37,7 @@ MAY_IMPORT["errors"] = set()
 MAY_IMPORT["_compat"] = set()
 # Third-party packages a layer imports at module level (pyproject.toml's extras install them).
 _CORE = {"jax", "numpy"}
-_MODEL = _CORE | {"flax", "pydantic", "yaml", "annotated_types"}
+_MODEL = _CORE | {"flax", "pydantic", "pydantic_core", "yaml", "annotated_types"}
 _TRAIN = _MODEL | {"optax", "orbax", "tqdm", "tensorboardX"}
 THIRD_PARTY = {
   "jaxpe": _CORE,
