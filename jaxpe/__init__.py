@@ -83,3 +83,13 @@ __all__ = [
 ]
 
 _compat.install()
+
+
+def __getattr__(name: str):
+  """``jaxpe.rope``, ``jaxpe.kernels``, ...: the old flat modules as attributes, as before the
+  subpackages (``jaxpe._compat``; their names warn on use)."""
+  if f"jaxpe.{name}" in _compat.MOVED:
+    import importlib
+
+    return importlib.import_module(f"jaxpe.{name}")
+  raise AttributeError(f"module 'jaxpe' has no attribute {name!r}")

@@ -91,6 +91,19 @@ class _Loader(importlib.abc.Loader):
   def exec_module(self, module):
     module.__doc__ = f"Deprecated path: moved to {', '.join(MOVED[module.__name__])}."
 
+  def get_code(self, fullname):
+    """``python -m <old path>``: warn, then run the module it moved to as ``__main__``."""
+    target = MOVED[fullname][0]
+    source = (
+      "import runpy, warnings\n"
+      f"warnings.warn({f'python -m {fullname} moved to python -m {target}'!r}, DeprecationWarning)\n"
+      f"runpy.run_module({target!r}, run_name='__main__', alter_sys=True)\n"
+    )
+    return compile(source, f"<{fullname}: moved to {target}>", "exec")
+
+  def is_package(self, fullname):
+    return False
+
 
 class _Finder(importlib.abc.MetaPathFinder):
   def find_spec(self, fullname, path, target=None):

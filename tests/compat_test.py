@@ -315,3 +315,27 @@ def test_unknown_name_on_an_old_path_is_an_attribute_error():
   mod = importlib.import_module("jaxpe.kernels")
   with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
     mod.not_a_name  # noqa: B018
+
+
+def test_old_modules_are_attributes_of_jaxpe_as_before():
+  import jaxpe
+  from jaxpe.ops.rope import apply_rope
+
+  with pytest.warns(DeprecationWarning, match="moved to jaxpe.ops.rope.apply_rope"):
+    assert jaxpe.rope.apply_rope is apply_rope
+  with pytest.raises(AttributeError, match="no attribute 'not_a_module'"):
+    jaxpe.not_a_module  # noqa: B018
+
+
+def test_python_dash_m_on_an_old_path_runs_the_moved_module():
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+    [sys.executable, "-m", "jaxpe.emulation_report", "--num-heads", "0"], capture_output=True, text=True
+  )
+  assert out.returncode == 2, out.stderr
+  assert "python -m jaxpe.emulation_report moved to python -m jaxpe.emulation.report" in out.stderr
+  assert out.stderr.strip().endswith(
+    "python -m jaxpe.emulation.report: error: num_heads must be a positive integer, got 0"
+  )

@@ -361,7 +361,9 @@ def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> Non
 
 def main(argv: Sequence[str] | None = None) -> None:
   """Command line: prints the markdown tables, writes the plot."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m jaxpe.emulation.report", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("--num-heads", type=int, default=16)
   parser.add_argument("--head-dim", type=int, default=64)
   parser.add_argument("--context", type=int, nargs="+", default=[2048, 65536])

@@ -182,7 +182,8 @@ class ModelConfig(StrictConfig):
   def _old_attention_impl(cls, data: Any) -> Any:
     """``attention_impl`` (the key before ``attn_implementation``, in YAML files, overrides, and the
     saved configs of older runs and checkpoints) is read as ``attn_implementation``, with a
-    DeprecationWarning; both keys at once are refused."""
+    FutureWarning (shown by default: a config key is an end user's, not only a programmer's); both
+    keys at once are refused."""
     if isinstance(data, dict) and "attention_impl" in data:
       if "attn_implementation" in data:
         raise ValueError(
@@ -192,7 +193,7 @@ class ModelConfig(StrictConfig):
         )
       warnings.warn(
         "ModelConfig key attention_impl is renamed attn_implementation (HF's name); the old key will be removed",
-        DeprecationWarning,
+        FutureWarning,
         stacklevel=2,
       )
       data = {("attn_implementation" if k == "attention_impl" else k): v for k, v in data.items()}

@@ -13,6 +13,7 @@ docs/contracts.md.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -376,6 +377,22 @@ def _nest(keys: tuple[str, ...], leaf: dict[str, Any]) -> dict[str, Any]:
   return leaf
 
 
+def _renamed_model_keys(tree: dict[str, Any]) -> dict[str, Any]:
+  """``model.attention_impl`` (the old key) read as ``model.attn_implementation`` within one source
+  (a file or the overrides), so an old key given as an override still wins over a file that sets
+  the new one; both in one source are ``ModelConfig``'s error."""
+  model = tree.get("model") if isinstance(tree, dict) else None
+  if not isinstance(model, dict) or "attention_impl" not in model or "attn_implementation" in model:
+    return tree
+  warnings.warn(
+    "ModelConfig key attention_impl is renamed attn_implementation (HF's name); the old key will be removed",
+    FutureWarning,
+    stacklevel=3,
+  )
+  renamed = {("attn_implementation" if k == "attention_impl" else k): v for k, v in model.items()}
+  return {**tree, "model": renamed}
+
+
 def load_config(
   path: str | Path | None = None,
   overrides: list[str] = (),
@@ -405,6 +422,7 @@ def load_config(
   extra = parse_overrides(list(overrides), unique=unique_overrides)
   if data_path is not None and isinstance(extra.get("data"), dict) and "path" in extra["data"]:
     raise ValueError("--data and the override data.path= both set the data path; give one")
+  raw, extra = _renamed_model_keys(raw), _renamed_model_keys(extra)
   raw = with_data_path(_merge(raw, extra), data_path)
   # YAML lists become the schema's tuples in TrainConfig's and LogicalRules' "before" validators.
   return TrainConfig.model_validate(raw)

@@ -219,28 +219,32 @@ def test_yaml_files_with_duplicate_keys_or_bad_syntax_are_named(tmp_path):
 
 def test_old_attention_impl_key_is_read_as_attn_implementation_with_a_warning(tmp_path):
   """attention_impl (the key before attn_implementation) still works in keyword arguments, YAML
-  files, overrides and the saved config of an older run, with a DeprecationWarning."""
+  files, overrides and the saved config of an older run, with a FutureWarning (shown by default)."""
   import json
 
   from jaxpe.train.config import TrainConfig
-  from jaxpe.train.trainer import check_resume_config
+  from jaxpe.train.run_checks import check_resume_config
 
-  with pytest.warns(DeprecationWarning, match="attention_impl is renamed attn_implementation"):
+  with pytest.warns(FutureWarning, match="attention_impl is renamed attn_implementation"):
     assert ModelConfig(attention_impl="cudnn").attn_implementation == "cudnn"
   old = tmp_path / "old.yaml"
   old.write_text("model:\n  attention_impl: auto\n")
-  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+  with pytest.warns(FutureWarning, match="attn_implementation"):
     assert load_config(old).model.attn_implementation == "auto"
-  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+  with pytest.warns(FutureWarning, match="attn_implementation"):
     assert load_config(None, ["model.attention_impl=splash"]).model.attn_implementation == "splash"
+  new = tmp_path / "new.yaml"
+  new.write_text("model:\n  attn_implementation: xla\n")  # as the built-in default.yaml does
+  with pytest.warns(FutureWarning, match="attn_implementation"):  # the user's old key still wins
+    assert load_config(new, ["model.attention_impl=auto"]).model.attn_implementation == "auto"
   saved = TrainConfig().model_dump(mode="json")
   saved["model"] = {
     ("attention_impl" if k == "attn_implementation" else k): v for k, v in saved["model"].items()
   }
-  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+  with pytest.warns(FutureWarning, match="attn_implementation"):
     restored = TrainConfig.model_validate_json(json.dumps(saved))
   assert restored == TrainConfig()
-  with pytest.warns(DeprecationWarning, match="attn_implementation"):
+  with pytest.warns(FutureWarning, match="attn_implementation"):
     check_resume_config(json.dumps(saved), TrainConfig())  # an older run resumes
   with pytest.raises(pydantic.ValidationError, match="give attn_implementation only"):
     ModelConfig(attention_impl="xla", attn_implementation="xla")

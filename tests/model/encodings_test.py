@@ -19,7 +19,8 @@ TINY = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, max_len=32, in
 
 def test_the_registry_holds_every_encoding_the_config_accepts_in_order():
   assert tuple(encodings.REGISTRY) == POS_ENCODINGS
-  assert POS_ENCODINGS == ("none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi")
+  # the built-in ones first, in this order (a registered encoding is appended after them)
+  assert POS_ENCODINGS[:7] == ("none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi")
   for name, cls in encodings.REGISTRY.items():
     assert issubclass(cls, PositionalEncoding) and cls.name == name
     assert isinstance(encodings.for_config(ModelConfig(pos_encoding=name)), cls)
@@ -73,5 +74,5 @@ def test_a_registered_encoding_is_accepted_by_the_config_and_runs_in_the_decoder
 
 
 def test_an_unregistered_name_is_refused_with_the_registered_ones_listed():
-  with pytest.raises(pydantic.ValidationError, match="Input should be 'none', 'learned', .* or 'rope_alibi'"):
+  with pytest.raises(pydantic.ValidationError, match="Input should be 'none', 'learned', .*'rope_alibi'"):
     ModelConfig(pos_encoding="toy")
