@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,10 +148,32 @@ def console_figures(record: dict[str, Any]) -> dict[str, str]:
   }
 
 
+def _import_summary_writer():
+  """tensorboardX's ``SummaryWriter`` (optional: the train extra), without torch.
+
+  tensorboardX imports torch if it is installed, only to accept torch tensors (``try: import torch
+  except ImportError``); that costs ~4.7 s at every run's start on the 2-core reference machine, and
+  jaxpe passes it Python floats. Unless torch is already loaded, the import runs with torch marked
+  absent (``sys.modules["torch"] = None``, Python's documented way to block an import), and the mark
+  is removed at once, so a later ``import torch`` works as usual.
+  """
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter
+  sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    if sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 def _open_tensorboard(logdir: Path, purge_step: int):
   """``(writer or None, the line saying where events go or why none are written)``."""
   try:
-    from tensorboardX import SummaryWriter  # optional (the train extra); imports torch when installed
+    SummaryWriter = _import_summary_writer()
   except ImportError:
     return None, "tensorboard: off (tensorboardX is not installed: pip install tensorboardX)"
   try:
