@@ -229,7 +229,7 @@ class Decoder(nnx.Module):
       k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)
       q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
       k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
-      mask = masks.dense_attention_mask(q_index, k_index, k_valid=k_valid)
+      mask = masks.IndexMask(q_index, k_index, causal=True, k_valid=k_valid)  # blockwise on xla
       kv_positions, layer_caches = k_positions, (cache.k, cache.v)
 
     x, new_kv = self._blocks(

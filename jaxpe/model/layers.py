@@ -118,7 +118,7 @@ class Attention(nnx.Module):
     self,
     x: jax.Array,
     positions: jax.Array,
-    mask: jax.Array,
+    mask: masks.AttentionMask | masks.IndexMask,
     *,
     kv_positions: jax.Array,
     cache_kv: tuple[jax.Array, jax.Array] | None = None,
@@ -126,7 +126,7 @@ class Attention(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
-    ``mask`` (an ``AttentionMask`` without a cache, a dense ``[B, 1, T, S]`` bool mask with one) and
+    ``mask`` (an ``AttentionMask`` without a cache, an ``IndexMask`` of the cache slots with one) and
     ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
     slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
     on ``xla``.
