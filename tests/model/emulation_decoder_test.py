@@ -1,8 +1,9 @@
 """Emulated ALiBi inside the full decoder: same weights, ``alibi`` vs ``rope_alibi`` (issue 4).
 
-The attention inputs of every layer are recorded by wrapping ``jaxpe.attention.dot_product_attention``
-(the one function both encodings go through). Scores are formed from them exactly as that function
-forms its logits (float32 einsum times scale, plus the bias), and compared with the solver's bound
+The attention inputs of every layer are recorded by wrapping ``jaxpe.attention.blockwise_attention``
+(the one function both encodings go through on ``xla``; native ALiBi arrives as an ``AlibiSpec``, its
+bias rebuilt here with ``alibi_bias``). Scores are formed from them as the attention forms its logits
+(float32 einsum times scale, plus the bias), and compared with the solver's bound
 (``jaxpe.emulation.EmulationPlan.bound_at``) plus the float32 rounding of the content logits.
 """
 
@@ -15,11 +16,12 @@ import pytest
 from flax import nnx
 
 from jaxpe import emulation
-from jaxpe.attention import reference as attention
+from jaxpe.attention import blockwise
 from jaxpe.model.cache import init_cache
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder
 from jaxpe.ops import alibi
+from jaxpe.ops import alibi as alibi_lib
 
 N, H, CONTEXT = 4, 8, 8192
 TINY = dict(vocab_size=64, d_model=N * H, num_layers=2, num_heads=N, max_len=64, rope_alibi_context=CONTEXT)
@@ -27,13 +29,17 @@ TINY = dict(vocab_size=64, d_model=N * H, num_layers=2, num_heads=N, max_len=64,
 
 def _record(monkeypatch):
   calls = []
-  inner = attention.dot_product_attention
+  inner = blockwise.blockwise_attention
 
-  def wrapper(q, k, v, *, scale, bias=None, mask=None, **kwargs):
+  def wrapper(q, k, v, *, scale, mask=None, alibi=None, **kwargs):
+    bias = None
+    if alibi is not None:
+      slopes = jnp.asarray(alibi.slopes, jnp.float32)
+      bias = alibi_lib.alibi_bias(slopes, alibi.q_positions, alibi.k_positions)
     calls.append(dict(q=q, k=k, scale=scale, bias=bias, mask=mask))
-    return inner(q, k, v, scale=scale, bias=bias, mask=mask, **kwargs)
+    return inner(q, k, v, scale=scale, mask=mask, alibi=alibi, **kwargs)
 
-  monkeypatch.setattr(attention, "dot_product_attention", wrapper)
+  monkeypatch.setattr(blockwise, "blockwise_attention", wrapper)
   return calls
 
 
