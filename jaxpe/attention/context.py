@@ -211,9 +211,9 @@ def context_attention(
   cfg = _Local(float(scale), bool(mask is not None and mask.causal), int(precise_dims), slopes, axes, shards)
   body = functools.partial(_ring if strategy == "ring" else _all_gather, cfg=cfg)
   split = P(None, axes[0] if len(axes) == 1 else axes)
-  return jax.shard_map(
-    body, mesh=mesh, in_specs=(split,) * 5, out_specs=split, axis_names=frozenset(axes)
-  )(q, k, v, q_side, k_side)
+  return jax.shard_map(body, mesh=mesh, in_specs=(split,) * 5, out_specs=split, axis_names=frozenset(axes))(
+    q, k, v, q_side, k_side
+  )
 
 
 def _attend(q, k, v, q_side, k_side, cfg: _Local, *, with_lse: bool):

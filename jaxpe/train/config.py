@@ -151,7 +151,9 @@ class TrainConfig(StrictConfig):
     take first; 1 when unsplit or unknown until the run starts (a ``-1`` among them)."""
     rules = self.logical_rules
     batch = () if rules.batch is None else (rules.batch,) if isinstance(rules.batch, str) else rules.batch
-    length = () if rules.length is None else (rules.length,) if isinstance(rules.length, str) else rules.length
+    length = (
+      () if rules.length is None else (rules.length,) if isinstance(rules.length, str) else rules.length
+    )
     sizes = [self.mesh_shape[MESH_AXES.index(a)] for a in length if a not in batch]
     return 1 if -1 in sizes else math.prod(sizes)
 

@@ -40,6 +40,9 @@ from jaxpe.model.partitioning import (  # noqa: F401  (re-exported: the trainer'
   activation_sharding,
   constrain,
   logical_to_spec,
+  sequence_shards,
+  sequence_split,
+  zigzag_inputs,
 )
 from jaxpe.train.config import DistributedConfig
 
