@@ -120,7 +120,7 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   assert summary["run"] == {
     "num_params": num_params,
     "devices": {"count": 8, "platform": "cpu", "kind": "cpu", "processes": 1},
-    "mesh": {"data": 8, "fsdp": 1, "tensor": 1},
+    "mesh": {"data": 8, "fsdp": 1, "tensor": 1, "context": 1},
     "data": {
       "path": corpus.where,
       "train_bytes": corpus.train.size,
