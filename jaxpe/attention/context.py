@@ -121,7 +121,7 @@ class _Local:
   scale: float
   causal: bool
   precise_dims: int
-  slopes: np.ndarray | None
+  slopes: tuple[float, ...] | None
   axes: tuple[str, ...]
   shards: int
 
@@ -197,7 +197,7 @@ def context_attention(
     k_side = (mask.k_index, mask.k_segment_ids, mask.k_valid)
   slopes = None
   if alibi is not None:
-    slopes = np.asarray(alibi.slopes, np.float32)
+    slopes = tuple(float(x) for x in np.asarray(alibi.slopes, np.float64))
     q_side, k_side = (*q_side[:2], alibi.q_positions), (*k_side, alibi.k_positions)
   else:
     k_side = (*k_side, None)
@@ -226,7 +226,7 @@ def _attend(q, k, v, q_side, k_side, cfg: _Local, *, with_lse: bool):
     mask = IndexMask(q_index, k_index, cfg.causal, k_valid, q_seg, k_seg).dense()
   bias = None
   if cfg.slopes is not None:
-    bias = alibi_ops.alibi_bias(jnp.asarray(cfg.slopes), q_pos, k_pos)
+    bias = alibi_ops.alibi_bias(jnp.asarray(cfg.slopes, jnp.float32), q_pos, k_pos)
   if not with_lse:
     return reference.dot_product_attention(
       q, k, v, scale=cfg.scale, bias=bias, mask=mask, precise_dims=cfg.precise_dims
@@ -288,14 +288,78 @@ def _all_gather(q, k, v, q_side, k_side, *, cfg: _Local):
 
 
 def _ring(q, k, v, q_side, k_side, *, cfg: _Local):
-  """Per shard: C steps; each attends the local queries to the visiting keys and merges the
-  partial result (online softmax), then passes the keys on to the next shard."""
+  """Per shard: the ring (``_ring_attention``), in the dtype of ``v``."""
+  return _ring_attention(q, k, v, q_side, k_side, cfg).astype(v.dtype)
+
+
+def _pass(x, cfg: _Local):
+  """Every shard's ``x`` (a pytree) to the next shard of the ring."""
   perm = [(i, (i + 1) % cfg.shards) for i in range(cfg.shards)]
+  return jax.tree.map(lambda a: jax.lax.ppermute(a, cfg.axes, perm), x)
+
+
+def _ring_forward(q, k, v, q_side, k_side, cfg: _Local):
+  """C steps; each attends the local queries to the visiting keys and merges the partial result
+  into the running one (online softmax), then passes the keys on. ``(out float32, lse)``."""
   visiting = (k, v, k_side)
   out = lse = None
   for step in range(cfg.shards):
     part, part_lse = _attend(q, visiting[0], visiting[1], q_side, visiting[2], cfg, with_lse=True)
     out, lse = (part.astype(jnp.float32), part_lse) if out is None else _combine(out, lse, part, part_lse)
     if step < cfg.shards - 1:
-      visiting = jax.tree.map(lambda x: jax.lax.ppermute(x, cfg.axes, perm), visiting)
-  return out.astype(v.dtype)
+      visiting = _pass(visiting, cfg)
+  return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _ring_attention(q, k, v, q_side, k_side, cfg: _Local):
+  """The ring's output ``[B, t, N, H]`` float32; its backward pass runs the ring again, so a
+  shard holds one visiting chunk of keys (and of their gradients) at a time, never all T."""
+  return _ring_forward(q, k, v, q_side, k_side, cfg)[0]
+
+
+def _ring_fwd(q, k, v, q_side, k_side, cfg):
+  out, lse = _ring_forward(q, k, v, q_side, k_side, cfg)
+  return out, (q, k, v, q_side, k_side, out, lse)
+
+
+def _ring_bwd(cfg, residuals, d_out):
+  """The gradient of ``out = sum_s w_s out_s`` (``w_s = exp(lse_s - lse)``) through each step's
+  partial attention: ``d out_s = w_s d_out`` and ``d lse_s = w_s <d_out, out_s - out>``; the keys
+  travel the ring again with their gradient accumulators, which a last pass brings home."""
+  q, k, v, q_side, k_side, out, lse = residuals
+  d_out = d_out.astype(jnp.float32)
+  d_q = jnp.zeros(q.shape, jnp.float32)
+  acc = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  visiting = (k, v, k_side)
+  for step in range(cfg.shards):
+    k_side_now = visiting[2]
+
+    def part(q, k, v, k_side_now=k_side_now):
+      return _attend(q, k, v, q_side, k_side_now, cfg, with_lse=True)
+
+    (part_out, part_lse), vjp = jax.vjp(part, q, visiting[0], visiting[1])
+    seen = jnp.isfinite(part_lse) & jnp.isfinite(lse)
+    w = jnp.where(seen, jnp.exp(jnp.where(seen, part_lse - lse, 0.0)), 0.0)
+    d_part = (w[..., None] * d_out).astype(part_out.dtype)
+    d_part_lse = w * jnp.sum(d_out * (part_out.astype(jnp.float32) - out), axis=-1)
+    g_q, g_k, g_v = vjp((d_part, d_part_lse))
+    d_q = d_q + g_q.astype(jnp.float32)
+    acc = (acc[0] + g_k.astype(jnp.float32), acc[1] + g_v.astype(jnp.float32))
+    acc = _pass(acc, cfg)  # after C passes each chunk's gradient is back on its shard
+    if step < cfg.shards - 1:
+      visiting = _pass(visiting, cfg)
+
+  def zero(x):
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+  return (
+    d_q.astype(q.dtype),
+    acc[0].astype(k.dtype),
+    acc[1].astype(v.dtype),
+    jax.tree.map(zero, q_side),
+    jax.tree.map(zero, k_side),
+  )
+
+
+_ring_attention.defvjp(_ring_fwd, _ring_bwd)
