@@ -9,11 +9,12 @@ With C devices on a ``context`` mesh axis, each holds T / C of the queries, keys
 - ``ring``: keys and values travel around the devices (``jax.lax.ppermute``); at each of the C
   steps a device attends its queries to the chunk visiting it and merges the partial result into
   its running one with the online-softmax rule (``blockwise.combine_partials``). Each device holds
-  T / C keys at a time (Liu et al., Ring Attention, arXiv 2310.01889).
+  T / C keys at a time, in the backward pass too (it runs the ring again, each chunk's key and value
+  gradients travelling with it; Liu et al., Ring Attention, arXiv 2310.01889).
 
 Causality compares each token's original slot (``IndexMask.q_index`` / ``k_index``), never its
 place in the split sequence, so any token order is correct. Under a causal mask the natural split
-gives the last device C times the work of the first; the zig-zag order (``zigzag_order``: the
+gives the last device 2C - 1 times the visible query-key pairs of the first; the zig-zag order (``zigzag_order``: the
 sequence cut into 2C chunks, device i holding chunks i and 2C-1-i, as in Megatron-LM's and
 MaxText's load-balanced context parallelism) gives every device the same work. Positions (RoPE,
 xPos, ALiBi, the rope_alibi emulation) travel with their tokens: the caller reorders tokens,
