@@ -12,13 +12,13 @@ With C devices on a ``context`` mesh axis, each holds T / C of the queries, keys
   T / C keys at a time, in the backward pass too (it runs the ring again, each chunk's key and value
   gradients travelling with it; Liu et al., Ring Attention, arXiv 2310.01889).
 
-Causality compares each token's original slot (``IndexMask.q_index`` / ``k_index``), never its
-place in the split sequence, so any token order is correct. Under a causal mask the natural split
-gives the last device 2C - 1 times the visible query-key pairs of the first; the zig-zag order (``zigzag_order``: the
-sequence cut into 2C chunks, device i holding chunks i and 2C-1-i, as in Megatron-LM's and
-MaxText's load-balanced context parallelism) gives every device the same work. Positions (RoPE,
-xPos, ALiBi, the rope_alibi emulation) travel with their tokens: the caller reorders tokens,
-positions, slot indices, validity and segment ids together (``to_zigzag``).
+Causality compares each token's original slot (``IndexMask.q_index`` / ``k_index``), never its place in the
+split sequence, so any token order is correct. Under a causal mask the natural split gives the last device 2C
+- 1 times the visible query-key pairs of the first; the zig-zag order (``zigzag_order``: the sequence cut into
+2C chunks, device i holding chunks i and 2C-1-i, as in Megatron-LM's and MaxText's load-balanced context
+parallelism) gives every device the same work. Positions (RoPE, xPos, ALiBi, the rope_alibi emulation) travel
+with their tokens: the caller reorders tokens, positions, slot indices, validity and segment ids together
+(``to_zigzag``).
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
 C context shards.

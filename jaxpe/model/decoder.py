@@ -224,15 +224,15 @@ class Decoder(nnx.Module):
         ``KVCache`` or holds arrays of the wrong dtype.
       ValueError: an argument not ``[B, T]`` (tokens; positions, mask, segment ids, slot index of the
         tokens' shape); B or T = 0; ``slot_index`` with a cache, or with a mask or segment ids but no
-        positions; ``slot_index`` or a sequence split over a mesh (context parallelism) on a backend
-        other than ``xla``; T not divisible by the devices the sequence is split over; ids or positions out of range (when concrete); T beyond ``max_len`` for
-        learned positions; T (or the cache's slots) beyond ``rope_alibi_context`` for
-        ``rope_alibi``; segment ids together with a cache; a cache of another config, batch or
-        layer count; a cache without room for T more tokens: checked at trace time from the
-        static shapes (T > S) and, when ``cache.end`` is concrete, from it. Under ``jax.jit`` /
-        ``nnx.jit`` a traced ``cache.end + T > S`` cannot raise at trace time: the call then fails
-        when it runs (a ``JaxRuntimeError`` carrying this ValueError's message, from a host
-        callback run only on overflow), never silently.
+        positions; ``slot_index`` or a sequence split over a mesh (context parallelism) on a backend other
+        than ``xla``; T not divisible by the devices the sequence is split over; ids or positions out of range
+        (when concrete); T beyond ``max_len`` for learned positions; T (or the cache's slots) beyond
+        ``rope_alibi_context`` for ``rope_alibi``; segment ids together with a cache; a cache of another
+        config, batch or layer count; a cache without room for T more tokens: checked at trace time from the
+        static shapes (T > S) and, when ``cache.end`` is concrete, from it. Under ``jax.jit`` / ``nnx.jit`` a
+        traced ``cache.end + T > S`` cannot raise at trace time: the call then fails when it runs (a
+        ``JaxRuntimeError`` carrying this ValueError's message, from a host callback run only on overflow),
+        never silently.
     """
     cfg = self.cfg
     tokens, positions, attention_mask, segment_ids, slot_index = _check_call(

@@ -1,13 +1,13 @@
 """Device mesh, logical-axis rules, sharded model creation and multi-process batches.
 
-The mesh has four named axes: ``data`` (data parallelism), ``fsdp`` (fully sharded data
-parallelism: parameters and optimizer state split, the batch split too), ``tensor`` (tensor
-parallelism: heads, MLP and vocab split) and ``context`` (context parallelism: the sequence of
-activations split, attention across the shards by ``jaxpe.attention.context``). The decoder's parameters carry logical axis names
-(``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``pos``, ``layers``);
-activations at block boundaries are ``(batch, length, embed)``. Logical rules
-(``jaxpe.config.LogicalRules``) map logical names onto mesh axes; within one array each mesh axis
-is used at most once (a later dimension whose mesh axis is taken is replicated).
+The mesh has four named axes: ``data`` (data parallelism), ``fsdp`` (fully sharded data parallelism:
+parameters and optimizer state split, the batch split too), ``tensor`` (tensor parallelism: heads, MLP and
+vocab split) and ``context`` (context parallelism: the sequence of activations split, attention across the
+shards by ``jaxpe.attention.context``). The decoder's parameters carry logical axis names (``vocab``,
+``embed``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``pos``, ``layers``); activations at block
+boundaries are ``(batch, length, embed)``. Logical rules (``jaxpe.config.LogicalRules``) map logical names
+onto mesh axes; within one array each mesh axis is used at most once (a later dimension whose mesh axis is
+taken is replicated).
 
 Source: the logical-axis scheme of Flax's ``nn.partitioning`` / MaxText (``logical_axis_rules``),
 with FSDP as in ZeRO-3 (Rajbhandari et al., arXiv 1910.02054) and Megatron-style tensor
