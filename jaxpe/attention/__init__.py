@@ -7,6 +7,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
 - ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
+- ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
+  the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets.
 - ``xla``, ``cudnn``, ``splash``, ``pallas_gpu``: one module per backend.
 - ``fused``: q, k, v prepared for a fused kernel (the bias-free ALiBi emulation, segment ids).
 - ``kernels``: ``attention``, the one entry point (checks, then a backend).
@@ -27,10 +29,12 @@ from jaxpe.attention.backends import (
   platform_backends,
   resolve_backend,
 )
+from jaxpe.attention.blockwise import blockwise_attention, combine_partials
 from jaxpe.attention.emulated import emulated_alibi_attention
 from jaxpe.attention.kernels import attention
 from jaxpe.attention.masks import (
   AttentionMask,
+  IndexMask,
   check_causal,
   check_segment_ids,
   check_valid,
@@ -49,14 +53,17 @@ __all__ = [
   "Backend",
   "CUDNN_MAX_HEAD_DIM",
   "HEAD_DIM_MULTIPLE",
+  "IndexMask",
   "IMPLEMENTATIONS",
   "XLA_CAUSAL_BLOCK",
   "attention",
   "available_backends",
+  "blockwise_attention",
   "check_causal",
   "check_scale",
   "check_segment_ids",
   "check_valid",
+  "combine_partials",
   "dense_attention_mask",
   "dense_segment_ids",
   "document_mask",

@@ -36,40 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxpe.attention import reference
-from jaxpe.attention.backends import AlibiSpec
-from jaxpe.ops import alibi as alibi_ops
+from jaxpe.attention import blockwise, reference
+from jaxpe.attention.backends import AlibiSpec, check_alibi_spec
+from jaxpe.attention.masks import IndexMask
 from jaxpe.ops import checks as _checks
 
 STRATEGIES: tuple[str, ...] = ("all_gather", "ring")
 """The ways ``context_attention`` reaches the keys of the other shards."""
-
-
-# --- stand-in for jaxpe.attention.masks.IndexMask until it lands on main ------------------------
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class IndexMask:
-  """Structured mask from slot indices (``dense_attention_mask``'s arguments as one pytree)."""
-
-  q_index: jax.Array
-  k_index: jax.Array
-  causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
-  k_valid: jax.Array | None = None
-  q_segment_ids: jax.Array | None = None
-  k_segment_ids: jax.Array | None = None
-
-  def dense(self) -> jax.Array:
-    q_index, k_index = self.q_index, self.k_index
-    mask = jnp.ones((q_index.shape[0], q_index.shape[1], k_index.shape[1]), bool)
-    if self.causal:
-      mask &= k_index[:, None, :] <= q_index[:, :, None]
-    if self.k_valid is not None:
-      mask &= self.k_valid.astype(bool)[:, None, :]
-    if self.q_segment_ids is not None:
-      mask &= self.q_segment_ids[:, :, None] == self.k_segment_ids[:, None, :]
-    return mask[:, None]
 
 
 # --- zig-zag order -------------------------------------------------------------------------------
@@ -188,10 +161,12 @@ def context_attention(
     raise ValueError(
       f"T ({t_len}) and S ({s_len}) must be divisible by the {shards} shards of the mesh axes {list(axes)}"
     )
-  if mask is not None and not isinstance(mask, IndexMask):
-    raise TypeError(f"mask must be an IndexMask or None, got {type(mask).__name__}")
-  if alibi is not None and not isinstance(alibi, AlibiSpec):
-    raise TypeError(f"alibi must be an AlibiSpec or None, got {type(alibi).__name__}")
+  if mask is not None:
+    if not isinstance(mask, IndexMask):
+      raise TypeError(f"mask must be an IndexMask or None, got {type(mask).__name__}")
+    mask = mask.check()
+  if alibi is not None:
+    alibi = check_alibi_spec(alibi, batch, t_len, s_len, q.shape[2], fused=False)
   q_side = k_side = (None, None, None)
   if mask is not None:
     q_side = (mask.q_index, mask.q_segment_ids, None)
@@ -212,69 +187,27 @@ def context_attention(
   cfg = _Local(float(scale), bool(mask is not None and mask.causal), int(precise_dims), slopes, axes, shards)
   body = functools.partial(_ring if strategy == "ring" else _all_gather, cfg=cfg)
   split = P(None, axes[0] if len(axes) == 1 else axes)
-  return jax.shard_map(body, mesh=mesh, in_specs=(split,) * 5, out_specs=split, axis_names=frozenset(axes))(
-    q, k, v, q_side, k_side
+  # check_vma=False: blockwise's loops start from constants (not varying over the manual axes) that
+  # its steps turn into per-shard values, which the varying-axes check refuses in lax.cond / scan.
+  mapped = jax.shard_map(
+    body, mesh=mesh, in_specs=(split,) * 5, out_specs=split, axis_names=frozenset(axes), check_vma=False
   )
+  return mapped(q, k, v, q_side, k_side)
 
 
 def _attend(q, k, v, q_side, k_side, cfg: _Local, *, with_lse: bool):
-  """Local attention of ``q`` to the keys ``k, v`` with their side arrays: ``out [B, t, N, H]``
-  (``v.dtype``), and with ``with_lse`` also the float32 log-sum-exp ``[B, t, N]`` (-inf: no key)."""
+  """Local blockwise attention of ``q`` to the keys ``k, v`` with their side arrays: ``out [B, t,
+  N, H]`` (``v.dtype``), and with ``with_lse`` also the float32 log-sum-exp ``[B, t, N]`` (-inf: no
+  visible key)."""
   q_index, q_seg, q_pos = q_side
   k_index, k_seg, k_valid, k_pos = k_side
-  mask = None
-  if q_index is not None:
-    mask = IndexMask(q_index, k_index, cfg.causal, k_valid, q_seg, k_seg).dense()
-  bias = None
-  if cfg.slopes is not None:
-    bias = alibi_ops.alibi_bias(jnp.asarray(cfg.slopes, jnp.float32), q_pos, k_pos)
-  if not with_lse:
-    return reference.dot_product_attention(
-      q, k, v, scale=cfg.scale, bias=bias, mask=mask, precise_dims=cfg.precise_dims
-    )
-  return _dense_with_lse(q, k, v, cfg.scale, bias, mask, cfg.precise_dims)
-
-
-def _dense_with_lse(q, k, v, scale, bias, mask, precise_dims):
-  """Dense attention with its log-sum-exp (autodiff; stands in for blockwise's ``return_lse``)."""
-  group = q.shape[2] // k.shape[2]
-  k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-  split = q.shape[-1] - precise_dims
-  f32 = dict(preferred_element_type=jnp.float32)
-  s = jnp.einsum("BTNH,BSNH->BNTS", q[..., :split], k[..., :split], **f32)
-  if precise_dims:
-    s = s + jnp.einsum(
-      "BTNH,BSNH->BNTS",
-      q[..., split:].astype(jnp.float32),
-      k[..., split:].astype(jnp.float32),
-      precision=jax.lax.Precision.HIGHEST,
-    )
-  s = s * jnp.float32(scale)
-  if bias is not None:
-    s = s + bias
-  visible = jnp.ones(s.shape, bool) if mask is None else jnp.broadcast_to(mask, s.shape)
-  top = jnp.max(jnp.where(visible, s, -jnp.inf), axis=-1, keepdims=True)
-  top = jnp.where(jnp.isfinite(top), top, 0.0)
-  e = jnp.where(visible, jnp.exp(jnp.where(visible, s - top, 0.0)), 0.0)
-  total = jnp.sum(e, axis=-1, keepdims=True)
-  seen = total > 0
-  out = jnp.einsum("BNTS,BSNH->BTNH", e / jnp.where(seen, total, 1.0), v.astype(jnp.float32))
-  lse = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)[..., 0]
-  return out.astype(v.dtype), jnp.moveaxis(lse, 1, 2)
-
-
-def _combine(out_a, lse_a, out_b, lse_b):
-  """Stand-in for ``blockwise.combine_partials``."""
-  top = jnp.maximum(lse_a, lse_b)
-  empty = top == -jnp.inf
-  safe = jnp.where(empty, 0.0, top)
-  w_a = jnp.where(empty, 0.0, jnp.exp(jnp.where(empty, 0.0, lse_a - safe)))
-  w_b = jnp.where(empty, 0.0, jnp.exp(jnp.where(empty, 0.0, lse_b - safe)))
-  total = jnp.where(empty, 1.0, w_a + w_b)
-  out = (out_a.astype(jnp.float32) * w_a[..., None] + out_b.astype(jnp.float32) * w_b[..., None]) / total[
-    ..., None
-  ]
-  return out, jnp.where(empty, -jnp.inf, safe + jnp.log(total))
+  mask = None if q_index is None else IndexMask(q_index, k_index, cfg.causal, k_valid, q_seg, k_seg)
+  alibi = None
+  if cfg.slopes is not None:  # blockwise reads slopes and positions only
+    alibi = AlibiSpec(np.asarray(cfg.slopes, np.float64), q_pos, k_pos, max_position=2**24)
+  return blockwise.blockwise_attention(
+    q, k, v, scale=cfg.scale, mask=mask, alibi=alibi, precise_dims=cfg.precise_dims, return_lse=with_lse
+  )
 
 
 def _all_gather(q, k, v, q_side, k_side, *, cfg: _Local):
@@ -306,7 +239,8 @@ def _ring_forward(q, k, v, q_side, k_side, cfg: _Local):
   out = lse = None
   for step in range(cfg.shards):
     part, part_lse = _attend(q, visiting[0], visiting[1], q_side, visiting[2], cfg, with_lse=True)
-    out, lse = (part.astype(jnp.float32), part_lse) if out is None else _combine(out, lse, part, part_lse)
+    part = part.astype(jnp.float32)
+    out, lse = (part, part_lse) if out is None else blockwise.combine_partials(out, lse, part, part_lse)
     if step < cfg.shards - 1:
       visiting = _pass(visiting, cfg)
   return out, lse

@@ -73,7 +73,7 @@ def attend(
   if mask is not None and not isinstance(mask, AttentionMask):
     raise ValueError(
       f"attention implementation {impl!r} takes an AttentionMask (causal, padding, segment ids), not a "
-      "dense mask; KV-cache decoding runs on implementation='xla'"
+      f"{type(mask).__name__} (a dense mask or an IndexMask); KV-cache decoding runs on implementation='xla'"
     )
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv, head_dim = k.shape[1], k.shape[2], v.shape[-1]

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxpe.attention import fused, xla
 from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
-from jaxpe.attention.masks import AttentionMask
+from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.reference import check_scale
 from jaxpe.ops import checks as _checks
 
@@ -32,7 +32,7 @@ def attention(
   v: jax.Array,
   *,
   scale: float,
-  mask: AttentionMask | jax.Array | None = None,
+  mask: AttentionMask | IndexMask | jax.Array | None = None,
   bias: jax.Array | None = None,
   alibi_spec: AlibiSpec | None = None,
   precise_dims: int = 0,
@@ -46,8 +46,10 @@ def attention(
     k: ``[B, S, K, Hq]`` float keys.
     v: ``[B, S, K, H]`` float values.
     scale: score scale, usually ``1/sqrt(H)``; finite, > 0.
-    mask: an ``AttentionMask`` (every backend), a dense bool mask ``[B, 1|N, T, S]`` (``xla``
-      only), or None (no mask).
+    mask: an ``AttentionMask`` (every backend), an ``IndexMask`` (slot indices: the KV cache, context
+      shards; ``xla`` only), a dense bool mask ``[B, 1|N, T, S]`` (``xla`` only), or None (no mask).
+      On ``xla`` every form but the dense mask runs blockwise (``jaxpe.attention.blockwise``:
+      O(T x block) memory); a dense mask or bias runs on the dense reference.
     bias: dense float bias ``[B, N, T, S]`` (``xla`` only).
     alibi_spec: ALiBi: native bias on ``xla``, its bias-free emulation on fused kernels.
     precise_dims: trailing float32 dims of q and k that carry an emulation (``rope_alibi``):
@@ -125,8 +127,17 @@ def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl: str):
     if s_len != t_len:
       raise ValueError(f"an AttentionMask is for self-attention (T == S), got T={t_len}, S={s_len}")
     mask = mask.check(batch, t_len)
+  elif isinstance(mask, IndexMask):
+    mask = mask.check()
+    if mask.q_index.shape != (batch, t_len) or mask.k_index.shape != (batch, s_len):
+      raise ValueError(
+        f"IndexMask q_index / k_index must have shapes [B, T] = {[batch, t_len]} / [B, S] = "
+        f"{[batch, s_len]}, got {tuple(mask.q_index.shape)} / {tuple(mask.k_index.shape)}"
+      )
   elif mask is not None and not isinstance(mask, jax.Array | np.ndarray):
-    raise TypeError(f"mask must be an AttentionMask, a bool array [B, 1|N, T, S] or None, got {mask!r}")
+    raise TypeError(
+      f"mask must be an AttentionMask, an IndexMask, a bool array [B, 1|N, T, S] or None, got {mask!r}"
+    )
   if alibi_spec is not None:
     alibi_spec = check_alibi_spec(alibi_spec, batch, t_len, s_len, num_heads, fused=impl != "xla")
   return q, k, v, scale, mask, alibi_spec

@@ -3,6 +3,7 @@ checks of mask fields.
 
 - ``AttentionMask``: self-attention as causal + padding (``valid``) + packed documents
   (``segment_ids``); what fused kernels take instead of a dense mask.
+- ``IndexMask``: the mask from slot indices (KV cache, context-parallel shards), structured.
 - ``dense_attention_mask``: the dense ``[B, 1, T, S]`` bool mask from slot indices (KV cache too).
 - ``document_mask``: the packed-documents mask (t5x / Flax lm1b).
 - ``dense_segment_ids`` / ``kernel_segment_ids``: segment ids as the fused kernels read them.
@@ -165,6 +166,102 @@ def kernel_segment_ids(mask: AttentionMask, batch: int, length: int) -> jax.Arra
   return ids
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class IndexMask:
+  """Structured mask from slot indices: the arguments of ``dense_attention_mask`` as one pytree.
+
+  Query t may attend key s when ``k_index[s] <= q_index[t]`` (if ``causal``), ``k_valid[s]`` and
+  ``q_segment_ids[t] == k_segment_ids[s]``. Unlike ``AttentionMask`` the queries and keys need not be
+  the same tokens: a KV cache (queries at slots ``end .. end + T - 1`` of S cache slots), or the
+  context-parallel shards of a reordered sequence (each token keeps its original slot). The ``xla``
+  backend of ``jaxpe.attention.attention`` evaluates it block by block (``jaxpe.attention.blockwise``),
+  never as a ``[B, T, S]`` array; ``dense()`` gives that array for the dense reference.
+
+  Attributes:
+    q_index: ``[B, T]`` integer slot of each query in the sequence buffer (for causality; with a
+      KV cache the cache slot, after a context-parallel reordering the original slot; not the
+      position, which packed documents restart).
+    k_index: ``[B, S]`` integer slot of each key.
+    causal: static Python bool (a pytree meta field).
+    k_valid: optional ``[B, S]`` bool (or integer, nonzero = valid), False for padding keys or empty
+      cache slots.
+    q_segment_ids, k_segment_ids: optional ``[B, T]`` / ``[B, S]`` integer document ids (the same
+      dtype, any values, compared exactly); give both or neither.
+
+  Checked by ``check()`` (called by ``dense`` and by ``attention``), not at construction.
+  """
+
+  q_index: jax.Array
+  k_index: jax.Array
+  causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
+  k_valid: jax.Array | None = None
+  q_segment_ids: jax.Array | None = None
+  k_segment_ids: jax.Array | None = None
+
+  def check(self) -> IndexMask:
+    """This mask with its fields as checked arrays.
+
+    Raises:
+      ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31,
+        or only one of the segment ids given.
+      TypeError: non-integer indices or segment ids (bool and float ids too), segment ids of two
+        dtypes, a float ``k_valid``, a non-bool ``causal``.
+    """
+    causal = check_causal("causal", self.causal)
+    q_segment_ids, k_segment_ids, k_valid = self.q_segment_ids, self.k_segment_ids, self.k_valid
+    if (q_segment_ids is None) != (k_segment_ids is None):
+      raise ValueError("q_segment_ids and k_segment_ids must be given together")
+    if k_valid is not None:
+      k_valid = check_valid("k_valid", k_valid)
+    if q_segment_ids is not None:
+      q_segment_ids = check_segment_ids("q_segment_ids", q_segment_ids)
+      k_segment_ids = check_segment_ids("k_segment_ids", k_segment_ids)
+      if jnp.result_type(q_segment_ids) != jnp.result_type(k_segment_ids):
+        raise TypeError(
+          "q_segment_ids and k_segment_ids must have the same integer dtype (compared exactly), got "
+          f"{jnp.result_type(q_segment_ids)} and {jnp.result_type(k_segment_ids)}"
+        )
+    q_index, k_index = _checks.as_array("q_index", self.q_index), _checks.as_array("k_index", self.k_index)
+    _checks.check_rank("q_index", q_index, 2, "[B, T]")
+    _checks.check_rank("k_index", k_index, 2, "[B, S]")
+    _checks.check_positions("q_index", q_index)
+    _checks.check_positions("k_index", k_index)
+    batch, t_len, s_len = q_index.shape[0], q_index.shape[1], k_index.shape[1]
+    if k_index.shape[0] != batch:
+      raise ValueError(
+        f"q_index and k_index must have the same batch size B, got {batch} and {k_index.shape[0]}"
+      )
+    for name, arr, shape in (
+      ("k_valid", k_valid, (batch, s_len)),
+      ("q_segment_ids", q_segment_ids, (batch, t_len)),
+      ("k_segment_ids", k_segment_ids, (batch, s_len)),
+    ):
+      if arr is not None and arr.shape != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
+    return IndexMask(q_index, k_index, causal, k_valid, q_segment_ids, k_segment_ids)
+
+  def visible(self, q_rows=slice(None), k_cols=slice(None)) -> jax.Array:
+    """``[B, t, s]`` bool: which keys ``k_cols`` the queries ``q_rows`` may attend (fields unchecked)."""
+    q_index, k_index = self.q_index[:, q_rows], self.k_index[:, k_cols]
+    mask = jnp.ones((q_index.shape[0], q_index.shape[1], k_index.shape[1]), bool)
+    if self.causal:
+      mask &= k_index[:, None, :] <= q_index[:, :, None]
+    if self.k_valid is not None:
+      mask &= self.k_valid[:, k_cols].astype(bool)[:, None, :]
+    if self.q_segment_ids is not None:
+      mask &= self.q_segment_ids[:, q_rows, None] == self.k_segment_ids[:, None, k_cols]
+    return mask
+
+  def dense(self) -> jax.Array:
+    """The ``[B, 1, T, S]`` bool mask (True = may attend) of ``dense_attention_mask``.
+
+    Raises:
+      TypeError, ValueError: as ``check``.
+    """
+    return self.check().visible()[:, None, :, :]
+
+
 def dense_attention_mask(
   q_index: jax.Array,
   k_index: jax.Array,
@@ -205,44 +302,14 @@ def dense_attention_mask(
       dtypes, a float ``k_valid``,
       a non-bool ``causal``.
   """
-  causal = check_causal("causal", causal)
-  if (q_segment_ids is None) != (k_segment_ids is None):
-    raise ValueError("q_segment_ids and k_segment_ids must be given together")
-  if k_valid is not None:
-    k_valid = check_valid("k_valid", k_valid)
-  if q_segment_ids is not None:
-    q_segment_ids = check_segment_ids("q_segment_ids", q_segment_ids)
-    k_segment_ids = check_segment_ids("k_segment_ids", k_segment_ids)
-    if jnp.result_type(q_segment_ids) != jnp.result_type(k_segment_ids):
-      raise TypeError(
-        "q_segment_ids and k_segment_ids must have the same integer dtype (compared exactly), got "
-        f"{jnp.result_type(q_segment_ids)} and {jnp.result_type(k_segment_ids)}"
-      )
-  q_index, k_index = _checks.as_array("q_index", q_index), _checks.as_array("k_index", k_index)
-  _checks.check_rank("q_index", q_index, 2, "[B, T]")
-  _checks.check_rank("k_index", k_index, 2, "[B, S]")
-  _checks.check_positions("q_index", q_index)
-  _checks.check_positions("k_index", k_index)
-  batch, t_len, s_len = q_index.shape[0], q_index.shape[1], k_index.shape[1]
-  if k_index.shape[0] != batch:
-    raise ValueError(
-      f"q_index and k_index must have the same batch size B, got {batch} and {k_index.shape[0]}"
-    )
-  for name, arr, shape in (
-    ("k_valid", k_valid, (batch, s_len)),
-    ("q_segment_ids", q_segment_ids, (batch, t_len)),
-    ("k_segment_ids", k_segment_ids, (batch, s_len)),
-  ):
-    if arr is not None and arr.shape != shape:
-      raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
-  mask = jnp.ones((batch, t_len, s_len), bool)
-  if causal:
-    mask &= k_index[:, None, :] <= q_index[:, :, None]
-  if k_valid is not None:
-    mask &= k_valid.astype(bool)[:, None, :]
-  if q_segment_ids is not None:
-    mask &= q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
-  return mask[:, None, :, :]
+  return IndexMask(
+    q_index=q_index,
+    k_index=k_index,
+    causal=causal,
+    k_valid=k_valid,
+    q_segment_ids=q_segment_ids,
+    k_segment_ids=k_segment_ids,
+  ).dense()
 
 
 def make_attention_mask(

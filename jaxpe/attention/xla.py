@@ -1,8 +1,11 @@
-"""The ``xla`` backend: the dense reference attention (``jaxpe.attention.dot_product_attention``).
+"""The ``xla`` backend: blockwise attention in plain XLA (``jaxpe.attention.attention``).
 
-Takes a dense bias, any mask (an ``AttentionMask`` becomes its dense form) and the KV cache; ALiBi
-of an ``AlibiSpec`` is added as its native bias. A causal ``AttentionMask`` longer than
-``XLA_CAUSAL_BLOCK`` runs in query blocks that skip the keys after each block (``causal_block``).
+Structured masks (``AttentionMask``, ``IndexMask`` for the KV cache), no mask, and ALiBi of an
+``AlibiSpec`` run through ``jaxpe.attention.blockwise.blockwise_attention``: key blocks with an
+online softmax, the bias and mask computed per block from slot indices and positions, O(T x block)
+memory, never a ``[B, N, T, S]`` array. A dense bias or dense bool mask that the caller built runs
+on the dense reference ``jaxpe.attention.reference.dot_product_attention`` (the arrays are the
+caller's, already score-sized).
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
 """
@@ -12,15 +15,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxpe.attention import reference
+from jaxpe.attention import blockwise, reference
 from jaxpe.attention.backends import AlibiSpec
-from jaxpe.attention.masks import AttentionMask
+from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.ops import alibi
 
 HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
-# Query block of the ``xla`` backend's causal self-attention (``dot_product_attention(causal_block=)``):
-# each block of queries meets only the keys up to its end. Measured on CPU (B 8, T 512, N 8, H 64,
-# forward + backward): 64 and 128 ran 1.7-2.1x the dense path, 32 slower (small matmuls).
+# The dense reference's query block for causal self-attention (``dot_product_attention(causal_block=)``).
+# The ``xla`` backend itself now runs blockwise (``blockwise.default_block``); kept for callers of the
+# dense reference and old imports.
 XLA_CAUSAL_BLOCK = 128
 
 
@@ -30,21 +33,21 @@ def attend(
   v: jax.Array,
   *,
   scale: float,
-  mask: AttentionMask | jax.Array | None,
+  mask: AttentionMask | IndexMask | jax.Array | None,
   bias: jax.Array | None,
   alibi_spec: AlibiSpec | None,
   precise_dims: int,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``."""
-  causal_block = None
-  if isinstance(mask, AttentionMask):
-    if mask.causal and q.shape[1] > XLA_CAUSAL_BLOCK:
-      causal_block = XLA_CAUSAL_BLOCK  # self-attention: key slot t is query slot t
-    mask = (
-      mask.dense(q.shape[0], q.shape[1])
-      if (mask.causal or mask.valid is not None or mask.segment_ids is not None)
-      else None
+  if bias is None and (mask is None or isinstance(mask, AttentionMask | IndexMask)):
+    # Looked up at call time so tests can wrap blockwise.blockwise_attention.
+    return blockwise.blockwise_attention(
+      q, k, v, scale=scale, mask=mask, alibi=alibi_spec, precise_dims=precise_dims
     )
+  if isinstance(mask, AttentionMask):
+    mask = mask.dense(q.shape[0], q.shape[1])
+  elif isinstance(mask, IndexMask):
+    mask = mask.dense()
   if alibi_spec is not None:
     native = alibi.alibi_bias(
       jnp.asarray(alibi_spec.slopes, jnp.float32), alibi_spec.q_positions, alibi_spec.k_positions
@@ -52,5 +55,5 @@ def attend(
     bias = native if bias is None else bias + native
   # Looked up at call time so tests can wrap reference.dot_product_attention.
   return reference.dot_product_attention(
-    q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims, causal_block=causal_block
+    q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims
   )

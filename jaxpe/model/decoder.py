@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpe.attention import kernels, masks
-from jaxpe.attention.context import IndexMask
 from jaxpe.model import encodings, initializers, partitioning
 from jaxpe.model.cache import KVCache, check_cache
 from jaxpe.model.config import ModelConfig
@@ -270,7 +269,7 @@ class Decoder(nnx.Module):
       slots = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
       slots = slots if slot_index is None else slot_index.astype(jnp.int32)
       k_valid = None if attention_mask is None else valid
-      mask = IndexMask(slots, slots, True, k_valid, segment_ids, segment_ids)
+      mask = masks.IndexMask(slots, slots, True, k_valid, segment_ids, segment_ids)
       kv_positions, layer_caches = positions, None
     else:
       slots = cache.positions.shape[1]
@@ -278,7 +277,7 @@ class Decoder(nnx.Module):
       k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)
       q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
       k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
-      mask = masks.dense_attention_mask(q_index, k_index, k_valid=k_valid)
+      mask = masks.IndexMask(q_index, k_index, causal=True, k_valid=k_valid)  # blockwise on xla
       kv_positions, layer_caches = k_positions, (cache.k, cache.v)
 
     x, new_kv = self._blocks(

@@ -118,7 +118,7 @@ class Attention(nnx.Module):
     self,
     x: jax.Array,
     positions: jax.Array,
-    mask: jax.Array,
+    mask: masks.AttentionMask | masks.IndexMask,
     *,
     kv_positions: jax.Array,
     cache_kv: tuple[jax.Array, jax.Array] | None = None,
@@ -126,8 +126,8 @@ class Attention(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
-    ``mask`` (an ``AttentionMask`` without a cache; an ``IndexMask`` of the tokens' slots when they
-    are reordered or split over devices; a dense ``[B, 1, T, S]`` bool mask with a cache) and
+    ``mask`` (an ``AttentionMask`` without a cache; an ``IndexMask`` of the slots otherwise: of the
+    cache with one, of the tokens when they are reordered or split over devices) and
     ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
     slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
     or an ``IndexMask`` on ``xla``; with the sequence split over mesh axes
@@ -143,7 +143,7 @@ class Attention(nnx.Module):
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
     cfg = self.cfg
     split = partitioning.sequence_split()
-    if isinstance(mask, context.IndexMask) and split is not None:
+    if cache_kv is None and isinstance(mask, masks.IndexMask) and split is not None:
       out = context.context_attention(
         q,
         k,
@@ -157,8 +157,6 @@ class Attention(nnx.Module):
         precise_dims=q.shape[-1] - cfg.head_size,
       )
       return self.o(out), None
-    if isinstance(mask, context.IndexMask):
-      mask = mask.dense()
     fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
     out = kernels.attention(
       q,

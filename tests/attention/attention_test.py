@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpe.attention import kernels, masks, xla
+from jaxpe.attention import blockwise, kernels, masks
 from jaxpe.attention import reference as attention
 from jaxpe.ops import alibi
 
@@ -89,17 +89,17 @@ def test_causal_blocks_match_the_dense_path_and_float64(t_len, block, kind):
       np.testing.assert_allclose(g, w, atol=2e-5)
 
 
-def test_xla_backend_runs_long_causal_masks_in_blocks_like_float64(monkeypatch):
-  # T = 131: two whole blocks of 64 and a block of 3 (T not a multiple of the block)
-  monkeypatch.setattr(xla, "XLA_CAUSAL_BLOCK", 64)
+def test_xla_backend_runs_structured_masks_blockwise_like_float64(monkeypatch):
+  # T = 131 with blocks of 64: two whole blocks and a block of 3 (T not a multiple of the block)
+  monkeypatch.setattr(blockwise, "SMALL_BLOCK", 64)
   seen = []
-  real = attention.dot_product_attention
-  monkeypatch.setattr(attention, "dot_product_attention", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+  real = blockwise.blockwise_attention
+  monkeypatch.setattr(blockwise, "blockwise_attention", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
   b, t_len, n, h = 1, 131, 2, 4
   q, k, v = (_rand(i, (b, t_len, n, h)) for i in range(3))
   mask = _mask("packed", b, t_len)
   out = kernels.attention(q, k, v, scale=0.5, mask=mask, implementation="xla")
-  assert seen[-1]["causal_block"] == 64
+  assert len(seen) == 1 and isinstance(seen[-1]["mask"], masks.AttentionMask)
   np.testing.assert_allclose(out, _numpy_attention(q, k, v, 0.5, None, mask.dense(b, t_len)), atol=2e-6)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from jaxpe.attention import context, reference
 from jaxpe.attention.backends import AlibiSpec
-from jaxpe.attention.context import IndexMask
+from jaxpe.attention.masks import IndexMask, dense_attention_mask
 from jaxpe.ops import alibi
 from jaxpe.train import sharding
 
@@ -69,7 +69,7 @@ SLOPES = np.asarray(alibi.alibi_slopes_f64(N))
 def _dense(q, k, v, valid, segments, positions):
   """One device: the dense reference with the dense mask and the native ALiBi bias, slot order."""
   slots = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  mask = IndexMask(slots, slots, True, valid, segments, segments).dense()
+  mask = dense_attention_mask(slots, slots, k_valid=valid, q_segment_ids=segments, k_segment_ids=segments)
   bias = alibi.alibi_bias(jnp.asarray(SLOPES, jnp.float32), positions, positions)
   return reference.dot_product_attention(q, k, v, scale=0.3, bias=bias, mask=mask, precise_dims=EXTRA)
 

@@ -162,7 +162,13 @@ for _impl in ("xla", *FUSED):
     (_impl, "precise_dims", dict(precise_dims=-1), ValueError, r"precise_dims must be an int in 0..Hq = 8"),
     (_impl, "precise_dims", dict(precise_dims=9), ValueError, r"precise_dims must be an int in 0..Hq = 8"),
     (_impl, "precise_dims", dict(precise_dims=1.0), TypeError, r"precise_dims must be an int"),
-    (_impl, "mask", dict(mask="causal"), TypeError, r"mask must be an AttentionMask, a bool array"),
+    (
+      _impl,
+      "mask",
+      dict(mask="causal"),
+      TypeError,
+      r"mask must be an AttentionMask, an IndexMask, a bool array",
+    ),
     (
       _impl,
       "mask",
