@@ -234,15 +234,18 @@ def _pass(x, cfg: _Local):
 
 def _ring_forward(q, k, v, q_side, k_side, cfg: _Local):
   """C steps; each attends the local queries to the visiting keys and merges the partial result
-  into the running one (online softmax), then passes the keys on. ``(out float32, lse)``."""
-  visiting = (k, v, k_side)
-  out = lse = None
-  for step in range(cfg.shards):
+  into the running one (online softmax). The C - 1 passes run in a ``lax.scan`` (one traced step,
+  whatever C). Returns ``(out float32, lse)``."""
+  out, lse = _attend(q, k, v, q_side, k_side, cfg, with_lse=True)
+
+  def step(carry, _):
+    out, lse, visiting = carry
+    visiting = _pass(visiting, cfg)
     part, part_lse = _attend(q, visiting[0], visiting[1], q_side, visiting[2], cfg, with_lse=True)
-    part = part.astype(jnp.float32)
-    out, lse = (part, part_lse) if out is None else blockwise.combine_partials(out, lse, part, part_lse)
-    if step < cfg.shards - 1:
-      visiting = _pass(visiting, cfg)
+    out, lse = blockwise.combine_partials(out, lse, part.astype(jnp.float32), part_lse)
+    return (out, lse, visiting), None
+
+  (out, lse, _), _ = jax.lax.scan(step, (out.astype(jnp.float32), lse, (k, v, k_side)), length=cfg.shards - 1)
   return out, lse
 
 
@@ -264,34 +267,35 @@ def _ring_bwd(cfg, residuals, d_out):
   travel the ring again with their gradient accumulators, which a last pass brings home."""
   q, k, v, q_side, k_side, out, lse = residuals
   d_out = d_out.astype(jnp.float32)
-  d_q = jnp.zeros(q.shape, jnp.float32)
-  acc = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-  visiting = (k, v, k_side)
-  for step in range(cfg.shards):
-    k_side_now = visiting[2]
 
-    def part(q, k, v, k_side_now=k_side_now):
-      return _attend(q, k, v, q_side, k_side_now, cfg, with_lse=True)
+  def grads(k, v, k_side):  # this step's (d q, d k, d v), float32
+    def part(q, k, v):
+      return _attend(q, k, v, q_side, k_side, cfg, with_lse=True)
 
-    (part_out, part_lse), vjp = jax.vjp(part, q, visiting[0], visiting[1])
+    (part_out, part_lse), vjp = jax.vjp(part, q, k, v)
     seen = jnp.isfinite(part_lse) & jnp.isfinite(lse)
     w = jnp.where(seen, jnp.exp(jnp.where(seen, part_lse - lse, 0.0)), 0.0)
     d_part = (w[..., None] * d_out).astype(part_out.dtype)
     d_part_lse = w * jnp.sum(d_out * (part_out.astype(jnp.float32) - out), axis=-1)
-    g_q, g_k, g_v = vjp((d_part, d_part_lse))
-    d_q = d_q + g_q.astype(jnp.float32)
-    acc = (acc[0] + g_k.astype(jnp.float32), acc[1] + g_v.astype(jnp.float32))
-    acc = _pass(acc, cfg)  # after C passes each chunk's gradient is back on its shard
-    if step < cfg.shards - 1:
-      visiting = _pass(visiting, cfg)
+    return tuple(g.astype(jnp.float32) for g in vjp((d_part, d_part_lse)))
+
+  def step(carry, _):
+    d_q, acc, visiting = carry
+    visiting, acc = _pass((visiting, acc), cfg)  # each chunk's gradient travels with it
+    g_q, g_k, g_v = grads(*visiting)
+    return (d_q + g_q, (acc[0] + g_k, acc[1] + g_v), visiting), None
+
+  d_q, d_k, d_v = grads(k, v, k_side)
+  (d_q, acc, _), _ = jax.lax.scan(step, (d_q, (d_k, d_v), (k, v, k_side)), length=cfg.shards - 1)
+  d_k, d_v = _pass(acc, cfg)  # the last pass brings each chunk's gradient home
 
   def zero(x):
     return np.zeros(x.shape, jax.dtypes.float0)
 
   return (
     d_q.astype(q.dtype),
-    acc[0].astype(k.dtype),
-    acc[1].astype(v.dtype),
+    d_k.astype(k.dtype),
+    d_v.astype(v.dtype),
     jax.tree.map(zero, q_side),
     jax.tree.map(zero, k_side),
   )
