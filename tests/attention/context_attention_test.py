@@ -2,6 +2,8 @@
 closed form, and attention split over the ``context`` axis (all-gather and ring, with data
 parallelism beside it) against the dense reference on one device, forward and gradients."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,13 +76,31 @@ def _dense(q, k, v, valid, segments, positions):
   return reference.dot_product_attention(q, k, v, scale=0.3, bias=bias, mask=mask, precise_dims=EXTRA)
 
 
+@functools.cache
+def _reference():
+  """The one-device output and gradients of ``sum(out * weights)`` (computed once)."""
+  q, k, v, valid, segments, positions = _inputs()
+  weights = _weights()
+
+  def loss(q, k, v):
+    return jnp.sum(_dense(q, k, v, valid, segments, positions) * weights)
+
+  return jax.jit(
+    lambda q, k, v: (_dense(q, k, v, valid, segments, positions), jax.grad(loss, (0, 1, 2))(q, k, v))
+  )(q, k, v)
+
+
+def _weights():
+  return jnp.asarray(np.random.default_rng(1).normal(size=(B, T, N, H)), jnp.float32)
+
+
 @pytest.mark.parametrize("strategy", context.STRATEGIES)
 def test_context_attention_equals_one_device(strategy):
   """Zig-zag ordered q, k, v, slots, validity, segments and positions on (data 2, context 4)
   give the one-device result (values and gradients of q, k, v) within 1e-5."""
   q, k, v, valid, segments, positions = _inputs()
   mesh = sharding.make_mesh((2, 1, 1, SHARDS))
-  weights = jnp.asarray(np.random.default_rng(1).normal(size=(B, T, N, H)), jnp.float32)
+  weights = _weights()
 
   def split(q, k, v):
     z = lambda x: context.to_zigzag(x, SHARDS)  # noqa: E731
@@ -101,10 +121,7 @@ def test_context_attention_equals_one_device(strategy):
   def loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
 
-  ref = jax.jit(_dense)(q, k, v, valid, segments, positions)
-  ref_grads = jax.jit(jax.grad(loss(lambda q, k, v: _dense(q, k, v, valid, segments, positions)), (0, 1, 2)))(
-    q, k, v
-  )
+  ref, ref_grads = _reference()
   out, grads = jax.jit(lambda q, k, v: (split(q, k, v), jax.grad(loss(split), (0, 1, 2))(q, k, v)))(q, k, v)
   print(f"{strategy}: max |out diff| {float(jnp.max(jnp.abs(out - ref))):.2e}")
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=0, atol=1e-5)
