@@ -169,23 +169,29 @@ def _run_losses(workdir):
   return [json.loads(line)["loss"] for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def _restored(directory, cfg, shape):
+def _restore(directory, cfg, shape):
+  """The checkpoint in ``directory`` restored onto ``shape``'s mesh (shardings checked)."""
   n = int(np.prod(shape))
   _, abstract = trainer.abstract_state(cfg, sharding.make_mesh(shape, devices=jax.devices()[:n]))
-  mngr = checkpoint.manager(directory)
+  mngr = checkpoint.manager(directory, read_only=True)
   restored, _ = checkpoint.restore_latest(mngr, abstract)
   mngr.close()
   for x, a in zip(jax.tree.leaves(restored), jax.tree.leaves(abstract)):
     assert x.sharding.is_equivalent_to(a.sharding, x.ndim)
-  return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(restored)}
+  return restored
+
+
+def _flat(tree):
+  return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 @pytest.mark.usefixtures("standard_promotion")
 def test_trainer_context_parallel_across_processes_and_checkpoints_across_meshes(tmp_path):
-  """One process trains on a plain data-parallel mesh (8); two processes (2 devices each) train the
-  same run with the context axis (4) spanning both: the same losses within 1e-5. The plain
-  checkpoint restores onto the two-process context mesh, and the context checkpoint onto one device
-  and onto (data 2, context 4), all with identical values."""
+  """The trainer runs 3 steps with the sequence split over (data 2, context 4); two processes (2
+  devices each) take the same steps with the context axis (4) spanning both: the same losses and
+  final parameters within 1e-5. The trainer's checkpoint restores with identical values onto the
+  two-process context mesh, one device and a plain data-parallel mesh, and a one-device checkpoint
+  back onto (data 2, context 4)."""
   corpus = tmp_path / "corpus.txt"
   corpus.write_bytes(Path(sysconfig.get_paths()["stdlib"], "textwrap.py").read_bytes())
   run = [
@@ -205,21 +211,22 @@ def test_trainer_context_parallel_across_processes_and_checkpoints_across_meshes
     "model.pos_encoding=rope",
     "model.context_attention=ring",
   ]
-  plain = [*run, f"workdir={tmp_path / 'plain'}", "mesh_shape=[8, 1, 1, 1]"]
-  assert trainer.train(load_config(None, plain), progress=False).step == 3
+  cfg = load_config(None, [*run, f"workdir={tmp_path / 'one'}", "mesh_shape=[2, 1, 1, 4]"])
+  assert trainer.train(cfg, progress=False).step == 3
+  saved = tmp_path / "one" / "checkpoints"
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
   dump = tmp_path / "two.npz"
   spec = {
     "port": _free_port(),
     "overrides": [*run, f"workdir={tmp_path / 'two'}", "mesh_shape=[1, 1, 1, 4]"],
-    "restore_from": str(tmp_path / "plain" / "checkpoints"),
+    "restore_from": str(saved),
     "dump": str(dump),
   }
   procs = [
     subprocess.Popen(
       [
         sys.executable,
-        str(Path(__file__).with_name("two_process_worker.py")),
+        str(Path(__file__).with_name("context_worker.py")),
         json.dumps({**spec, "process_id": i}),
       ],
       env=env,
@@ -235,16 +242,20 @@ def test_trainer_context_parallel_across_processes_and_checkpoints_across_meshes
     for p in procs:
       p.kill()
   assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-  plain_losses, two_losses = _run_losses(tmp_path / "plain"), _run_losses(tmp_path / "two")
-  diff = np.max(np.abs(np.subtract(plain_losses, two_losses)))
-  print(f"losses {plain_losses} / {two_losses}: max diff {diff:.2e}")
-  np.testing.assert_allclose(two_losses, plain_losses, rtol=0, atol=1e-5)
   two = dict(np.load(dump))
-  cfg = load_config(None, plain)
-  for key, value in _restored(tmp_path / "plain" / "checkpoints", cfg, (1, 1, 1, 1)).items():
-    np.testing.assert_array_equal(two["one" + key], value, err_msg=key)  # plain -> context, 2 processes
-  for shape in [(1, 1, 1, 1), (2, 1, 1, 4)]:
-    for key, value in _restored(tmp_path / "two" / "checkpoints", cfg, shape).items():
-      np.testing.assert_array_equal(
-        two["own" + key], value, err_msg=key
-      )  # context -> one device, (2, 1, 1, 4)
+  one_losses = _run_losses(tmp_path / "one")
+  diff = np.max(np.abs(two["losses"] - one_losses))
+  print(f"losses {one_losses} / {two['losses'].tolist()}: max diff {diff:.2e}")
+  np.testing.assert_allclose(two["losses"], one_losses, rtol=0, atol=1e-5)
+  one_device = _flat(_restore(saved, cfg, (1, 1, 1, 1)))
+  for key, value in one_device.items():
+    np.testing.assert_array_equal(two["restored" + key], value, err_msg=key)  # onto 2 processes
+    np.testing.assert_allclose(two["own" + key], value, rtol=0, atol=1e-5, err_msg=key)  # trained alike
+  for key, value in _flat(_restore(saved, cfg, (8, 1, 1, 1))).items():
+    np.testing.assert_array_equal(value, one_device[key], err_msg=key)  # onto a plain mesh
+  # A checkpoint written from one device restores onto (data 2, context 4).
+  mngr = checkpoint.manager(tmp_path / "plain")
+  checkpoint.save(mngr, 3, _restore(saved, cfg, (1, 1, 1, 1)), {"step": 3})
+  mngr.close()
+  for key, value in _flat(_restore(tmp_path / "plain", cfg, (2, 1, 1, 4))).items():
+    np.testing.assert_array_equal(value, one_device[key], err_msg=key)
