@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpe.attention import context
-from jaxpe.model.config import LogicalRules
+from jaxpe.model.config import MESH_AXES, LogicalRules
 from jaxpe.ops import positions as positions_lib
 
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = LogicalRules().as_tuple()
@@ -99,6 +99,16 @@ def sequence_split() -> tuple[jax.sharding.Mesh, tuple[str, ...]] | None:
   if math.prod(mesh.shape[a] for a in axes) <= 1:
     return None
   return mesh, axes
+
+
+def sequence_split_size(mesh_shape: Sequence[int], rules=DEFAULT_RULES) -> int:
+  """Devices the sequence would be split over on a mesh of ``mesh_shape`` sizes (``MESH_AXES``
+  order, before it is built): the product of the sizes of the ``length`` entry of ``ACTIVATION``'s
+  spec under ``rules``; 1 when a ``-1`` is among them (known only once the devices are)."""
+  entry = logical_to_spec(ACTIVATION, rules)[1]
+  axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+  sizes = [mesh_shape[MESH_AXES.index(a)] for a in axes]
+  return 1 if -1 in sizes else math.prod(sizes)
 
 
 def sequence_shards() -> int:

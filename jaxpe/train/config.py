@@ -13,7 +13,6 @@ docs/contracts.md.
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +20,8 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
-from jaxpe.model.config import MESH_AXES, LogicalRules, ModelConfig, StrictConfig
+from jaxpe.model import partitioning
+from jaxpe.model.config import LogicalRules, ModelConfig, StrictConfig
 
 
 class DataConfig(StrictConfig):
@@ -145,18 +145,6 @@ class TrainConfig(StrictConfig):
       data = {**data, "mesh_shape": (*shape, 1) if len(shape) == 3 else shape}
     return data
 
-  def context_shards(self) -> int:
-    """Devices each sequence is split over: the product of the ``mesh_shape`` sizes of the mesh axes
-    ``logical_rules.length`` names (``context`` by default) and ``logical_rules.batch`` does not
-    take first; 1 when unsplit or unknown until the run starts (a ``-1`` among them)."""
-    rules = self.logical_rules
-    batch = () if rules.batch is None else (rules.batch,) if isinstance(rules.batch, str) else rules.batch
-    length = (
-      () if rules.length is None else (rules.length,) if isinstance(rules.length, str) else rules.length
-    )
-    sizes = [self.mesh_shape[MESH_AXES.index(a)] for a in length if a not in batch]
-    return 1 if -1 in sizes else math.prod(sizes)
-
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:
     if sum(1 for s in self.mesh_shape if s == -1) > 1 or any(s == 0 or s < -1 for s in self.mesh_shape):
@@ -164,7 +152,7 @@ class TrainConfig(StrictConfig):
         "mesh_shape (data, fsdp, tensor, context) takes positive sizes and at most one -1, got "
         f"{list(self.mesh_shape)}"
       )
-    split = self.context_shards()
+    split = partitioning.sequence_split_size(self.mesh_shape, self.logical_rules)
     if split > 1 and self.seq_len % (2 * split):
       raise ValueError(
         f"seq_len ({self.seq_len}) must be divisible by 2 x {split} = {2 * split} (mesh_shape "
