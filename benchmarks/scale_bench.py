@@ -1,9 +1,10 @@
 """Scaling measurements on fake CPU devices: step time and per-device memory of the default model
-under every (data, fsdp, tensor) mesh of 1, 2, 4 and 8 devices, and train-step compile time with
-and without ``scan_layers`` at 4, 16 and 48 layers.
+under every (data, fsdp, tensor) mesh of 1, 2, 4 and 8 devices, train-step compile time with
+and without ``scan_layers`` at 4, 16 and 48 layers, and context-parallel train steps (the sequence
+split over the ``context`` axis, all-gather and ring) per mesh.
 
     python benchmarks/scale_bench.py                 # everything (~10 min on 2 cores)
-    python benchmarks/scale_bench.py --part meshes   # or: --part compile
+    python benchmarks/scale_bench.py --part meshes   # or: --part compile, --part context
 
 Memory is XLA's compiled ``memory_analysis()`` of the train step, per device: arguments (the
 device's share of parameters, optimizer state and batch) and temporaries (activations, gradients).
@@ -103,9 +104,54 @@ def run_compile(cfg) -> None:
     print(f"{layers:>6} {times[0]:>14.1f} {times[1]:>14.1f} {times[0] / times[1]:>9.1f}", flush=True)
 
 
+CONTEXT_MESHES = ((1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 4), (1, 1, 1, 8), (2, 1, 1, 4), (1, 2, 1, 4))
+"""(data, fsdp, tensor, context) meshes ``context_step_times`` times by default."""
+
+
+def context_step_times(cfg, steps_timed: int, shapes=CONTEXT_MESHES, strategies=("all_gather", "ring")):
+  """Train-step time and per-device memory of ``cfg`` with the sequence split over each mesh's
+  ``context`` axis (``seq_len`` must divide by 2 x context), for each attention ``strategy``
+  (``model.context_attention``); the first row (context 1) is the reference of the ratios.
+
+  Returns a list of dicts ``{mesh, strategy, step_s, vs_first, args_mib, temp_mib}`` (one line each
+  is printed as it is measured: ``context <mesh> <strategy> <s> <ratio> <MiB> <MiB>``). Needs the
+  devices the meshes name (8 fake CPU devices: run it in a process started with
+  ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, as this script sets).
+  """
+  rows, base = [], None
+  for shape in shapes:
+    for strategy in strategies if shape[3] > 1 else strategies[:1]:
+      c = cfg.model_copy(update={"model": cfg.model.model_copy(update={"context_attention": strategy})})
+      compiled, state, batch, _ = compiled_step(c, shape)
+      state, out = compiled(state, batch)  # warm-up
+      jax.block_until_ready(out)
+      t0 = time.perf_counter()
+      for _ in range(steps_timed):
+        state, out = compiled(state, batch)
+      jax.block_until_ready(out)
+      dt = (time.perf_counter() - t0) / steps_timed
+      base = base or dt
+      mem = compiled.memory_analysis()
+      row = dict(
+        mesh=shape,
+        strategy=strategy if shape[3] > 1 else "-",
+        step_s=dt,
+        vs_first=dt / base,
+        args_mib=mem.argument_size_in_bytes / 2**20,
+        temp_mib=mem.temp_size_in_bytes / 2**20,
+      )
+      rows.append(row)
+      print(
+        f"context {str(shape):>12} {row['strategy']:>10} {dt:>8.3f} {dt / base:>8.2f} {row['args_mib']:>12.2f} "
+        f"{row['temp_mib']:>12.2f}",
+        flush=True,
+      )
+  return rows
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--part", choices=("all", "meshes", "compile"), default="all")
+  parser.add_argument("--part", choices=("all", "meshes", "compile", "context"), default="all")
   parser.add_argument("--steps", type=int, default=3, help="timed steps per mesh")
   parser.add_argument("overrides", nargs="*", help="key=value config overrides")
   args = parser.parse_args()
@@ -117,6 +163,12 @@ def main() -> None:
     run_meshes(cfg, args.steps)
   if args.part in ("all", "compile"):
     run_compile(cfg)
+  if args.part in ("all", "context"):
+    print(f"context parallelism: batch {cfg.batch_size} x {cfg.seq_len}")
+    print(
+      f"{'':7} {'mesh (d,f,t,c)':>12} {'strategy':>10} {'step s':>8} {'vs first':>8} {'args MiB/dev':>12} {'temp MiB/dev':>12}"
+    )
+    context_step_times(cfg, args.steps)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ PosEncoding = Literal[POS_ENCODINGS]
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
 Remat = Literal["none", "full", "dots_saveable"]
-MeshAxis = Literal["data", "fsdp", "tensor"]
-"""The mesh axes ``(data, fsdp, tensor)``, the values of ``LogicalRules``."""
+MeshAxis = Literal["data", "fsdp", "tensor", "context"]
+"""The mesh axes ``(data, fsdp, tensor, context)``, the values of ``LogicalRules``."""
 MESH_AXES: tuple[str, ...] = typing.get_args(MeshAxis)
 
 
@@ -164,6 +164,13 @@ class ModelConfig(StrictConfig):
     "none",
     description="rematerialise each block in the backward pass: none (keep activations), full (keep "
     "only block inputs) or dots_saveable (keep matmul outputs, recompute the rest)",
+  )
+  context_attention: Literal["all_gather", "ring"] = pydantic.Field(
+    "all_gather",
+    description="attention across the context mesh axis (when the sequence is split over it, "
+    "jaxpe.attention.context): all_gather (every shard gathers all keys and values, then attends its "
+    "queries) or ring (keys and values pass from shard to shard with ppermute, merged by the online "
+    "softmax: each shard holds T / context keys at a time); the same result either way",
   )
 
   @pydantic.field_validator("pos_encoding", mode="before")
@@ -312,18 +319,22 @@ Axes = MeshAxis | tuple[MeshAxis, ...] | None
 
 
 class LogicalRules(StrictConfig):
-  """Where each logical axis of parameters and activations goes on the mesh ``(data, fsdp, tensor)``.
+  """Where each logical axis of parameters and activations goes on the mesh ``(data, fsdp, tensor,
+  context)``.
 
   A value is one mesh axis, a list of them (the dimension is split over their product) or null
   (replicated). Within one array a mesh axis is used once: a later dimension whose axis is already
   taken is replicated (activations ``[B, T, D]`` are ``(batch, length, embed)``, so with the
   defaults B is split over ``data`` x ``fsdp`` and D, whose ``fsdp`` is taken, is not). Defaults:
   data parallelism over ``data``, FSDP over ``fsdp`` (parameters and optimizer state split along D,
-  the batch over ``data`` x ``fsdp``), tensor parallelism over ``tensor`` (heads, MLP, vocab).
+  the batch over ``data`` x ``fsdp``), tensor parallelism over ``tensor`` (heads, MLP, vocab),
+  context parallelism over ``context`` (the sequence T of activations; attention then runs across
+  the shards, ``jaxpe.attention.context``). No parameter has a ``length`` axis, so parameters are
+  replicated over ``context``.
   """
 
   batch: Axes = ("data", "fsdp")
-  length: Axes = None
+  length: Axes = "context"
   embed: Axes = "fsdp"
   heads: Axes = "tensor"
   kv_heads: Axes = "tensor"

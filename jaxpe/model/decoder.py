@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe.attention import masks
+from jaxpe.attention import kernels, masks
 from jaxpe.model import encodings, initializers, partitioning
 from jaxpe.model.cache import KVCache, check_cache
 from jaxpe.model.config import ModelConfig
@@ -33,7 +33,7 @@ from jaxpe.ops import checks as _checks
 from jaxpe.ops import positions as positions_lib
 
 
-def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids, cache):
+def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids, slot_index, cache):
   """The static checks of ``Decoder.__call__``; returns the arguments as JAX arrays."""
 
   # _checks.as_array keeps numpy as numpy until checked (jnp.asarray would wrap int64 values to int32)
@@ -72,10 +72,40 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
       raise TypeError(f"segment_ids must be an integer array of document ids, got dtype {segment_ids.dtype}")
 
+  split = partitioning.sequence_split()
+  if slot_index is not None:
+    if cache is not None:
+      raise ValueError("slot_index (reordered tokens) cannot be combined with a KV cache")
+    slot_index = _checks.as_array("slot_index", slot_index)
+    same_shape("slot_index", slot_index)
+    if not jnp.issubdtype(slot_index.dtype, jnp.integer):
+      raise TypeError(f"slot_index must hold integer slots, got dtype {slot_index.dtype}")
+    _checks.check_positions("slot_index", slot_index)
+    if positions is None and (attention_mask is not None or segment_ids is not None):
+      raise ValueError(
+        "slot_index with attention_mask or segment_ids needs the reordered tokens' positions: derive them "
+        "in slot order (jaxpe.model.partitioning.zigzag_inputs does) and pass positions="
+      )
+  if split is not None and shape[1] % partitioning.sequence_shards():
+    raise ValueError(
+      f"T ({shape[1]}) must be divisible by the {partitioning.sequence_shards()} devices of the mesh axes "
+      f"{list(split[1])} the sequence is split over (logical_rules.length)"
+    )
+  if cache is None and (slot_index is not None or split is not None):
+    backend = kernels.resolve_backend(cfg.attn_implementation, interpret=cfg.attention_interpret)
+    if backend != "xla":
+      what = (
+        "slot_index (reordered tokens)" if split is None else f"a sequence split over mesh axes {split[1]}"
+      )
+      raise ValueError(
+        f"{what} runs attention on the xla backend; set attn_implementation='xla', got "
+        f"{cfg.attn_implementation!r} (resolved to {backend!r})"
+      )
+
   def to_jax(x):
     return None if x is None else jnp.asarray(x)
 
-  return to_jax(tokens), to_jax(positions), to_jax(attention_mask), to_jax(segment_ids)
+  return to_jax(tokens), to_jax(positions), to_jax(attention_mask), to_jax(segment_ids), to_jax(slot_index)
 
 
 class Decoder(nnx.Module):
@@ -160,6 +190,7 @@ class Decoder(nnx.Module):
     positions: jax.Array | None = None,
     attention_mask: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    slot_index: jax.Array | None = None,
     cache: KVCache | None = None,
   ):
     """Next-token logits.
@@ -174,6 +205,13 @@ class Decoder(nnx.Module):
       attention_mask: ``[B, T]`` bool or integer, 0 for padding tokens (any padding: left, right,
         inner). Padding keys are ignored; the logits at padding queries are meaningless.
       segment_ids: ``[B, T]`` integer document ids of packed sequences (no cache).
+      slot_index: ``[B, T]`` integer slot of each token in its sequence before the tokens were
+        reordered (no cache): the causal mask lets the token at slot t see the keys of slots <= t,
+        whatever the order of the T tokens given. Default ``0..T-1`` (tokens in order). Context
+        parallelism gives the tokens in the load-balanced zig-zag order with their original slots
+        (``jaxpe.model.partitioning.zigzag_inputs``). Positions are not slots (packed documents
+        restart them): with ``slot_index`` and a mask or segment ids, give ``positions`` too;
+        without them the positions default to ``slot_index``.
       cache: a ``KVCache`` of this model's config (``init_cache(cfg, B, S)``) to append this chunk
         to (prefill or decode); it must have room for the T new tokens.
 
@@ -183,19 +221,21 @@ class Decoder(nnx.Module):
     Raises:
       TypeError: non-integer tokens, positions or segment ids; a float mask; a cache that is no
         ``KVCache`` or holds arrays of the wrong dtype.
-      ValueError: an argument not ``[B, T]`` (tokens; positions, mask, segment ids of the tokens'
-        shape); B or T = 0; ids or positions out of range (when concrete); T beyond ``max_len`` for
-        learned positions; T (or the cache's slots) beyond ``rope_alibi_context`` for
-        ``rope_alibi``; segment ids together with a cache; a cache of another config, batch or
-        layer count; a cache without room for T more tokens: checked at trace time from the
-        static shapes (T > S) and, when ``cache.end`` is concrete, from it. Under ``jax.jit`` /
-        ``nnx.jit`` a traced ``cache.end + T > S`` cannot raise at trace time: the call then fails
-        when it runs (a ``JaxRuntimeError`` carrying this ValueError's message, from a host
-        callback run only on overflow), never silently.
+      ValueError: an argument not ``[B, T]`` (tokens; positions, mask, segment ids, slot index of the
+        tokens' shape); B or T = 0; ``slot_index`` with a cache, or with a mask or segment ids but no
+        positions; ``slot_index`` or a sequence split over a mesh (context parallelism) on a backend other
+        than ``xla``; T not divisible by the devices the sequence is split over; ids or positions out of range
+        (when concrete); T beyond ``max_len`` for learned positions; T (or the cache's slots) beyond
+        ``rope_alibi_context`` for ``rope_alibi``; segment ids together with a cache; a cache of another
+        config, batch or layer count; a cache without room for T more tokens: checked at trace time from the
+        static shapes (T > S) and, when ``cache.end`` is concrete, from it. Under ``jax.jit`` / ``nnx.jit`` a
+        traced ``cache.end + T > S`` cannot raise at trace time: the call then fails when it runs (a
+        ``JaxRuntimeError`` carrying this ValueError's message, from a host callback run only on overflow),
+        never silently.
     """
     cfg = self.cfg
-    tokens, positions, attention_mask, segment_ids = _check_call(
-      cfg, tokens, positions, attention_mask, segment_ids, cache
+    tokens, positions, attention_mask, segment_ids, slot_index = _check_call(
+      cfg, tokens, positions, attention_mask, segment_ids, slot_index, cache
     )
     batch, t_len = tokens.shape
     if cache is not None:
@@ -205,7 +245,9 @@ class Decoder(nnx.Module):
     )
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
-      if segment_ids is not None:
+      if slot_index is not None:
+        positions = slot_index
+      elif segment_ids is not None:
         positions = positions_lib.positions_from_segment_ids(segment_ids)
       elif cache is not None:  # continue after the real tokens already cached
         prior = jnp.max(jnp.where(cache.valid, cache.positions + 1, 0), axis=1)
@@ -218,10 +260,16 @@ class Decoder(nnx.Module):
 
     x = self.embed_inputs(tokens, positions)
 
-    if cache is None:
+    if cache is None and slot_index is None and partitioning.sequence_split() is None:
       mask = masks.AttentionMask(
         valid=None if attention_mask is None else valid, segment_ids=segment_ids, causal=True
       )
+      kv_positions, layer_caches = positions, None
+    elif cache is None:  # tokens out of slot order, or split over devices: masked by their slots
+      slots = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+      slots = slots if slot_index is None else slot_index.astype(jnp.int32)
+      k_valid = None if attention_mask is None else valid
+      mask = masks.IndexMask(slots, slots, True, k_valid, segment_ids, segment_ids)
       kv_positions, layer_caches = positions, None
     else:
       slots = cache.positions.shape[1]

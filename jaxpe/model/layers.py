@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe.attention import kernels, masks
-from jaxpe.model import encodings, initializers
+from jaxpe.attention import context, kernels, masks
+from jaxpe.model import encodings, initializers, partitioning
 from jaxpe.model.config import ModelConfig
 
 
@@ -126,10 +126,13 @@ class Attention(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
-    ``mask`` (an ``AttentionMask`` without a cache, an ``IndexMask`` of the cache slots with one) and
+    ``mask`` (an ``AttentionMask`` without a cache; an ``IndexMask`` of the slots otherwise: of the
+    cache with one, of the tokens when they are reordered or split over devices) and
     ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
     slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
-    on ``xla``.
+    or an ``IndexMask`` on ``xla``; with the sequence split over mesh axes
+    (``partitioning.sequence_split``) across them (``jaxpe.attention.context``, strategy
+    ``cfg.context_attention``).
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     enc = encodings.for_config(self.cfg)
@@ -139,6 +142,21 @@ class Attention(nnx.Module):
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
     cfg = self.cfg
+    split = partitioning.sequence_split()
+    if cache_kv is None and isinstance(mask, masks.IndexMask) and split is not None:
+      out = context.context_attention(
+        q,
+        k,
+        v,
+        scale=1.0 / math.sqrt(cfg.head_size),
+        mesh=split[0],
+        axes=split[1],
+        strategy=cfg.context_attention,
+        mask=mask,
+        alibi=enc.alibi_spec(positions, kv_positions),
+        precise_dims=q.shape[-1] - cfg.head_size,
+      )
+      return self.o(out), None
     fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
     out = kernels.attention(
       q,

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
+from jaxpe.model import partitioning
 from jaxpe.model.config import LogicalRules, ModelConfig, StrictConfig
 
 
@@ -97,10 +98,11 @@ class TrainConfig(StrictConfig):
   eval_batches: int = pydantic.Field(16, gt=0)
   checkpoint_every: int = pydantic.Field(500, gt=0)
   keep_checkpoints: int = pydantic.Field(2, gt=0)
-  mesh_shape: tuple[int, int, int] = pydantic.Field(
-    (-1, 1, 1),
-    description="(data, fsdp, tensor) mesh axis sizes; one may be -1 = all remaining devices. The old "
-    "(data, model) form is read as (data, 1, model)",
+  mesh_shape: tuple[int, int, int, int] = pydantic.Field(
+    (-1, 1, 1, 1),
+    description="(data, fsdp, tensor, context) mesh axis sizes; one may be -1 = all remaining devices. "
+    "(data, fsdp, tensor) is read with context 1, the old (data, model) form as (data, 1, model, 1). "
+    "context > 1 splits each sequence over that many devices (seq_len must divide by 2 x context)",
   )
   logical_rules: LogicalRules = LogicalRules()
   grad_accum_steps: int = pydantic.Field(
@@ -132,19 +134,36 @@ class TrainConfig(StrictConfig):
   def _old_mesh_shape(cls, data: Any) -> Any:
     if isinstance(data, dict) and isinstance(data.get("mesh_shape"), (list, tuple)):
       shape = tuple(data["mesh_shape"])
-      if len(shape) not in (2, 3):
+      if len(shape) not in (2, 3, 4):
         raise ValueError(
-          f"mesh_shape takes 3 sizes (data, fsdp, tensor) or the old 2 (data, model), got {list(shape)}"
+          "mesh_shape takes 4 sizes (data, fsdp, tensor, context), 3 (data, fsdp, tensor) or the old 2 "
+          f"(data, model), got {list(shape)}"
         )
-      # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism.
-      data = {**data, "mesh_shape": (shape[0], 1, shape[1]) if len(shape) == 2 else shape}
+      # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism;
+      # (data, fsdp, tensor) from those before the context axis: no context parallelism.
+      shape = (shape[0], 1, shape[1]) if len(shape) == 2 else shape
+      data = {**data, "mesh_shape": (*shape, 1) if len(shape) == 3 else shape}
     return data
 
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:
     if sum(1 for s in self.mesh_shape if s == -1) > 1 or any(s == 0 or s < -1 for s in self.mesh_shape):
       raise ValueError(
-        f"mesh_shape (data, fsdp, tensor) takes positive sizes and at most one -1, got {list(self.mesh_shape)}"
+        "mesh_shape (data, fsdp, tensor, context) takes positive sizes and at most one -1, got "
+        f"{list(self.mesh_shape)}"
+      )
+    split = partitioning.sequence_split_size(self.mesh_shape, self.logical_rules)
+    if split > 1 and self.seq_len % (2 * split):
+      raise ValueError(
+        f"seq_len ({self.seq_len}) must be divisible by 2 x {split} = {2 * split} (mesh_shape "
+        f"{list(self.mesh_shape)}, logical_rules.length={self.logical_rules.length!r}): context "
+        "parallelism cuts each sequence into 2 zig-zag chunks per device"
+      )
+    if split > 1 and self.model.attn_implementation != "xla":
+      raise ValueError(
+        f"mesh_shape {list(self.mesh_shape)} splits the sequence over {split} devices, whose attention runs "
+        "on the xla backend (jaxpe.attention.context); set model.attn_implementation=xla, got "
+        f"{self.model.attn_implementation!r}"
       )
     if self.batch_size % self.grad_accum_steps:
       raise ValueError(

@@ -40,8 +40,9 @@ RUN_DEFINING_KEYS = ("model", "data", "seed", "seq_len", "batch_size")
 not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
 ``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
-RESUME_CHANGEABLE = ("model.scan_layers", "model.remat", "data.allow_changed")
-"""Keys under ``RUN_DEFINING_KEYS`` that a resume may change: how the layers are run (not their
+RESUME_CHANGEABLE = ("model.scan_layers", "model.remat", "model.context_attention", "data.allow_changed")
+"""Keys under ``RUN_DEFINING_KEYS`` that a resume may change: how the layers are run (loop or
+scanned, rematerialised, attention across the context axis by all-gather or ring: not their
 parameters), and the permission to continue on changed data (``check_resume_data``)."""
 
 PROCESS_LOCAL_KEYS = (

@@ -1,16 +1,18 @@
 """Device mesh, logical-axis rules, sharded model creation and multi-process batches.
 
-The mesh has three named axes: ``data`` (data parallelism), ``fsdp`` (fully sharded data
-parallelism: parameters and optimizer state split, the batch split too) and ``tensor`` (tensor
-parallelism: heads, MLP and vocab split). The decoder's parameters carry logical axis names
-(``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``pos``, ``layers``);
-activations at block boundaries are ``(batch, length, embed)``. Logical rules
-(``jaxpe.config.LogicalRules``) map logical names onto mesh axes; within one array each mesh axis
-is used at most once (a later dimension whose mesh axis is taken is replicated).
+The mesh has four named axes: ``data`` (data parallelism), ``fsdp`` (fully sharded data parallelism:
+parameters and optimizer state split, the batch split too), ``tensor`` (tensor parallelism: heads, MLP and
+vocab split) and ``context`` (context parallelism: the sequence of activations split, attention across the
+shards by ``jaxpe.attention.context``). The decoder's parameters carry logical axis names (``vocab``,
+``embed``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``pos``, ``layers``); activations at block
+boundaries are ``(batch, length, embed)``. Logical rules (``jaxpe.config.LogicalRules``) map logical names
+onto mesh axes; within one array each mesh axis is used at most once (a later dimension whose mesh axis is
+taken is replicated).
 
 Source: the logical-axis scheme of Flax's ``nn.partitioning`` / MaxText (``logical_axis_rules``),
 with FSDP as in ZeRO-3 (Rajbhandari et al., arXiv 1910.02054) and Megatron-style tensor
-parallelism (Shoeybi et al., arXiv 1909.08053).
+parallelism (Shoeybi et al., arXiv 1909.08053); context parallelism as in ring attention (Liu et
+al., arXiv 2310.01889) and MaxText / Megatron-LM's load-balanced (zig-zag) causal split.
 """
 
 from __future__ import annotations
@@ -38,25 +40,31 @@ from jaxpe.model.partitioning import (  # noqa: F401  (re-exported: the trainer'
   activation_sharding,
   constrain,
   logical_to_spec,
+  sequence_shards,
+  sequence_split,
+  zigzag_inputs,
 )
 from jaxpe.train.config import DistributedConfig
 
 
-def mesh_dims(shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:
-  """Resolves a ``(data, fsdp, tensor)`` shape (one entry may be ``-1``) against ``num_devices``.
+def mesh_dims(shape: Sequence[int], num_devices: int) -> tuple[int, int, int, int]:
+  """Resolves a ``(data, fsdp, tensor, context)`` shape (one entry may be ``-1``) against ``num_devices``.
 
-  A 2-tuple is the old ``(data, model)`` form and reads as ``(data, 1, model)``.
+  A 3-tuple is ``(data, fsdp, tensor)`` with ``context`` 1 (the form before the context axis), a
+  2-tuple the old ``(data, model)`` form, read as ``(data, 1, model, 1)``.
 
   Raises:
-    ValueError: not 2 or 3 entries, more than one ``-1``, a size < 1, or sizes whose product is not
-      ``num_devices``.
+    ValueError: not 2, 3 or 4 entries, more than one ``-1``, a size < 1, or sizes whose product is
+      not ``num_devices``.
   """
   shape = tuple(int(s) for s in shape)
   if len(shape) == 2:
     shape = (shape[0], 1, shape[1])
-  if len(shape) != 3 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+  if len(shape) == 3:
+    shape = (*shape, 1)
+  if len(shape) != 4 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
     raise ValueError(
-      f"mesh_shape must be (data, fsdp, tensor) sizes >= 1 with at most one -1, got {list(shape)}"
+      f"mesh_shape must be (data, fsdp, tensor, context) sizes >= 1 with at most one -1, got {list(shape)}"
     )
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
@@ -65,24 +73,25 @@ def mesh_dims(shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:
     shape = tuple(num_devices // known if s == -1 else s for s in shape)
   if math.prod(shape) != num_devices:
     raise ValueError(
-      f"mesh_shape {list(shape)} does not fit {num_devices} devices (data * fsdp * tensor must equal "
-      f"{num_devices}; use -1 for one axis to take the rest)"
+      f"mesh_shape {list(shape)} does not fit {num_devices} devices (data * fsdp * tensor * context must "
+      f"equal {num_devices}; use -1 for one axis to take the rest)"
     )
   return shape  # type: ignore[return-value]
 
 
 def make_mesh(
-  shape: Sequence[int] = (-1, 1, 1), devices: Sequence[jax.Device] | None = None
+  shape: Sequence[int] = (-1, 1, 1, 1), devices: Sequence[jax.Device] | None = None
 ) -> jax.sharding.Mesh:
-  """A ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all devices of all processes).
+  """A ``(data, fsdp, tensor, context)`` mesh over ``devices`` (default: all devices of all processes).
 
   Axes are ``Auto`` (jax.make_mesh's default Explicit axes break NNX embedding lookups). With
   several processes, ``jax.make_mesh`` orders devices so that each process holds a contiguous
-  block of the ``data`` x ``fsdp`` rows.
+  block of the ``data`` x ``fsdp`` rows. ``context`` is the innermost axis (neighbouring devices:
+  the ring of ``jaxpe.attention.context`` passes keys and values between them).
 
   Args:
-    shape: ``(data, fsdp, tensor)`` sizes in devices, one may be ``-1``; ``(data, model)`` reads as
-      ``(data, 1, model)``.
+    shape: ``(data, fsdp, tensor, context)`` sizes in devices, one may be ``-1``;
+      ``(data, fsdp, tensor)`` reads as context 1, ``(data, model)`` as ``(data, 1, model, 1)``.
     devices: the devices to use (e.g. ``jax.devices()[:4]``); default all.
 
   Raises:
@@ -90,7 +99,9 @@ def make_mesh(
   """
   devices = list(jax.devices() if devices is None else devices)
   dims = mesh_dims(shape, len(devices))
-  return jax.make_mesh(dims, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
+  return jax.make_mesh(
+    dims, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices
+  )
 
 
 def _names(x) -> tuple[str | None, ...]:
@@ -169,11 +180,13 @@ def check_divisible(
 ) -> None:
   """Checks that every sharded size divides by the product of the mesh axes its rule names:
   ``batch_size`` (B, per micro-batch) by ``data`` x ``fsdp`` by default, D by ``fsdp``, N, K, F
-  and V by ``tensor``, and so on for the configured ``rules``.
+  and V by ``tensor``, and so on for the configured ``rules``. ``seq_len`` (T) split over C > 1
+  devices (``length``, default ``context``) must divide by 2 C: the zig-zag order
+  (``jaxpe.model.partitioning.zigzag_inputs``) cuts each sequence into 2 C chunks.
 
   Raises:
-    ValueError: naming the size (``batch_size``, ``d_model``, ``num_heads``, ...), the mesh axes and
-      their product.
+    ValueError: naming the size (``batch_size``, ``d_model``, ``num_heads``, ``seq_len``, ...), the
+      mesh axes and their product.
   """
   config_names = {
     "batch": "batch_size / grad_accum_steps",
@@ -193,6 +206,12 @@ def check_divisible(
       continue
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     ways = math.prod(mesh.shape[a] for a in axes)
+    if name == "length" and ways > 1 and sizes[name] % (2 * ways):
+      raise ValueError(
+        f"seq_len ({sizes[name]}) must be divisible by 2 x {ways} = {2 * ways}: the mesh axes {list(axes)} "
+        f"(size {ways}) that logical_rules.length splits it over hold 2 zig-zag chunks each; change "
+        "seq_len or mesh_shape"
+      )
     if sizes[name] % ways:
       raise ValueError(
         f"{config_names[name]} ({sizes[name]}) must be divisible by the mesh axes {list(axes)} "

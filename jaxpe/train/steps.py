@@ -23,15 +23,28 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxpe.attention import context
 from jaxpe.train import sharding
 
 
-def next_token_loss(model: Callable[[jax.Array], jax.Array], batch: jax.Array) -> jax.Array:
+def next_token_loss(model: Callable[..., jax.Array], batch: jax.Array) -> jax.Array:
   """Mean next-token cross-entropy in nats per token (scalar float32) of ``batch [B, T + 1]`` int32:
   inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``); ``model`` maps ``[B, T]``
-  tokens to ``[B, T, V]`` logits."""
-  logits = model(batch[:, :-1])
-  return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+  tokens to ``[B, T, V]`` logits.
+
+  Under a mesh that splits the sequence over C > 1 devices (``sharding.sequence_shards()``, inside
+  ``activation_sharding``: context parallelism), inputs and targets go in the zig-zag order
+  (``sharding.zigzag_inputs``; the model, a ``Decoder``, also gets each token's position and
+  original slot), so every device holds the same causal work; the mean over tokens is the same.
+  """
+  inputs, targets = batch[:, :-1], batch[:, 1:]
+  shards = sharding.sequence_shards()
+  if shards == 1:
+    logits = model(inputs)
+  else:
+    logits = model(**sharding.zigzag_inputs(inputs, shards))
+    targets = context.to_zigzag(targets, shards)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
 def accumulated_value_and_grad(

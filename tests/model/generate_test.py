@@ -64,8 +64,9 @@ def test_generate_rejects_bad_arguments():
 def test_mesh_shape_must_fit_devices():
   with pytest.raises(ValueError, match="does not fit 8 devices"):
     sharding.make_mesh((3, 1))
-  assert dict(sharding.make_mesh((-1, 2)).shape) == {"data": 4, "fsdp": 1, "tensor": 2}  # (data, model)
-  assert dict(sharding.make_mesh((2, -1, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  # (data, model)
+  assert dict(sharding.make_mesh((-1, 2)).shape) == {"data": 4, "fsdp": 1, "tensor": 2, "context": 1}
+  assert dict(sharding.make_mesh((2, -1, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2, "context": 1}
 
 
 def test_generate_rejects_empty_prompt_and_out_of_vocab_ids():

@@ -94,11 +94,16 @@ TRAIN_ERRORS = [
   (["seq_len=1"], r"seq_len: Input should be greater than 1"),
   (
     ["mesh_shape=[]"],
-    r"mesh_shape takes 3 sizes \(data, fsdp, tensor\) or the old 2 \(data, model\), got \[\]",
+    r"mesh_shape takes 4 sizes \(data, fsdp, tensor, context\), 3 \(data, fsdp, tensor\) or the old 2 "
+    r"\(data, model\), got \[\]",
   ),
-  (["mesh_shape=[1, 1, 1, 1]"], r"mesh_shape takes 3 sizes"),
-  (["mesh_shape=[0, 1, 1]"], r"mesh_shape \(data, fsdp, tensor\) takes positive sizes and at most one -1"),
-  (["mesh_shape=[-1, -1, 1]"], r"takes positive sizes and at most one -1, got \[-1, -1, 1\]"),
+  (["mesh_shape=[1, 1, 1, 1, 1]"], r"mesh_shape takes 4 sizes"),
+  (
+    ["mesh_shape=[0, 1, 1]"],
+    r"mesh_shape \(data, fsdp, tensor, context\) takes positive sizes and at most one -1",
+  ),
+  (["mesh_shape=[-1, -1, 1]"], r"takes positive sizes and at most one -1, got \[-1, -1, 1, 1\]"),
+  (["mesh_shape=[1, 1, 1, 8]", "seq_len=60"], r"seq_len \(60\) must be divisible by 2 x 8 = 16"),
   (["mesh_shape=[a, 1, 1]"], r"mesh_shape\.0: Input should be a valid integer"),
   (["logical_rules.batch=[]"], r"logical_rules\.batch is an empty list; write null"),
   (["logical_rules.batch=[data, data]"], r"logical_rules\.batch names a mesh axis twice"),
@@ -140,7 +145,7 @@ def test_train_command_line_refuses_in_one_line(train_cli, in_tmp, capsys, monke
 START_ERRORS = [
   (
     ["mesh_shape=[3, 1, 1]"],
-    r"mesh_shape \[3, 1, 1\] does not fit 8 devices \(data \* fsdp \* tensor must equal 8",
+    r"mesh_shape \[3, 1, 1, 1\] does not fit 8 devices \(data \* fsdp \* tensor \* context must equal 8",
   ),
   (["mesh_shape=[1, 1, 8]"], r"num_heads \(4\) must be divisible by the mesh axes \['tensor'\] \(size 8\)"),
   (["grad_accum_steps=8"], r"batch_size / grad_accum_steps \(1\) must be divisible by the mesh axes"),

@@ -87,7 +87,10 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   assert f"  training: {corpus.train.size:,} bytes from 1 file" in out and "  held-out: " in out
   assert f"model: {num_params:,} parameters\n" in out
   assert "devices: 8 x cpu (cpu), 1 process\n" in out
-  assert "mesh: data 8 x fsdp 1 x tensor 1 (shape (8, 1, 1), axis names ('data', 'fsdp', 'tensor'))\n" in out
+  assert (
+    "mesh: data 8 x fsdp 1 x tensor 1 x context 1 (shape (8, 1, 1, 1), axis names ('data', 'fsdp', 'tensor', "
+    "'context'))\n" in out
+  )
   has_tensorboard = importlib.util.find_spec("tensorboardX") is not None
   assert (f"tensorboard: {run / 'tensorboard'}\n" if has_tensorboard else "tensorboard: off (") in out
   # Per logged step (a line on a non-terminal): loss in bits/byte, learning rate, step time, tokens/s.
@@ -120,7 +123,7 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   assert summary["run"] == {
     "num_params": num_params,
     "devices": {"count": 8, "platform": "cpu", "kind": "cpu", "processes": 1},
-    "mesh": {"data": 8, "fsdp": 1, "tensor": 1},
+    "mesh": {"data": 8, "fsdp": 1, "tensor": 1, "context": 1},
     "data": {
       "path": corpus.where,
       "train_bytes": corpus.train.size,

@@ -296,9 +296,9 @@ def test_two_processes_train_like_one_and_resume_converts_layer_layouts(tmp_path
 
 
 def test_mesh_shape_and_logical_rules_from_config():
-  assert load_config(None, ["mesh_shape=[2, 4]"]).mesh_shape == (2, 1, 4)  # old (data, model)
-  assert load_config(None, ["mesh_shape=[-1, 2, 2]"]).mesh_shape == (-1, 2, 2)
-  for bad in ("[-1, -1, 2]", "[0, 1, 8]", "[1, 2, 3, 4]"):
+  assert load_config(None, ["mesh_shape=[2, 4]"]).mesh_shape == (2, 1, 4, 1)  # old (data, model)
+  assert load_config(None, ["mesh_shape=[-1, 2, 2]"]).mesh_shape == (-1, 2, 2, 1)
+  for bad in ("[-1, -1, 2]", "[0, 1, 8]", "[1, 2, 3, 4, 5]"):
     with pytest.raises(ValueError, match="mesh_shape"):
       load_config(None, [f"mesh_shape={bad}"])
   with pytest.raises(ValueError, match="does not fit 8 devices"):
@@ -311,7 +311,7 @@ def test_mesh_shape_and_logical_rules_from_config():
     load_config(None, ["logical_rules.batch=[data, data]"])
   # A mesh axis is used once per array: the residual stream [B, T, D] keeps fsdp for B.
   P = jax.sharding.PartitionSpec
-  assert sharding.logical_to_spec(sharding.ACTIVATION) == P(("data", "fsdp"), None, None)
+  assert sharding.logical_to_spec(sharding.ACTIVATION) == P(("data", "fsdp"), "context", None)
   assert sharding.logical_to_spec(("embed", "heads", "head_dim")) == P("fsdp", "tensor", None)
   assert sharding.logical_to_spec(("layers", "mlp", "embed"), cfg.logical_rules) == P(
     None, ("fsdp", "tensor"), None
