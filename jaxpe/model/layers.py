@@ -171,7 +171,7 @@ class MLP(nnx.Module):
     h = self.up(x)
     # GELU on the [B*T, F] view (the same values): XLA CPU ran GELU's erfc and its gradient on the
     # [B, T, F] array about 2x slower, which doubled the MLP's forward + backward (B 8, T 512,
-    # D 512: 1151 -> 593 ms per layer; benchmarks/ops_bench.py's "step part: mlp").
+    # D 512: 1151 -> 593 ms per layer; benchmarks/train_bench.py's "step part: mlp").
     flat = jax.nn.gelu(h.reshape(-1, h.shape[-1]), approximate=self.cfg.gelu_approximate)
     return self.down(flat.reshape(h.shape))
 
