@@ -7,8 +7,9 @@ Rows (also the ``bloom`` group of ``benchmarks/run.py``):
   * ``bloom.from_hf`` on a transformers ``BloomForCausalLM``: seconds, and the peak resident memory
     it adds (Linux ``VmHWM`` after resetting it) as a multiple of the state dict's float32 bytes;
   * one forward of 1 x ``--tokens`` float32 (jitted jaxpe, compiled first, vs torch ``no_grad``):
-    seconds and the time ratio, and jaxpe's FLOP/s (``2 N`` per token for the N non-embedding
-    parameters plus the tied 1024 x 250,880 head, plus attention) against the matmul ceiling;
+    seconds and the time ratio, and jaxpe's model FLOP/s (its matmuls, ``ceilings.decoder_matmuls``:
+    ``2 N`` per token for the N non-embedding kernels, the tied 1024 x 250,880 head and causal
+    attention) against the float32 matmul ceiling at those shapes, timed alternately with it;
   * greedy generation with the KV cache, 1 prompt of 32 tokens, ``--new`` new tokens: tokens/s of
     ``jaxpe.generate`` (compiled first) vs transformers' ``generate``.
 ``--small`` keeps 2 of the 24 layers and a 32,768-token vocabulary (a quick check of the code path).
@@ -26,6 +27,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ceilings import (
+  alternate,
+  best_by_shape,
+  ceiling_seconds,
+  decoder_matmuls,
+  matmul_fns,
+  median,
+  useful_flops,
+)
 from ops_bench import Row, row
 
 BLOOM_560M = dict(
@@ -61,7 +71,7 @@ def _median_seconds(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
-def bloom_rows(ceil: dict[str, float], *, small: bool, tokens: int = 512, new: int = 32) -> list[Row]:
+def bloom_rows(*, small: bool, tokens: int = 512, new: int = 32) -> list[Row]:
   import torch
   import transformers
 
@@ -98,14 +108,15 @@ def bloom_rows(ceil: dict[str, float], *, small: bool, tokens: int = 512, new: i
   ids = np.random.default_rng(0).integers(5, config["vocab_size"], (1, tokens))
   fwd = jax.jit(lambda m, x: m(x))
   x = jnp.asarray(ids, jnp.int32)
-  jax.block_until_ready(fwd(model, x))
-  t_jax = _median_seconds(lambda: jax.block_until_ready(fwd(model, x)), 3)
+  matmuls = decoder_matmuls(model.cfg, 1, tokens, backward=False)
+  times = alternate({"jaxpe": lambda: jax.block_until_ready(fwd(model, x)), **matmul_fns(matmuls)}, rounds=3)
+  t_jax = median(times["jaxpe"])
+  t_ceil = ceiling_seconds(matmuls, best_by_shape(times))
   with torch.no_grad():
     xt = torch.as_tensor(ids)
     hf(xt)
     t_torch = _median_seconds(lambda: hf(xt), 2)
-  d, layers, vocab = config["hidden_size"], config["n_layer"], config["vocab_size"]
-  flops = tokens * (2 * (12 * d * d * layers) + 2 * d * vocab + 4 * layers * tokens * d)
+  flops = useful_flops(matmuls)
   rows.append(
     row(
       "bloom",
@@ -120,11 +131,11 @@ def bloom_rows(ceil: dict[str, float], *, small: bool, tokens: int = 512, new: i
   rows.append(
     row(
       "bloom",
-      "forward FLOP/s",
+      "forward model FLOP/s",
       flops / t_jax / 1e9,
       "GFLOP/s",
-      ratio=flops / t_jax / ceil["matmul_flops"],
-      vs="matmul ceiling",
+      ratio=t_ceil / t_jax,
+      vs=f"matmul ceiling at its shapes, {flops / t_ceil / 1e9:.0f} GFLOP/s",
     )
   )
 
@@ -152,13 +163,10 @@ def bloom_rows(ceil: dict[str, float], *, small: bool, tokens: int = 512, new: i
 
 
 def main() -> None:
-  from ops_bench import ceilings
-
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--small", action="store_true")
   args = parser.parse_args()
-  ceil = ceilings(small=args.small)
-  for r in bloom_rows(ceil, small=args.small):
+  for r in bloom_rows(small=args.small):
     ratio = f"  {r['ratio']:.2f} vs {r['vs']}" if "ratio" in r else ""
     print(f"{r['name']}: {r['value']:.4g} {r['unit']}{ratio}")
 

@@ -1,25 +1,38 @@
 """jaxpe's benchmark suite: every benchmark, one table, one JSON record per run, the history.
 
-  python benchmarks/run.py                  # everything (5.5 min on 2 idle CPU cores)
-  python benchmarks/run.py --quick          # small shapes, about 1 min
+  python benchmarks/run.py                  # everything (on 2 idle CPU cores: minutes)
+  python benchmarks/run.py --quick          # small shapes
   python benchmarks/run.py --only ops train # some groups (ceiling always runs)
-  python benchmarks/run.py --plot           # also plot the history of benchmarks/results/
+  python benchmarks/run.py --plot           # also plot the history of the records
   python benchmarks/run.py --update-readme  # rewrite README's "Measured" block from the newest record
+  python benchmarks/run.py --results-dir benchmarks/results   # keep the record in the checkout
 
 Groups (each row is a figure and, where there is one, a ratio against a reference measured in the
 same run, with the issue's goal):
-  ceiling    float32 matmul FLOP/s and elementwise bytes/s (the references)    ops_bench.py
-  ops        RoPE / xPos / emulation dims / sinusoidal vs the bandwidth ceiling,
-             RoPE vs rotate-half and vs transformers' torch apply_rotary_pos_emb,
-             emulated vs native ALiBi attention, attention fwd+bwd vs jax.nn      ops_bench.py
+  ceiling    float32 m^3 matmul FLOP/s and x*2+1 bytes/s (the machine, one size)  ops_bench.py
+  ops        RoPE / xPos / emulation dims / sinusoidal vs the elementwise ceiling
+             on their own arrays, RoPE vs rotate-half and vs transformers' torch
+             apply_rotary_pos_emb, emulated vs native ALiBi attention, attention
+             fwd+bwd vs jax.nn                                                    ops_bench.py
   attention  backends x encodings vs xla (subprocess)                           attention_bench.py
   scale      step time per mesh on 8 fake devices (subprocess, not --quick)      scale_bench.py
-  train      train step MFU at the default size and at D 512 / L 8 / B 8 x T 512 ops_bench.py
-  bloom      560M importer time and peak memory, forward and generate vs HF    bloom_bench.py
-  growth     step time per token as T and D grow                                 ops_bench.py
+  train      jaxpe's trainer step vs the PyTorch reference (eager, torch.compile)
+             and vs the matmul ceiling at its shapes, at D 512 / L 8 / N 8 /
+             B 8 x T 512 and D 128 / L 4 / N 8 / B 32 x T 256; the step's parts   train_bench.py
+  bloom      560M importer time and peak memory, forward and generate vs HF,
+             forward FLOP/s vs the matmul ceiling at its shapes                  bloom_bench.py
+  growth     step time per token as T and D grow                                 train_bench.py
 
-Each run appends ``benchmarks/results/<UTC time>-<commit>.json`` (commit, date, machine and its load
-average, jax/flax/torch/transformers versions, rows); ``--no-record`` skips that. Timings on a shared
+A ratio against a ceiling (matmul or elementwise) divides the ceiling's time by the measured time
+for the same work, the ceiling measured at the same shapes in the same process, alternately with
+what it bounds, its best round (``benchmarks/ceilings.py``): it is at most 1 unless the measured
+code beats the ceiling's own program.
+
+Each run writes a JSON record ``<UTC time>-<commit>.json`` (commit, date, machine and its load
+average, jax/flax/torch/transformers versions, rows) to ``--results-dir``: by default
+``$XDG_CACHE_HOME/jaxpe/benchmarks`` (``~/.cache/jaxpe/benchmarks``), outside the checkout;
+``--results-dir benchmarks/results`` keeps it with the committed history; ``--no-record`` skips it.
+``--plot`` and ``--update-readme`` read the records of ``--results-dir``. Timings on a shared
 machine are noisy: compare ratios within one record, and the load average says how busy it was.
 """
 
@@ -44,6 +57,7 @@ sys.path.insert(0, str(HERE))
 import bloom_bench  # noqa: E402
 import jax  # noqa: E402
 import ops_bench  # noqa: E402
+import train_bench  # noqa: E402
 from ops_bench import Row, row  # noqa: E402
 
 GROUPS = ("ceiling", "ops", "attention", "scale", "train", "bloom", "growth")
@@ -195,27 +209,33 @@ def table(rows: list[Row]) -> str:
   return "\n".join(lines)
 
 
+def default_results_dir() -> Path:
+  """``$XDG_CACHE_HOME/jaxpe/benchmarks`` (``~/.cache/jaxpe/benchmarks`` without it): records stay
+  outside the checkout unless ``--results-dir`` says otherwise."""
+  cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+  return Path(cache) / "jaxpe" / "benchmarks"
+
+
 def run(groups: list[str], *, quick: bool) -> tuple[list[Row], dict]:
   small = quick
   rows: list[Row] = []
-  ceil = ops_bench.ceilings(small=small)
-  rows += ops_bench.ceiling_rows(ceil)
+  rows += ops_bench.ceiling_rows(ops_bench.ceilings(small=small))
   seconds = {}
   for group in groups:
     t0 = time.time()
     print(f"[{time.strftime('%H:%M:%S')}] {group} ...", file=sys.stderr, flush=True)
     if group == "ops":
-      rows += ops_bench.op_rows(ceil, small=small)
+      rows += ops_bench.op_rows(small=small)
     elif group == "attention":
       rows += attention_rows(quick=quick)
     elif group == "scale":
       rows += scale_rows(quick=quick)
     elif group == "train":
-      rows += ops_bench.train_rows(ceil, small=small)
+      rows += train_bench.train_rows(small=small)
     elif group == "bloom":
-      rows += bloom_bench.bloom_rows(ceil, small=small)
+      rows += bloom_bench.bloom_rows(small=small)
     elif group == "growth":
-      rows += ops_bench.growth_rows(small=small)
+      rows += train_bench.growth_rows(small=small)
     seconds[group] = round(time.time() - t0, 1)
   return rows, seconds
 
@@ -230,7 +250,7 @@ def readme_block(record: dict) -> str:
       f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; load average {load['start']:.1f} at the start, "
       f"{load['end']:.1f} at the end; jax {record['versions']['jax']}, torch {record['versions']['torch']}, "
       f"transformers {record['versions']['transformers']}. Ratios are measured within the run; "
-      "goals are issue 12's.",
+      "goals are issues 12's and 21's.",
       "",
       table(record["rows"]),
       END,
@@ -283,7 +303,13 @@ def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true", help="small shapes (about 1 min)")
   parser.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
-  parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+  parser.add_argument(
+    "--results-dir",
+    type=Path,
+    default=default_results_dir(),
+    help="where records are written and read (default: %(default)s, outside the checkout; "
+    "benchmarks/results holds the committed ones)",
+  )
   parser.add_argument("--no-record", action="store_true", help="do not write a JSON record")
   parser.add_argument("--plot", action="store_true", help="plot the history to <results-dir>/history.png")
   parser.add_argument(

@@ -63,3 +63,39 @@ def test_readme_has_the_generated_block():
   run = _load_run()
   text = (ROOT / "README.md").read_text()
   assert text.count(run.BEGIN) == 1 and text.index(run.BEGIN) < text.index(run.END)
+
+
+def test_records_go_outside_the_checkout_by_default(monkeypatch, tmp_path):
+  run = _load_run()
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert run.default_results_dir() == tmp_path / "jaxpe" / "benchmarks"
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  assert ROOT not in run.default_results_dir().parents
+
+
+def test_decoder_matmuls_count_the_model_flops():
+  """The ceiling's matmuls of a train step: 6 FLOPs per token per kernel parameter (the parameters
+  of a Decoder, embedding included: tied logits) plus causal attention, 6 L D (T + 1) per
+  token (q k^T and p v over T (T + 1) / 2 pairs, forward and backward)."""
+  import sys
+
+  import jax
+  from flax import nnx
+
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import ceilings
+
+  from jaxpe.model.config import ModelConfig
+  from jaxpe.model.decoder import Decoder
+
+  cfg = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, max_len=16, mlp_dim=48)
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))  # shapes only
+  kernels = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)) if x.ndim >= 2)
+  assert kernels == cfg.vocab_size * 32 + 2 * (4 * 32 * 32 + 2 * 32 * 48)  # V D + L (4 D^2 + 2 D F)
+  batch, seq = 3, 16
+  tokens = batch * seq
+  expected = 6 * kernels * tokens + 6 * cfg.num_layers * cfg.d_model * (seq + 1) * tokens
+  matmuls = ceilings.decoder_matmuls(cfg, batch, seq)
+  assert abs(ceilings.useful_flops(matmuls) - expected) <= 1e-9 * expected
+  forward = ceilings.decoder_matmuls(cfg, batch, seq, backward=False)
+  assert abs(3 * ceilings.useful_flops(forward) - expected) <= 1e-9 * expected

@@ -11,6 +11,7 @@ D model dim, F MLP dim, L layers.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -20,6 +21,47 @@ from flax import nnx
 from jaxpe.attention import context, kernels, masks
 from jaxpe.model import encodings, initializers, partitioning
 from jaxpe.model.config import ModelConfig
+
+
+def _normalize(x, scale, bias, eps: float):
+  """``(y, (d, r))``: the corrected two-pass normalisation of ``x [..., D]`` float32 (``scale``,
+  ``bias`` ``[D]``) and its residuals (the centred ``d`` and ``r = 1 / sqrt(var + eps)``,
+  ``[..., 1]``)."""
+  d = x - jnp.mean(x, axis=-1, keepdims=True)
+  d = d - jnp.mean(d, axis=-1, keepdims=True)
+  r = jax.lax.rsqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True) + jnp.float32(eps))
+  return d * (r * _rows(scale, x)) + _rows(bias, x), (d, r)
+
+
+def _rows(p, x):
+  """``p [D]`` shaped ``[1, ..., 1, D]`` like ``x``."""
+  return p.reshape((1,) * (x.ndim - 1) + p.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x, scale, bias, eps: float):
+  return _normalize(x, scale, bias, eps)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps):
+  y, (d, r) = _normalize(x, scale, bias, eps)
+  return y, (d, r, scale)
+
+
+def _layer_norm_bwd(eps, residuals, dy):
+  """The closed-form LayerNorm gradient (Ba et al. 2016; as PyTorch's and apex's LayerNorm
+  backward): with ``xh = d r`` and ``g = dy * scale``, ``dx = r (g - mean(g) - xh mean(g xh))``,
+  ``dscale = sum(dy xh)``, ``dbias = sum(dy)`` over the leading axes."""
+  del eps
+  d, r, scale = residuals
+  xh = d * r
+  g = dy * _rows(scale, dy)
+  dx = r * (g - jnp.mean(g, axis=-1, keepdims=True) - xh * jnp.mean(g * xh, axis=-1, keepdims=True))
+  lead = tuple(range(dy.ndim - 1))
+  return dx, jnp.sum(dy * xh, axis=lead), jnp.sum(dy, axis=lead)
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerNorm(nnx.LayerNorm):
@@ -34,6 +76,11 @@ class LayerNorm(nnx.LayerNorm):
   values float32 holds. Same parameters (``scale``, ``bias`` ``[D]``) and the same result as
   Ba et al. 2016 (arXiv 1607.06450) / HF ``torch.nn.LayerNorm`` up to rounding.
 
+  The gradient is LayerNorm's closed form (a custom VJP, as PyTorch's backward): two row means
+  instead of the four that differentiating the corrected two-pass form takes, and one array per
+  LayerNorm for the residual stream's gradient (XLA on CPU otherwise fused the whole stream's
+  gradient into every layer's backward, L^2 reads; ``benchmarks/step_profile.py``).
+
   x ``[..., D]`` -> ``[..., D]`` float32.
   """
 
@@ -44,16 +91,10 @@ class LayerNorm(nnx.LayerNorm):
     bias = self.bias[...] if self.bias else None
     x, scale, bias = self.promote_dtype((x, scale, bias), dtype=jnp.float32)
     x = x.astype(jnp.float32)
-    d = x - jnp.mean(x, axis=-1, keepdims=True)
-    d = d - jnp.mean(d, axis=-1, keepdims=True)
-    mul = jax.lax.rsqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True) + jnp.float32(self.epsilon))
-    feature = (1,) * (x.ndim - 1) + (x.shape[-1],)
-    if scale is not None:
-      mul = mul * scale.astype(jnp.float32).reshape(feature)
-    y = d * mul
-    if bias is not None:
-      y = y + bias.astype(jnp.float32).reshape(feature)
-    return y
+    feature = x.shape[-1:]
+    scale = jnp.ones(feature, jnp.float32) if scale is None else scale.astype(jnp.float32).reshape(feature)
+    bias = jnp.zeros(feature, jnp.float32) if bias is None else bias.astype(jnp.float32).reshape(feature)
+    return _layer_norm(x, scale, bias, float(self.epsilon))
 
 
 def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
@@ -189,7 +230,7 @@ class MLP(nnx.Module):
     h = self.up(x)
     # GELU on the [B*T, F] view (the same values): XLA CPU ran GELU's erfc and its gradient on the
     # [B, T, F] array about 2x slower, which doubled the MLP's forward + backward (B 8, T 512,
-    # D 512: 1151 -> 593 ms per layer; benchmarks/ops_bench.py's "step part: mlp").
+    # D 512: 1151 -> 593 ms per layer; benchmarks/train_bench.py's "step part: mlp").
     flat = jax.nn.gelu(h.reshape(-1, h.shape[-1]), approximate=self.cfg.gelu_approximate)
     return self.down(flat.reshape(h.shape))
 
