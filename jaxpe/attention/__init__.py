@@ -8,7 +8,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
 - ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
-  the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets.
+  the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
+  kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
 - ``xla``, ``cudnn``, ``splash``, ``pallas_gpu``: one module per backend.
 - ``fused``: q, k, v prepared for a fused kernel (the bias-free ALiBi emulation, segment ids).
 - ``kernels``: ``attention``, the one entry point (checks, then a backend).

@@ -20,20 +20,16 @@ heads per kv head, H head dim.
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
+from jaxpe.attention.online_softmax import Config, flash
 from jaxpe.attention.reference import check_scale
 from jaxpe.ops import checks as _checks
 
-_LOWEST = float(jnp.finfo(jnp.float32).min)
-_INT_MAX = int(np.iinfo(np.int32).max)
 # Query and key block sizes when the caller gives none: 32 up to T = 2048, 512 above. Measured on the
 # 2-core CPU, forward + backward against the dense reference with causal query blocks of 128 (B 32,
 # T 256, N 8, H 16 and B 8, T 512, N 8, H 64; alternating, busy machine): blocks of 32 took 0.32-0.53x
@@ -41,23 +37,11 @@ _INT_MAX = int(np.iinfo(np.int32).max)
 # causal triangle and stay in cache). Above T 2048 blocks of 512 keep the loop count down; at T 16k,
 # N 16 one block pair's float32 scores are 16 MiB.
 SMALL_BLOCK, LARGE_BLOCK, LARGE_FROM = 32, 512, 2048
-# Block pairs up to this count run as straight-line code, more in loops (XLA CPU compiled 36 unrolled
-# pairs for 4.5 minutes and ran them no faster than the loop).
-UNROLL_PAIRS = 1
 
 
 def default_block(length: int) -> int:
   """The block size ``blockwise_attention`` uses for ``length`` queries or keys when given none."""
   return SMALL_BLOCK if length <= LARGE_FROM else LARGE_BLOCK
-
-
-class _Config(NamedTuple):
-  scale: float
-  precise_dims: int
-  block_q: int
-  block_k: int
-  causal: bool
-  natural: bool  # q_index = k_index = 0..T-1 (an AttentionMask): the causal skip is static
 
 
 def blockwise_attention(
@@ -165,13 +149,13 @@ def blockwise_attention(
     lse = jnp.full(out_shape[:3], -jnp.inf, jnp.float32)
     return (out, lse) if return_lse else out
   causal = mask is not None and mask.causal
-  cfg = _Config(float(scale), int(precise_dims), block_q, block_k, causal, natural)
+  cfg = Config(float(scale), int(precise_dims), block_q, block_k, causal, natural)
   qi = ki = k_valid = q_seg = k_seg = None
   if mask is not None:
     qi, ki, k_valid = mask.q_index.astype(jnp.int32), mask.k_index.astype(jnp.int32), mask.k_valid
     q_seg, k_seg = _exact_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     k_valid = None if k_valid is None else k_valid.astype(bool)
-  out, lse = _flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg)
+  out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg)
   return (out, lse) if return_lse else out
 
 
@@ -229,298 +213,5 @@ def _check_block(name: str, block, length: int) -> int:
     raise ValueError(f"{name} must be an int > 0 (block size in tokens), got {block!r}")
   return int(block)
 
-
-# ---------------------------------------------------------------------------------------------------
-# The kernel. Layout inside: q blocks [nq, B, K, G, bq, Hq]; k blocks [nk, B, K, bk, Hq]; v blocks
-# [nk, B, K, bk, H]; per-token side arrays (slots, validity, segments, positions) [n, B, b].
-
-
-class _Blocks(NamedTuple):
-  q: jax.Array
-  k: jax.Array
-  v: jax.Array
-  qi: jax.Array | None
-  ki: jax.Array | None
-  k_valid: jax.Array | None
-  q_seg: jax.Array | None
-  k_seg: jax.Array | None
-  q_pos: jax.Array | None
-  k_pos: jax.Array | None
-
-
-def _pad_to(x, axis: int, size: int, value):
-  extra = size - x.shape[axis]
-  if extra == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, extra)
-  return jnp.pad(x, widths, constant_values=value)
-
-
-def _split(x, axis: int, block: int, value):
-  """``x`` padded along ``axis`` to whole blocks and split: ``[n, ..., block, ...]`` with n first."""
-  n = -(-x.shape[axis] // block)
-  x = _pad_to(x, axis, n * block, value)
-  x = x.reshape(*x.shape[:axis], n, block, *x.shape[axis + 1 :])
-  return jnp.moveaxis(x, axis, 0)
-
-
-def _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg: _Config) -> _Blocks:
-  batch, t_len, num_heads, qk_dim = q.shape
-  s_len, num_kv = k.shape[1], k.shape[2]
-  group = num_heads // num_kv
-  qg = jnp.moveaxis(q.reshape(batch, t_len, num_kv, group, qk_dim), 1, 3)  # [B, K, G, T, Hq]
-  padded_keys = -(-s_len // cfg.block_k) * cfg.block_k != s_len
-  if padded_keys and k_valid is None:
-    k_valid = jnp.ones((batch, s_len), bool)
-  side = lambda x, block, value: None if x is None else _split(x, 1, block, value)  # noqa: E731
-  return _Blocks(
-    q=_split(qg, 3, cfg.block_q, 0),
-    k=_split(jnp.moveaxis(k, 1, 2), 2, cfg.block_k, 0),
-    v=_split(jnp.moveaxis(v, 1, 2), 2, cfg.block_k, 0),
-    qi=side(qi, cfg.block_q, 0),
-    ki=side(ki, cfg.block_k, _INT_MAX),
-    k_valid=side(k_valid, cfg.block_k, False),
-    q_seg=side(q_seg, cfg.block_q, 0),
-    k_seg=side(k_seg, cfg.block_k, 0),
-    q_pos=side(q_pos, cfg.block_q, 0),
-    k_pos=side(k_pos, cfg.block_k, 0),
-  )
-
-
-def _needed(b: _Blocks, cfg: _Config):
-  """Which block pairs to compute: (static ``[nq, nk]`` numpy bool or None, dynamic ``[nq, nk]`` bool
-  array or None); None means every pair. Natural slots (an ``AttentionMask``): the causal skip is
-  static (key block j starts after query block i ends). Other slots: a pair is needed when its first
-  valid key slot is at most its last query slot, and its key block holds a valid key."""
-  nq, nk = b.q.shape[0], b.k.shape[0]
-  if cfg.natural:
-    if not cfg.causal:
-      return None, None
-    first_key = np.arange(nk)[None, :] * cfg.block_k
-    last_query = np.arange(nq)[:, None] * cfg.block_q + cfg.block_q - 1
-    return first_key <= last_query, None
-  need = None
-  if cfg.causal:
-    q_last = jnp.max(b.qi, axis=(1, 2))
-    k_first = jnp.min(jnp.where(b.k_valid, b.ki, _INT_MAX) if b.k_valid is not None else b.ki, axis=(1, 2))
-    need = k_first[None, :] <= q_last[:, None]
-  if b.k_valid is not None:
-    any_key = jnp.any(b.k_valid, axis=(1, 2))[None, :]
-    need = any_key if need is None else need & any_key
-  return None, None if need is None else jnp.broadcast_to(need, (nq, nk))
-
-
-def _side(x, i):
-  return None if x is None else x[i]
-
-
-def _scores(b: _Blocks, i, j, slopes, cfg: _Config):
-  """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j."""
-  q, k = b.q[i], b.k[j]
-  split = q.shape[-1] - cfg.precise_dims
-  s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
-  if cfg.precise_dims:
-    s = s + _precise("BKGQH,BKSH->BKGQS", q[..., split:], k[..., split:])
-  s = s * jnp.float32(cfg.scale)
-  if slopes is not None:
-    distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
-    s = jnp.maximum(s - slopes[None, :, :, None, None] * distance[:, None, None], _LOWEST)
-  visible = None
-  if cfg.causal:
-    visible = b.ki[j][:, None, :] <= b.qi[i][:, :, None]
-  if b.k_valid is not None:
-    kv = b.k_valid[j][:, None, :]
-    visible = kv if visible is None else visible & kv
-  if b.q_seg is not None:
-    same = b.q_seg[i][:, :, None] == b.k_seg[j][:, None, :]
-    visible = same if visible is None else visible & same
-  if visible is not None:
-    s = jnp.where(visible[:, None, None], s, _LOWEST)
-  return s
-
-
-def _precise(eq: str, a, b):
-  return jnp.einsum(
-    eq,
-    a.astype(jnp.float32),
-    b.astype(jnp.float32),
-    precision=jax.lax.Precision.HIGHEST,
-    preferred_element_type=jnp.float32,
-  )
-
-
-def _guarded(step, static, need, i, j, carry):
-  """``step(i, j, carry)`` where block pair (i, j) is needed, else ``carry``; i, j Python ints
-  (straight-line code: static pairs are left out) or traced (loops: a ``lax.cond``)."""
-  if static is not None:
-    if isinstance(i, int) and isinstance(j, int):
-      if not static[i, j]:
-        return carry
-    else:
-      need = jnp.asarray(static) if need is None else need & jnp.asarray(static)
-  if need is None:
-    return step(i, j, carry)
-  return jax.lax.cond(need[i, j], lambda c: step(i, j, c), lambda c: c, carry)
-
-
-def _forward(b: _Blocks, slopes, cfg: _Config):
-  """(out ``[nq, B, K, G, bq, H]`` float32, lse ``[nq, B, K, G, bq]`` float32, -inf on empty rows)."""
-  nq, nk = b.q.shape[0], b.k.shape[0]
-  static, need = _needed(b, cfg)
-  head = b.q.shape[1:5]
-  h_v = b.v.shape[-1]
-
-  def init():
-    return (
-      jnp.full((*head, 1), _LOWEST, jnp.float32),
-      jnp.zeros((*head, 1), jnp.float32),
-      jnp.zeros((*head, h_v), jnp.float32),
-    )
-
-  def step(i, j, carry):
-    m, row_sum, acc = carry
-    s = _scores(b, i, j, slopes, cfg)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
-    alpha = jnp.exp(m - m_new)
-    p = jnp.exp(s - m_new)
-    row_sum = alpha * row_sum + jnp.sum(p, axis=-1, keepdims=True)
-    pv = jnp.einsum("BKGQS,BKSH->BKGQH", p.astype(b.v.dtype), b.v[j], preferred_element_type=jnp.float32)
-    return m_new, row_sum, alpha * acc + pv
-
-  def finish(carry):
-    m, row_sum, acc = carry
-    seen = m > _LOWEST  # a row with no visible key gives zeros, as the dense reference
-    out = jnp.where(seen, acc / jnp.where(seen, row_sum, 1.0), 0.0)
-    lse = jnp.where(seen, m + jnp.log(jnp.where(seen, row_sum, 1.0)), -jnp.inf)
-    return out, lse[..., 0]
-
-  guarded = functools.partial(_guarded, step, static, need)
-
-  if nq * nk <= UNROLL_PAIRS:
-    outs, lses = [], []
-    for i in range(nq):
-      carry = init()
-      for j in range(nk):
-        carry = guarded(i, j, carry)
-      out, lse = finish(carry)
-      outs.append(out)
-      lses.append(lse)
-    return jnp.stack(outs), jnp.stack(lses)
-
-  def per_query_block(i):
-    return finish(jax.lax.fori_loop(0, nk, lambda j, c: guarded(i, j, c), init()))
-
-  return jax.lax.map(per_query_block, jnp.arange(nq))
-
-
-def _backward(b: _Blocks, slopes, cfg: _Config, out, lse, d_out, d_lse):
-  """(dq ``[nq, ...]``, dk ``[nk, ...]``, dv ``[nk, ...]``) float32, by key block with recomputation."""
-  nq, nk = b.q.shape[0], b.k.shape[0]
-  static, need = _needed(b, cfg)
-  # d(loss)/d(score) = P * (dP - delta) with delta = rowsum(dO * O) - d_lse (the lse's own gradient).
-  delta = jnp.sum(d_out * out, axis=-1) - d_lse  # [nq, B, K, G, bq]
-  lse_safe = jnp.where(lse == -jnp.inf, jnp.inf, lse)[..., None]  # empty rows: P = 0
-  split = b.q.shape[-1] - cfg.precise_dims
-  f32 = dict(preferred_element_type=jnp.float32)
-  scale = jnp.float32(cfg.scale)
-
-  def step(i, j, carry):
-    dq, dk, dv = carry  # dq [nq, ...] (all query blocks), dk / dv of key block j
-    s = _scores(b, i, j, slopes, cfg)
-    p = jnp.exp(s - lse_safe[i])
-    dv = dv + jnp.einsum("BKGQS,BKGQH->BKSH", p.astype(b.v.dtype), d_out[i].astype(b.v.dtype), **f32)
-    dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
-    ds = p * (dp - delta[i][..., None])
-    q, k = b.q[i], b.k[j]
-    dq_i = jnp.einsum("BKGQS,BKSH->BKGQH", ds.astype(k.dtype), k[..., :split], **f32)
-    dk_j = jnp.einsum("BKGQS,BKGQH->BKSH", ds.astype(q.dtype), q[..., :split], **f32)
-    if cfg.precise_dims:
-      dq_i = jnp.concatenate([dq_i, _precise("BKGQS,BKSH->BKGQH", ds, k[..., split:])], axis=-1)
-      dk_j = jnp.concatenate([dk_j, _precise("BKGQS,BKGQH->BKSH", ds, q[..., split:])], axis=-1)
-    dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i * scale, i, 0)
-    return dq, dk + dk_j * scale, dv
-
-  guarded = functools.partial(_guarded, step, static, need)
-
-  dq = jnp.zeros(b.q.shape, jnp.float32)
-  zeros_k, zeros_v = jnp.zeros(b.k.shape[1:], jnp.float32), jnp.zeros(b.v.shape[1:], jnp.float32)
-  if nq * nk <= UNROLL_PAIRS:
-    dks, dvs = [], []
-    for j in range(nk):
-      carry = (dq, zeros_k, zeros_v)
-      for i in range(nq):
-        carry = guarded(i, j, carry)
-      dq, dk_j, dv_j = carry
-      dks.append(dk_j)
-      dvs.append(dv_j)
-    return dq, jnp.stack(dks), jnp.stack(dvs)
-
-  def per_key_block(dq, j):
-    dq, dk_j, dv_j = jax.lax.fori_loop(0, nq, lambda i, c: guarded(i, j, c), (dq, zeros_k, zeros_v))
-    return dq, (dk_j, dv_j)
-
-  dq, (dk, dv) = jax.lax.scan(per_key_block, dq, jnp.arange(nk))
-  return dq, dk, dv
-
-
-def _unblock_q(x, t_len: int, num_heads: int):
-  """``[nq, B, K, G, bq, X]`` -> ``[B, T, N, X]``."""
-  nq, batch, num_kv, group, bq, dim = x.shape
-  x = jnp.moveaxis(x, 0, 3).reshape(batch, num_kv, group, nq * bq, dim)[:, :, :, :t_len]
-  return jnp.moveaxis(x, 3, 1).reshape(batch, t_len, num_heads, dim)
-
-
-def _unblock_k(x, s_len: int):
-  """``[nk, B, K, bk, X]`` -> ``[B, S, K, X]``."""
-  nk, batch, num_kv, bk, dim = x.shape
-  x = jnp.moveaxis(x, 0, 2).reshape(batch, num_kv, nk * bk, dim)[:, :, :s_len]
-  return jnp.moveaxis(x, 2, 1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(11,))
-def _flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg: _Config):
-  return _flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg)[0]
-
-
-def _flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg):
-  b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg)
-  out_b, lse_b = _forward(b, slopes, cfg)
-  t_len, num_heads = q.shape[1], q.shape[2]
-  out = _unblock_q(out_b, t_len, num_heads).astype(v.dtype)
-  lse = _unblock_q(lse_b[..., None], t_len, num_heads)[..., 0]
-  residuals = (q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, out, lse)
-  return (out, lse), residuals
-
-
-def _flash_bwd(cfg, residuals, cotangents):
-  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, out, lse = residuals
-  d_out, d_lse = cotangents
-  b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg)
-  to_q = functools.partial(_to_q_blocks, num_kv=k.shape[2], block=cfg.block_q)
-  d_lse = jnp.zeros(lse.shape, jnp.float32) if d_lse is None else d_lse.astype(jnp.float32)
-  dq, dk, dv = _backward(
-    b,
-    slopes,
-    cfg,
-    to_q(out.astype(jnp.float32)),
-    to_q(lse[..., None], pad=jnp.inf)[..., 0],
-    to_q(d_out.astype(jnp.float32)),
-    to_q(d_lse[..., None])[..., 0],
-  )
-  dq = _unblock_q(dq, q.shape[1], q.shape[2]).astype(q.dtype)
-  dk = _unblock_k(dk, k.shape[1]).astype(k.dtype)
-  dv = _unblock_k(dv, k.shape[1]).astype(v.dtype)
-  return (dq, dk, dv, None, None, None, None, None, None, None, None)
-
-
-def _to_q_blocks(x, *, num_kv: int, block: int, pad=0.0):
-  """``[B, T, N, X]`` -> ``[nq, B, K, G, bq, X]`` (padding rows hold ``pad``)."""
-  batch, t_len, num_heads, dim = x.shape
-  x = jnp.moveaxis(x.reshape(batch, t_len, num_kv, num_heads // num_kv, dim), 1, 3)
-  return _split(x, 3, block, pad)
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
 
 __all__ = ["blockwise_attention", "combine_partials", "default_block", "self_attention_mask"]
