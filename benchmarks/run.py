@@ -15,7 +15,11 @@ same run, with the issue's goal):
              apply_rotary_pos_emb, emulated vs native ALiBi attention, attention
              fwd+bwd vs jax.nn                                                    ops_bench.py
   attention  backends x encodings vs xla (subprocess)                           attention_bench.py
-  scale      step time per mesh on 8 fake devices (subprocess, not --quick)      scale_bench.py
+             xla (blockwise) forward + backward temporaries at T 16k and 64k,
+             compiled (goal < 1 GiB at 16k)                                      run.py
+  scale      step time per mesh on 8 fake devices, and context-parallel step time
+             per (data, fsdp, tensor, context) mesh and strategy (subprocess, not
+             --quick)                                                              scale_bench.py
   train      jaxpe's trainer step vs the PyTorch reference (eager, torch.compile)
              and vs the matmul ceiling at its shapes, at D 512 / L 8 / N 8 /
              B 8 x T 512 and D 128 / L 4 / N 8 / B 32 x T 256; the step's parts   train_bench.py
@@ -112,6 +116,60 @@ def attention_rows(*, quick: bool) -> list[Row]:
   return rows
 
 
+def xla_memory_rows(*, quick: bool) -> list[Row]:
+  """Compiled temporaries of causal attention forward + backward on ``xla`` (blockwise) at long T:
+  B 1, N 16, H 64, float32, rope (plain q, k) and rope_alibi (ALiBi bias per block, 2 float32
+  emulation dims), from XLA's ``memory_analysis`` (compiled, not run); goal under 1 GiB at T 16k
+  (issue 21). The dense path writes ``[1, N, T, T]`` float32 score arrays, 4 N T^2 bytes each (16 GiB at T 16k)."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from jaxpe import alibi_slopes
+  from jaxpe.attention import AlibiSpec, masks
+  from jaxpe.attention import kernels as attn_kernels
+
+  lengths = (4096,) if quick else (16384, 65536)
+  heads, head_dim = 16, 64
+  slopes = np.asarray(alibi_slopes(heads), np.float32)
+  rows = []
+  for t_len in lengths:
+    for encoding, extra in (("rope", 0), ("rope_alibi", 2)):
+      q = jax.ShapeDtypeStruct((1, t_len, heads, head_dim + extra), jnp.float32)
+      v = jax.ShapeDtypeStruct((1, t_len, heads, head_dim), jnp.float32)
+      positions = jnp.arange(t_len, dtype=jnp.int32)[None]
+
+      def loss(q, k, v, extra=extra, positions=positions, t_len=t_len):
+        spec = None
+        if extra:
+          spec = AlibiSpec(slopes=slopes, q_positions=positions, k_positions=positions, max_position=t_len)
+        out = attn_kernels.attention(
+          q,
+          k,
+          v,
+          scale=head_dim**-0.5,
+          mask=masks.AttentionMask(causal=True),
+          alibi_spec=spec,
+          precise_dims=extra,
+          implementation="xla",
+        )
+        return out.sum()
+
+      compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, v).compile()
+      gib = compiled.memory_analysis().temp_size_in_bytes / 2**30
+      dense_gib = 4 * heads * t_len**2 / 2**30  # one float32 [1, N, T, T] score array
+      rows.append(
+        row(
+          "attention",
+          f"{encoding} on xla (blockwise), T {t_len}, fwd+bwd temporaries, B 1 N {heads} H {head_dim}",
+          gib,
+          "GiB",
+          **({"ratio": gib, "vs": "1 GiB", "goal": "<= 1.0"} if t_len == 16384 else {}),
+          dense_score_array_gib=dense_gib,
+        )
+      )
+  return rows
+
+
 def scale_rows(*, quick: bool) -> list[Row]:
   """``scale_bench.py --part meshes``: the fastest mesh per device count, step time vs 1 device."""
   script = HERE / "scale_bench.py"
@@ -127,7 +185,7 @@ def scale_rows(*, quick: bool) -> list[Row]:
       n, mesh, secs, rel = int(m[1]), m[2], float(m[3]), float(m[4])
       if n not in best or secs < best[n][0]:
         best[n] = (secs, mesh, rel)
-  return [
+  rows = [
     row(
       "scale",
       f"default model B 8 x T 128 on {n} fake devices, mesh {mesh}",
@@ -138,6 +196,41 @@ def scale_rows(*, quick: bool) -> list[Row]:
     )
     for n, (secs, mesh, rel) in sorted(best.items())
   ]
+  # context parallelism: the sequence split over the mesh's context axis, all-gather and ring
+  try:
+    text = _subprocess_rows(
+      [str(script), "--part", "context", "--steps", "2", "batch_size=8", "seq_len=128"], timeout=1500
+    )
+  except subprocess.SubprocessError as err:  # keep the mesh rows; say what failed
+    print(f"scale: context-parallel steps not measured: {err}", file=sys.stderr)
+    return rows
+  for line in text.splitlines():
+    m = re.match(
+      r"context\s+(\(\d+, \d+, \d+, \d+\))\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line
+    )
+    if m:
+      mesh, strategy, secs, rel, args_mib, temp_mib = (
+        m[1],
+        m[2],
+        float(m[3]),
+        float(m[4]),
+        float(m[5]),
+        float(m[6]),
+      )
+      how = "" if strategy == "-" else f", {strategy}"
+      rows.append(
+        row(
+          "scale",
+          f"context-parallel step, default model B 8 x T 128, mesh (d,f,t,c) {mesh}{how}",
+          secs * 1e3,
+          "ms",
+          ratio=rel,
+          vs="mesh (1, 1, 1, 1) (time)",
+          temp_mib_per_device=temp_mib,
+          args_mib_per_device=args_mib,
+        )
+      )
+  return rows
 
 
 def machine() -> dict:
@@ -228,6 +321,7 @@ def run(groups: list[str], *, quick: bool) -> tuple[list[Row], dict]:
       rows += ops_bench.op_rows(small=small)
     elif group == "attention":
       rows += attention_rows(quick=quick)
+      rows += xla_memory_rows(quick=quick)
     elif group == "scale":
       rows += scale_rows(quick=quick)
     elif group == "train":

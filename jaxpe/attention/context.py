@@ -302,3 +302,6 @@ def _ring_bwd(cfg, residuals, d_out):
 
 
 _ring_attention.defvjp(_ring_fwd, _ring_bwd)
+
+
+__all__ = ["STRATEGIES", "context_attention", "from_zigzag", "to_zigzag", "zigzag_order"]

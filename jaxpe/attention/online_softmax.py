@@ -6,6 +6,13 @@ each pair's probabilities from the saved log-sum-exp and accumulates dq, dk, dv 
 Dao 2023, arXiv 2307.08691). ``flash`` is a ``jax.custom_vjp`` over already-checked arguments; the
 checks and the documented entry point are ``blockwise``'s.
 
+Which pairs run: under an ``AttentionMask`` with square blocks (the decoder's training step) the
+loops run the pairs j < i without the causal compare and the diagonal pair with it (B 8, T 512, N 8,
+H 64 forward + backward: 275 -> 217 ms, the train step 1.21x -> 1.13x PyTorch's); other masks
+compute the mask on every pair. Pairs no query sees are skipped by a ``lax.cond`` on the pair's
+statically or dynamically known need; every loop has a fixed trip count, so the backward pass is
+itself reverse-differentiable (grad of grad).
+
 Layout inside: q blocks ``[nq, B, K, G, bq, Hq]``; k blocks ``[nk, B, K, bk, Hq]``; v blocks
 ``[nk, B, K, bk, H]``; per-token side arrays (slots, validity, segments, positions) ``[n, B, b]``.
 Shape alphabet: B batch, T queries, S keys, N heads, K kv heads, G = N / K, H head dim.
@@ -116,8 +123,16 @@ def _side(x, i):
   return None if x is None else x[i]
 
 
-def _scores(b: _Blocks, i, j, slopes, cfg: Config):
-  """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j."""
+def _triangular(b: _Blocks, cfg: Config) -> bool:
+  """Natural causal slots in square blocks: pair (i, j) is needed iff j <= i, and only the diagonal
+  pair needs the causal mask (the loops run j < i unmasked, then the diagonal, with no ``cond``)."""
+  return cfg.natural and cfg.causal and cfg.block_q == cfg.block_k and b.q.shape[0] == b.k.shape[0]
+
+
+def _scores(b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False):
+  """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j
+  (``off_diagonal``: a pair of ``_triangular`` blocks with j < i, where every key precedes every
+  query: no causal compare)."""
   q, k = b.q[i], b.k[j]
   split = q.shape[-1] - cfg.precise_dims
   s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
@@ -128,7 +143,7 @@ def _scores(b: _Blocks, i, j, slopes, cfg: Config):
     distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
     s = jnp.maximum(s - slopes[None, :, :, None, None] * distance[:, None, None], _LOWEST)
   visible = None
-  if cfg.causal:
+  if cfg.causal and not off_diagonal:
     visible = b.ki[j][:, None, :] <= b.qi[i][:, :, None]
   if b.k_valid is not None:
     kv = b.k_valid[j][:, None, :]
@@ -179,9 +194,9 @@ def _forward(b: _Blocks, slopes, cfg: Config):
       jnp.zeros((*head, h_v), jnp.float32),
     )
 
-  def step(i, j, carry):
+  def step(i, j, carry, off_diagonal=False):
     m, row_sum, acc = carry
-    s = _scores(b, i, j, slopes, cfg)
+    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new)
@@ -197,6 +212,16 @@ def _forward(b: _Blocks, slopes, cfg: Config):
     return out, lse[..., 0]
 
   guarded = functools.partial(_guarded, step, static, need)
+
+  if _triangular(b, cfg) and nq * nk > UNROLL_PAIRS:
+
+    def triangle_row(i):
+      # fixed trip counts (a loop up to i would be a while loop, which reverse mode cannot
+      # differentiate: grad of grad goes through this forward and the backward below)
+      off_diagonal = lambda j, c: jax.lax.cond(j < i, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
+      return finish(step(i, i, jax.lax.fori_loop(0, nk, off_diagonal, init())))
+
+    return jax.lax.map(triangle_row, jnp.arange(nq))
 
   if nq * nk <= UNROLL_PAIRS:
     outs, lses = [], []
@@ -226,9 +251,9 @@ def _backward(b: _Blocks, slopes, cfg: Config, out, lse, d_out, d_lse):
   f32 = dict(preferred_element_type=jnp.float32)
   scale = jnp.float32(cfg.scale)
 
-  def step(i, j, carry):
+  def step(i, j, carry, off_diagonal=False):
     dq, dk, dv = carry  # dq [nq, ...] (all query blocks), dk / dv of key block j
-    s = _scores(b, i, j, slopes, cfg)
+    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal)
     p = jnp.exp(s - lse_safe[i])
     dv = dv + jnp.einsum("BKGQS,BKGQH->BKSH", p.astype(b.v.dtype), d_out[i].astype(b.v.dtype), **f32)
     dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
@@ -246,6 +271,17 @@ def _backward(b: _Blocks, slopes, cfg: Config, out, lse, d_out, d_lse):
 
   dq = jnp.zeros(b.q.shape, jnp.float32)
   zeros_k, zeros_v = jnp.zeros(b.k.shape[1:], jnp.float32), jnp.zeros(b.v.shape[1:], jnp.float32)
+  if _triangular(b, cfg) and nq * nk > UNROLL_PAIRS:
+
+    def triangle_column(dq, j):
+      carry = step(j, j, (dq, zeros_k, zeros_v))
+      off_diagonal = lambda i, c: jax.lax.cond(i > j, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
+      dq, dk_j, dv_j = jax.lax.fori_loop(0, nq, off_diagonal, carry)
+      return dq, (dk_j, dv_j)
+
+    dq, (dk, dv) = jax.lax.scan(triangle_column, dq, jnp.arange(nk))
+    return dq, dk, dv
+
   if nq * nk <= UNROLL_PAIRS:
     dks, dvs = [], []
     for j in range(nk):

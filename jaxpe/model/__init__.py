@@ -5,7 +5,7 @@ module per family) and generation (``generate``)."""
 from jaxpe.model.cache import KVCache, init_cache
 from jaxpe.model.decoder import Decoder, stack_blocks, to_loop_layout, to_scan_layout
 from jaxpe.model.encodings import emulation_theta
-from jaxpe.model.layers import MLP, Attention, Block, LayerNorm
+from jaxpe.model.layers import MLP, Attention, Block, LayerNorm, gelu
 
 __all__ = [
   "Attention",
@@ -15,6 +15,7 @@ __all__ = [
   "LayerNorm",
   "MLP",
   "emulation_theta",
+  "gelu",
   "init_cache",
   "stack_blocks",
   "to_loop_layout",

@@ -70,11 +70,13 @@ def _case(kind, b, t, s, n, kv, h, precise_dims=0, use_alibi=False):
 
 CASES = [
   # kind, B, T, S, N, K, H, precise_dims, alibi, block_q, block_k
-  ("none", 1, 20, 20, 2, 2, 8, 0, False, 8, 8),  # loop path (9 block pairs > UNROLL_PAIRS? no: 3x3)
+  ("none", 1, 20, 20, 2, 2, 8, 0, False, 8, 8),  # loop path (3x3 block pairs)
   ("causal", 2, 37, 37, 4, 2, 8, 0, False, 8, 16),  # GQA, T not a multiple of the blocks
-  ("causal", 1, 70, 70, 2, 1, 8, 2, True, 8, 8),  # loop path (9x9 pairs), ALiBi, emulation dims, MQA
+  # square blocks under an AttentionMask: the triangular loops (j < i unmasked, then the diagonal)
+  ("causal", 1, 70, 70, 2, 1, 8, 2, True, 8, 8),  # 9x9 pairs, ALiBi, emulation dims, MQA
+  ("padded", 2, 37, 37, 4, 2, 8, 0, False, 8, 8),  # T not a multiple of the block, GQA
   ("padded", 2, 37, 37, 4, 4, 8, 0, True, 16, 8),
-  ("packed", 2, 40, 40, 6, 3, 8, 2, False, 8, 8),  # loop path (5x5)
+  ("packed", 2, 40, 40, 6, 3, 8, 2, False, 8, 8),  # 5x5 pairs
   ("cache", 2, 5, 70, 4, 1, 8, 0, True, 4, 16),  # KV cache: dynamic skip of empty and future blocks
   ("cache", 1, 1, 40, 2, 2, 8, 2, False, None, 8),  # one decoding step
   ("noncausal", 2, 33, 50, 6, 3, 8, 0, True, 8, 8),  # IndexMask with segment ids, not causal
@@ -187,6 +189,29 @@ def test_rows_without_visible_keys_give_zeros_and_finite_gradients_and_combine_t
   )
   for g in grads:
     assert np.all(np.asarray(g) == 0)
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "padded"])
+def test_second_derivatives_match_the_dense_reference(mask_kind):
+  """grad of grad (reverse over reverse: it differentiates the backward pass's loops) and
+  ``jax.hessian`` (forward over reverse) equal the dense reference's, with square blocks under an
+  ``AttentionMask`` (the triangular loops) and three blocks per side."""
+  b, t, n, h = 1, 12, 2, 4
+  q, k, v = _rand((b, t, n, h)), _rand((b, t, n, h)), _rand((b, t, n, h))
+  valid = None if mask_kind == "causal" else jnp.asarray(np.arange(t) >= 3)[None]
+  mask = masks.AttentionMask(valid=valid, causal=True)
+
+  def blockwise_loss(q):
+    return jnp.sum(
+      jnp.sin(blockwise.blockwise_attention(q, k, v, scale=0.5, mask=mask, block_q=4, block_k=4))
+    )
+
+  def dense_loss(q):
+    return jnp.sum(jnp.sin(reference.dot_product_attention(q, k, v, scale=0.5, mask=mask.dense(b, t))))
+
+  for second in (lambda f: jax.grad(lambda q: jnp.sum(jax.grad(f)(q) ** 2)), jax.hessian):
+    got, want = jax.jit(second(blockwise_loss))(q), jax.jit(second(dense_loss))(q)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_attention_memory_grows_linearly_with_length():
