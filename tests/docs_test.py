@@ -37,7 +37,15 @@ DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 API = ROOT / "docs" / "api.md"
 MAX_NO_RUN = 3
 # Packages whose ``__all__`` docs/api.md must cover (each has a "## `package`" section).
-PACKAGES = ["jaxpe.ops", "jaxpe.emulation", "jaxpe.attention", "jaxpe.attention.context", "jaxpe.model", "jaxpe.bloom", "jaxpe.study"]
+PACKAGES = [
+  "jaxpe.ops",
+  "jaxpe.emulation",
+  "jaxpe.attention",
+  "jaxpe.attention.context",
+  "jaxpe.model",
+  "jaxpe.bloom",
+  "jaxpe.study",
+]
 # The top-level names: the ones marked ★ in the sections of these packages.
 TOP_LEVEL_FROM = ["jaxpe.ops", "jaxpe.emulation", "jaxpe.attention"]
 
