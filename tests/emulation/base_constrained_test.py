@@ -7,7 +7,6 @@ References are independent of the code under test: exact ALiBi ``-m (i - j)`` in
 import math
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,6 +26,12 @@ def scores(qa, ka, head_dim):
     ka = jnp.repeat(ka, qa.shape[2] // ka.shape[2], axis=2)
   out = jnp.einsum("BTNH,BSNH->BNTS", qa, ka, preferred_element_type=jnp.float32)
   return np.asarray(out * jnp.float32(1.0 / math.sqrt(head_dim)), np.float64)
+
+
+def normal(seed, shape):
+  """Standard-normal float32 test data from numpy's generator (a jax.random draw compiles once per
+  shape: 1-3 s of CPU each)."""
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32))
 
 
 def alibi_reference(slopes, qpos, kpos):
@@ -61,8 +66,8 @@ def test_base_constrained_base_10000_achieves_its_prediction(layout):
 
   qpos = sample_queries(length, 4)
   kpos = np.arange(length)
-  q = jax.random.normal(jax.random.key(7), (1, len(qpos), 4, h))
-  k = jax.random.normal(jax.random.key(8), (1, length, 4, h))
+  q = normal(7, (1, len(qpos), 4, h))
+  k = normal(8, (1, length, 4, h))
   qe, ke = emulation.base_constrained_qk(q, k, plan=plan)
   chex.assert_shape((qe, ke), [(1, len(qpos), 4, rotary + h), (1, length, 4, rotary + h)])
   # the engine: standard partial-rotary RoPE with base 10000 over the first `rotary` dims

@@ -10,7 +10,6 @@ import math
 
 import chex
 import hypothesis.strategies as st
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -30,6 +29,12 @@ def scores(qa, ka, head_dim):
     ka = jnp.repeat(ka, qa.shape[2] // ka.shape[2], axis=2)
   out = jnp.einsum("BTNH,BSNH->BNTS", qa, ka, preferred_element_type=jnp.float32)
   return np.asarray(out * jnp.float32(1.0 / math.sqrt(head_dim)), np.float64)
+
+
+def normal(seed, shape):
+  """Standard-normal float32 test data from numpy's generator (a jax.random draw compiles once per
+  shape: 1-3 s of CPU each)."""
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32))
 
 
 def alibi_reference(slopes, qpos, kpos):
@@ -195,8 +200,8 @@ class OpsTest(chex.TestCase):
   def test_higher_order_pairs_rotate_at_r_theta(self):
     n, h, order = 2, 4, 3
     slopes, theta = paper_slopes(2), 1e-3
-    q = jax.random.normal(jax.random.key(0), (2, 3, n, h))
-    k = jax.random.normal(jax.random.key(1), (2, 5, n, h))
+    q = normal(0, (2, 3, n, h))
+    k = normal(1, (2, 5, n, h))
     qp = jnp.asarray([[0, 7, 900], [3, 3, 3]], jnp.int32)
     kp = jnp.asarray([[0, 1, 2, 800, 900], [0, 1, 2, 3, 4]], jnp.int32)
     fn = self.variant(lambda *a: emulation.apply_rope_alibi(*a, slopes=slopes, theta=theta, order=order))
@@ -223,9 +228,9 @@ class OpsTest(chex.TestCase):
   def test_padding_keeps_scores_and_attention(self):
     n, kv, h, t = 4, 2, 6, 12
     slopes = paper_slopes(4)
-    q = jax.random.normal(jax.random.key(2), (2, t, n, h))
-    k = jax.random.normal(jax.random.key(3), (2, t, kv, h))
-    v = jax.random.normal(jax.random.key(4), (2, t, kv, h))
+    q = normal(2, (2, t, n, h))
+    k = normal(3, (2, t, kv, h))
+    v = normal(4, (2, t, kv, h))
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + 100, (2, t))
     theta = emulation.emulation_theta(max_phase=0.1, max_len=256)
     qa, ka = emulation.apply_rope_alibi(q, k, pos, pos, slopes=slopes, theta=theta, order=2)
@@ -247,8 +252,8 @@ class OpsTest(chex.TestCase):
 
 def test_augmented_form_is_exact_up_to_rounding_and_keeps_content():
   slopes, h = paper_slopes(4), 8
-  q = jax.random.normal(jax.random.key(5), (1, 4, 4, h))
-  k = jax.random.normal(jax.random.key(6), (1, 6, 2, h))
+  q = normal(5, (1, 4, 4, h))
+  k = normal(6, (1, 6, 2, h))
   qp = jnp.asarray([[5, 1000, 40000, 65535]], jnp.int32)
   kp = jnp.asarray([[0, 5, 999, 39000, 65000, 65535]], jnp.int32)
   qa, ka = emulation.apply_augmented_alibi(q, k, qp, kp, slopes=slopes)

@@ -79,10 +79,11 @@ class ModelScoresTest(chex.TestCase):
     n, kv = heads
     h, d = 16, 20
     dst = "half" if src == "interleaved" else "interleaved"
-    keys = jax.random.split(jax.random.key(0), 5)
-    x = jax.random.normal(keys[0], (2, 9, d))
-    wq, wk = jax.random.normal(keys[1], (d, n, h)), jax.random.normal(keys[2], (d, kv, h))
-    bq, bk = jax.random.normal(keys[3], (n, h)), jax.random.normal(keys[4], (kv, h))
+    rng = np.random.default_rng(0)  # numpy: a jax.random draw compiles once per shape (1-3 s of CPU)
+    x, wq, wk, bq, bk = (
+      jnp.asarray(rng.standard_normal(shape, np.float32))
+      for shape in ((2, 9, d), (d, n, h), (d, kv, h), (n, h), (kv, h))
+    )
     pos = jnp.asarray(np.random.default_rng(1).integers(0, 3000, (2, 9)), jnp.int32)
     inv = rope.rope_inv_freq(h, rotary_dim=rotary_dim)
     conv = lambda w: layouts.convert_layout(w, src=src, dst=dst, rotary_dim=rotary_dim)  # noqa: E731
@@ -187,7 +188,7 @@ def test_a_call_without_layout_is_a_type_error_naming_it_and_both_values(name):
 
 def test_the_layouts_rotate_different_pairs():
   """Why no default: the same weights under the other layout give other scores, and nothing fails."""
-  x = jax.random.normal(jax.random.PRNGKey(0), (1, 4, 1, 8))
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 4, 1, 8), np.float32))
   pos = jnp.arange(4)
   q = {layout: rope.apply_rope(x, pos, layout=layout) for layout in layouts.LAYOUTS}
   scores = {layout: jnp.einsum("BTNH,BSNH->BNTS", v, v) for layout, v in q.items()}

@@ -35,8 +35,10 @@ def rope_reference(x, positions, base=10000.0, layout="interleaved"):
   return out
 
 
-def _rand(key, shape, dtype=jnp.float32):
-  return jax.random.normal(jax.random.key(key), shape, jnp.float32).astype(dtype)
+def _rand(seed, shape, dtype=jnp.float32):
+  """Standard-normal test data from numpy's generator (a jax.random draw compiles once per shape: 1-3 s
+  of CPU each, the largest cost of these small tests)."""
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32).astype(dtype))
 
 
 # ---------------------------------------------------------------- RoPE

@@ -14,7 +14,9 @@ from jaxpe.ops import xpos
 
 
 def _rand(seed, shape, dtype=jnp.float32):
-  return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
+  """Standard-normal test data from numpy's generator (a jax.random draw compiles once per shape: 1-3 s
+  of CPU each, the largest cost of these small tests)."""
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32).astype(dtype))
 
 
 def _positions(seed, shape, high):

@@ -82,7 +82,7 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
 
   # Start: data (files and bytes per side), parameters, devices, mesh shape and axis names.
   corpus = data.load_corpus(text_file, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
-  params = nnx.state(Decoder(cfg.model, rngs=nnx.Rngs(0)), nnx.Param)
+  params = nnx.state(nnx.eval_shape(lambda: Decoder(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)  # shapes
   num_params = sum(x.size for x in jax.tree.leaves(params))
   assert f"  training: {corpus.train.size:,} bytes from 1 file" in out and "  held-out: " in out
   assert f"model: {num_params:,} parameters\n" in out
