@@ -123,10 +123,10 @@ def _side(x, i):
   return None if x is None else x[i]
 
 
-def _triangular(b: _Blocks, cfg: Config) -> bool:
-  """Natural causal slots in square blocks: pair (i, j) is needed iff j <= i, and only the diagonal
-  pair needs the causal mask (the loops run j < i unmasked, then the diagonal, with no ``cond``)."""
-  return cfg.natural and cfg.causal and cfg.block_q == cfg.block_k and b.q.shape[0] == b.k.shape[0]
+def _triangular(cfg: Config) -> bool:
+  """Natural causal slots (T == S) in square blocks: pair (i, j) is needed iff j <= i, and only the
+  diagonal pair needs the causal mask (the loops run j < i unmasked, then the diagonal)."""
+  return cfg.natural and cfg.causal and cfg.block_q == cfg.block_k
 
 
 def _scores(b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False):
@@ -213,7 +213,7 @@ def _forward(b: _Blocks, slopes, cfg: Config):
 
   guarded = functools.partial(_guarded, step, static, need)
 
-  if _triangular(b, cfg) and nq * nk > UNROLL_PAIRS:
+  if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
 
     def triangle_row(i):
       # fixed trip counts (a loop up to i would be a while loop, which reverse mode cannot
@@ -271,7 +271,7 @@ def _backward(b: _Blocks, slopes, cfg: Config, out, lse, d_out, d_lse):
 
   dq = jnp.zeros(b.q.shape, jnp.float32)
   zeros_k, zeros_v = jnp.zeros(b.k.shape[1:], jnp.float32), jnp.zeros(b.v.shape[1:], jnp.float32)
-  if _triangular(b, cfg) and nq * nk > UNROLL_PAIRS:
+  if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
 
     def triangle_column(dq, j):
       carry = step(j, j, (dq, zeros_k, zeros_v))
