@@ -27,7 +27,7 @@ import numpy as np
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
 from jaxpe.attention.online_softmax import Config, flash
-from jaxpe.attention.reference import check_scale
+from jaxpe.attention.reference import check_scale, default_precise_dims
 from jaxpe.ops import checks as _checks
 
 # Query and key block sizes when the caller gives none: 32 up to T = 2048, 512 above. Measured on the
@@ -52,7 +52,7 @@ def blockwise_attention(
   scale: float,
   mask: IndexMask | AttentionMask | None = None,
   alibi: AlibiSpec | None = None,
-  precise_dims: int = 0,
+  precise_dims: int | None = None,
   block_q: int | None = None,
   block_k: int | None = None,
   return_lse: bool = False,
@@ -77,6 +77,7 @@ def blockwise_attention(
       ``q_positions [B, T]`` / ``k_positions [B, S]`` (token indices), computed per block.
       Checked by the caller (``attention`` checks it); ``form`` and ``max_position`` are not used.
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
+      Default None: the dims beyond v's width, ``Hq - H``.
     block_q, block_k: query / key block sizes, ints > 0; default ``default_block(T)`` /
       ``default_block(S)`` (``LARGE_BLOCK`` keys when T <= ``SMALL_BLOCK``: decoding). T and S
       need not be multiples (the last block is padded, padded keys are invisible).
@@ -109,6 +110,7 @@ def blockwise_attention(
     raise ValueError(
       f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H] with N % K == 0, got {q.shape}, {k.shape}, {v.shape}"
     )
+  precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
   if isinstance(precise_dims, bool) or not isinstance(precise_dims, int | np.integer):
     raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
   if not 0 <= precise_dims <= qk_dim:

@@ -111,7 +111,7 @@ def context_attention(
   strategy: str = "all_gather",
   mask: IndexMask | None = None,
   alibi: AlibiSpec | None = None,
-  precise_dims: int = 0,
+  precise_dims: int | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + ALiBi, masked) . v`` with T and S split over the mesh ``axes``.
 
@@ -134,7 +134,7 @@ def context_attention(
     alibi: optional ``AlibiSpec`` (``q_positions [B, T]``, ``k_positions [B, S]`` travelling with
       their tokens); the bias is native (the ``xla`` form), ``form`` is not used.
     precise_dims: trailing dims of q and k contracted in float32 at ``HIGHEST`` (the rope_alibi
-      emulation dims), 0..Hq.
+      emulation dims), 0..Hq; default None: the dims beyond v's width, ``Hq - H``.
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros.
@@ -155,6 +155,7 @@ def context_attention(
     _checks.check_rank(name, arr, 4, hint)
     _checks.check_float(name, arr)
   scale = reference.check_scale("scale", scale)
+  precise_dims = reference.default_precise_dims(precise_dims, q.shape[-1], v.shape[-1])
   shards = math.prod(mesh.shape[a] for a in axes)
   batch, t_len, s_len = q.shape[0], q.shape[1], k.shape[1]
   if t_len % shards or s_len % shards:

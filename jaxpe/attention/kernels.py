@@ -21,7 +21,7 @@ import numpy as np
 from jaxpe.attention import fused, xla
 from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
 from jaxpe.attention.masks import AttentionMask, IndexMask
-from jaxpe.attention.reference import check_scale
+from jaxpe.attention.reference import check_scale, default_precise_dims
 from jaxpe.ops import checks as _checks
 
 
@@ -35,7 +35,7 @@ def attention(
   mask: AttentionMask | IndexMask | jax.Array | None = None,
   bias: jax.Array | None = None,
   alibi_spec: AlibiSpec | None = None,
-  precise_dims: int = 0,
+  precise_dims: int | None = None,
   implementation: str = "xla",
   interpret: bool = False,
 ) -> jax.Array:
@@ -54,6 +54,8 @@ def attention(
     alibi_spec: ALiBi: native bias on ``xla``, its bias-free emulation on fused kernels.
     precise_dims: trailing float32 dims of q and k that carry an emulation (``rope_alibi``):
       contracted at ``precision=HIGHEST`` on ``xla``, split into bf16-exact products on the kernels.
+      Default None: the dims beyond v's width, ``Hq - H`` (safe for a raw ``apply_rope_alibi``
+      output); 0 contracts every dim at the default precision.
     implementation: the backend, one of ``IMPLEMENTATIONS`` (``impl=``, the old spelling, is
       accepted with a DeprecationWarning for one release).
     interpret: run the Pallas kernels in interpret mode (CPU tests).
@@ -86,6 +88,8 @@ def attention(
   if not isinstance(interpret, bool | np.bool_):
     raise TypeError(f"interpret must be a bool, got {interpret!r}")
   impl = resolve_backend(implementation, interpret=bool(interpret))
+  if precise_dims is None and all(getattr(x, "ndim", 0) == 4 for x in (q, v)):
+    precise_dims = default_precise_dims(None, q.shape[-1], v.shape[-1])
   q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl)
   if impl == "xla":
     return xla.attend(

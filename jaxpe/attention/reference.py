@@ -16,6 +16,19 @@ from jaxpe.attention.masks import AttentionMask
 from jaxpe.ops import checks as _checks
 
 
+def default_precise_dims(precise_dims, qk_dim: int, v_dim: int):
+  """``precise_dims`` as given, or, when None (the default of every attention entry point), the q/k
+  dims beyond v's width, ``max(Hq - H, 0)``: dims that q and k carry and v does not are an emulation
+  (``apply_rope_alibi``'s pairs, values ~1e5 whose products cancel down to the ALiBi bias), so they
+  are contracted at float32 ``HIGHEST`` unless the caller says otherwise (``precise_dims=0``). A
+  raw-ops user who composes ``apply_rope_alibi`` with attention and forgets the argument would
+  otherwise get the default matmul precision on them: whole logits off on TF32 GPUs and bf16-pass
+  TPUs (docs/emulation.md). Other values are returned unchanged (the caller checks them)."""
+  if precise_dims is None:
+    return max(int(qk_dim) - int(v_dim), 0)
+  return precise_dims
+
+
 def check_scale(name: str, scale, *, traced_ok: bool = False):
   """A score scale: a real number, finite and > 0 (a Python bool is refused); under jit a traced
   scale passes when ``traced_ok`` (its value cannot be checked: NaN gives NaN outputs).
@@ -45,7 +58,7 @@ def dot_product_attention(
   scale: float,
   bias: jax.Array | None = None,
   mask: jax.Array | None = None,
-  precise_dims: int = 0,
+  precise_dims: int | None = None,
   causal_block: int | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias, masked) . v`` with float32 logits and softmax.
@@ -83,6 +96,7 @@ def dot_product_attention(
     mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
       visible key (masked, a bias of -inf everywhere, or S = 0) returns zeros.
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
+      Default None: the dims beyond v's width, ``Hq - H`` (``default_precise_dims``).
     causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
       caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
       ``t`` (so T == S); keys past a block's last query are then skipped, not computed and masked.
@@ -134,6 +148,7 @@ def dot_product_attention(
     if jnp.result_type(mask) != jnp.bool_:
       raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
 
+  precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
   if isinstance(precise_dims, bool) or not isinstance(precise_dims, int) or not 0 <= precise_dims <= qk_dim:
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
   if causal_block is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpe.attention import backends, kernels, masks
+from jaxpe.attention import backends, blockwise, kernels, masks
 from jaxpe.attention import reference as attention
 from jaxpe.emulation import bf16_exact
 from jaxpe.model.config import ModelConfig
@@ -112,14 +112,29 @@ def test_native_bias_on_a_bias_free_kernel_says_to_use_the_emulation():
     )
 
 
-def test_emulation_dims_are_contracted_at_highest_precision_on_xla():
+_ENTRY_POINTS = {
+  "dot_product_attention": lambda q, k, v, **kw: attention.dot_product_attention(q, k, v, scale=1.0, **kw),
+  "blockwise_attention": lambda q, k, v, **kw: blockwise.blockwise_attention(
+    q, k, v, scale=1.0, mask=masks.AttentionMask(causal=True), **kw
+  ),
+  "kernels.attention": lambda q, k, v, **kw: kernels.attention(
+    q, k, v, scale=1.0, mask=masks.AttentionMask(causal=True), implementation="xla", **kw
+  ),
+}
+
+
+@pytest.mark.parametrize("given", [{"precise_dims": 2}, {}], ids=["precise_dims=2", "default"])
+@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+def test_emulation_dims_are_contracted_at_highest_precision_on_xla(entry, given):
   # CPU ignores jax.default_matmul_precision, so check what the jaxpr asks for: under a bf16 default
   # every dot over the emulation dims (the q.k logits, and dq, dk in the backward pass) is a float32
-  # dot with precision HIGHEST, the content dots are not.
+  # dot with precision HIGHEST, the content dots are not. By default (precise_dims=None) the dims
+  # q/k carry beyond v's width are the precise ones, so a raw-ops user who forgets the argument
+  # still gets them at HIGHEST.
   q = jnp.zeros((1, 8, 2, 8), jnp.float32)  # H = 6 content dims + 2 emulation dims
 
   def loss(q, k):
-    return attention.dot_product_attention(q, k, q[..., :6], scale=1.0, precise_dims=2).sum()
+    return _ENTRY_POINTS[entry](q, k, q[..., :6], **given).sum()
 
   with jax.default_matmul_precision("bfloat16"):
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(q, q)
@@ -143,6 +158,25 @@ def test_emulation_dims_are_contracted_at_highest_precision_on_xla():
     assert all(v.aval.dtype == jnp.float32 for v in e.invars)
     assert e.params["preferred_element_type"] == jnp.float32
   assert all(e.params["precision"] != highest for e in content)
+
+
+def test_precise_dims_zero_opts_out_of_highest_precision():
+  q = jnp.zeros((1, 8, 2, 8), jnp.float32)
+  fn = lambda q: attention.dot_product_attention(q, q, q[..., :6], scale=1.0, precise_dims=0)  # noqa: E731
+  with jax.default_matmul_precision("bfloat16"):
+    jaxpr = jax.make_jaxpr(fn)(q)
+  highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+  dots = []
+
+  def walk(jx):
+    for e in jx.eqns:
+      if e.primitive.name == "dot_general":
+        dots.append(e)
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  assert dots and all(e.params["precision"] != highest for e in dots)
 
 
 def test_row_with_minus_inf_bias_gives_zeros_like_a_masked_row():
