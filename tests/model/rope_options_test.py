@@ -16,6 +16,7 @@ import pytest
 import transformers
 from flax import nnx
 
+from jaxpe.model import generate
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.decoder import Decoder
 from jaxpe.ops import rope, rope_scaling
@@ -194,3 +195,22 @@ def test_a_few_training_steps(overrides):
 def test_config_refuses_what_means_nothing(overrides, match):
   with pytest.raises(pydantic.ValidationError, match=match):
     ModelConfig(**{**TINY, **overrides})
+
+
+def test_generation_with_nope_layers_and_the_hybrid_under_scan():
+  """Greedy ``generate`` (KV cache, scanned layer flags) picks the full forward's argmax at every step."""
+  cfg = ModelConfig(
+    **{
+      **TINY,
+      "pos_encoding": "rope_alibi",
+      "rope_alibi_content_rope": True,
+      "rope_proportion": 0.5,
+      "no_rope_layers": [0, 1],
+      "scan_layers": True,
+    }
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  new = np.asarray(generate.generate(model, TOKENS[:, :6], max_new_tokens=4))
+  assert new.shape == (2, 4)
+  logits = np.asarray(model(jnp.concatenate([TOKENS[:, :6], jnp.asarray(new[:, :-1], jnp.int32)], axis=1)))
+  np.testing.assert_array_equal(new, logits[:, 5:].argmax(-1))
