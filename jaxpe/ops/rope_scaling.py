@@ -292,11 +292,14 @@ def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 100
   inf); HF ``_compute_proportional_rope_parameters`` (Gemma-4's ``rope_type="proportional"``, which
   this is: ``rope_frequencies({"rope_type": "proportional", "partial_rotary_factor": p}, ...)``).
   """
-  for name, value, top in (("proportion", proportion, 1.0), ("rope_theta", rope_theta, math.inf)):
+  for name, value, accepted in (
+    ("proportion", proportion, "in (0, 1]"),
+    ("rope_theta", rope_theta, "finite and > 0"),
+  ):
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-      raise TypeError(f"{name} must be a number, got {value!r}")
-    if not (0 < float(value) <= top and math.isfinite(float(value))):
-      raise ValueError(f"{name} must be in (0, {top}] and finite, got {value!r}")
+      raise TypeError(f"{name} must be a number {accepted}, got {value!r}")
+    if not (0 < float(value) < math.inf and (name != "proportion" or float(value) <= 1)):
+      raise ValueError(f"{name} must be {accepted}, got {value!r}")
   params = {"rope_type": "proportional", "partial_rotary_factor": float(proportion), "factor": factor}
   return _proportional(params, float(rope_theta), head_dim, None)
 

@@ -107,6 +107,23 @@ def test_p_rope_matches_gemma(proportion, factor):
   np.testing.assert_array_equal(np.asarray(f(x))[..., rotated:8], x[..., rotated:8])  # position-free
 
 
+@pytest.mark.parametrize(
+  "kwargs, error, match",
+  [
+    ({"proportion": 0.0}, ValueError, "proportion must be in \\(0, 1\\]"),
+    ({"proportion": 1.25}, ValueError, "proportion must be in"),
+    ({"proportion": True}, TypeError, "proportion must be a number"),
+    ({"proportion": 0.5, "rope_theta": float("inf")}, ValueError, "rope_theta must be finite and > 0"),
+    ({"proportion": 0.5, "factor": 0.0}, ValueError, "factor"),
+  ],
+)
+def test_p_rope_inv_freq_refuses(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    rope_scaling.p_rope_inv_freq(16, **kwargs)
+  with pytest.raises(ValueError, match="head_dim"):
+    rope_scaling.p_rope_inv_freq(15, proportion=0.5)
+
+
 def test_p_rope_at_one_is_plain_rope_exactly():
   np.testing.assert_array_equal(
     rope_scaling.p_rope_inv_freq(64, proportion=1.0, rope_theta=500.0),
