@@ -32,7 +32,13 @@ from jaxpe.ops.hf_rope import HFRope, rope_from_hf_config
 from jaxpe.ops.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.ops.positions import positions_from_mask, positions_from_segment_ids
 from jaxpe.ops.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_phases
-from jaxpe.ops.rope_scaling import ROPE_TYPES, normalize_rope_parameters, ntk_aware_base, rope_frequencies
+from jaxpe.ops.rope_scaling import (
+  ROPE_TYPES,
+  normalize_rope_parameters,
+  ntk_aware_base,
+  p_rope_inv_freq,
+  rope_frequencies,
+)
 from jaxpe.ops.sinusoidal import sinusoidal_embedding, sinusoidal_frequencies
 from jaxpe.ops.xpos import apply_xpos, xpos_scale, xpos_zeta
 
@@ -70,6 +76,7 @@ __all__ = [
   "positions_from_mask",
   "positions_from_segment_ids",
   "rope_cos_sin",
+  "p_rope_inv_freq",
   "rope_frequencies",
   "rope_from_hf_config",
   "rope_inv_freq",

@@ -39,6 +39,7 @@ from jaxpe.emulation.checks import (
 )
 from jaxpe.emulation.solver import emulation_amplitudes
 from jaxpe.ops import checks as _checks
+from jaxpe.ops import rope as _rope
 
 
 def pad_head_dim(x: jax.Array, *, multiple: int = 8) -> jax.Array:
@@ -104,11 +105,20 @@ def apply_rope_alibi(
   order: int = 1,
   out_dtype=jnp.float32,
   pad_multiple: int = 1,
+  content_inv_freq=None,
+  content_layout: str = "interleaved",
+  content_scale: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
-  """Appends the 2k emulation dims to q and k and rotates them (content dims at frequency 0).
+  """Appends the 2k emulation dims to q and k and rotates them (content dims at frequency 0, or at
+  ``content_inv_freq``: RoPE and emulated ALiBi in one head).
 
   Score with the returned arrays, scaled by ``1/sqrt(H)`` of the *original* head dim:
   ``q_aug . k_aug / sqrt(H) = q . k / sqrt(H) - (m_h / theta) sum_r w_r sin(r (i - j) theta)``.
+  With ``content_inv_freq`` the content term is RoPE's score ``Re[sum_p q_p conj(k_p)
+  exp(1j (i - j) f_p)] / sqrt(H)`` (the content dims rotated by ``jaxpe.ops.rope.apply_rope`` in
+  float32) and the emulation dims are unchanged, so the solver's bound on the bias deviation
+  (``solve_emulation(...).bound``, ``emulation_error_bound``) holds as it is; ``None`` (default) is
+  the published form, bit for bit (an all-zero ``content_inv_freq`` gives the same values).
   Layout: ``[content H | pair 1 | ... | pair k | zero padding]``, each pair ``(re, im)`` (complex,
   interleaved layout); pair r of q is ``-w_r N_h (cos, sin)(r i theta)``, of k ``(-sin, cos)(r j theta)``.
 
@@ -126,6 +136,14 @@ def apply_rope_alibi(
       only to measure what the policy avoids; float16 raises when an amplitude overflows it.
     pad_multiple: append zero dims so ``H + 2k`` becomes a multiple of this (8 for kernels that
       need it); 1 = no padding.
+    content_inv_freq: ``[R/2]`` float radians per token (``R <= H``, e.g. a RoPE config's scaled
+      ``inv_freq`` from ``jaxpe.ops.rope_scaling.rope_frequencies``): the first R content dims of q
+      and k rotate at these frequencies by ``q_positions`` / ``k_positions`` (the rest stay
+      position-free). Default None: content at frequency 0 (the published form).
+    content_layout: pair layout of the content rotation, ``"interleaved"`` (default) or ``"half"``
+      (``jaxpe.ops.layouts``); read only with ``content_inv_freq``.
+    content_scale: multiplies the rotated content pairs (HF's attention factor of YaRN/LongRoPE);
+      default 1; read only with ``content_inv_freq``.
 
   Returns:
     ``(q_aug [B, T, N, Ha], k_aug [B, S, K', Ha])`` of ``out_dtype``, ``Ha = H + 2k`` rounded up to
@@ -133,7 +151,11 @@ def apply_rope_alibi(
 
   Raises:
     ValueError: wrong ranks or sizes, slope count != N, bad theta/order/slopes/positions, an
-      amplitude that overflows ``out_dtype``.
+      amplitude that overflows ``out_dtype``; ``content_inv_freq`` with more than H/2 entries, not
+      finite, or a bad ``content_layout`` / ``content_scale`` (``apply_rope``'s checks).
+
+  Source: the content rotation is RoPE (Su et al., arXiv 2104.09864) on the emulation's content dims;
+  the combination is jaxpe's (docs/emulation.md, "RoPE and emulated ALiBi in one head").
     TypeError: non-float q/k, non-integer positions, non-numeric slopes (or theta). Traced slopes or
       theta: ValueError.
   """
@@ -176,16 +198,20 @@ def apply_rope_alibi(
   def phases(pos):  # [B, T] -> [B, T, N or 1, k] radians, float32
     return pos.astype(jnp.float32)[:, :, None, None] * freqs[None, None, :, :]
 
+  q_cont, k_cont = q.astype(jnp.float32), k.astype(jnp.float32)
+  if content_inv_freq is not None:  # RoPE on the content dims, in float32
+    kw = dict(inv_freq=content_inv_freq, layout=content_layout, scale=content_scale)
+    q_cont = _rope.apply_rope(q_cont, q_positions, **kw)
+    k_cont = _rope.apply_rope(k_cont, k_positions, **kw)
   qp, kp = phases(q_positions), phases(k_positions)
   q_pairs = jnp.stack([amp[None, None] * jnp.cos(qp), amp[None, None] * jnp.sin(qp)], axis=-1)
   q_pairs = jnp.broadcast_to(q_pairs, (*q.shape[:2], num_heads, order, 2))
   k_pairs = jnp.stack([-jnp.sin(kp), jnp.cos(kp)], axis=-1)  # [B, S, N or 1, k, 2]
-  k_cont = k.astype(jnp.float32)
   if not shared and k.shape[2] != num_heads:
     k_cont = jnp.repeat(k_cont, num_heads // k.shape[2], axis=2)
   k_pairs = jnp.broadcast_to(k_pairs, (*k_cont.shape[:3], order, 2))
   return _append_dims(
-    q.astype(jnp.float32),
+    q_cont,
     k_cont,
     q_pairs.reshape(*q.shape[:3], 2 * order),
     k_pairs.reshape(*k_cont.shape[:3], 2 * order),

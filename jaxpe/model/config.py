@@ -17,7 +17,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from jaxpe.model import encodings
+from jaxpe.model import encodings, rope_options
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
 POS_ENCODINGS: tuple[str, ...] = tuple(encodings.REGISTRY)
@@ -127,6 +127,31 @@ class ModelConfig(StrictConfig):
   rope_alibi_order: int = pydantic.Field(
     1, ge=1, le=8, description="k emulation pairs at theta..k theta (jaxpe.emulation); 1 = published form"
   )
+  rope_alibi_content_rope: bool = pydantic.Field(
+    False,
+    description="rope_alibi: the content dims also rotate, at rope_frequencies() (rope_theta, rotary_dim, "
+    "rope_scaling, rope_proportion, rope_layout): RoPE and emulated ALiBi in one head; False = content at "
+    "frequency 0 (the published form)",
+  )
+  no_rope_layers: tuple[int, ...] | None = pydantic.Field(
+    None,
+    description="per-layer RoPE schedule (HF Llama 4 / SmolLM3): num_layers entries, 1 = the layer rotates "
+    "q and k, 0 = NoPE layer; for rope, xpos and rope_alibi with rope_alibi_content_rope; default all rotate",
+  )
+  no_rope_layer_interval: int | None = pydantic.Field(
+    None,
+    gt=0,
+    description="every n-th layer NoPE: layer i rotates iff (i + 1) % n != 0 (transformers' default "
+    "no_rope_layers of Llama4TextConfig / SmolLM3Config); not with no_rope_layers",
+  )
+  rope_proportion: float | None = pydantic.Field(
+    None,
+    gt=0,
+    le=1,
+    description="p-RoPE (arXiv 2410.06205, gemma's name): the highest int(p * H // 2) frequencies rotate "
+    "(rope_theta ** (-2i / H)), the rest are 0; rope or the rope_alibi hybrid; with rope_scaling only "
+    "'linear' (gemma's scale_factor), never with rotary_dim",
+  )
   rope_alibi_in_projection: bool = pydantic.Field(
     False,
     description="rope_alibi with the two extra dims realised by the q/k projections (H + 2 outputs per "
@@ -219,8 +244,29 @@ class ModelConfig(StrictConfig):
         data = {**data, "rope_theta": theta}
     return data
 
+  @pydantic.model_validator(mode="before")
+  @classmethod
+  def _schedule_list(cls, data: Any) -> Any:
+    """``no_rope_layers`` from a YAML / JSON list becomes a tuple (the config stays hashable)."""
+    if isinstance(data, dict) and isinstance(data.get("no_rope_layers"), list):
+      data = {**data, "no_rope_layers": tuple(data["no_rope_layers"])}
+    return data
+
+  @property
+  def rotates(self) -> bool:
+    """Whether the encoding rotates q and k at ``rope_frequencies()`` (rope, xpos, the hybrid)."""
+    return self.pos_encoding in ("rope", "xpos") or (
+      self.pos_encoding == "rope_alibi" and self.rope_alibi_content_rope
+    )
+
+  def rope_layers(self) -> tuple[bool, ...] | None:
+    """``[L]`` whether each layer rotates (``jaxpe.model.rope_options.rope_layers``); None without a
+    schedule (every layer rotates)."""
+    return rope_options.rope_layers(self)
+
   @pydantic.model_validator(mode="after")
   def _check_sizes(self) -> ModelConfig:
+    rope_options.check_rope_options(self)
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
         f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless head_dim is given"
@@ -238,12 +284,12 @@ class ModelConfig(StrictConfig):
       )
     if self.rope_alibi_in_projection and self.rope_alibi_order != 1:
       raise ValueError(f"rope_alibi_in_projection=True needs rope_alibi_order=1, got {self.rope_alibi_order}")
-    if self.rotary_dim is not None and self.pos_encoding not in ("rope", "xpos"):
+    if self.rotary_dim is not None and not self.rotates:
       raise ValueError(
-        f"rotary_dim is only used by pos_encoding 'rope' or 'xpos', got rotary_dim={self.rotary_dim} "
-        f"with pos_encoding={self.pos_encoding!r} (leave rotary_dim unset)"
+        f"rotary_dim is only used by pos_encoding 'rope' or 'xpos' (or the rope_alibi hybrid), got "
+        f"rotary_dim={self.rotary_dim} with pos_encoding={self.pos_encoding!r} (leave rotary_dim unset)"
       )
-    if self.pos_encoding in ("rope", "xpos") and self.rotary_dim is not None:
+    if self.rotary_dim is not None:
       if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
         raise ValueError(f"rotary_dim must be even and <= head_dim ({self.head_size}), got {self.rotary_dim}")
     if self.pos_encoding == "xpos" and self.head_size % 2:
@@ -256,8 +302,11 @@ class ModelConfig(StrictConfig):
         f"got alibi_heads={self.alibi_heads} with pos_encoding={self.pos_encoding!r}"
       )
     if self.rope_scaling is not None:
-      if self.pos_encoding not in ("rope", "xpos"):
-        raise ValueError(f"rope_scaling needs pos_encoding 'rope' or 'xpos', got {self.pos_encoding!r}")
+      if not self.rotates:
+        raise ValueError(
+          "rope_scaling needs pos_encoding 'rope' or 'xpos' (or 'rope_alibi' with rope_alibi_content_rope=True), "
+          f"got {self.pos_encoding!r}"
+        )
       theta = self.rope_scaling.rope_theta
       if theta is not None and "rope_theta" in self.model_fields_set and theta != self.rope_theta:
         raise ValueError(
@@ -285,11 +334,18 @@ class ModelConfig(StrictConfig):
     return self
 
   def rope_frequencies(self):
-    """``(inv_freq [R/2] float32, attention_factor)`` for rope/xpos, from ``rope_scaling``.
+    """``(inv_freq [R/2] float32, attention_factor)`` for rope/xpos (and the rope_alibi hybrid's
+    content), from ``rope_scaling`` and ``rotary_dim``, or p-RoPE's ``[H/2]`` with ``rope_proportion``.
 
     ``max_position_embeddings`` and ``seq_len`` are ``max_len``, so the frequencies are fixed for a
     model (cached decoding equals the full forward pass).
     """
+    if self.rope_proportion is not None:  # p-RoPE; a linear rope_scaling is gemma's scale_factor
+      factor = 1.0 if self.rope_scaling is None else self.rope_scaling.factor
+      inv_freq = rope_scaling_lib.p_rope_inv_freq(
+        self.head_size, proportion=self.rope_proportion, rope_theta=self.rope_theta, factor=factor
+      )
+      return inv_freq, 1.0
     return rope_scaling_lib.rope_frequencies(
       None if self.rope_scaling is None else self.rope_scaling.as_dict(),
       head_dim=self.head_size,

@@ -306,12 +306,16 @@ class Decoder(nnx.Module):
     ``layer_caches``: None, or ``(k, v)`` tuples of L cache arrays. Returns ``(x, None or (k, v))``
     with the updated caches. ``scan_layers`` runs one block under ``nnx.scan`` over the stacked
     parameters (caches stacked to ``[L, ...]`` for it and split back); ``remat`` wraps each block
-    in ``nnx.remat`` with the configured policy.
+    in ``nnx.remat`` with the configured policy. A per-layer RoPE schedule (``cfg.rope_layers()``)
+    reaches each block as its flag: a Python bool in the loop, scanned data under ``scan_layers``.
     """
     cfg = self.cfg
+    flags = cfg.rope_layers()  # per-layer RoPE schedule (NoPE layers), or None
 
-    def run(block, x, kv):
-      x, new_kv = block(x, positions, mask, kv_positions=kv_positions, cache_kv=kv, cache_end=cache_end)
+    def run(block, x, kv, use_rope):
+      x, new_kv = block(
+        x, positions, mask, kv_positions=kv_positions, cache_kv=kv, cache_end=cache_end, use_rope=use_rope
+      )
       return partitioning.constrain(x, partitioning.ACTIVATION), new_kv
 
     if cfg.remat != "none":
@@ -322,18 +326,18 @@ class Decoder(nnx.Module):
       stacked = None if layer_caches is None else tuple(jnp.stack(c) for c in layer_caches)
       scan = nnx.scan(
         run,
-        in_axes=(0, nnx.Carry, 0),
+        in_axes=(0, nnx.Carry, 0, 0),
         out_axes=(nnx.Carry, 0),
         transform_metadata={nnx.PARTITION_NAME: "layers"},
       )
-      x, new_kv = scan(self.blocks, x, stacked)
+      x, new_kv = scan(self.blocks, x, stacked, None if flags is None else jnp.asarray(flags))
       if new_kv is None:
         return x, None
       return x, tuple(tuple(c[i] for i in range(cfg.num_layers)) for c in new_kv)
     new_k, new_v = [], []
     for i, block in enumerate(self.blocks):
       kv = None if layer_caches is None else (layer_caches[0][i], layer_caches[1][i])
-      x, kv = run(block, x, kv)
+      x, kv = run(block, x, kv, None if flags is None else flags[i])
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])

@@ -193,6 +193,7 @@ class Attention(nnx.Module):
     kv_positions: jax.Array,
     cache_kv: tuple[jax.Array, jax.Array] | None = None,
     cache_end: jax.Array | None = None,
+    use_rope: bool | jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
@@ -202,11 +203,12 @@ class Attention(nnx.Module):
     slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
     or an ``IndexMask`` on ``xla``; with the sequence split over mesh axes
     (``partitioning.sequence_split``) across them (``jaxpe.attention.context``, strategy
-    ``cfg.context_attention``).
+    ``cfg.context_attention``). ``use_rope``: this layer's flag of a per-layer RoPE schedule
+    (``cfg.rope_layers()``; false = NoPE layer, ``encode_qk_nope``), None without one.
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     enc = encodings.for_config(self.cfg)
-    q, k = enc.encode_qk(q, k, positions)
+    q, k = enc.encode_layer_qk(q, k, positions, use_rope)
     if cache_kv is not None:
       k_cache, v_cache = cache_kv
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)

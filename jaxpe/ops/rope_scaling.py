@@ -60,7 +60,7 @@ from jaxpe.ops.rope_parameters import (
   resolve_rotary_dim,
 )
 
-__all__ = ["ROPE_TYPES", "normalize_rope_parameters", "ntk_aware_base", "rope_frequencies"]
+__all__ = ["ROPE_TYPES", "normalize_rope_parameters", "ntk_aware_base", "p_rope_inv_freq", "rope_frequencies"]
 
 
 def _exponents(rotary_dim: int) -> np.ndarray:
@@ -262,6 +262,46 @@ def _proportional(params, base, head_dim, rotary_dim):
   inv_freq = np.zeros(head_dim // 2, np.float64)
   inv_freq[:angles] = base ** -(np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim)
   return _to_f32(inv_freq / factor)
+
+
+def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 10000.0, factor: float = 1.0):
+  """p-RoPE's inverse frequencies: the highest ``int(proportion * H // 2)`` keep RoPE's
+  ``rope_theta ** (-2i / H)`` (exponent over the whole head), the lowest are 0 (position-free).
+
+  Rotate with ``jaxpe.ops.rope.apply_rope(x, positions, inv_freq=..., layout="half")`` (Gemma's
+  pairs ``(i, i + H/2)``): the zero-frequency pairs pass through unchanged, so those dims carry
+  content only (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings
+  useful?", arXiv 2410.06205: 0.75-RoPE beat RoPE on Gemma 2B). ``proportion=1`` is plain RoPE.
+
+  Args:
+    head_dim: H, even, positive.
+    proportion: p in (0, 1], the share of the H/2 pairs that rotate.
+    rope_theta: RoPE base (> 0), default 10000.
+    factor: linear position interpolation (> 0): every frequency divided by it, as Gemma's
+      ``scale_factor`` (HF's ``factor`` of ``proportional``); default 1.
+
+  Returns:
+    ``[H/2]`` float32 radians per token (computed in float64, then rounded).
+
+  Raises:
+    ValueError: ``head_dim`` not a positive even int, ``proportion`` outside (0, 1], a bad
+      ``rope_theta`` or ``factor``.
+
+  Source: google-deepmind/gemma ``gemma/gm/math/_positional_embeddings.py`` ``apply_rope``
+  (``rope_angles = int(rope_proportion * head_dim // 2)``, timescale ``base ** (2i / H)`` padded with
+  inf); HF ``_compute_proportional_rope_parameters`` (Gemma-4's ``rope_type="proportional"``, which
+  this is: ``rope_frequencies({"rope_type": "proportional", "partial_rotary_factor": p}, ...)``).
+  """
+  for name, value, accepted in (
+    ("proportion", proportion, "in (0, 1]"),
+    ("rope_theta", rope_theta, "finite and > 0"),
+  ):
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+      raise TypeError(f"{name} must be a number {accepted}, got {value!r}")
+    if not (0 < float(value) < math.inf and (name != "proportion" or float(value) <= 1)):
+      raise ValueError(f"{name} must be {accepted}, got {value!r}")
+  params = {"rope_type": "proportional", "partial_rotary_factor": float(proportion), "factor": factor}
+  return _proportional(params, float(rope_theta), head_dim, None)
 
 
 def rope_frequencies(

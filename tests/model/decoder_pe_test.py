@@ -48,6 +48,20 @@ CASES += [
   ("xpos-yarn-half", {"pos_encoding": "xpos", "rope_layout": "half", "rope_scaling": SCALINGS["yarn"]}),
   ("alibi-mqa", {"pos_encoding": "alibi", "num_kv_heads": 1}),
   ("alibi-2-of-4-heads", {"pos_encoding": "alibi", "alibi_heads": 2}),
+  # Issue 20: NoPE layers, p-RoPE, the RoPE + emulated ALiBi hybrid (tests/model/rope_options_test.py).
+  ("rope-nope-layers", {"pos_encoding": "rope", "no_rope_layers": [0, 1]}),
+  ("xpos-nope-interval", {"pos_encoding": "xpos", "no_rope_layer_interval": 2}),
+  ("rope-nope-scan", {"pos_encoding": "rope", "no_rope_layers": [1, 0], "scan_layers": True}),
+  ("p-rope-half", {"pos_encoding": "rope", "rope_proportion": 0.75, "rope_layout": "half"}),
+  (
+    "rope-alibi-hybrid-yarn-nope",
+    {
+      "pos_encoding": "rope_alibi",
+      "rope_alibi_content_rope": True,
+      "rope_scaling": SCALINGS["yarn"],
+      "no_rope_layers": [1, 0],
+    },
+  ),
 ]
 IDS = [c[0] for c in CASES]
 

@@ -9,7 +9,7 @@ concern               hook                                     who overrides it
 parameters            ``token_embed_std``, ``params``,         sinusoidal, learned, rope_alibi
                       ``qk_extra_dims``, ``init_qk``           (in-projection form)
 inputs                ``embed_inputs``                         learned, sinusoidal
-queries and keys      ``encode_qk``                            rope, xpos, rope_alibi
+queries and keys      ``encode_qk``, ``encode_qk_nope``        rope, xpos, rope_alibi
 attention bias        ``alibi_spec``                           alibi
 KV cache              ``cache_key``                            rope_alibi
 call checks           ``check_call``                           rope_alibi
@@ -98,6 +98,24 @@ class PositionalEncoding:
     -> the encoded ``(q, k)`` (k as stored in the KV cache, ``cache_key``); default unchanged."""
     del positions
     return q, k
+
+  def encode_qk_nope(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``encode_qk`` of a NoPE layer of a per-layer schedule (``ModelConfig.no_rope_layers``): q and
+    k not rotated; default unchanged (rope, xpos). Must return ``encode_qk``'s shapes and dtypes."""
+    del positions
+    return q, k
+
+  def encode_layer_qk(
+    self, q: jax.Array, k: jax.Array, positions: jax.Array, use_rope: bool | jax.Array | None
+  ) -> tuple[jax.Array, jax.Array]:
+    """``encode_qk`` (``use_rope`` None or true) or ``encode_qk_nope`` (false) of one layer:
+    ``use_rope`` is the layer's flag, a Python bool in the layer loop or a traced bool scalar under
+    ``scan_layers`` / ``remat`` (then ``jax.lax.cond`` runs one of the two)."""
+    if use_rope is None:
+      return self.encode_qk(q, k, positions)
+    if isinstance(use_rope, bool):
+      return (self.encode_qk if use_rope else self.encode_qk_nope)(q, k, positions)
+    return jax.lax.cond(use_rope, self.encode_qk, self.encode_qk_nope, q, k, positions)
 
   # -- attention bias -----------------------------------------------------------------------
 

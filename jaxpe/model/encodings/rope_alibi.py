@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 @register("rope_alibi")
 class RopeAlibi(PositionalEncoding):
   """q, k ``[.., H]`` -> ``[.., H + 2k]`` float32 (``apply_rope_alibi``, slopes of N heads, order
-  ``rope_alibi_order``, theta ``emulation_theta(cfg)``); keys are cached augmented, in float32."""
+  ``rope_alibi_order``, theta ``emulation_theta(cfg)``); keys are cached augmented, in float32. With
+  ``rope_alibi_content_rope`` the content dims rotate at ``cfg.rope_frequencies()`` (the hybrid)."""
 
   def qk_extra_dims(self) -> int:
     return 2 if self.cfg.rope_alibi_in_projection else 0
@@ -53,9 +54,28 @@ class RopeAlibi(PositionalEncoding):
         rope.apply_rope(q.astype(jnp.float32), positions, inv_freq=inv_freq, layout="interleaved"),
         rope.apply_rope(k.astype(jnp.float32), positions, inv_freq=inv_freq, layout="interleaved"),
       )
+    content = {}
+    if cfg.rope_alibi_content_rope:  # the hybrid: content dims at the RoPE config's frequencies
+      inv_freq, factor = cfg.rope_frequencies()
+      content = dict(content_inv_freq=inv_freq, content_layout=cfg.rope_layout, content_scale=factor)
+    return self._emulate(q, k, positions, **content)
+
+  def encode_qk_nope(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A NoPE layer of the hybrid keeps the emulated ALiBi, its content at frequency 0."""
+    return self._emulate(q, k, positions)
+
+  def _emulate(self, q, k, positions, **content):
+    cfg = self.cfg
     slopes = alibi.alibi_slopes_f64(cfg.num_heads)
     return emulation.apply_rope_alibi(
-      q, k, positions, positions, slopes=slopes, theta=emulation_theta(cfg), order=cfg.rope_alibi_order
+      q,
+      k,
+      positions,
+      positions,
+      slopes=slopes,
+      theta=emulation_theta(cfg),
+      order=cfg.rope_alibi_order,
+      **content,
     )
 
   def cache_key(self) -> tuple[int, jnp.dtype]:
