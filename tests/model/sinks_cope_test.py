@@ -126,3 +126,21 @@ def test_config_checks():
   with pytest.raises(pydantic.ValidationError, match="attention_sinks runs on"):
     ModelConfig(attention_sinks=True, attn_implementation="cudnn")
   ModelConfig(attention_sinks=True, attn_implementation="splash", pos_encoding="alibi")
+
+
+@pytest.mark.parametrize(
+  "overrides", [dict(attention_sinks=True), dict(pos_encoding="cope")], ids=["sinks", "cope"]
+)
+def test_context_parallelism_refuses_sinks_and_cope(overrides):
+  from jaxpe.model import partitioning
+  from jaxpe.model.config import LogicalRules
+  from jaxpe.train import sharding
+
+  model = Decoder(ModelConfig(**{**TINY, **overrides}), rngs=nnx.Rngs(0))
+  mesh = sharding.make_mesh((1, 1, 1, 2), devices=jax.devices()[:2])
+  tokens = jnp.ones((2, 8), jnp.int32)
+  with partitioning.activation_sharding(mesh, LogicalRules()):
+    with pytest.raises(
+      ValueError, match="context parallelism .* runs without attention sinks and dense biases"
+    ):
+      model(tokens)
