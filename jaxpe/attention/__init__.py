@@ -7,6 +7,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
 - ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
+- ``sinks``: attention sinks (a learned logit per head in the softmax denominator), from the lse or
+  as one more key slot.
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.

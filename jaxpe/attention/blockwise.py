@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
 from jaxpe.attention.online_softmax import Config, flash
@@ -56,6 +57,7 @@ def blockwise_attention(
   block_q: int | None = None,
   block_k: int | None = None,
   return_lse: bool = False,
+  sinks: jax.Array | None = None,
 ):
   """``softmax(q.k * scale + ALiBi, masked) . v`` by key blocks, with float32 scores and softmax.
 
@@ -82,6 +84,10 @@ def blockwise_attention(
       ``default_block(S)`` (``LARGE_BLOCK`` keys when T <= ``SMALL_BLOCK``: decoding). T and S
       need not be multiples (the last block is padded, padded keys are invisible).
     return_lse: also return the log-sum-exp of each row's scaled, biased scores.
+    sinks: optional ``[N]`` float attention-sink logits (``jaxpe.attention.sinks``: ``exp(sink_h)``
+      joins each row's softmax denominator, with no value; gpt-oss, arXiv 2309.17453), applied
+      from the lse after the online softmax; differentiable. With ``return_lse`` the lse then
+      includes the sink's term.
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``; with ``return_lse`` also ``[B, T, N]`` float32 log-sum-exp
@@ -91,8 +97,8 @@ def blockwise_attention(
   Raises:
     ValueError: ranks or sizes that do not fit (B, S, K, Hq, N % K, no heads), ``scale`` not a
       finite number > 0, ``precise_dims`` outside 0..Hq, a block size not an int > 0, mask or ALiBi
-      arrays not of their ``[B, T]`` / ``[B, S]`` shapes or slopes not ``[N]``.
-    TypeError: non-float q, k, v; a traced ``scale``; mask fields of the wrong dtype; ``mask`` not
+      arrays not of their ``[B, T]`` / ``[B, S]`` shapes or slopes not ``[N]``, ``sinks`` not ``[N]``.
+    TypeError: non-float q, k, v or sinks; a traced ``scale``; mask fields of the wrong dtype; ``mask`` not
       an ``IndexMask`` or ``alibi`` not an ``AlibiSpec``.
 
   Memory: the residuals of the backward pass are q, k, v, the output and the ``[B, T, N]``
@@ -115,6 +121,8 @@ def blockwise_attention(
     raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
   if not 0 <= precise_dims <= qk_dim:
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if sinks is not None:
+    sinks = sink_lib.check_sinks(sinks, num_heads)
   block_q = _check_block("block_q", block_q, t_len)
   # few queries (KV-cache decoding, short chunks): large key blocks, fewer loop steps
   block_k = _check_block("block_k", block_k, LARGE_FROM + 1 if t_len <= SMALL_BLOCK else s_len)
@@ -149,6 +157,8 @@ def blockwise_attention(
   if t_len == 0 or s_len == 0:
     out = jnp.zeros(out_shape, v.dtype)
     lse = jnp.full(out_shape[:3], -jnp.inf, jnp.float32)
+    if sinks is not None:
+      lse = jnp.broadcast_to(sinks.astype(jnp.float32)[None, None, :], lse.shape)
     return (out, lse) if return_lse else out
   causal = mask is not None and mask.causal
   cfg = Config(float(scale), int(precise_dims), block_q, block_k, causal, natural)
@@ -158,6 +168,8 @@ def blockwise_attention(
     q_seg, k_seg = _exact_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     k_valid = None if k_valid is None else k_valid.astype(bool)
   out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg)
+  if sinks is not None:
+    out, lse = sink_lib.apply_sinks(out, lse, sinks)
   return (out, lse) if return_lse else out
 
 

@@ -42,6 +42,8 @@ KERNELS: dict[str, Callable[..., jax.Array]] = {
   "pallas_gpu": pallas_gpu.attend,
 }
 """Fused backend -> ``attend(q, k, v, mask, *, scale, interpret)`` (``[B, T, N, D]`` each, T == S)."""
+SINK_KERNELS: tuple[str, ...] = ("splash",)
+"""Fused backends whose ``attend`` also takes ``sinks=`` (``[N]`` float logits)."""
 
 
 def attend(
@@ -56,14 +58,21 @@ def attend(
   precise_dims: int,
   implementation: str,
   interpret: bool,
+  sinks: jax.Array | None = None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on a fused backend, its shared checks done: ``[B, T, N, H]``.
 
   Raises:
     ValueError: as ``jaxpe.attention.attention`` (fused kernels only: a bias or dense mask, T != S,
-      H = 0, a head dim cudnn refuses, float16 with an emulation).
+      H = 0, a head dim cudnn refuses, float16 with an emulation; ``sinks`` on a kernel without
+      them: only splash takes ``sinks [N]``).
   """
   impl = implementation
+  if sinks is not None and impl not in SINK_KERNELS:
+    raise ValueError(
+      f"attention implementation {impl!r} takes no attention sinks; sinks run on 'xla' and "
+      f"{', '.join(repr(n) for n in SINK_KERNELS)} (native sinks)"
+    )
   if bias is not None:
     raise ValueError(
       f"attention implementation {impl!r} takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
@@ -130,7 +139,8 @@ def attend(
   # The Pallas kernels tile T in blocks: pad T to a whole number of blocks with tokens that are
   # padding (their own segment id, so no real query sees them) and slice the output back.
   qf, kf, vf, kernel_mask = _pad_length(qf, kf, vf, mask, kernel_length(impl, t_len))
-  out = KERNELS[impl](qf, kf, vf, kernel_mask, scale=dot_scale, interpret=interpret)
+  extra = {} if sinks is None else {"sinks": sinks}
+  out = KERNELS[impl](qf, kf, vf, kernel_mask, scale=dot_scale, interpret=interpret, **extra)
   out = out[:, :t_len, :, :head_dim]
   if valid is not None:
     out = jnp.where(valid.astype(bool)[:, :, None, None], out, jnp.zeros((), out.dtype))

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from jaxpe.attention import fused, xla
+from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
 from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.reference import check_scale, default_precise_dims
@@ -38,6 +39,7 @@ def attention(
   precise_dims: int | None = None,
   implementation: str = "xla",
   interpret: bool = False,
+  sinks: jax.Array | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias + ALiBi, masked) . v`` on the chosen backend.
 
@@ -59,6 +61,10 @@ def attention(
     implementation: the backend, one of ``IMPLEMENTATIONS`` (``impl=``, the old spelling, is
       accepted with a DeprecationWarning for one release).
     interpret: run the Pallas kernels in interpret mode (CPU tests).
+    sinks: optional ``[N]`` float attention-sink logits (``jaxpe.attention.sinks``; gpt-oss, arXiv
+      2309.17453): ``exp(sink_h)`` joins each row's softmax denominator, with no value. ``xla``
+      (blockwise from the lse, dense as one more key slot) and ``splash`` (native ``sinks``);
+      differentiable (q, k, v, sinks). cudnn and pallas_gpu refuse them.
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
@@ -73,8 +79,8 @@ def attention(
       use ``alibi_spec`` / ``AttentionMask``); T != S; H = 0; a head dim cudnn refuses (> 256 with
       the emulation dims); a float16 kernel with an emulation (bf16 parts overflow float16);
       concrete positions >= ``max_position`` with the exact form; the rotated form with a slope 0
-      or a theta whose phase reaches pi/2.
-    TypeError: non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
+      or a theta whose phase reaches pi/2; ``sinks`` not ``[N]``, or given to cudnn / pallas_gpu.
+    TypeError: non-float ``sinks``; non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
       traced); a non-int ``precise_dims``; a non-bool ``interpret``; a mask that is neither an
       ``AttentionMask`` nor an array; ``AttentionMask`` fields of the wrong dtype (float or bool
       segment ids, float ``valid``, non-bool ``causal``); ``alibi_spec`` not an ``AlibiSpec``;
@@ -91,9 +97,19 @@ def attention(
   if precise_dims is None and all(getattr(x, "ndim", 0) == 4 for x in (q, v)):
     precise_dims = default_precise_dims(None, q.shape[-1], v.shape[-1])
   q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl)
+  if sinks is not None:
+    sinks = sink_lib.check_sinks(sinks, q.shape[2])
   if impl == "xla":
     return xla.attend(
-      q, k, v, scale=scale, mask=mask, bias=bias, alibi_spec=alibi_spec, precise_dims=precise_dims
+      q,
+      k,
+      v,
+      scale=scale,
+      mask=mask,
+      bias=bias,
+      alibi_spec=alibi_spec,
+      precise_dims=precise_dims,
+      sinks=sinks,
     )
   return fused.attend(
     q,
@@ -106,6 +122,7 @@ def attention(
     precise_dims=precise_dims,
     implementation=impl,
     interpret=bool(interpret),
+    sinks=sinks,
   )
 
 

@@ -27,10 +27,11 @@ def _splash_kernel(t_len: int, num_heads: int, causal: bool, interpret: bool):
     )
 
 
-def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool) -> jax.Array:
+def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool, sinks=None) -> jax.Array:
   """Self-attention ``[B, T, N, D]`` of pre-scaled q ``[B, T, N, D]``, k, v ``[B, T, K, D]``.
 
-  ``scale`` is not used: q is already scaled (the kernel has none).
+  ``scale`` is not used: q is already scaled (the kernel has none). ``sinks``: optional ``[N]``
+  float sink logits, the kernel's own ``sinks`` argument (the same for every batch row).
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
 
@@ -42,9 +43,9 @@ def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool) -> ja
   ids = kernel_segment_ids(mask, batch, t_len)
   swap = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, N, H] <-> [B, N, T, H]
   if ids is None:
-    out = jax.vmap(kernel)(swap(q), swap(k), swap(v))
+    out = jax.vmap(lambda q1, k1, v1: kernel(q1, k1, v1, sinks=sinks))(swap(q), swap(k), swap(v))
   else:
-    out = jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(s1, s1)))(
-      swap(q), swap(k), swap(v), ids
-    )
+    out = jax.vmap(
+      lambda q1, k1, v1, s1: kernel(q1, k1, v1, segment_ids=splash.SegmentIds(s1, s1), sinks=sinks)
+    )(swap(q), swap(k), swap(v), ids)
   return swap(out)

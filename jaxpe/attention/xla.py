@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpe.attention import blockwise, reference
+from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.ops import alibi
@@ -37,12 +38,16 @@ def attend(
   bias: jax.Array | None,
   alibi_spec: AlibiSpec | None,
   precise_dims: int,
+  sinks: jax.Array | None = None,
 ) -> jax.Array:
-  """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``."""
+  """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``.
+
+  ``sinks`` (``[N]``, checked): blockwise from the lse, dense as one more key slot
+  (``jaxpe.attention.sinks``)."""
   if bias is None and (mask is None or isinstance(mask, AttentionMask | IndexMask)):
     # Looked up at call time so tests can wrap blockwise.blockwise_attention.
     return blockwise.blockwise_attention(
-      q, k, v, scale=scale, mask=mask, alibi=alibi_spec, precise_dims=precise_dims
+      q, k, v, scale=scale, mask=mask, alibi=alibi_spec, precise_dims=precise_dims, sinks=sinks
     )
   if isinstance(mask, AttentionMask):
     mask = mask.dense(q.shape[0], q.shape[1])
@@ -53,6 +58,8 @@ def attend(
       jnp.asarray(alibi_spec.slopes, jnp.float32), alibi_spec.q_positions, alibi_spec.k_positions
     )
     bias = native if bias is None else bias + native
+  if sinks is not None:
+    k, v, bias, mask = sink_lib.with_sink_key(q, k, v, bias, mask, sinks)
   # Looked up at call time so tests can wrap reference.dot_product_attention.
   return reference.dot_product_attention(
     q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims

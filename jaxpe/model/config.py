@@ -103,7 +103,7 @@ class ModelConfig(StrictConfig):
   pos_encoding: str = pydantic.Field(
     "rope",
     description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): none, learned, "
-    "sinusoidal, rope, xpos, alibi, rope_alibi",
+    "sinusoidal, rope, xpos, alibi, rope_alibi, cope",
   )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
@@ -172,6 +172,16 @@ class ModelConfig(StrictConfig):
     description="how pos_encoding='alibi' reaches bias-free kernels: exact (augmented form in bf16-exact "
     "parts, 18 extra dims up to 65536 positions) or rotated (order rope_alibi_order, theta from "
     "rope_alibi_max_phase / rope_alibi_context, 18 k extra dims, the solver's bound)",
+  )
+  attention_sinks: bool = pydantic.Field(
+    False,
+    description="a learned sink logit per head and layer in the softmax denominator (gpt-oss; arXiv "
+    "2309.17453; jaxpe.attention.sinks), with any pos_encoding; runs on xla and splash",
+  )
+  cope_npos_max: int | None = pydantic.Field(
+    None,
+    gt=0,
+    description="cope only: P, the number of integer CoPE positions (counts clamp at P - 1); default max_len",
   )
   use_bias: bool = False
   embed_layernorm: bool = False
@@ -326,6 +336,17 @@ class ModelConfig(StrictConfig):
       raise ValueError(
         "alibi_emulation='rotated' needs ALiBi on every head (slopes > 0); use alibi_emulation='exact' "
         f"with alibi_heads={self.alibi_heads}"
+      )
+    if self.cope_npos_max is not None and self.pos_encoding != "cope":
+      raise ValueError(f"cope_npos_max needs pos_encoding='cope', got pos_encoding={self.pos_encoding!r}")
+    if self.pos_encoding == "cope" and self.attn_implementation not in ("xla", "auto"):
+      raise ValueError(
+        "pos_encoding='cope' is a dense, context-dependent [B, N, T, S] bias: attn_implementation must be "
+        f"'xla' (fused kernels take no bias), got {self.attn_implementation!r}"
+      )
+    if self.attention_sinks and self.attn_implementation in ("cudnn", "pallas_gpu"):
+      raise ValueError(
+        f"attention_sinks runs on attn_implementation 'xla' or 'splash', got {self.attn_implementation!r}"
       )
     if self.pos_encoding == "xpos" and self.max_len > 65536:
       # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32

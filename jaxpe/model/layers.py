@@ -164,7 +164,13 @@ def dense(
 
 
 class Attention(nnx.Module):
-  """Causal multi-head (or grouped-query) self-attention with the configured position encoding."""
+  """Causal multi-head (or grouped-query) self-attention with the configured position encoding.
+
+  With ``cfg.attention_sinks`` it holds ``sinks [N]`` float32 (logical name ``heads``; gpt-oss's
+  learned sink logits, Normal(0, ``init_std``) as HF's ``GptOssPreTrainedModel._init_weights``),
+  passed to the backend (``jaxpe.attention.sinks``); the encoding's per-layer parameters
+  (``layer_params``, CoPE's ``cope_pos_emb``) are attributes too.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -179,6 +185,11 @@ class Attention(nnx.Module):
       cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
     enc.init_qk(self.q, self.k)
+    for name, param in enc.layer_params(rngs).items():  # cope: cope_pos_emb
+      setattr(self, name, param)
+    if cfg.attention_sinks:  # gpt-oss: one learned logit per head, Normal(0, init_std)
+      sinks = nnx.initializers.normal(cfg.init_std)(rngs.params(), (n,), jnp.float32)
+      self.sinks = nnx.Param(sinks, out_sharding=("heads",))
     self.v = dense(
       cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
@@ -214,13 +225,21 @@ class Attention(nnx.Module):
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
     cfg = self.cfg
+    scale = 1.0 / math.sqrt(cfg.head_size)
+    sinks = self.sinks[...] if cfg.attention_sinks else None
+    bias = enc.attention_bias(self, q, k, mask, scale=scale)  # cope: a dense [B, N, T, S] bias
     split = partitioning.sequence_split()
     if cache_kv is None and isinstance(mask, masks.IndexMask) and split is not None:
+      if sinks is not None or bias is not None:
+        raise ValueError(
+          "context parallelism (a sequence split over mesh axes) runs without attention sinks and "
+          f"dense biases; got attention_sinks={cfg.attention_sinks}, pos_encoding={cfg.pos_encoding!r}"
+        )
       out = context.context_attention(
         q,
         k,
         v,
-        scale=1.0 / math.sqrt(cfg.head_size),
+        scale=scale,
         mesh=split[0],
         axes=split[1],
         strategy=cfg.context_attention,
@@ -234,8 +253,10 @@ class Attention(nnx.Module):
       q,
       k,
       v,
-      scale=1.0 / math.sqrt(cfg.head_size),
+      scale=scale,
       mask=mask,
+      bias=bias,
+      sinks=sinks,
       alibi_spec=enc.alibi_spec(positions, kv_positions),
       precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
       implementation=cfg.attn_implementation if fused else "xla",

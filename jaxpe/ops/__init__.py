@@ -1,7 +1,7 @@
 """Positional-encoding ops: pure JAX functions, Flax-free (they import jax and numpy only).
 
 RoPE (complex-number form with exact phases, every HF ``rope_scaling``, pair layouts, HF configs),
-ALiBi, xPos, sinusoidal embeddings, positions from masks and segment ids, and the argument checks
+ALiBi, xPos, sinusoidal embeddings, CoPE (contextual positions from gates), positions from masks and segment ids, and the argument checks
 they share. The ops that rotate (``apply_rope``, ``apply_xpos``) take the pair layout from the
 caller (``layout=``, no default: ``jaxpe.ops.layouts`` says why) or from an HF config
 (``rope_from_hf_config(config).apply``).
@@ -11,7 +11,7 @@ fixed-point phase reduction), ``layouts`` (the two pair layouts and conversion b
 ``rope_parameters`` (HF rope dicts: spelling, keys, values), ``rope_scaling`` (the frequencies of
 each HF ``rope_type``), ``hf_families`` / ``hf_config`` / ``hf_rope`` (what transformers does per
 model family, reading a config, ``HFRope``), ``xpos``, ``sinusoidal``, ``positions``, ``alibi``,
-``checks``.
+``cope``, ``checks``.
 """
 
 from jaxpe.ops.alibi import (
@@ -22,6 +22,7 @@ from jaxpe.ops.alibi import (
   alibi_slopes,
   alibi_slopes_for_heads,
 )
+from jaxpe.ops.cope import cope_bias, cope_positions
 from jaxpe.ops.hf_rope import HFRope, rope_from_hf_config
 from jaxpe.ops.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.ops.positions import positions_from_mask, positions_from_segment_ids
@@ -43,6 +44,8 @@ __all__ = [
   "apply_rope",
   "apply_xpos",
   "convert_layout",
+  "cope_bias",
+  "cope_positions",
   "convert_qk_proj_weight",
   "layout_permutation",
   "normalize_rope_parameters",

@@ -62,6 +62,8 @@ CASES += [
       "no_rope_layers": [1, 0],
     },
   ),
+  ("rope-sinks", {"pos_encoding": "rope", "attention_sinks": True}),
+  ("alibi-sinks-gqa", {"pos_encoding": "alibi", "attention_sinks": True, "num_kv_heads": 2}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -76,10 +78,13 @@ def _tokens(seed, length):
 
 @pytest.mark.parametrize("overrides", [c[1] for c in CASES], ids=IDS)
 def test_cache_padding_and_packing_equal_single_sequences(overrides):
+  check_cache_padding_and_packing(_model(overrides))
+
+
+def check_cache_padding_and_packing(model):
   """All batches are [2, 12] (plus [2, 7] and [2, 1] for the cache), so eagerly compiled ops are
   shared. References: the unpadded, unpacked, uncached forward of each sequence; by causality its
   first n logits are those of the sequence's first n tokens."""
-  model = _model(overrides)
   seqs = jnp.concatenate([_tokens(10, 12), _tokens(11, 12)])  # two 12-token sequences
   ref = model(seqs)
 

@@ -10,7 +10,8 @@ parameters            ``token_embed_std``, ``params``,         sinusoidal, learn
                       ``qk_extra_dims``, ``init_qk``           (in-projection form)
 inputs                ``embed_inputs``                         learned, sinusoidal
 queries and keys      ``encode_qk``, ``encode_qk_nope``        rope, xpos, rope_alibi
-attention bias        ``alibi_spec``                           alibi
+layer parameters      ``layer_params``                         cope
+attention bias        ``alibi_spec``, ``attention_bias``       alibi; cope (dense, xla only)
 KV cache              ``cache_key``                            rope_alibi
 call checks           ``check_call``                           rope_alibi
 ====================  =======================================  ===================================
@@ -63,6 +64,12 @@ class PositionalEncoding:
     """Modules holding the encoding's own parameters, set as attributes of the ``Decoder`` under
     these names (right after the token embedding, so their place in the parameter tree and in the
     initialisation's random stream is fixed); default none."""
+    del rngs
+    return {}
+
+  def layer_params(self, rngs: nnx.Rngs) -> dict[str, nnx.Module | nnx.Param]:
+    """Parameters of each ``Attention`` layer, set as its attributes under these names (after its
+    q, k projections; stacked on ``layers`` with ``scan_layers``); default none."""
     del rngs
     return {}
 
@@ -123,6 +130,17 @@ class PositionalEncoding:
     """The ALiBi bias for the attention backend (``jaxpe.attention.kernels.attention``), from query
     ``positions [B, T]`` and key ``kv_positions [B, S]`` int32; default None (no bias)."""
     del positions, kv_positions
+    return None
+
+  def attention_bias(
+    self, layer: nnx.Module, q: jax.Array, k: jax.Array, mask, *, scale: float
+  ) -> jax.Array | None:
+    """A dense, context-dependent bias ``[B, N, T, S]`` float32 for the ``xla`` backend (fused
+    kernels take none), from one ``Attention`` ``layer`` (its ``layer_params``), the encoded q
+    ``[B, T, N, Hq]``, the keys k ``[B, S, K, Hq]`` (all cache slots with a KV cache), the layer's
+    ``mask`` (an ``AttentionMask`` or ``IndexMask``; ``.dense()`` gives ``[B, 1, T, S]``) and the
+    score ``scale``; default None (no bias)."""
+    del layer, q, k, mask, scale
     return None
 
   # -- KV cache -----------------------------------------------------------------------------
