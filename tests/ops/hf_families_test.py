@@ -182,10 +182,110 @@ def _default_rotary_modules():
         break
 
 
-def _layout_matches(module, r, layer_type):
-  """jaxpe.apply_rope with r.layout on r's rotated slice equals the family's own
-  apply_rotary_pos_emb(q, k, cos, sin) (or its _interleave variant for MLA families that use it).
-  None when the family's apply function has another signature."""
+# Model types that rope_from_hf_config refuses, with the reason's words. The sweep fails when a new
+# refusal appears or one of these starts to work.
+_AXIAL = "rope_type 'axial'"  # vision encoders: 2-D RoPE over image-patch (row, column) positions
+EXPECTED_REFUSALS = {
+  **{
+    t: _AXIAL
+    for t in (
+      "cohere_compass_vision",
+      "dots3_note_vision_encoder",
+      "edgetam_video",
+      "ernie4_5_vl_moe_vision",
+      "exaone4_5_vision",
+      "gemma4_vision",
+      "glm4v_moe_vision",
+      "glm4v_vision",
+      "glm5_next_vision",
+      "glm_ocr_vision",
+      "inkling2_vision",
+      "kimi_k25_vision",
+      "lfm3_vl_vision",
+      "minimax_m3_vl_vision",
+      "mlcd",
+      "mlcd_vision_model",
+      "muse_glimmer_vision",
+      "muse_spark_vision",
+      "paddleocr_vl_vision",
+      "pixtral",
+      "qwen2_5_omni_vision_encoder",
+      "qwen2_5_vl_vision",
+      "qwen2_vl_vision",
+      "qwen3_5_moe_vision",
+      "qwen3_5_vision",
+      "qwen3_omni_moe_vision_encoder",
+      "qwen3_vl_moe_vision",
+      "qwen3_vl_vision",
+      "qwen4_exp_vision",
+      "sam2_video",
+      "sam3_tracker_video",
+      "sam3_vit_model",
+      "step3p5_vision",
+      "video_llama_3_vision",
+    )
+  },
+  "efficientloftr": "image-patch (row, column) positions",  # 2-D feature-map RoPE
+  "eomt_dinov3": "image-patch (row, column) positions",  # DINOv3 ViT patch RoPE
+  # Their default text config has head_dim 2048 // 28 = 73: transformers' 74-wide table does not
+  # fit the head (real Qwen3-Omni configs set head_dim 128).
+  **{
+    t: "wider than the 73-dim head"
+    for t in ("qwen3_omni_moe", "qwen3_omni_moe_text", "qwen3_omni_moe_thinker")
+  },
+}
+# Buffers transformers stores permuted (ERNIE-4.5-VL pre-permutes its h/w frequencies and undoes it
+# in recomposition_frequencies): inv_freq compared as a set, cos/sin as usual.
+PERMUTED_INV_FREQ = frozenset({"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"})
+POSITIONS = np.array([[0, 1, 3, 50, 300, 1000]], np.int64)  # [B, T]
+# Multi-axis [3, B, T] positions (t, h, w) with different rows, for the mRoPE families.
+POSITIONS3 = np.array([[[0, 1, 3, 50, 300, 1000]], [[0, 5, 2, 60, 9, 700]], [[0, 4, 8, 40, 7, 20]]], np.int64)
+
+
+def _module_cos_sin(module, positions, layer_type):
+  """transformers' (cos, sin) ``[B, T, R]`` float64 for ``positions``, or None where the module's
+  forward fails (GLM-4V's default config: its default mrope_section does not fit the head)."""
+  kwargs = {"layer_type": layer_type} if layer_type else {}
+  try:
+    with torch.no_grad():
+      cos, sin = module(torch.zeros(1, dtype=torch.float32), torch.from_numpy(positions), **kwargs)
+  except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
+    return None
+  return cos.double().numpy().reshape(1, positions.shape[-1], -1), sin.double().numpy().reshape(
+    1, positions.shape[-1], -1
+  )
+
+
+def _per_pair(table, half, label):
+  """The module's cos or sin table ``[B, T, W]`` as one value per frequency ``[B, T, R/2]``, in
+  frequency order: tables are ``cat(c, c)`` (rotate-half and ERNIE-4.5 style), ``c`` repeated
+  twice (interleaved), or ``c`` itself (DeepSeek-V4); which one is read off the table (the rotation
+  layout itself is checked by ``_apply_matches``)."""
+  assert table.shape[-1] in (half, 2 * half), (label, table.shape, half)
+  if table.shape[-1] == half:
+    return table
+  if np.array_equal(table[..., :half], table[..., half:]):
+    return table[..., :half]
+  np.testing.assert_array_equal(table[..., 0::2], table[..., 1::2], err_msg=label)
+  return table[..., 0::2]
+
+
+def _jaxpe_cos_sin(r, positions3=None):
+  """jaxpe's cos/sin ``[B, T, R/2]`` times the attention factor, at token positions or at multi-axis
+  ones through ``r.mrope_axes``."""
+  if positions3 is None:
+    cos, sin = jaxpe.rope_cos_sin(jnp.asarray(POSITIONS, jnp.int32), r.inv_freq, phase_precision="float32")
+  else:
+    rows = jnp.asarray(positions3[np.asarray(r.mrope_axes)], jnp.int32)  # one row per frequency
+    section = (1,) * len(r.mrope_axes)
+    cos, sin = jaxpe.rope_cos_sin(rows, r.inv_freq, mrope_section=section, phase_precision="float32")
+  return tuple(np.asarray(c, np.float64) * r.attention_factor for c in (cos, sin))
+
+
+def _apply_matches(module, r, positions, layer_type):
+  """``r.apply`` (layout, rotated slice, rotation sign, mRoPE axes) rotates q as the family's own
+  ``apply_rotary_pos_emb(q, k, cos, sin)`` (or its ``_interleave`` variant for MLA families that use
+  it) with the module's cos/sin. None when that function has another signature or fails."""
   import inspect
   import sys
 
@@ -195,20 +295,17 @@ def _layout_matches(module, r, layer_type):
   fn = interleave_fn if mla_interleaved else getattr(modeling, "apply_rotary_pos_emb", None)
   if fn is None or list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]:
     return None
-  positions = np.array([[0, 3, 50, 1000]], np.int64)
-  q = np.random.default_rng(0).normal(size=(1, 2, 4, r.head_dim)).astype(np.float32)  # [B, N, T, H]
+  t = positions.shape[-1]
+  q = np.random.default_rng(0).normal(size=(1, 2, t, r.head_dim)).astype(np.float32)  # [B, N, T, H]
   kwargs = {"layer_type": layer_type} if layer_type else {}
   try:
     with torch.no_grad():
       cos, sin = module(torch.zeros(1), torch.from_numpy(positions), **kwargs)
       hf = fn(torch.from_numpy(q), torch.from_numpy(q), cos, sin)[0].numpy()
-  except (RuntimeError, TypeError, ValueError):  # partial rotary applied outside, mrope sections
+  except (RuntimeError, TypeError, ValueError, IndexError):  # partial rotary applied outside, 2-D cos
     return None
   x = jnp.asarray(np.transpose(q, (0, 2, 1, 3)))  # [B, T, N, H]
-  got = jaxpe.apply_rope(
-    x, jnp.asarray(positions, jnp.int32), inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor
-  )
-  got = np.transpose(np.asarray(got), (0, 2, 1, 3))
+  got = np.transpose(np.asarray(r.apply(x, jnp.asarray(positions, jnp.int32))), (0, 2, 1, 3))
   if mla_interleaved:  # transformers returns the interleaved pairs de-interleaved (evens | odds)
     got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
   return bool(np.abs(got - hf).max() <= 1e-3 * max(1.0, r.attention_factor))
@@ -216,17 +313,19 @@ def _layout_matches(module, r, layer_type):
 
 def test_every_family_default_config_matches_or_is_refused():
   """For every model type transformers 5.24 ships with a rotary embedding (default config, the text
-  config of composite models): rope_from_hf_config either raises ValueError or gives transformers'
-  inv_freq (1e-6 relative, 2.2e-6 for llama3) and attention factor, from the PretrainedConfig and
-  from its to_dict() alike, and where the family's apply_rotary_pos_emb takes (q, k, cos, sin),
-  jaxpe.apply_rope with the returned layout rotates q as it does. Never a silent mismatch."""
-  matched, refused, layouts = [], [], []
+  config of composite models): rope_from_hf_config gives transformers' inv_freq (1e-6 relative,
+  2.2e-6 for llama3), attention factor and cos/sin (the module's forward at token positions, in the
+  returned layout), from the PretrainedConfig and from its to_dict() alike; where the family's
+  apply_rotary_pos_emb takes (q, k, cos, sin), HFRope.apply rotates q as it does; mRoPE families do
+  the same at multi-axis [3, B, T] positions. Or it refuses with the reason in EXPECTED_REFUSALS,
+  and only those."""
+  matched, refused, cos_sin, applied, multi_axis = [], {}, [], [], []
   for model_type, config, module in _default_rotary_modules():
     layer_types = sorted(module.rope_type) if isinstance(getattr(module, "rope_type", None), dict) else [None]
     for layer_type in layer_types:
       name = f"{layer_type}_inv_freq" if layer_type else "inv_freq"
       if getattr(module, name, None) is None:
-        continue  # GPT-J / CodeGen build a sin/cos table (tested above)
+        continue  # GPT-J / CodeGen build a sin/cos table (tested in hf_rope_test)
       inv_hf = getattr(module, name).double().numpy()
       att_hf = float(
         getattr(module, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
@@ -234,25 +333,51 @@ def test_every_family_default_config_matches_or_is_refused():
       try:
         r = rope_from_hf_config(config, layer_type=layer_type)
       except ValueError as e:
-        refused.append((model_type, str(e)[:60]))
+        refused[model_type] = str(e)
         continue
       label = f"{model_type}/{layer_type}"
       assert r.inv_freq.shape == inv_hf.shape, label
-      rel = np.abs(np.asarray(r.inv_freq, np.float64) - inv_hf) / np.maximum(inv_hf, 1e-30)
+      ours = np.asarray(r.inv_freq, np.float64)
+      if model_type in PERMUTED_INV_FREQ:
+        ours, inv_hf = np.sort(ours), np.sort(inv_hf)
+      rel = np.abs(ours - inv_hf) / np.maximum(inv_hf, 1e-30)
       assert rel.max() <= (2.2e-6 if r.rope_type == "llama3" else 1e-6), (label, rel.max())
       assert r.attention_factor == pytest.approx(att_hf, rel=1e-12), label
       from_dict = rope_from_hf_config(config.to_dict(), layer_type=layer_type)
       np.testing.assert_array_equal(from_dict.inv_freq, r.inv_freq, err_msg=label)
       assert from_dict.attention_factor == r.attention_factor, label
       matched.append(label)
-      same_layout = _layout_matches(module, r, layer_type)
-      assert same_layout in (None, True), (label, r.layout)
-      layouts += [label] if same_layout else []
+      hf = _module_cos_sin(module, POSITIONS, layer_type)
+      if hf is not None:
+        for got, want in zip(_jaxpe_cos_sin(r), hf):
+          want = _per_pair(want, r.rotary_dim // 2, label)
+          np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, r.attention_factor), err_msg=label)
+        cos_sin.append(label)
+      same = _apply_matches(module, r, POSITIONS, layer_type)
+      assert same in (None, True), (label, r.layout)
+      applied += [label] if same else []
+      if r.mrope_axes is not None:
+        hf3 = _module_cos_sin(module, POSITIONS3[:, :, :], layer_type)
+        if hf3 is not None:
+          for got, want in zip(_jaxpe_cos_sin(r, POSITIONS3[: max(r.mrope_axes) + 1]), hf3):
+            want = _per_pair(want, r.rotary_dim // 2, label)
+            np.testing.assert_allclose(got, want, atol=2e-3, err_msg=f"{label} multi-axis")
+          same3 = _apply_matches(module, r, POSITIONS3[: max(r.mrope_axes) + 1], layer_type)
+          assert same3 in (None, True), (label, "multi-axis")
+          multi_axis.append(label)
   print(
-    f"\n{len(matched)} model types / layer types match ({len(layouts)} with the layout checked), "
-    f"{len(refused)} refused: {sorted(set(refused))}"
+    f"\n{len(matched)} model types / layer types match ({len(cos_sin)} with cos/sin, {len(applied)} with "
+    f"apply_rotary_pos_emb, {len(multi_axis)} with multi-axis positions), {len(refused)} refused: "
+    f"{sorted(refused)}\nnot checked against cos/sin: {sorted(set(matched) - set(cos_sin))}\n"
+    f"not checked against apply_rotary_pos_emb: {sorted(set(matched) - set(applied))}"
   )
-  assert len(matched) >= 230 and len(layouts) >= 200  # 265 and 227 in transformers 5.24
+  assert sorted(refused) == sorted(EXPECTED_REFUSALS), (
+    f"new refusals: {sorted(set(refused) - set(EXPECTED_REFUSALS))}; now working: "
+    f"{sorted(set(EXPECTED_REFUSALS) - set(refused))}"
+  )
+  for model_type, words in EXPECTED_REFUSALS.items():
+    assert words in refused[model_type], (model_type, refused[model_type])
+  assert len(matched) >= 270 and len(cos_sin) >= 255 and len(applied) >= 230  # 271, 258, 236 in 5.24
   for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
     assert any(m == family or m.startswith(family + "/") for m in matched), family
 
