@@ -305,7 +305,9 @@ def _apply_matches(module, r, positions, layer_type):
   except (RuntimeError, TypeError, ValueError, IndexError):  # partial rotary applied outside, 2-D cos
     return None
   x = jnp.asarray(np.transpose(q, (0, 2, 1, 3)))  # [B, T, N, H]
-  got = np.transpose(np.asarray(r.apply(x, jnp.asarray(positions, jnp.int32))), (0, 2, 1, 3))
+  seq_len = int(positions.max()) + 1 if r.length_dependent else None  # what the module's forward sees
+  got = r.apply(x, jnp.asarray(positions, jnp.int32), seq_len=seq_len)
+  got = np.transpose(np.asarray(got), (0, 2, 1, 3))
   if mla_interleaved:  # transformers returns the interleaved pairs de-interleaved (evens | odds)
     got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
   return bool(np.abs(got - hf).max() <= 1e-3 * max(1.0, r.attention_factor))
@@ -380,6 +382,91 @@ def test_every_family_default_config_matches_or_is_refused():
   assert len(matched) >= 270 and len(cos_sin) >= 255 and len(applied) >= 230  # 271, 258, 236 in 5.24
   for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
     assert any(m == family or m.startswith(family + "/") for m in matched), family
+
+
+def _rotary(family, config):
+  import importlib
+  import inspect
+
+  modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+  for name, cls in vars(modeling).items():
+    if name.endswith("RotaryEmbedding") and inspect.isclass(cls) and "Vision" not in name:
+      return cls(config)
+  raise AssertionError(family)
+
+
+def test_family_keys_match_transformers():
+  """The rope-dict keys some families read beyond transformers' common ones, as their checkpoints
+  ship them, against the families' rotary modules: PhiMoE's short/long_mscale (longrope; the
+  short-factor table at every length, the cos/sin scale switching past the original length),
+  HunYuan's dynamic with NTK alpha (a static base), Qwen3-VL's mrope_interleaved and Qwen3-Omni's
+  interleaved flags (interleaved mRoPE, multi-axis positions too). Another family's dict refuses
+  such a key, naming what it is."""
+  rng = np.random.default_rng(5)
+  short, long = (list(np.round(rng.uniform(1, hi, 64), 4)) for hi in (3, 60))
+  phimoe = transformers.AutoConfig.for_model(
+    "phimoe",
+    max_position_embeddings=131072,
+    rope_parameters={
+      "rope_type": "longrope",
+      "short_factor": short,
+      "long_factor": long,
+      "short_mscale": 1.2431,
+      "long_mscale": 1.3,
+      "original_max_position_embeddings": 4096,
+      "rope_theta": 1e4,
+    },
+  )
+  hunyuan = {
+    "type": "dynamic",
+    "alpha": 1000.0,
+    "factor": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "rope_theta": 1e4,
+  }
+  cases = [("phimoe", phimoe, POSITIONS), ("phimoe", phimoe, POSITIONS * 8)]  # max 1000, 8000
+  for family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
+    config = transformers.AutoConfig.for_model(family, head_dim=128, rope_parameters=dict(hunyuan))
+    cases.append((family, config, POSITIONS))
+  mrope = {
+    "rope_type": "default",
+    "mrope_section": [24, 20, 20],
+    "mrope_interleaved": True,
+    "rope_theta": 5e6,
+  }
+  cases.append(
+    ("qwen3_vl", transformers.AutoConfig.for_model("qwen3_vl_text", rope_parameters=mrope), POSITIONS3)
+  )
+  omni = transformers.AutoConfig.for_model(
+    "qwen3_omni_moe_text", head_dim=128, rope_parameters={**mrope, "interleaved": True}
+  )
+  cases.append(("qwen3_omni_moe", omni, POSITIONS3))
+  for family, config, positions in cases:
+    r = rope_from_hf_config(config)
+    module = _rotary(family, config)
+    hf = _module_cos_sin(module, positions, None)
+    inv_freq, att = r.frequencies(int(positions.max()) + 1)
+    pos = positions if positions.ndim == 2 else positions[np.asarray(r.mrope_axes)]
+    section = None if positions.ndim == 2 else (1,) * len(r.mrope_axes)
+    got = jaxpe.rope_cos_sin(
+      jnp.asarray(pos, jnp.int32), inv_freq, mrope_section=section, phase_precision="float32"
+    )
+    for g, want in zip(got, hf):
+      want = _per_pair(want, r.rotary_dim // 2, family)
+      np.testing.assert_allclose(np.asarray(g, np.float64) * float(att), want, atol=2e-3, err_msg=family)
+    assert _apply_matches(module, r, positions, None) in (None, True), family
+  assert rope_from_hf_config(phimoe).frequencies(8001)[1] == 1.3  # long_mscale past 4096
+  assert rope_from_hf_config(cases[2][1]).rope_type == "default"  # a static base
+  for key, value, words in (
+    ("short_mscale", 1.2, "PhiMoE"),
+    ("alpha", 10.0, "HunYuan"),
+    ("mrope_interleaved", True, "Qwen3-VL"),
+  ):
+    with pytest.raises(ValueError, match=words):
+      rope_from_hf_config({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], key: value}})
 
 
 def test_llama4_query_scale_matches_ministral3():
