@@ -265,10 +265,22 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor, rotated_slice=r.rotated_slice,
     mrope_section=r.mrope_section)``.
 
+  Family rules beyond the rope dict (see ``HFRope`` and docs/rope.md): mRoPE (``mrope_axes``:
+  Qwen2-VL contiguous sections, Qwen3-VL / Qwen3.5 / Qwen3-Omni interleaved, ERNIE-4.5-VL h/w pairs,
+  NeoMME; token positions ``[B, T]`` give every axis the same position, ``[A, B, T]`` the rows per
+  axis; HunYuan-VL token positions only); PhiMoE's ``short_mscale`` / ``long_mscale``
+  (``longrope_mscale``); HunYuan's ``dynamic`` with ``alpha`` (a static base ``rope_theta * alpha **
+  (H / (H - 2))``); an odd rotary dim d (``rotary_dim = d + 1``, base ``** (-2i / d)``, as
+  transformers); NanoChat's flipped rotation (``rotation_sign = -1``).
+
   Raises:
     TypeError: ``config`` is neither a mapping nor has ``to_dict()``.
     ValueError: unknown keys in the rope dict (named); unknown ``rope_type``; a family without
-      RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); no ``rope_theta`` where transformers' default
+      RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); the vision encoders' ``axial`` 2-D patch RoPE
+      and other image-grid RoPE (DINOv3, EfficientLoFTR), named; an odd rotary dim with a type
+      other than default / linear, or whose table is wider than the head; PhiMoE longrope without
+      ``short_mscale`` / ``long_mscale``; an ``mrope_section`` that does not sum to R/2 where the
+      family splits by it; no ``rope_theta`` where transformers' default
       for the ``model_type`` is not known to jaxpe; missing ``hidden_size`` / ``num_attention_heads``;
       ``layer_type`` missing, unknown or given for a config without per-layer entries; both
       ``rope_scaling`` and ``rope_parameters`` set and different; ``mscale_all_dim`` without
