@@ -43,9 +43,11 @@ import numpy as np
 
 from jaxpe.ops import checks as _checks
 from jaxpe.ops import hf_families as _families
+from jaxpe.ops.hf_axial import axial_rope
 from jaxpe.ops.hf_config import (
   as_dict,
   fill_base_and_partial,
+  first,
   head_dim_of,
   max_positions,
   odd_rotary_dim,
@@ -70,7 +72,8 @@ class HFRope:
   Attributes:
     model_type: the config's ``model_type`` (None when absent).
     layer_type: the per-layer-type entry used (``"full_attention"``, ...) or None.
-    rope_type: one of ``jaxpe.ROPE_TYPES`` after normalisation (``"su"`` reads as ``"longrope"``).
+    rope_type: one of ``jaxpe.ROPE_TYPES`` after normalisation (``"su"`` reads as ``"longrope"``),
+      or ``"axial"`` (vision encoders' 2-D patch RoPE, see ``jaxpe.ops.hf_axial``).
     parameters: the normalised rope dict passed to ``jaxpe.rope_frequencies`` (with ``rope_theta``
       and, for llama3/yarn/longrope, ``original_max_position_embeddings``).
     head_dim: H, the per-head width the rotary embedding is built for (MLA: ``qk_rope_head_dim``).
@@ -171,6 +174,9 @@ class HFRope:
     Raises:
       ValueError: ``seq_len`` negative or not an integer.
     """
+    if self.rope_type == "axial":
+      check_seq_len(seq_len)
+      return self.inv_freq, self.attention_factor
     if self.longrope_mscale is not None:
       seq_len = check_seq_len(seq_len)
       short, long = self.longrope_mscale
@@ -247,6 +253,38 @@ class HFRope:
     )
 
 
+def _axial_rope(
+  cfg: Mapping[str, Any], model_type: Any, params: Mapping[str, Any], layer_type: Any
+) -> HFRope:
+  """A vision encoder's ``axial`` RoPE (``jaxpe.ops.hf_axial``): 2-D (h, w) patch positions."""
+  foreign = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+  if foreign:
+    raise ValueError(f"rope_scaling keys {foreign} are not read by rope_type 'axial' (it reads rope_theta)")
+  base = param_float(
+    "rope_theta", first(params, "rope_theta") or cfg.get("rope_theta"), minimum=0.0, strict=True
+  )
+  inv_freq, axes, layout, head_dim = axial_rope(cfg, model_type, base)
+  return HFRope(
+    model_type=model_type,
+    layer_type=layer_type,
+    rope_type="axial",
+    parameters=types.MappingProxyType({"rope_type": "axial", "rope_theta": base}),
+    head_dim=head_dim,
+    rotary_dim=2 * len(inv_freq),
+    rope_theta=base,
+    layout=layout,
+    rotated_slice="leading",
+    max_position_embeddings=None,
+    original_max_position_embeddings=None,
+    mrope_section=None,
+    inv_freq=jnp.asarray(inv_freq, jnp.float32),
+    attention_factor=1.0,
+    softmax_scale_factor=1.0,
+    length_dependent=False,
+    mrope_axes=axes,
+  )
+
+
 def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope:
   """Everything a RoPE layer needs from a Hugging Face model config.
 
@@ -271,13 +309,15 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   axis; HunYuan-VL token positions only); PhiMoE's ``short_mscale`` / ``long_mscale``
   (``longrope_mscale``); HunYuan's ``dynamic`` with ``alpha`` (a static base ``rope_theta * alpha **
   (H / (H - 2))``); an odd rotary dim d (``rotary_dim = d + 1``, base ``** (-2i / d)``, as
-  transformers); NanoChat's flipped rotation (``rotation_sign = -1``).
+  transformers); NanoChat's flipped rotation (``rotation_sign = -1``); vision encoders' ``axial``
+  2-D RoPE (``jaxpe.ops.hf_axial``: ``inv_freq`` per frequency of the head, ``mrope_axes`` its row
+  of ``[2, B, T]`` (h, w) patch positions).
 
   Raises:
     TypeError: ``config`` is neither a mapping nor has ``to_dict()``.
     ValueError: unknown keys in the rope dict (named); unknown ``rope_type``; a family without
-      RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); the vision encoders' ``axial`` 2-D patch RoPE
-      and other image-grid RoPE (DINOv3, EfficientLoFTR), named; an odd rotary dim with a type
+      RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); image-grid RoPE that is not one rotation per
+      pair or not built from the config (Gemma-4's vision tower, DINOv3, EfficientLoFTR), named; an odd rotary dim with a type
       other than default / linear, or whose table is wider than the head; PhiMoE longrope without
       ``short_mscale`` / ``long_mscale``; an ``mrope_section`` that does not sum to R/2 where the
       family splits by it; no ``rope_theta`` where transformers' default
@@ -299,11 +339,7 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   params, nested = select_rope_params(cfg, rope_dict(cfg, family), family, layer_type)
   params = _families.family_rope_type(params, family)
   if params.get("rope_type", params.get("type")) == "axial":
-    raise ValueError(
-      f"model_type {model_type!r} has rope_type 'axial': a vision encoder's 2-D RoPE over image-patch "
-      "(row, column) positions, recomposed into the head in a family-specific order; "
-      "rope_from_hf_config covers 1-D token positions (and mRoPE text positions)"
-    )
+    return _axial_rope(cfg, model_type, params, layer_type)
   query_scale_beta = params.pop("llama_4_scaling_beta", None)  # Ministral-3 / Mistral-4: scales queries
   params, extras = _families.family_extras(params, family)
   params = normalize_rope_parameters(fill_base_and_partial(params, cfg, family))

@@ -184,47 +184,9 @@ def _default_rotary_modules():
 
 # Model types that rope_from_hf_config refuses, with the reason's words. The sweep fails when a new
 # refusal appears or one of these starts to work.
-_AXIAL = "rope_type 'axial'"  # vision encoders: 2-D RoPE over image-patch (row, column) positions
 EXPECTED_REFUSALS = {
-  **{
-    t: _AXIAL
-    for t in (
-      "cohere_compass_vision",
-      "dots3_note_vision_encoder",
-      "edgetam_video",
-      "ernie4_5_vl_moe_vision",
-      "exaone4_5_vision",
-      "gemma4_vision",
-      "glm4v_moe_vision",
-      "glm4v_vision",
-      "glm5_next_vision",
-      "glm_ocr_vision",
-      "inkling2_vision",
-      "kimi_k25_vision",
-      "lfm3_vl_vision",
-      "minimax_m3_vl_vision",
-      "mlcd",
-      "mlcd_vision_model",
-      "muse_glimmer_vision",
-      "muse_spark_vision",
-      "paddleocr_vl_vision",
-      "pixtral",
-      "qwen2_5_omni_vision_encoder",
-      "qwen2_5_vl_vision",
-      "qwen2_vl_vision",
-      "qwen3_5_moe_vision",
-      "qwen3_5_vision",
-      "qwen3_omni_moe_vision_encoder",
-      "qwen3_vl_moe_vision",
-      "qwen3_vl_vision",
-      "qwen4_exp_vision",
-      "sam2_video",
-      "sam3_tracker_video",
-      "sam3_vit_model",
-      "step3p5_vision",
-      "video_llama_3_vision",
-    )
-  },
+  # Its axial table is h, h, w, w: the two halves of the head rotate as separate blocks.
+  "gemma4_vision": "two halves of the head rotate as separate",
   "efficientloftr": "image-patch (row, column) positions",  # 2-D feature-map RoPE
   "eomt_dinov3": "image-patch (row, column) positions",  # DINOv3 ViT patch RoPE
   # Their default text config has head_dim 2048 // 28 = 73: transformers' 74-wide table does not
@@ -242,7 +204,7 @@ POSITIONS = np.array([[0, 1, 3, 50, 300, 1000]], np.int64)  # [B, T]
 POSITIONS3 = np.array([[[0, 1, 3, 50, 300, 1000]], [[0, 5, 2, 60, 9, 700]], [[0, 4, 8, 40, 7, 20]]], np.int64)
 
 
-def _module_cos_sin(module, positions, layer_type):
+def _module_cos_sin(module, positions, layer_type, tokens=None):
   """transformers' (cos, sin) ``[B, T, R]`` float64 for ``positions``, or None where the module's
   forward fails (GLM-4V's default config: its default mrope_section does not fit the head)."""
   kwargs = {"layer_type": layer_type} if layer_type else {}
@@ -251,9 +213,8 @@ def _module_cos_sin(module, positions, layer_type):
       cos, sin = module(torch.zeros(1, dtype=torch.float32), torch.from_numpy(positions), **kwargs)
   except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
     return None
-  return cos.double().numpy().reshape(1, positions.shape[-1], -1), sin.double().numpy().reshape(
-    1, positions.shape[-1], -1
-  )
+  t = positions.shape[-1] if tokens is None else tokens
+  return cos.double().numpy().reshape(1, t, -1), sin.double().numpy().reshape(1, t, -1)
 
 
 def _per_pair(table, half, label):
@@ -338,8 +299,10 @@ def test_every_family_default_config_matches_or_is_refused():
         refused[model_type] = str(e)
         continue
       label = f"{model_type}/{layer_type}"
-      assert r.inv_freq.shape == inv_hf.shape, label
       ours = np.asarray(r.inv_freq, np.float64)
+      if r.rope_type == "axial":  # per axis in the module, per frequency of the head in jaxpe
+        ours, inv_hf = np.unique(ours), np.unique(inv_hf)
+      assert ours.shape == inv_hf.shape, label
       if model_type in PERMUTED_INV_FREQ:
         ours, inv_hf = np.sort(ours), np.sort(inv_hf)
       rel = np.abs(ours - inv_hf) / np.maximum(inv_hf, 1e-30)
@@ -349,6 +312,18 @@ def test_every_family_default_config_matches_or_is_refused():
       np.testing.assert_array_equal(from_dict.inv_freq, r.inv_freq, err_msg=label)
       assert from_dict.attention_factor == r.attention_factor, label
       matched.append(label)
+      if r.rope_type == "axial":  # vision: the module takes [T, A] patch coordinates (h, w)
+        rows = POSITIONS3[: max(r.mrope_axes) + 1]
+        hf = _module_cos_sin(module, np.ascontiguousarray(rows[:, 0, :].T), None, tokens=rows.shape[-1])
+        for got, want in zip(_jaxpe_cos_sin(r, rows), hf):
+          np.testing.assert_allclose(got, _per_pair(want, r.rotary_dim // 2, label), atol=2e-3, err_msg=label)
+          # Their apply functions rotate pairs as the table is laid out: cat(c, c) rotate-half,
+          # c repeated twice interleaved.
+          is_half = np.array_equal(want[..., : r.rotary_dim // 2], want[..., r.rotary_dim // 2 :])
+          assert r.layout == ("half" if is_half else "interleaved"), label
+        cos_sin.append(label)
+        multi_axis.append(label)
+        continue
       hf = _module_cos_sin(module, POSITIONS, layer_type)
       if hf is not None:
         for got, want in zip(_jaxpe_cos_sin(r), hf):
@@ -379,7 +354,7 @@ def test_every_family_default_config_matches_or_is_refused():
   )
   for model_type, words in EXPECTED_REFUSALS.items():
     assert words in refused[model_type], (model_type, refused[model_type])
-  assert len(matched) >= 270 and len(cos_sin) >= 255 and len(applied) >= 230  # 271, 258, 236 in 5.24
+  assert len(matched) >= 300 and len(cos_sin) >= 285 and len(applied) >= 230  # 304, 291, 236 in 5.24
   for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
     assert any(m == family or m.startswith(family + "/") for m in matched), family
 
