@@ -451,6 +451,7 @@ def test_family_keys_match_transformers():
   for family, config, positions in cases:
     r = rope_from_hf_config(config)
     module = _rotary(family, config)
+    np.testing.assert_allclose(r.inv_freq, module.inv_freq.double().numpy(), rtol=1e-6, err_msg=family)
     hf = _module_cos_sin(module, positions, None)
     inv_freq, att = r.frequencies(int(positions.max()) + 1)
     pos = positions if positions.ndim == 2 else positions[np.asarray(r.mrope_axes)]
