@@ -3,7 +3,7 @@
 A ``config.json`` dict or a ``PretrainedConfig`` (``as_dict``, ``text_config``), its rope dict
 (``rope_dict``, ``select_rope_params``: ``rope_scaling`` or ``rope_parameters``, per layer type),
 the base and partial rotary factor with the family defaults (``fill_base_and_partial``), the head
-dim (``head_dim_of``, ``check_rotary_dim``) and the pretraining length (``original_length``). The
+dim (``head_dim_of``, ``odd_rotary_dim``) and the pretraining length (``original_length``). The
 per-family rules come from ``jaxpe.ops.hf_families``.
 """
 
@@ -161,24 +161,39 @@ def head_dim_of(cfg: Mapping[str, Any], model_type: str | None, layer_type: str 
   )
 
 
-def check_rotary_dim(
+def odd_rotary_dim(
   cfg: Mapping[str, Any],
   params: Mapping[str, Any],
   family: Any,
   head_dim: int,
   rotary_dim: int | None,
   mla: bool,
-) -> None:
-  """ValueError in the config's terms when the rotated dims would be odd or zero (transformers rounds
-  an odd partial dim up, which jaxpe's pairs cannot express)."""
+) -> tuple[dict[str, Any], int | None]:
+  """``(params, rotary_dim)`` with transformers' reading of an odd rotary dim d = ``int(head_dim *
+  partial_rotary_factor)`` (or an odd head dim): it builds ``ceil(d / 2)`` frequencies ``base **
+  (-2i / d)`` and rotates ``d + 1`` dims (GLM-4-MoE's default config: d = 21). jaxpe gives the same
+  as ``rotary_dim = d + 1`` with base ``base ** ((d + 1) / d)`` (the same frequencies), for
+  ``default`` and ``linear``. Even dims pass through unchanged.
+
+  Raises:
+    ValueError in the config's terms: d is 0; d odd with another rope type; ``d + 1 > head_dim``
+      (transformers' table is wider than the head: the model cannot apply it).
+  """
+  params = dict(params)
   prf = params.get("partial_rotary_factor")
   if rotary_dim is not None or params.get("rope_type") == "proportional":
-    return
+    return params, rotary_dim
   if prf is not None and (isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1):
-    return  # rope_frequencies names the bad partial_rotary_factor
+    return params, rotary_dim  # rope_frequencies names the bad partial_rotary_factor
   dim = head_dim if prf is None else int(head_dim * prf)
   if dim > 0 and dim % 2 == 0:
-    return
+    return params, rotary_dim
+  if dim > 0 and dim + 1 <= head_dim and params["rope_type"] in ("default", "linear"):
+    base = params["rope_theta"]
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and base > 0:
+      params.pop("partial_rotary_factor", None)
+      params["rope_theta"] = float(base) ** ((dim + 1) / dim)
+      return params, dim + 1
   key = HEAD_DIM_KEYS.get(family, "head_dim")
   if mla:
     source = "'qk_rope_head_dim'"
@@ -191,9 +206,17 @@ def check_rotary_dim(
     )
     source = f"hidden_size // num_attention_heads = {hidden} // {heads}"
   scaled = "" if prf is None else f" * partial_rotary_factor {prf}"
+  given = f"config gives rotary dim {dim} = head_dim {head_dim} (from {source}){scaled}"
+  if dim <= 0:
+    raise ValueError(f"{given}; the rotated dims must be > 0")
+  if dim + 1 > head_dim:
+    raise ValueError(
+      f"{given}, odd: transformers builds {(dim + 1) // 2} frequencies and a {dim + 1}-wide cos/sin "
+      f"table for it, wider than the {head_dim}-dim head, so the model cannot apply it"
+    )
   raise ValueError(
-    f"config gives rotary dim {dim} = head_dim {head_dim} (from {source}){scaled}; the rotated dims "
-    "must be even and > 0 (RoPE rotates pairs)"
+    f"{given}, odd: transformers rotates {dim + 1} dims with base ** (-2i / {dim}); jaxpe reads that "
+    f"for rope_type 'default' and 'linear', not {params['rope_type']!r}"
   )
 
 

@@ -33,6 +33,7 @@ INTERLEAVED_FAMILIES: frozenset[str] = frozenset(
     "deepseek_v4",
     "ernie4_5",
     "ernie4_5_moe",
+    "ernie4_5_vl_moe",
     "glm",
     "glm4",
     "glm4v",
@@ -161,12 +162,58 @@ ROPE_TYPE_LABELS = {"deepseek_v4": ("main", "compress"), "lfm3": ("full_attentio
 HEAD_DIM_KEYS = {"jetmoe": "kv_channels", "zamba2": "attention_head_dim"}
 HEADS_KEYS = {"moonshine": "decoder_num_attention_heads"}
 # Families whose rotary table transformers builds in a way jaxpe's 1-D inv_freq does not describe.
+_PATCH_GRID = (
+  "its rotary embedding is 2-D RoPE over image-patch (row, column) positions, built by its modeling "
+  "code from the image size; rope_from_hf_config reads 1-D token positions (and mRoPE text positions)"
+)
 UNSUPPORTED = {
-  "nanochat": "its rotate_half has flipped signs (rotation by -theta), neither jaxpe layout",
-  "eomt_dinov3": "it is a vision transformer with 2-D patch RoPE (jaxpe's tables are 1-D token positions)",
-  "dinov3_vit": "it is a vision transformer with 2-D patch RoPE (jaxpe's tables are 1-D token positions)",
-  "ernie4_5_vl_moe": "its text rotary embedding pre-permutes the height/width frequencies of mrope_section",
-  "ernie4_5_vl_moe_text": "its text rotary embedding pre-permutes the height/width frequencies of mrope_section",
+  "eomt_dinov3": f"it is a vision transformer: {_PATCH_GRID}",
+  "dinov3_vit": f"it is a vision transformer: {_PATCH_GRID}",
+  "efficientloftr": f"it is an image matcher: {_PATCH_GRID} (its partial_rotary_factor scales the feature width)",
+}
+# Families whose rotate_half has flipped signs (``cat((x2, -x1))``): q rotates by -theta
+# (``HFRope.rotation_sign`` -1).
+FLIPPED_ROTATION_FAMILIES = frozenset({"nanochat"})
+# Multi-axis RoPE (mRoPE): how the family's rotary module gives each frequency a row of the
+# ``[A, B, T]`` positions (t, h, w), and the ``mrope_section`` it uses when the rope dict has none.
+# "sections": contiguous, frequencies 0..s0-1 row 0, the next s1 row 1, ... (Qwen2-VL);
+# "interleaved": Qwen3-VL's ``apply_interleaved_mrope`` (frequency j takes row 1 when j % 3 == 1 and
+#   j < 3 s1, row 2 when j % 3 == 2 and j < 3 s2, else row 0);
+# "hw_pairs": ERNIE-4.5-VL (its pre-permuted inv_freq undone): the first s0 + s1 frequencies
+#   alternate rows 1, 2 (h, w), the last s2 take row 0 (t);
+# "row_col": NeoMME, two rows: even frequencies row 0, odd ones row 1;
+# "xd": HunYuan-VL, sections of 2 s_i dims over the duplicated [R] table (the two dims of a pair
+#   may take different rows: not one frequency per row), text positions only.
+MROPE_LAYOUTS: dict[str, tuple[str, tuple[int, ...] | None]] = {
+  **{f: ("sections", (16, 24, 24)) for f in ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni", "paddleocr_vl")},
+  **{f: ("sections", (8, 12, 12)) for f in ("glm4v", "glm4v_moe", "glm_image", "glm_ocr")},
+  **{
+    f: ("interleaved", (24, 20, 20))
+    for f in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe", "hy_v4_vl", "cosmos3_edge", "cohere_compass")
+  },
+  **{f: ("interleaved", (11, 11, 10)) for f in ("qwen3_5", "qwen3_5_moe", "qwen4_exp")},
+  "ernie4_5_vl_moe": ("hw_pairs", (22, 22, 20)),
+  "neomme": ("row_col", None),
+  "hunyuan_vl": ("xd", None),
+}
+# Model types of composite models' sub-configs that use the family's text rotary module.
+for _sub in (
+  "qwen2_5_omni_thinker",
+  "qwen2_5_omni_talker",
+  "qwen3_omni_moe_thinker",
+  "qwen3_omni_moe_talker",
+):
+  MROPE_LAYOUTS[_sub] = MROPE_LAYOUTS[_sub.rsplit("_", 1)[0]]
+# Rope-dict keys beyond transformers' common RopeParameters that a family's config declares and its
+# rotary module reads (its ``ignore_keys_at_rope_validation`` or its own check); other families'
+# dicts refuse them (``jaxpe.ops.rope_parameters`` says what each one is).
+_INTERLEAVED_MROPE = frozenset(f for f, v in MROPE_LAYOUTS.items() if v[0] == "interleaved")
+FAMILY_KEYS: dict[str, frozenset[str]] = {
+  "mrope_interleaved": _INTERLEAVED_MROPE,  # a flag: these families always interleave
+  "interleaved": frozenset({"qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_talker"}),
+  "short_mscale": frozenset({"phimoe"}),
+  "long_mscale": frozenset({"phimoe"}),
+  "alpha": frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl"}),
 }
 # Types whose transformers standardisation moves an original pretraining length into the dict.
 ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
@@ -193,6 +240,8 @@ def family(model_type: Any) -> Any:
     HEAD_DIM_KEYS,
     HEADS_KEYS,
     UNSUPPORTED,
+    MROPE_LAYOUTS,
+    FLIPPED_ROTATION_FAMILIES,
   )
   family = model_type[: -len("_text")]
   return family if any(family in t for t in tables) else model_type
@@ -253,3 +302,60 @@ def softmax_scale_factor(family: Any, model_type: Any, rope_type: str, params: M
   factor = float(params["factor"])
   mscale = 1.0 if factor <= 1 else 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0
   return mscale * mscale
+
+
+def family_extras(params: Mapping[str, Any], family: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``(params, extras)``: the rope dict without the keys the family's rotary module reads beyond
+  transformers' common ones (``FAMILY_KEYS``: PhiMoE's ``short_mscale`` / ``long_mscale``, HunYuan's
+  ``alpha``, Qwen3-VL's ``mrope_interleaved`` flag, ...), and those keys."""
+  params = dict(params)
+  extras = {k: params.pop(k) for k in list(params) if k in FAMILY_KEYS and family in FAMILY_KEYS[k]}
+  return params, extras
+
+
+def mrope_axes(family: Any, section: Any, half: int) -> tuple[int, ...] | None:
+  """The row of the ``[A, B, T]`` positions each of the ``half`` = R/2 frequencies takes, as the
+  family's rotary module recomposes them (``MROPE_LAYOUTS``; a family not listed with an
+  ``mrope_section``: contiguous sections, section i row i), or None: no multi-axis RoPE,
+  HunYuan-VL's XD layout, or a config without ``mrope_section`` whose head does not fit the
+  module's default section (GLM-4V's default config: transformers' module fails there): text
+  positions only.
+
+  Raises:
+    ValueError: ``mrope_section`` not positive ints, or not summing to R/2 where the family's
+      module splits the frequencies by it (transformers fails there too).
+  """
+  kind, default = MROPE_LAYOUTS.get(family, ("sections", None))
+  if kind == "xd":
+    return None
+  if kind == "row_col":
+    return tuple(j % 2 for j in range(half))
+  if section is None and (default is None or (kind != "interleaved" and sum(default) != half)):
+    return None  # the module's default section does not fit this head: transformers cannot run it
+  section = default if section is None else section
+  if isinstance(section, (str, bytes)) or not all(
+    isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in section
+  ):
+    raise ValueError(f"rope_parameters['mrope_section'] must be a list of positive ints, got {section!r}")
+  section = tuple(section)
+  if kind == "interleaved":  # apply_interleaved_mrope: slice(offset, 3 * s_row, 3) takes row `row`
+    if len(section) != 3:
+      raise ValueError(
+        f"interleaved mRoPE ({family!r}) needs 3 mrope_section entries (t, h, w), got {section}"
+      )
+    axes = [0] * half
+    for row in (1, 2):
+      for j in range(row, min(3 * section[row], half), 3):
+        axes[j] = row
+    return tuple(axes)
+  if sum(section) != half:
+    raise ValueError(
+      f"rope_parameters['mrope_section'] {list(section)} must sum to R/2 = {half} (the rotary "
+      f"frequencies of model_type {family!r}), got {sum(section)}"
+    )
+  if kind == "hw_pairs":  # ERNIE-4.5-VL: stack([h, w]).flatten() then t
+    if len(section) != 3 or section[0] != section[1]:
+      raise ValueError(f"ERNIE-4.5-VL's mrope_section needs equal h and w sections, got {list(section)}")
+    return (1, 2) * section[0] + (0,) * section[2]
+  rows = range(len(section)) if family not in MROPE_LAYOUTS else [i % 3 for i in range(len(section))]
+  return tuple(row for row, s in zip(rows, section) for _ in range(s))

@@ -39,15 +39,18 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpe.ops import checks as _checks
 from jaxpe.ops import hf_families as _families
+from jaxpe.ops.hf_axial import axial_rope
 from jaxpe.ops.hf_config import (
   as_dict,
-  check_rotary_dim,
   fill_base_and_partial,
+  first,
   head_dim_of,
   max_positions,
+  odd_rotary_dim,
   original_length,
   positive_int,
   rope_dict,
@@ -56,7 +59,7 @@ from jaxpe.ops.hf_config import (
 )
 from jaxpe.ops.hf_families import INTERLEAVED_FAMILIES
 from jaxpe.ops.rope import PhasePrecision, apply_rope
-from jaxpe.ops.rope_parameters import normalize_rope_parameters
+from jaxpe.ops.rope_parameters import check_seq_len, normalize_rope_parameters, param_float
 from jaxpe.ops.rope_scaling import rope_frequencies
 
 __all__ = ["INTERLEAVED_FAMILIES", "HFRope", "rope_from_hf_config"]
@@ -69,7 +72,8 @@ class HFRope:
   Attributes:
     model_type: the config's ``model_type`` (None when absent).
     layer_type: the per-layer-type entry used (``"full_attention"``, ...) or None.
-    rope_type: one of ``jaxpe.ROPE_TYPES`` after normalisation (``"su"`` reads as ``"longrope"``).
+    rope_type: one of ``jaxpe.ROPE_TYPES`` after normalisation (``"su"`` reads as ``"longrope"``),
+      or ``"axial"`` (vision encoders' 2-D patch RoPE, see ``jaxpe.ops.hf_axial``).
     parameters: the normalised rope dict passed to ``jaxpe.rope_frequencies`` (with ``rope_theta``
       and, for llama3/yarn/longrope, ``original_max_position_embeddings``).
     head_dim: H, the per-head width the rotary embedding is built for (MLA: ``qk_rope_head_dim``).
@@ -94,6 +98,16 @@ class HFRope:
     length_dependent: True for ``dynamic`` and ``longrope``: use ``frequencies(seq_len)``.
     query_scale_beta: Ministral-3 / Mistral-4's ``llama_4_scaling_beta`` (queries multiplied by
       ``query_scale(positions)``), or None.
+    mrope_axes: ``[R/2]`` the row of ``[A, B, T]`` multi-axis positions (t, h, w) each frequency
+      takes, as the family's rotary module recomposes them (Qwen2-VL contiguous sections, Qwen3-VL
+      interleaved, ERNIE-4.5-VL h/w pairs, NeoMME row/column), with the module's default section
+      when the config has none; None without multi-axis RoPE, and for HunYuan-VL (its XD sections
+      give the two dims of a pair different rows: text positions only).
+    rotation_sign: 1, or -1 where the family's ``rotate_half`` has flipped signs (NanoChat: q
+      rotates by ``-theta``; ``apply`` passes ``-inv_freq``). cos/sin are transformers' either way.
+    longrope_mscale: PhiMoE's ``(short_mscale, long_mscale)``: the cos/sin scale for ``seq_len <=
+      original_max_position_embeddings`` and past it, replacing longrope's attention factor; its
+      module keeps the short-factor ``inv_freq`` at every length (transformers 5.24). Else None.
   """
 
   model_type: str | None
@@ -113,6 +127,9 @@ class HFRope:
   softmax_scale_factor: float
   length_dependent: bool
   query_scale_beta: float | None = None
+  mrope_axes: tuple[int, ...] | None = None
+  rotation_sign: int = 1
+  longrope_mscale: tuple[float, float] | None = None
 
   def query_scale(self, positions: jax.Array) -> jax.Array:
     """Ministral-3 / Mistral-4 position-dependent query scale ``[B, T]`` float32.
@@ -151,9 +168,23 @@ class HFRope:
     max_position_embeddings`` (stateless: a fresh transformers module, no cache of the longest
     length seen). Other types ignore ``seq_len``. A traced int scalar works under ``jax.jit``.
 
+    PhiMoE (``longrope_mscale``): the short-factor table at every length, scaled by
+    ``short_mscale`` up to the original length and ``long_mscale`` past it.
+
     Raises:
       ValueError: ``seq_len`` negative or not an integer.
     """
+    if self.rope_type == "axial":
+      check_seq_len(seq_len)
+      return self.inv_freq, self.attention_factor
+    if self.longrope_mscale is not None:
+      seq_len = check_seq_len(seq_len)
+      short, long = self.longrope_mscale
+      if seq_len is None:
+        return self.inv_freq, short
+      if isinstance(seq_len, jax.core.Tracer):
+        return self.inv_freq, jnp.where(seq_len > self.original_max_position_embeddings, long, short)
+      return self.inv_freq, long if seq_len > self.original_max_position_embeddings else short
     return rope_frequencies(
       self.parameters,
       head_dim=self.head_dim,
@@ -176,7 +207,9 @@ class HFRope:
     Args:
       x: ``[B, T, N, H]`` float queries (or keys ``[B, S, K, H]``), the whole head: ``H >=
         rotary_dim``; the first R dims rotate (the last R for ``rotated_slice="trailing"``).
-      positions: as ``apply_rope`` (``[A, B, T]`` with ``mrope_section``).
+      positions: ``[B, T]``, ``[1, T]`` or ``[T]`` token indices; with ``mrope_axes``, also ``[A, B, T]``
+        or ``[A, 1, T]`` multi-axis positions (one row per axis, t/h/w). Token positions give every
+        axis the same position, as transformers does for text tokens (the cos/sin of plain RoPE).
       seq_len: for ``dynamic`` / ``longrope``, the length ``frequencies(seq_len)`` takes; None:
         transformers' init-time table (``inv_freq``, ``attention_factor``).
       phase_precision: as ``apply_rope``.
@@ -186,11 +219,28 @@ class HFRope:
       ``softmax_scale_factor`` are the caller's (they act on queries and scores).
 
     Raises:
-      ValueError / TypeError: as ``apply_rope`` and ``frequencies``.
+      ValueError / TypeError: as ``apply_rope`` and ``frequencies``; rank-3 positions without
+        ``mrope_axes``.
     """
     inv_freq, attention_factor = self.inv_freq, self.attention_factor
     if seq_len is not None:
       inv_freq, attention_factor = self.frequencies(seq_len)
+    if self.rotation_sign == -1:
+      inv_freq = -inv_freq
+    section = None
+    if jnp.ndim(positions) == 3:  # [A, B, T] multi-axis positions
+      if self.mrope_axes is None:
+        raise ValueError(
+          f"positions of shape {jnp.shape(positions)} are multi-axis ([A, B, T]), but model_type "
+          f"{self.model_type!r} has no per-frequency axis map (mrope_axes is None): pass [B, T] token positions"
+        )
+      if jnp.shape(positions)[0] != max(self.mrope_axes) + 1:
+        raise ValueError(
+          f"multi-axis positions must have {max(self.mrope_axes) + 1} rows for model_type "
+          f"{self.model_type!r}, got shape {jnp.shape(positions)}"
+        )
+      positions = jnp.asarray(positions)[np.asarray(self.mrope_axes)]  # one row per frequency
+      section = (1,) * len(self.mrope_axes)
     return apply_rope(
       x,
       positions,
@@ -198,9 +248,41 @@ class HFRope:
       layout=self.layout,
       scale=attention_factor,
       rotated_slice=self.rotated_slice,
-      mrope_section=self.mrope_section,
+      mrope_section=section,
       phase_precision=phase_precision,
     )
+
+
+def _axial_rope(
+  cfg: Mapping[str, Any], model_type: Any, params: Mapping[str, Any], layer_type: Any
+) -> HFRope:
+  """A vision encoder's ``axial`` RoPE (``jaxpe.ops.hf_axial``): 2-D (h, w) patch positions."""
+  foreign = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+  if foreign:
+    raise ValueError(f"rope_scaling keys {foreign} are not read by rope_type 'axial' (it reads rope_theta)")
+  base = param_float(
+    "rope_theta", first(params, "rope_theta") or cfg.get("rope_theta"), minimum=0.0, strict=True
+  )
+  inv_freq, axes, layout, head_dim = axial_rope(cfg, model_type, base)
+  return HFRope(
+    model_type=model_type,
+    layer_type=layer_type,
+    rope_type="axial",
+    parameters=types.MappingProxyType({"rope_type": "axial", "rope_theta": base}),
+    head_dim=head_dim,
+    rotary_dim=2 * len(inv_freq),
+    rope_theta=base,
+    layout=layout,
+    rotated_slice="leading",
+    max_position_embeddings=None,
+    original_max_position_embeddings=None,
+    mrope_section=None,
+    inv_freq=jnp.asarray(inv_freq, jnp.float32),
+    attention_factor=1.0,
+    softmax_scale_factor=1.0,
+    length_dependent=False,
+    mrope_axes=axes,
+  )
 
 
 def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope:
@@ -221,10 +303,24 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor, rotated_slice=r.rotated_slice,
     mrope_section=r.mrope_section)``.
 
+  Family rules beyond the rope dict (see ``HFRope`` and docs/rope.md): mRoPE (``mrope_axes``:
+  Qwen2-VL contiguous sections, Qwen3-VL / Qwen3.5 / Qwen3-Omni interleaved, ERNIE-4.5-VL h/w pairs,
+  NeoMME; token positions ``[B, T]`` give every axis the same position, ``[A, B, T]`` the rows per
+  axis; HunYuan-VL token positions only); PhiMoE's ``short_mscale`` / ``long_mscale``
+  (``longrope_mscale``); HunYuan's ``dynamic`` with ``alpha`` (a static base ``rope_theta * alpha **
+  (H / (H - 2))``); an odd rotary dim d (``rotary_dim = d + 1``, base ``** (-2i / d)``, as
+  transformers); NanoChat's flipped rotation (``rotation_sign = -1``); vision encoders' ``axial``
+  2-D RoPE (``jaxpe.ops.hf_axial``: ``inv_freq`` per frequency of the head, ``mrope_axes`` its row
+  of ``[2, B, T]`` (h, w) patch positions).
+
   Raises:
     TypeError: ``config`` is neither a mapping nor has ``to_dict()``.
     ValueError: unknown keys in the rope dict (named); unknown ``rope_type``; a family without
-      RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); no ``rope_theta`` where transformers' default
+      RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); image-grid RoPE that is not one rotation per
+      pair or not built from the config (Gemma-4's vision tower, DINOv3, EfficientLoFTR), named; an odd rotary dim with a type
+      other than default / linear, or whose table is wider than the head; PhiMoE longrope without
+      ``short_mscale`` / ``long_mscale``; an ``mrope_section`` that does not sum to R/2 where the
+      family splits by it; no ``rope_theta`` where transformers' default
       for the ``model_type`` is not known to jaxpe; missing ``hidden_size`` / ``num_attention_heads``;
       ``layer_type`` missing, unknown or given for a config without per-layer entries; both
       ``rope_scaling`` and ``rope_parameters`` set and different; ``mscale_all_dim`` without
@@ -242,7 +338,10 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   _families.check_supported(family, model_type, cfg)
   params, nested = select_rope_params(cfg, rope_dict(cfg, family), family, layer_type)
   params = _families.family_rope_type(params, family)
+  if params.get("rope_type", params.get("type")) == "axial":
+    return _axial_rope(cfg, model_type, params, layer_type)
   query_scale_beta = params.pop("llama_4_scaling_beta", None)  # Ministral-3 / Mistral-4: scales queries
+  params, extras = _families.family_extras(params, family)
   params = normalize_rope_parameters(fill_base_and_partial(params, cfg, family))
   rope_type = params["rope_type"]
 
@@ -253,10 +352,21 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   mla = family in _families.MLA_FAMILIES and cfg.get("qk_rope_head_dim") is not None
   mla = mla and params.get("partial_rotary_factor") is None
   head_dim = head_dim_of(cfg, family, layer_type, mla)
+  rope_theta = params["rope_theta"]
+  if rope_type == "dynamic" and extras.get("alpha"):
+    # HunYuan: "dynamic" with alpha is transformers' static ntk_alpha, base * alpha ** (H / (H - 2))
+    # over the whole head; the dict's other keys are not read.
+    alpha = param_float("alpha", extras["alpha"], minimum=0.0, strict=True)
+    if head_dim <= 2:
+      raise ValueError(f"HunYuan's NTK alpha needs head_dim > 2 (exponent H / (H - 2)), got {head_dim}")
+    rope_theta = float(params["rope_theta"]) * alpha ** (head_dim / (head_dim - 2))
+    kept = {k: params[k] for k in ("mrope_section",) if k in params}
+    params = {"rope_type": "default", "rope_theta": rope_theta, **kept}
+    rope_type = "default"
   rotary_dim = None
   if family in _families.ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
     rotary_dim = positive_int(cfg, "rotary_dim")
-  check_rotary_dim(cfg, params, family, head_dim, rotary_dim, mla)
+  params, rotary_dim = odd_rotary_dim(cfg, params, family, head_dim, rotary_dim, mla)
 
   max_pos = max_positions(cfg)
   params, original = original_length(params, cfg, family, bool(nested), max_pos)
@@ -265,6 +375,21 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   inv_freq, attention_factor = rope_frequencies(
     params, head_dim=head_dim, rotary_dim=rotary_dim, max_position_embeddings=max_pos
   )
+  longrope_mscale = None
+  if family in _families.FAMILY_KEYS["short_mscale"] and rope_type != "default":
+    # PhiMoE's forward scales cos/sin by short_mscale / long_mscale (by seq_len) instead of the
+    # type's attention factor, and recomputes the init-time table at every length.
+    missing = [k for k in ("short_mscale", "long_mscale") if extras.get(k) is None]
+    if missing:
+      raise ValueError(
+        f"model_type {model_type!r} with rope_type {rope_type!r} needs {missing} in its rope dict"
+      )
+    if original is None:
+      raise ValueError(
+        f"model_type {model_type!r} with short/long_mscale needs original_max_position_embeddings"
+      )
+    longrope_mscale = tuple(param_float(k, extras[k]) for k in ("short_mscale", "long_mscale"))
+    attention_factor = longrope_mscale[0]
   return HFRope(
     model_type=model_type,
     layer_type=layer_type,
@@ -272,7 +397,7 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     parameters=types.MappingProxyType(params),
     head_dim=head_dim,
     rotary_dim=2 * int(inv_freq.shape[0]),
-    rope_theta=float(params["rope_theta"]),
+    rope_theta=float(rope_theta),
     layout=_families.pair_layout(family, cfg, trailing),
     rotated_slice="trailing" if trailing else "leading",
     max_position_embeddings=max_pos,
@@ -281,6 +406,9 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     inv_freq=inv_freq,
     attention_factor=float(attention_factor),
     softmax_scale_factor=_families.softmax_scale_factor(family, model_type, rope_type, params),
-    length_dependent=rope_type in ("dynamic", "longrope"),
+    length_dependent=rope_type in ("dynamic", "longrope") or longrope_mscale is not None,
     query_scale_beta=None if query_scale_beta is None else float(query_scale_beta),
+    mrope_axes=_families.mrope_axes(family, mrope, int(inv_freq.shape[0])),
+    rotation_sign=-1 if family in _families.FLIPPED_ROTATION_FAMILIES else 1,
+    longrope_mscale=longrope_mscale,
   )

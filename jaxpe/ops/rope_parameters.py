@@ -66,6 +66,15 @@ _KNOWN_KEYS = frozenset(
   }
 )
 
+# Keys transformers defines for one family's rotary module only (its config declares them):
+# rope_from_hf_config reads them from those families' configs, rope_frequencies refuses them.
+_FAMILY_KEYS: dict[str, str] = {
+  "mrope_interleaved": "the interleaved-mRoPE flag of Qwen3-VL / Qwen3.5 / Qwen3-Omni configs",
+  "interleaved": "the interleaved-mRoPE flag of Qwen3-Omni configs",
+  "short_mscale": "PhiMoE's longrope cos/sin scale up to the original length",
+  "long_mscale": "PhiMoE's longrope cos/sin scale past the original length",
+  "alpha": "HunYuan's NTK alpha (its 'dynamic' type with a static base)",
+}
 
 # Keys each type accepts: transformers 5.24's `_validate_<type>_rope_parameters` required and optional
 # keys (it warns about any other key), plus the keys every type takes (rope_type/type, rope_theta,
@@ -123,7 +132,8 @@ def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[st
     A new dict with ``"rope_type"`` in ``ROPE_TYPES`` and no ``"type"``.
 
   Raises:
-    ValueError: an unknown key (named, with the known ones); ``type`` and ``rope_type`` that
+    ValueError: an unknown key (named, with the known ones; a key transformers defines for one
+      family's rotary module, such as ``mrope_interleaved``, named with its family); ``type`` and ``rope_type`` that
       differ; an unknown type or one that is not a string (named, with ``ROPE_TYPES``).
     TypeError (also a ValueError): not a mapping.
 
@@ -138,6 +148,14 @@ def normalize_rope_parameters(rope_scaling: Mapping[str, Any] | None) -> dict[st
     )
   params = dict(rope_scaling)
   unknown = sorted(set(params) - _KNOWN_KEYS, key=str)
+  family_keys = [k for k in unknown if k in _FAMILY_KEYS]
+  if family_keys:
+    key = family_keys[0]
+    raise ValueError(
+      f"rope_scaling key {key!r} is {_FAMILY_KEYS[key]}: only those model types' rotary modules read it. "
+      "rope_from_hf_config reads it from such a config (with its model_type); rope_frequencies and other "
+      "model types do not"
+    )
   if unknown:
     raise ValueError(f"rope_scaling has unknown keys {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
   kind = params.pop("type", None)

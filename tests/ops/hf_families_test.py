@@ -182,32 +182,121 @@ def _default_rotary_modules():
         break
 
 
-def _layout_matches(module, r, layer_type):
-  """jaxpe.apply_rope with r.layout on r's rotated slice equals the family's own
-  apply_rotary_pos_emb(q, k, cos, sin) (or its _interleave variant for MLA families that use it).
-  None when the family's apply function has another signature."""
+# Model types that rope_from_hf_config refuses, with the reason's words. The sweep fails when a new
+# refusal appears or one of these starts to work.
+EXPECTED_REFUSALS = {
+  # Its axial table is h, h, w, w: the two halves of the head rotate as separate blocks.
+  "gemma4_vision": "two halves of the head rotate as separate",
+  "efficientloftr": "image-patch (row, column) positions",  # 2-D feature-map RoPE
+  "eomt_dinov3": "image-patch (row, column) positions",  # DINOv3 ViT patch RoPE
+  # Their default text config has head_dim 2048 // 28 = 73: transformers' 74-wide table does not
+  # fit the head (real Qwen3-Omni configs set head_dim 128).
+  **{
+    t: "wider than the 73-dim head"
+    for t in ("qwen3_omni_moe", "qwen3_omni_moe_text", "qwen3_omni_moe_thinker")
+  },
+}
+# Buffers transformers stores permuted (ERNIE-4.5-VL pre-permutes its h/w frequencies and undoes it
+# in recomposition_frequencies): inv_freq compared as a set, cos/sin as usual.
+PERMUTED_INV_FREQ = frozenset({"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"})
+POSITIONS = np.array([[0, 1, 3, 50, 300, 1000]], np.int64)  # [B, T]
+# Multi-axis [3, B, T] positions (t, h, w) with different rows, for the mRoPE families.
+POSITIONS3 = np.array([[[0, 1, 3, 50, 300, 1000]], [[0, 5, 2, 60, 9, 700]], [[0, 4, 8, 40, 7, 20]]], np.int64)
+
+
+def _module_cos_sin(module, positions, layer_type, tokens=None):
+  """transformers' (cos, sin) ``[B, T, R]`` float64 for ``positions``, or None where the module's
+  forward fails (GLM-4V's default config: its default mrope_section does not fit the head)."""
+  kwargs = {"layer_type": layer_type} if layer_type else {}
+  try:
+    with torch.no_grad():
+      out = module(torch.zeros(1, dtype=torch.float32), torch.from_numpy(positions), **kwargs)
+      # DeepSeek-V2 / Llama-4: one complex table cos + i sin, per pair.
+      cos, sin = (out.real, out.imag) if isinstance(out, torch.Tensor) and out.is_complex() else out
+  except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
+    return None
+  t = positions.shape[-1] if tokens is None else tokens
+  return cos.double().numpy().reshape(1, t, -1), sin.double().numpy().reshape(1, t, -1)
+
+
+def _per_pair(table, half, label):
+  """The module's cos or sin table ``[B, T, W]`` as one value per frequency ``[B, T, R/2]``, in
+  frequency order: tables are ``cat(c, c)`` (rotate-half and ERNIE-4.5 style), ``c`` repeated
+  twice (interleaved), or ``c`` itself (DeepSeek-V4); which one is read off the table (the rotation
+  layout itself is checked by ``_apply_matches``)."""
+  assert table.shape[-1] in (half, 2 * half), (label, table.shape, half)
+  if table.shape[-1] == half:
+    return table
+  if np.array_equal(table[..., :half], table[..., half:]):
+    return table[..., :half]
+  np.testing.assert_array_equal(table[..., 0::2], table[..., 1::2], err_msg=label)
+  return table[..., 0::2]
+
+
+def _jaxpe_cos_sin(r, positions3=None):
+  """jaxpe's cos/sin ``[B, T, R/2]`` times the attention factor, at token positions or at multi-axis
+  ones through ``r.mrope_axes``."""
+  if positions3 is None:
+    cos, sin = jaxpe.rope_cos_sin(jnp.asarray(POSITIONS, jnp.int32), r.inv_freq, phase_precision="float32")
+  else:
+    rows = jnp.asarray(positions3[np.asarray(r.mrope_axes)], jnp.int32)  # one row per frequency
+    section = (1,) * len(r.mrope_axes)
+    cos, sin = jaxpe.rope_cos_sin(rows, r.inv_freq, mrope_section=section, phase_precision="float32")
+  return tuple(np.asarray(c, np.float64) * r.attention_factor for c in (cos, sin))
+
+
+def _hf_rotate(module, r, fn, q, positions, layer_type):
+  """The family's own rotation of ``q [B, N, T, H]``: ``fn(q, k, cos, sin)``, ``fn(x, cos, sin)``
+  (Gemma-3n / Gemma-4 / DeepSeek-V4) or ``fn(xq, xk, freqs_cis)`` (complex: DeepSeek-V2 on
+  ``[B, N, T, H]``, Llama-4 on ``[B, T, N, H]``); with the partial rotary applied outside the
+  function (Phi, Persimmon, StableLM: q's first R dims go in, the rest pass through)."""
   import inspect
+
+  kwargs = {"layer_type": layer_type} if layer_type else {}
+  params = list(inspect.signature(fn).parameters)
+  with torch.no_grad():
+    table = module(torch.zeros(1), torch.from_numpy(positions), **kwargs)
+    if params[:3] == ["xq", "xk", "freqs_cis"]:
+      heads_second = table.ndim == 3 and fn.__module__.endswith("deepseek_v2")
+      x = torch.from_numpy(q if heads_second else np.transpose(q, (0, 2, 1, 3)))
+      out = fn(x, x, table)[0].numpy()
+      return out if heads_second else np.transpose(out, (0, 2, 1, 3))
+    cos, sin = table
+    x = torch.from_numpy(q)
+    if params[:3] == ["x", "cos", "sin"]:
+      return fn(x, cos, sin).numpy()
+    if cos.shape[-1] == r.rotary_dim < r.head_dim and r.rotated_slice == "leading":
+      try:
+        return fn(x, x, cos, sin)[0].numpy()
+      except RuntimeError:  # the partial rotary is applied outside the function
+        rot = fn(x[..., : r.rotary_dim], x[..., : r.rotary_dim], cos, sin)[0].numpy()
+        return np.concatenate([rot, q[..., r.rotary_dim :]], -1)
+    return fn(x, x, cos, sin)[0].numpy()
+
+
+def _apply_matches(module, r, positions, layer_type):
+  """``r.apply`` (layout, rotated slice, rotation sign, mRoPE axes) rotates q as the family's own
+  ``apply_rotary_pos_emb`` / ``apply_rotary_emb`` (or the ``_interleave`` variant for MLA families
+  that use it) with the module's table (``_hf_rotate``). None when there is no such function or
+  it fails on this config."""
   import sys
 
   modeling = sys.modules[type(module).__module__]
   interleave_fn = getattr(modeling, "apply_rotary_pos_emb_interleave", None)
   mla_interleaved = r.rotated_slice == "trailing" and r.layout == "interleaved" and interleave_fn is not None
   fn = interleave_fn if mla_interleaved else getattr(modeling, "apply_rotary_pos_emb", None)
-  if fn is None or list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]:
+  fn = fn or getattr(modeling, "apply_rotary_emb", None)
+  if fn is None:
     return None
-  positions = np.array([[0, 3, 50, 1000]], np.int64)
-  q = np.random.default_rng(0).normal(size=(1, 2, 4, r.head_dim)).astype(np.float32)  # [B, N, T, H]
-  kwargs = {"layer_type": layer_type} if layer_type else {}
+  t = positions.shape[-1]
+  q = np.random.default_rng(0).normal(size=(1, 2, t, r.head_dim)).astype(np.float32)  # [B, N, T, H]
   try:
-    with torch.no_grad():
-      cos, sin = module(torch.zeros(1), torch.from_numpy(positions), **kwargs)
-      hf = fn(torch.from_numpy(q), torch.from_numpy(q), cos, sin)[0].numpy()
-  except (RuntimeError, TypeError, ValueError):  # partial rotary applied outside, mrope sections
+    hf = _hf_rotate(module, r, fn, q, positions, layer_type)
+  except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):  # another signature
     return None
   x = jnp.asarray(np.transpose(q, (0, 2, 1, 3)))  # [B, T, N, H]
-  got = jaxpe.apply_rope(
-    x, jnp.asarray(positions, jnp.int32), inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor
-  )
+  seq_len = int(positions.max()) + 1 if r.length_dependent else None  # what the module's forward sees
+  got = r.apply(x, jnp.asarray(positions, jnp.int32), seq_len=seq_len)
   got = np.transpose(np.asarray(got), (0, 2, 1, 3))
   if mla_interleaved:  # transformers returns the interleaved pairs de-interleaved (evens | odds)
     got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)
@@ -216,17 +305,19 @@ def _layout_matches(module, r, layer_type):
 
 def test_every_family_default_config_matches_or_is_refused():
   """For every model type transformers 5.24 ships with a rotary embedding (default config, the text
-  config of composite models): rope_from_hf_config either raises ValueError or gives transformers'
-  inv_freq (1e-6 relative, 2.2e-6 for llama3) and attention factor, from the PretrainedConfig and
-  from its to_dict() alike, and where the family's apply_rotary_pos_emb takes (q, k, cos, sin),
-  jaxpe.apply_rope with the returned layout rotates q as it does. Never a silent mismatch."""
-  matched, refused, layouts = [], [], []
+  config of composite models): rope_from_hf_config gives transformers' inv_freq (1e-6 relative,
+  2.2e-6 for llama3), attention factor and cos/sin (the module's forward at token positions, in the
+  returned layout), from the PretrainedConfig and from its to_dict() alike; where the family's
+  apply_rotary_pos_emb takes (q, k, cos, sin), HFRope.apply rotates q as it does; mRoPE families do
+  the same at multi-axis [3, B, T] positions. Or it refuses with the reason in EXPECTED_REFUSALS,
+  and only those."""
+  matched, refused, cos_sin, applied, multi_axis = [], {}, [], [], []
   for model_type, config, module in _default_rotary_modules():
     layer_types = sorted(module.rope_type) if isinstance(getattr(module, "rope_type", None), dict) else [None]
     for layer_type in layer_types:
       name = f"{layer_type}_inv_freq" if layer_type else "inv_freq"
       if getattr(module, name, None) is None:
-        continue  # GPT-J / CodeGen build a sin/cos table (tested above)
+        continue  # GPT-J / CodeGen build a sin/cos table (tested in hf_rope_test)
       inv_hf = getattr(module, name).double().numpy()
       att_hf = float(
         getattr(module, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
@@ -234,27 +325,153 @@ def test_every_family_default_config_matches_or_is_refused():
       try:
         r = rope_from_hf_config(config, layer_type=layer_type)
       except ValueError as e:
-        refused.append((model_type, str(e)[:60]))
+        refused[model_type] = str(e)
         continue
       label = f"{model_type}/{layer_type}"
-      assert r.inv_freq.shape == inv_hf.shape, label
-      rel = np.abs(np.asarray(r.inv_freq, np.float64) - inv_hf) / np.maximum(inv_hf, 1e-30)
+      ours = np.asarray(r.inv_freq, np.float64)
+      if r.rope_type == "axial":  # per axis in the module, per frequency of the head in jaxpe
+        ours, inv_hf = np.unique(ours), np.unique(inv_hf)
+      assert ours.shape == inv_hf.shape, label
+      if model_type in PERMUTED_INV_FREQ:
+        ours, inv_hf = np.sort(ours), np.sort(inv_hf)
+      rel = np.abs(ours - inv_hf) / np.maximum(inv_hf, 1e-30)
       assert rel.max() <= (2.2e-6 if r.rope_type == "llama3" else 1e-6), (label, rel.max())
       assert r.attention_factor == pytest.approx(att_hf, rel=1e-12), label
       from_dict = rope_from_hf_config(config.to_dict(), layer_type=layer_type)
       np.testing.assert_array_equal(from_dict.inv_freq, r.inv_freq, err_msg=label)
       assert from_dict.attention_factor == r.attention_factor, label
       matched.append(label)
-      same_layout = _layout_matches(module, r, layer_type)
-      assert same_layout in (None, True), (label, r.layout)
-      layouts += [label] if same_layout else []
+      if r.rope_type == "axial":  # vision: the module takes [T, A] patch coordinates (h, w)
+        rows = POSITIONS3[: max(r.mrope_axes) + 1]
+        hf = _module_cos_sin(module, np.ascontiguousarray(rows[:, 0, :].T), None, tokens=rows.shape[-1])
+        for got, want in zip(_jaxpe_cos_sin(r, rows), hf):
+          np.testing.assert_allclose(got, _per_pair(want, r.rotary_dim // 2, label), atol=2e-3, err_msg=label)
+          # Their apply functions rotate pairs as the table is laid out: cat(c, c) rotate-half,
+          # c repeated twice interleaved.
+          is_half = np.array_equal(want[..., : r.rotary_dim // 2], want[..., r.rotary_dim // 2 :])
+          assert r.layout == ("half" if is_half else "interleaved"), label
+        cos_sin.append(label)
+        multi_axis.append(label)
+        continue
+      hf = _module_cos_sin(module, POSITIONS, layer_type)
+      if hf is not None:
+        for got, want in zip(_jaxpe_cos_sin(r), hf):
+          want = _per_pair(want, r.rotary_dim // 2, label)
+          np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, r.attention_factor), err_msg=label)
+        cos_sin.append(label)
+      same = _apply_matches(module, r, POSITIONS, layer_type)
+      assert same in (None, True), (label, r.layout)
+      applied += [label] if same else []
+      if r.mrope_axes is not None:
+        hf3 = _module_cos_sin(module, POSITIONS3[:, :, :], layer_type)
+        if hf3 is not None:
+          for got, want in zip(_jaxpe_cos_sin(r, POSITIONS3[: max(r.mrope_axes) + 1]), hf3):
+            want = _per_pair(want, r.rotary_dim // 2, label)
+            np.testing.assert_allclose(got, want, atol=2e-3, err_msg=f"{label} multi-axis")
+          same3 = _apply_matches(module, r, POSITIONS3[: max(r.mrope_axes) + 1], layer_type)
+          assert same3 in (None, True), (label, "multi-axis")
+          multi_axis.append(label)
   print(
-    f"\n{len(matched)} model types / layer types match ({len(layouts)} with the layout checked), "
-    f"{len(refused)} refused: {sorted(set(refused))}"
+    f"\n{len(matched)} model types / layer types match ({len(cos_sin)} with cos/sin, {len(applied)} with "
+    f"apply_rotary_pos_emb, {len(multi_axis)} with multi-axis positions), {len(refused)} refused: "
+    f"{sorted(refused)}\nnot checked against cos/sin: {sorted(set(matched) - set(cos_sin))}\n"
+    f"not checked against apply_rotary_pos_emb: {sorted(set(matched) - set(applied))}"
   )
-  assert len(matched) >= 230 and len(layouts) >= 200  # 265 and 227 in transformers 5.24
+  assert sorted(refused) == sorted(EXPECTED_REFUSALS), (
+    f"new refusals: {sorted(set(refused) - set(EXPECTED_REFUSALS))}; now working: "
+    f"{sorted(set(EXPECTED_REFUSALS) - set(refused))}"
+  )
+  for model_type, words in EXPECTED_REFUSALS.items():
+    assert words in refused[model_type], (model_type, refused[model_type])
+  assert len(matched) >= 300 and len(cos_sin) >= 290 and len(applied) >= 255  # 304, 294, 260 in 5.24
   for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
     assert any(m == family or m.startswith(family + "/") for m in matched), family
+
+
+def _rotary(family, config):
+  import importlib
+  import inspect
+
+  modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+  for name, cls in vars(modeling).items():
+    if name.endswith("RotaryEmbedding") and inspect.isclass(cls) and "Vision" not in name:
+      return cls(config)
+  raise AssertionError(family)
+
+
+def test_family_keys_match_transformers():
+  """The rope-dict keys some families read beyond transformers' common ones, as their checkpoints
+  ship them, against the families' rotary modules: PhiMoE's short/long_mscale (longrope; the
+  short-factor table at every length, the cos/sin scale switching past the original length),
+  HunYuan's dynamic with NTK alpha (a static base), Qwen3-VL's mrope_interleaved and Qwen3-Omni's
+  interleaved flags (interleaved mRoPE, multi-axis positions too). Another family's dict refuses
+  such a key, naming what it is."""
+  rng = np.random.default_rng(5)
+  short, long = (list(np.round(rng.uniform(1, hi, 64), 4)) for hi in (3, 60))
+  phimoe = transformers.AutoConfig.for_model(
+    "phimoe",
+    max_position_embeddings=131072,
+    rope_parameters={
+      "rope_type": "longrope",
+      "short_factor": short,
+      "long_factor": long,
+      "short_mscale": 1.2431,
+      "long_mscale": 1.3,
+      "original_max_position_embeddings": 4096,
+      "rope_theta": 1e4,
+    },
+  )
+  hunyuan = {
+    "type": "dynamic",
+    "alpha": 1000.0,
+    "factor": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "rope_theta": 1e4,
+  }
+  cases = [("phimoe", phimoe, POSITIONS), ("phimoe", phimoe, POSITIONS * 8)]  # max 1000, 8000
+  for family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
+    config = transformers.AutoConfig.for_model(family, head_dim=128, rope_parameters=dict(hunyuan))
+    cases.append((family, config, POSITIONS))
+  mrope = {
+    "rope_type": "default",
+    "mrope_section": [24, 20, 20],
+    "mrope_interleaved": True,
+    "rope_theta": 5e6,
+  }
+  cases.append(
+    ("qwen3_vl", transformers.AutoConfig.for_model("qwen3_vl_text", rope_parameters=mrope), POSITIONS3)
+  )
+  omni = transformers.AutoConfig.for_model(
+    "qwen3_omni_moe_text", head_dim=128, rope_parameters={**mrope, "interleaved": True}
+  )
+  cases.append(("qwen3_omni_moe", omni, POSITIONS3))
+  for family, config, positions in cases:
+    r = rope_from_hf_config(config)
+    module = _rotary(family, config)
+    np.testing.assert_allclose(r.inv_freq, module.inv_freq.double().numpy(), rtol=1e-6, err_msg=family)
+    hf = _module_cos_sin(module, positions, None)
+    inv_freq, att = r.frequencies(int(positions.max()) + 1)
+    pos = positions if positions.ndim == 2 else positions[np.asarray(r.mrope_axes)]
+    section = None if positions.ndim == 2 else (1,) * len(r.mrope_axes)
+    got = jaxpe.rope_cos_sin(
+      jnp.asarray(pos, jnp.int32), inv_freq, mrope_section=section, phase_precision="float32"
+    )
+    for g, want in zip(got, hf):
+      want = _per_pair(want, r.rotary_dim // 2, family)
+      np.testing.assert_allclose(np.asarray(g, np.float64) * float(att), want, atol=2e-3, err_msg=family)
+    assert _apply_matches(module, r, positions, None) in (None, True), family
+  assert rope_from_hf_config(phimoe).frequencies(8001)[1] == 1.3  # long_mscale past 4096
+  assert rope_from_hf_config(cases[2][1]).rope_type == "default"  # a static base
+  for key, value, words in (
+    ("short_mscale", 1.2, "PhiMoE"),
+    ("alpha", 10.0, "HunYuan"),
+    ("mrope_interleaved", True, "Qwen3-VL"),
+  ):
+    with pytest.raises(ValueError, match=words):
+      rope_from_hf_config({**LLAMA31, "rope_scaling": {**LLAMA31["rope_scaling"], key: value}})
 
 
 def test_llama4_query_scale_matches_ministral3():
