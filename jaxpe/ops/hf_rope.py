@@ -220,7 +220,9 @@ class HFRope:
 
     Raises:
       ValueError / TypeError: as ``apply_rope`` and ``frequencies``; rank-3 positions without
-        ``mrope_axes``.
+        ``mrope_axes``; with ``mrope_axes``, ``[B, T]`` positions whose B equals the number of axes
+        A > 1 (ambiguous with the ``[A, T]`` multi-axis form this method took before: pass
+        ``[A, B, T]``).
     """
     inv_freq, attention_factor = self.inv_freq, self.attention_factor
     if seq_len is not None:
@@ -228,6 +230,15 @@ class HFRope:
     if self.rotation_sign == -1:
       inv_freq = -inv_freq
     section = None
+    axes = None if self.mrope_axes is None else max(self.mrope_axes) + 1
+    if jnp.ndim(positions) == 2 and axes is not None and axes > 1 and jnp.shape(positions)[0] == axes:
+      # [A, T] was this method's multi-axis form before 2026-12; [B, T] with B == A would now be read
+      # as token positions: refuse the ambiguity rather than misread either
+      raise ValueError(
+        f"positions of shape {jnp.shape(positions)} are ambiguous for model_type {self.model_type!r} "
+        f"({axes} position axes): pass multi-axis positions as [A, B, T] = [{axes}, B, T] (text tokens: "
+        "every row the same, as transformers expands position_ids), or token positions as [T]"
+      )
     if jnp.ndim(positions) == 3:  # [A, B, T] multi-axis positions
       if self.mrope_axes is None:
         raise ValueError(

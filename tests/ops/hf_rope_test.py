@@ -279,6 +279,16 @@ def test_apply_uses_the_config_layout_slice_sections_and_length():
   pos3 = jnp.asarray([[[0, 1, 2]], [[0, 4, 8]], [[0, 5, 9]]], jnp.int32)  # [A, B, T]
   want = jaxpe.apply_rope(x, pos3, inv_freq=r.inv_freq, layout="half", mrope_section=[16, 24, 24])
   np.testing.assert_array_equal(r.apply(x, pos3), want)
+  # text tokens: [B, T] or [T] token positions give every axis the same position
+  text = jnp.asarray([[0, 4, 8]], jnp.int32)
+  want = jaxpe.apply_rope(x, text, inv_freq=r.inv_freq, layout="half")
+  np.testing.assert_array_equal(r.apply(x, text), want)
+  np.testing.assert_array_equal(r.apply(x, jnp.broadcast_to(text, (3, 1, 3))), want)
+  # [A, T] (this method's old multi-axis form) with B == A would be misread either way: refused
+  x3 = jnp.ones((3, 3, 2, 128), jnp.float32)
+  for x_ in (x, x3):
+    with pytest.raises(ValueError, match=r"ambiguous .* \[A, B, T\] = \[3, B, T\]"):
+      r.apply(x_, pos3[:, 0])
 
 
 def test_deepseek_softmax_scale_factor():
