@@ -7,6 +7,7 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
 - ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
+- ``position_bias``: ``PositionBias``, a learned bias from positions (T5, Kerple, FIRE; ``xla`` only).
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
@@ -44,6 +45,7 @@ from jaxpe.attention.masks import (
   document_mask,
   make_attention_mask,
 )
+from jaxpe.attention.position_bias import PositionBias
 from jaxpe.attention.reference import check_scale, dot_product_attention
 from jaxpe.attention.xla import XLA_CAUSAL_BLOCK
 
@@ -56,6 +58,7 @@ __all__ = [
   "HEAD_DIM_MULTIPLE",
   "IndexMask",
   "IMPLEMENTATIONS",
+  "PositionBias",
   "XLA_CAUSAL_BLOCK",
   "attention",
   "available_backends",
