@@ -103,7 +103,7 @@ class ModelConfig(StrictConfig):
   pos_encoding: str = pydantic.Field(
     "rope",
     description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): none, learned, "
-    "sinusoidal, rope, xpos, alibi, rope_alibi",
+    "sinusoidal, rope, xpos, alibi, rope_alibi, t5, kerple_log, kerple_power, fire",
   )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
@@ -147,6 +147,19 @@ class ModelConfig(StrictConfig):
     description="how pos_encoding='alibi' reaches bias-free kernels: exact (augmented form in bf16-exact "
     "parts, 18 extra dims up to 65536 positions) or rotated (order rope_alibi_order, theta from "
     "rope_alibi_max_phase / rope_alibi_context, 18 k extra dims, the solver's bound)",
+  )
+  relative_attention_num_buckets: int = pydantic.Field(
+    32, ge=2, description="t5 only: buckets of the causal relative bias (HF T5's key; T5 uses 32)"
+  )
+  relative_attention_max_distance: int = pydantic.Field(
+    128, gt=0, description="t5 only: distance from which positions share the last bucket (HF T5's key)"
+  )
+  fire_mlp_width: int = pydantic.Field(32, gt=0, description="fire only: the MLP's hidden width (paper: 32)")
+  fire_init_c: float = pydantic.Field(
+    0.1, gt=0, description="fire only: initial c of log(c x + 1) (paper: 0.1)"
+  )
+  fire_init_L: float = pydantic.Field(
+    512.0, gt=0, description="fire only: the threshold L in tokens, times a learned multiplier (paper: 512)"
   )
   use_bias: bool = False
   embed_layernorm: bool = False
@@ -277,6 +290,14 @@ class ModelConfig(StrictConfig):
       raise ValueError(
         "alibi_emulation='rotated' needs ALiBi on every head (slopes > 0); use alibi_emulation='exact' "
         f"with alibi_heads={self.alibi_heads}"
+      )
+    if (
+      self.pos_encoding == "t5"
+      and self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2
+    ):
+      raise ValueError(
+        f"relative_attention_max_distance ({self.relative_attention_max_distance}) must be > "
+        f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (the exact buckets)"
       )
     if self.pos_encoding == "xpos" and self.max_len > 65536:
       # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32

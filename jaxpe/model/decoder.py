@@ -309,9 +309,12 @@ class Decoder(nnx.Module):
     in ``nnx.remat`` with the configured policy.
     """
     cfg = self.cfg
+    shared = encodings.for_config(cfg).shared_bias_params(self)  # T5: the one bias table of all layers
 
     def run(block, x, kv):
-      x, new_kv = block(x, positions, mask, kv_positions=kv_positions, cache_kv=kv, cache_end=cache_end)
+      x, new_kv = block(
+        x, positions, mask, kv_positions=kv_positions, cache_kv=kv, cache_end=cache_end, shared_bias=shared
+      )
       return partitioning.constrain(x, partitioning.ACTIVATION), new_kv
 
     if cfg.remat != "none":

@@ -183,6 +183,8 @@ class Attention(nnx.Module):
       cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
     self.o = dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), ("heads", "head_dim", "embed"), out_std, rngs)
+    for name, param in enc.layer_params(rngs).items():  # kerple, fire: per-layer bias parameters
+      setattr(self, name, param)
 
   def __call__(
     self,
@@ -193,6 +195,7 @@ class Attention(nnx.Module):
     kv_positions: jax.Array,
     cache_kv: tuple[jax.Array, jax.Array] | None = None,
     cache_end: jax.Array | None = None,
+    shared_bias=None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
@@ -202,7 +205,7 @@ class Attention(nnx.Module):
     slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
     or an ``IndexMask`` on ``xla``; with the sequence split over mesh axes
     (``partitioning.sequence_split``) across them (``jaxpe.attention.context``, strategy
-    ``cfg.context_attention``).
+    ``cfg.context_attention``). ``shared_bias``: the encoding's ``shared_bias_params`` (T5's table).
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     enc = encodings.for_config(self.cfg)
@@ -213,6 +216,7 @@ class Attention(nnx.Module):
       v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
     cfg = self.cfg
     split = partitioning.sequence_split()
+    position_bias = enc.position_bias(self, shared_bias, positions, kv_positions)
     if cache_kv is None and isinstance(mask, masks.IndexMask) and split is not None:
       out = context.context_attention(
         q,
@@ -224,6 +228,7 @@ class Attention(nnx.Module):
         strategy=cfg.context_attention,
         mask=mask,
         alibi=enc.alibi_spec(positions, kv_positions),
+        bias=position_bias,
         precise_dims=q.shape[-1] - cfg.head_size,
       )
       return self.o(out), None
@@ -238,6 +243,7 @@ class Attention(nnx.Module):
       precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
       implementation=cfg.attn_implementation if fused else "xla",
       interpret=cfg.attention_interpret,
+      position_bias=position_bias,
     )
     return self.o(out), (k, v) if cache_kv is not None else None
 

@@ -11,6 +11,8 @@ parameters            ``token_embed_std``, ``params``,         sinusoidal, learn
 inputs                ``embed_inputs``                         learned, sinusoidal
 queries and keys      ``encode_qk``                            rope, xpos, rope_alibi
 attention bias        ``alibi_spec``                           alibi
+learned bias          ``layer_params``, ``shared_bias_params``, t5, kerple_log, kerple_power, fire
+                      ``position_bias``
 KV cache              ``cache_key``                            rope_alibi
 call checks           ``check_call``                           rope_alibi
 ====================  =======================================  ===================================
@@ -27,7 +29,7 @@ D model dim.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +37,7 @@ from flax import nnx
 
 from jaxpe import emulation
 from jaxpe.attention.kernels import AlibiSpec
+from jaxpe.attention.position_bias import PositionBias
 
 if TYPE_CHECKING:  # the config imports this registry for the names it accepts
   from jaxpe.model.cache import KVCache
@@ -105,6 +108,30 @@ class PositionalEncoding:
     """The ALiBi bias for the attention backend (``jaxpe.attention.kernels.attention``), from query
     ``positions [B, T]`` and key ``kv_positions [B, S]`` int32; default None (no bias)."""
     del positions, kv_positions
+    return None
+
+  # -- learned position bias ----------------------------------------------------------------
+
+  def layer_params(self, rngs: nnx.Rngs) -> dict[str, nnx.Module | nnx.Variable]:
+    """Modules (or ``nnx.Param``) of the encoding's per-layer parameters, set as attributes of each
+    ``Attention`` layer under these names after its projections (stacked with the layer under
+    ``scan_layers``); default none."""
+    del rngs
+    return {}
+
+  def shared_bias_params(self, model: nnx.Module) -> Any:
+    """Arrays of the ``Decoder`` (``model``, holding the modules made by ``params``) that every
+    layer's ``position_bias`` reads (T5's one table); default None."""
+    del model
+    return None
+
+  def position_bias(
+    self, layer: nnx.Module, shared: Any, positions: jax.Array, kv_positions: jax.Array
+  ) -> PositionBias | None:
+    """A learned bias for the attention backend (``xla`` only), from the ``Attention`` ``layer``
+    (its ``layer_params``), ``shared`` (``shared_bias_params``), query ``positions [B, T]`` and key
+    ``kv_positions [B, S]`` int32; default None (no bias)."""
+    del layer, shared, positions, kv_positions
     return None
 
   # -- KV cache -----------------------------------------------------------------------------
