@@ -138,10 +138,12 @@ def _position_bias(b: _Blocks, i, j, bias_params, cfg: Config):
   return out.reshape(batch, num_kv, group, bq, out.shape[-1])
 
 
-def _scores(b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False, bias_params=None):
+def _scores(
+  b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False, bias_params=None, bias=None
+):
   """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j
   (``off_diagonal``: a pair of ``_triangular`` blocks with j < i, where every key precedes every
-  query: no causal compare)."""
+  query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed)."""
   q, k = b.q[i], b.k[j]
   split = q.shape[-1] - cfg.precise_dims
   s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
@@ -152,7 +154,8 @@ def _scores(b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False
     distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
     s = jnp.maximum(s - slopes[None, :, :, None, None] * distance[:, None, None], _LOWEST)
   if cfg.bias_fn is not None:
-    s = jnp.maximum(s + _position_bias(b, i, j, bias_params, cfg), _LOWEST)
+    bias = _position_bias(b, i, j, bias_params, cfg) if bias is None else bias
+    s = jnp.maximum(s + bias, _LOWEST)
   visible = None
   if cfg.causal and not off_diagonal:
     visible = b.ki[j][:, None, :] <= b.qi[i][:, :, None]
@@ -266,7 +269,10 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
 
   def step(i, j, carry, off_diagonal=False):
     dq, dk, dv, d_bias = carry  # dq [nq, ...] (all query blocks), dk / dv of key block j
-    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias_params=bias_params)
+    bias = bias_vjp = None
+    if cfg.bias_fn is not None:  # the pair's bias and its vjp, computed once
+      bias, bias_vjp = jax.vjp(lambda p: _position_bias(b, i, j, p, cfg), bias_params)
+    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias=bias)
     p = jnp.exp(s - lse_safe[i])
     dv = dv + jnp.einsum("BKGQS,BKGQH->BKSH", p.astype(b.v.dtype), d_out[i].astype(b.v.dtype), **f32)
     dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
@@ -279,7 +285,6 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
       dk_j = jnp.concatenate([dk_j, _precise("BKGQS,BKGQH->BKSH", ds, q[..., split:])], axis=-1)
     dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i * scale, i, 0)
     if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled
-      _, bias_vjp = jax.vjp(lambda p: _position_bias(b, i, j, p, cfg), bias_params)
       d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])
     return dq, dk + dk_j * scale, dv, d_bias
 

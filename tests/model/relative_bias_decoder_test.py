@@ -3,6 +3,8 @@ steps on CPU lower the loss with finite, nonzero gradients reaching the bias par
 scan_layers equals the loop; fused kernels refuse the bias. Cached decoding, padding and
 packing: tests/model/decoder_pe_test.py runs every registered encoding."""
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,3 +80,31 @@ def test_fused_kernels_refuse_the_bias():
   )
   with pytest.raises(ValueError, match="'splash' takes no bias tensor: a PositionBias"):
     model(_batch())
+
+
+@pytest.mark.parametrize("pe", ["kerple_log", "kerple_power"])
+def test_kerple_uses_the_clamped_parameters_and_passes_their_gradient(pe):
+  """The authors clamp r1, r2 >= 0.01 (power: r2 <= 2) before use: out-of-range parameters give the
+  bias of the clamped ones (float64 formula), and the gradient passes the clamp (straight through)."""
+  from jaxpe.model import encodings
+
+  cfg = ModelConfig(**TINY, pos_encoding=pe)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  layer = model.blocks[0].attn
+  layer.kerple.r1[...] = jnp.asarray([-1.0, 0.5], jnp.float32)
+  layer.kerple.r2[...] = jnp.asarray([0.3, 5.0], jnp.float32)
+  pos = jnp.asarray([[0, 1, 2, 7, 30]], jnp.int32)
+  enc = encodings.for_config(cfg)
+  got = np.asarray(enc.position_bias(layer, None, pos, pos).dense())
+  r1 = np.array([0.01, 0.5])[None, :, None, None]
+  r2 = np.array([0.3, 2.0 if pe == "kerple_power" else 5.0])[None, :, None, None]
+  d = np.abs(np.array([0, 1, 2, 7, 30])[:, None] - np.array([0, 1, 2, 7, 30])[None, :]).astype(np.float64)
+  want = -r1 * (np.log1p(r2 * d) if pe == "kerple_log" else d**r2)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+  def loss(r1):  # a stand-in layer holding the traced r1 (an nnx.Param cannot take a tracer here)
+    stand_in = SimpleNamespace(kerple=SimpleNamespace(r1=r1, r2=layer.kerple.r2[...]))
+    return jnp.sum(enc.position_bias(stand_in, None, pos, pos).dense())
+
+  grad = np.asarray(jax.grad(loss)(jnp.asarray([-1.0, 0.5], jnp.float32)))
+  assert grad[0] != 0 and np.isfinite(grad).all()  # straight through the clamp at r1 = -1
