@@ -60,6 +60,7 @@ def test_training_steps_lower_the_loss_and_reach_the_bias_parameters(pe):
       assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
       bias_grads = BIAS_PARAMS[pe](grads.to_pure_dict())
       assert all(float(jnp.abs(g).max()) > 0 for g in bias_grads), pe  # the bias is learned
+  print(f"{pe}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps")
   assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.1, losses
 
 
