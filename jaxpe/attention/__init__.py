@@ -9,6 +9,7 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
 - ``sinks``: attention sinks (a learned logit per head in the softmax denominator), from the lse or
   as one more key slot.
+- ``position_bias``: ``PositionBias``, a learned bias from positions (T5, Kerple, FIRE; ``xla`` only).
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
@@ -46,6 +47,7 @@ from jaxpe.attention.masks import (
   document_mask,
   make_attention_mask,
 )
+from jaxpe.attention.position_bias import PositionBias
 from jaxpe.attention.reference import check_scale, dot_product_attention
 from jaxpe.attention.xla import XLA_CAUSAL_BLOCK
 
@@ -58,6 +60,7 @@ __all__ = [
   "HEAD_DIM_MULTIPLE",
   "IndexMask",
   "IMPLEMENTATIONS",
+  "PositionBias",
   "XLA_CAUSAL_BLOCK",
   "attention",
   "available_backends",

@@ -28,6 +28,7 @@ from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
 from jaxpe.attention.online_softmax import Config, flash
+from jaxpe.attention.position_bias import PositionBias
 from jaxpe.attention.reference import check_scale, default_precise_dims
 from jaxpe.ops import checks as _checks
 
@@ -53,6 +54,7 @@ def blockwise_attention(
   scale: float,
   mask: IndexMask | AttentionMask | None = None,
   alibi: AlibiSpec | None = None,
+  position_bias: PositionBias | None = None,
   precise_dims: int | None = None,
   block_q: int | None = None,
   block_k: int | None = None,
@@ -78,6 +80,10 @@ def blockwise_attention(
     alibi: optional ``AlibiSpec``: the bias ``-m_h (i - j)`` from ``slopes [N]`` and its
       ``q_positions [B, T]`` / ``k_positions [B, S]`` (token indices), computed per block.
       Checked by the caller (``attention`` checks it); ``form`` and ``max_position`` are not used.
+    position_bias: optional ``PositionBias`` (T5, Kerple, FIRE): ``fn(params, q_pos, k_pos)``
+      evaluated per block pair on its ``q_positions [B, T]`` / ``k_positions [B, S]`` and added to
+      the scaled scores; differentiable in ``position_bias.params`` (their gradient accumulated per block
+      pair in the backward pass). Checked by the caller (``attention``); not with ``alibi``.
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
       Default None: the dims beyond v's width, ``Hq - H``.
     block_q, block_k: query / key block sizes, ints > 0; default ``default_block(T)`` /
@@ -91,15 +97,16 @@ def blockwise_attention(
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``; with ``return_lse`` also ``[B, T, N]`` float32 log-sum-exp
-    (``-inf`` on rows with no visible key). Both are differentiable in q, k, v (reverse mode:
-    ``jax.grad``, ``jax.vjp``; forward mode raises jax's custom_vjp TypeError).
+    (``-inf`` on rows with no visible key). Both are differentiable in q, k, v and ``position_bias.params``
+    (reverse mode: ``jax.grad``, ``jax.vjp``; forward mode raises jax's custom_vjp TypeError;
+    second derivatives are tested for q, k, v, not for ``position_bias.params``).
 
   Raises:
     ValueError: ranks or sizes that do not fit (B, S, K, Hq, N % K, no heads), ``scale`` not a
       finite number > 0, ``precise_dims`` outside 0..Hq, a block size not an int > 0, mask or ALiBi
       arrays not of their ``[B, T]`` / ``[B, S]`` shapes or slopes not ``[N]``, ``sinks`` not ``[N]``.
     TypeError: non-float q, k, v or sinks; a traced ``scale``; mask fields of the wrong dtype; ``mask`` not
-      an ``IndexMask`` or ``alibi`` not an ``AlibiSpec``.
+      an ``IndexMask``, ``alibi`` not an ``AlibiSpec``, ``position_bias`` not a ``PositionBias``.
 
   Memory: the residuals of the backward pass are q, k, v, the output and the ``[B, T, N]``
   log-sum-exp; each pass holds a few ``[B, N, block_q, block_k]`` float32 temporaries at a time.
@@ -136,6 +143,10 @@ def blockwise_attention(
     raise TypeError(f"mask must be an IndexMask, an AttentionMask or None, got {type(mask).__name__}")
   if alibi is not None and not isinstance(alibi, AlibiSpec):
     raise TypeError(f"alibi must be an AlibiSpec or None, got {type(alibi).__name__}")
+  if position_bias is not None and not isinstance(position_bias, PositionBias):
+    raise TypeError(f"position_bias must be a PositionBias or None, got {type(position_bias).__name__}")
+  if position_bias is not None and alibi is not None:
+    raise ValueError("give alibi or position_bias, not both (one position bias per attention)")
   if mask is not None:
     mask = mask.check()
     if mask.q_index.shape != (batch, t_len) or mask.k_index.shape != (batch, s_len):
@@ -153,6 +164,16 @@ def blockwise_attention(
         f"{[batch, t_len]} / {[batch, s_len]}, got {slopes.shape} / {q_pos.shape} / {k_pos.shape}"
       )
     slopes = jnp.asarray(slopes.reshape(num_kv, num_heads // num_kv))
+  bias_fn = bias_params = None
+  if position_bias is not None:
+    q_pos, k_pos = jnp.asarray(position_bias.q_positions), jnp.asarray(position_bias.k_positions)
+    if q_pos.shape != (batch, t_len) or k_pos.shape != (batch, s_len):
+      raise ValueError(
+        f"position_bias q_positions / k_positions must be [B, T] / [B, S] = {[batch, t_len]} / {[batch, s_len]}, "
+        f"got {q_pos.shape} / {k_pos.shape}"
+      )
+    q_pos, k_pos = q_pos.astype(jnp.int32), k_pos.astype(jnp.int32)
+    bias_fn, bias_params = position_bias.fn, position_bias.params
   out_shape = (batch, t_len, num_heads, v.shape[-1])
   if t_len == 0 or s_len == 0:
     out = jnp.zeros(out_shape, v.dtype)
@@ -161,13 +182,13 @@ def blockwise_attention(
       lse = jnp.broadcast_to(sinks.astype(jnp.float32)[None, None, :], lse.shape)
     return (out, lse) if return_lse else out
   causal = mask is not None and mask.causal
-  cfg = Config(float(scale), int(precise_dims), block_q, block_k, causal, natural)
+  cfg = Config(float(scale), int(precise_dims), block_q, block_k, causal, natural, bias_fn)
   qi = ki = k_valid = q_seg = k_seg = None
   if mask is not None:
     qi, ki, k_valid = mask.q_index.astype(jnp.int32), mask.k_index.astype(jnp.int32), mask.k_valid
     q_seg, k_seg = _exact_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     k_valid = None if k_valid is None else k_valid.astype(bool)
-  out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg)
+  out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
   if sinks is not None:
     out, lse = sink_lib.apply_sinks(out, lse, sinks)
   return (out, lse) if return_lse else out

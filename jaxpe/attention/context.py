@@ -16,8 +16,8 @@ Causality compares each token's original slot (``IndexMask.q_index`` / ``k_index
 split sequence, so any token order is correct. Under a causal mask the natural split gives the last device 2C
 - 1 times the visible query-key pairs of the first; the zig-zag order (``zigzag_order``: the sequence cut into
 2C chunks, device i holding chunks i and 2C-1-i, as in Megatron-LM's and MaxText's load-balanced context
-parallelism) gives every device the same work. Positions (RoPE, xPos, ALiBi, the rope_alibi emulation) travel
-with their tokens: the caller reorders tokens, positions, slot indices, validity and segment ids together
+parallelism) gives every device the same work. Positions (RoPE, xPos, ALiBi, the rope_alibi emulation, a learned
+``PositionBias`` such as T5's, Kerple's or FIRE's, whose parameters every shard holds whole) travel with their tokens: the caller reorders tokens, positions, slot indices, validity and segment ids together
 (``to_zigzag``).
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpe.attention import blockwise, reference
 from jaxpe.attention.backends import AlibiSpec, check_alibi_spec
 from jaxpe.attention.masks import IndexMask
+from jaxpe.attention.position_bias import PositionBias, check_position_bias
 from jaxpe.ops import checks as _checks
 
 STRATEGIES: tuple[str, ...] = ("all_gather", "ring")
@@ -98,6 +100,7 @@ class _Local:
   slopes: tuple[float, ...] | None
   axes: tuple[str, ...]
   shards: int
+  bias_fn: Any = None  # PositionBias.fn
 
 
 def context_attention(
@@ -112,6 +115,7 @@ def context_attention(
   mask: IndexMask | None = None,
   alibi: AlibiSpec | None = None,
   precise_dims: int | None = None,
+  position_bias: PositionBias | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + ALiBi, masked) . v`` with T and S split over the mesh ``axes``.
 
@@ -135,6 +139,9 @@ def context_attention(
       their tokens); the bias is native (the ``xla`` form), ``form`` is not used.
     precise_dims: trailing dims of q and k contracted in float32 at ``HIGHEST`` (the rope_alibi
       emulation dims), 0..Hq; default None: the dims beyond v's width, ``Hq - H``.
+    position_bias: optional ``PositionBias`` (T5, Kerple, FIRE): its positions travel with their tokens, its
+      parameters are replicated on every shard (their gradient is the sum of the shards'); not
+      with ``alibi``.
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros.
@@ -143,7 +150,8 @@ def context_attention(
     ValueError: ``strategy`` not in ``STRATEGIES``; an axis not in ``mesh``; T or S not divisible
       by C; ranks or sizes that do not fit (as ``dot_product_attention``); mask or ALiBi arrays not
       ``[B, T]`` / ``[B, S]``.
-    TypeError: ``mask`` not an ``IndexMask``, ``alibi`` not an ``AlibiSpec``.
+    TypeError: ``mask`` not an ``IndexMask``, ``alibi`` not an ``AlibiSpec``, ``position_bias`` not a
+      ``PositionBias`` (and as ``jaxpe.attention.position_bias.check_position_bias``).
   """
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -168,6 +176,10 @@ def context_attention(
     mask = mask.check()
   if alibi is not None:
     alibi = check_alibi_spec(alibi, batch, t_len, s_len, q.shape[2], fused=False)
+  if position_bias is not None:
+    if alibi is not None:
+      raise ValueError("give alibi or position_bias, not both (one position bias per attention)")
+    position_bias = check_position_bias(position_bias, batch, t_len, s_len, q.shape[2])
   q_side = k_side = (None, None, None)
   if mask is not None:
     q_side = (mask.q_index, mask.q_segment_ids, None)
@@ -176,6 +188,8 @@ def context_attention(
   if alibi is not None:
     slopes = tuple(float(x) for x in np.asarray(alibi.slopes, np.float64))
     q_side, k_side = (*q_side[:2], alibi.q_positions), (*k_side, alibi.k_positions)
+  elif position_bias is not None:  # the bias's positions travel where ALiBi's would
+    q_side, k_side = (*q_side[:2], position_bias.q_positions), (*k_side, position_bias.k_positions)
   else:
     k_side = (*k_side, None)
   for name, arr, length in zip(
@@ -185,18 +199,32 @@ def context_attention(
   ):
     if arr is not None and tuple(arr.shape) != (batch, length):
       raise ValueError(f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {[batch, length]}")
-  cfg = _Local(float(scale), bool(mask is not None and mask.causal), int(precise_dims), slopes, axes, shards)
+  cfg = _Local(
+    float(scale),
+    bool(mask is not None and mask.causal),
+    int(precise_dims),
+    slopes,
+    axes,
+    shards,
+    None if position_bias is None else position_bias.fn,
+  )
   body = functools.partial(_ring if strategy == "ring" else _all_gather, cfg=cfg)
   split = P(None, axes[0] if len(axes) == 1 else axes)
   # check_vma=False: blockwise's loops start from constants (not varying over the manual axes) that
   # its steps turn into per-shard values, which the varying-axes check refuses in lax.cond / scan.
+  # the bias parameters are whole on every shard (P()): shard_map's transpose sums their gradient
   mapped = jax.shard_map(
-    body, mesh=mesh, in_specs=(split,) * 5, out_specs=split, axis_names=frozenset(axes), check_vma=False
+    body,
+    mesh=mesh,
+    in_specs=((split,) * 5) + (P(),),
+    out_specs=split,
+    axis_names=frozenset(axes),
+    check_vma=False,
   )
-  return mapped(q, k, v, q_side, k_side)
+  return mapped(q, k, v, q_side, k_side, None if position_bias is None else position_bias.params)
 
 
-def _attend(q, k, v, q_side, k_side, cfg: _Local, *, with_lse: bool):
+def _attend(q, k, v, q_side, k_side, params, cfg: _Local, *, with_lse: bool):
   """Local blockwise attention of ``q`` to the keys ``k, v`` with their side arrays: ``out [B, t,
   N, H]`` (``v.dtype``), and with ``with_lse`` also the float32 log-sum-exp ``[B, t, N]`` (-inf: no
   visible key)."""
@@ -206,12 +234,21 @@ def _attend(q, k, v, q_side, k_side, cfg: _Local, *, with_lse: bool):
   alibi = None
   if cfg.slopes is not None:  # blockwise reads slopes and positions only
     alibi = AlibiSpec(np.asarray(cfg.slopes, np.float64), q_pos, k_pos, max_position=2**24)
+  bias = None if cfg.bias_fn is None else PositionBias(cfg.bias_fn, params, q_pos, k_pos)
   return blockwise.blockwise_attention(
-    q, k, v, scale=cfg.scale, mask=mask, alibi=alibi, precise_dims=cfg.precise_dims, return_lse=with_lse
+    q,
+    k,
+    v,
+    scale=cfg.scale,
+    mask=mask,
+    alibi=alibi,
+    position_bias=bias,
+    precise_dims=cfg.precise_dims,
+    return_lse=with_lse,
   )
 
 
-def _all_gather(q, k, v, q_side, k_side, *, cfg: _Local):
+def _all_gather(q, k, v, q_side, k_side, params, *, cfg: _Local):
   """Per shard: gather every shard's keys, values and key-side arrays, attend the local queries."""
 
   def gather(x):
@@ -219,12 +256,12 @@ def _all_gather(q, k, v, q_side, k_side, *, cfg: _Local):
 
   k, v = gather(k), gather(v)
   k_side = tuple(gather(x) for x in k_side)
-  return _attend(q, k, v, q_side, k_side, cfg, with_lse=False)
+  return _attend(q, k, v, q_side, k_side, params, cfg, with_lse=False)
 
 
-def _ring(q, k, v, q_side, k_side, *, cfg: _Local):
+def _ring(q, k, v, q_side, k_side, params, *, cfg: _Local):
   """Per shard: the ring (``_ring_attention``), in the dtype of ``v``."""
-  return _ring_attention(q, k, v, q_side, k_side, cfg).astype(v.dtype)
+  return _ring_attention(q, k, v, q_side, k_side, params, cfg).astype(v.dtype)
 
 
 def _pass(x, cfg: _Local):
@@ -233,16 +270,16 @@ def _pass(x, cfg: _Local):
   return jax.tree.map(lambda a: jax.lax.ppermute(a, cfg.axes, perm), x)
 
 
-def _ring_forward(q, k, v, q_side, k_side, cfg: _Local):
+def _ring_forward(q, k, v, q_side, k_side, params, cfg: _Local):
   """C steps; each attends the local queries to the visiting keys and merges the partial result
   into the running one (online softmax). The C - 1 passes run in a ``lax.scan`` (one traced step,
   whatever C). Returns ``(out float32, lse)``."""
-  out, lse = _attend(q, k, v, q_side, k_side, cfg, with_lse=True)
+  out, lse = _attend(q, k, v, q_side, k_side, params, cfg, with_lse=True)
 
   def step(carry, _):
     out, lse, visiting = carry
     visiting = _pass(visiting, cfg)
-    part, part_lse = _attend(q, visiting[0], visiting[1], q_side, visiting[2], cfg, with_lse=True)
+    part, part_lse = _attend(q, visiting[0], visiting[1], q_side, visiting[2], params, cfg, with_lse=True)
     out, lse = blockwise.combine_partials(out, lse, part.astype(jnp.float32), part_lse)
     return (out, lse, visiting), None
 
@@ -250,44 +287,46 @@ def _ring_forward(q, k, v, q_side, k_side, cfg: _Local):
   return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _ring_attention(q, k, v, q_side, k_side, cfg: _Local):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _ring_attention(q, k, v, q_side, k_side, params, cfg: _Local):
   """The ring's output ``[B, t, N, H]`` float32; its backward pass runs the ring again, so a
   shard holds one visiting chunk of keys (and of their gradients) at a time, never all T."""
-  return _ring_forward(q, k, v, q_side, k_side, cfg)[0]
+  return _ring_forward(q, k, v, q_side, k_side, params, cfg)[0]
 
 
-def _ring_fwd(q, k, v, q_side, k_side, cfg):
-  out, lse = _ring_forward(q, k, v, q_side, k_side, cfg)
-  return out, (q, k, v, q_side, k_side, out, lse)
+def _ring_fwd(q, k, v, q_side, k_side, params, cfg):
+  out, lse = _ring_forward(q, k, v, q_side, k_side, params, cfg)
+  return out, (q, k, v, q_side, k_side, params, out, lse)
 
 
 def _ring_bwd(cfg, residuals, d_out):
   """The gradient of ``out = sum_s w_s out_s`` (``w_s = exp(lse_s - lse)``) through each step's
   partial attention: ``d out_s = w_s d_out`` and ``d lse_s = w_s <d_out, out_s - out>``; the keys
   travel the ring again with their gradient accumulators, which a last pass brings home."""
-  q, k, v, q_side, k_side, out, lse = residuals
+  q, k, v, q_side, k_side, params, out, lse = residuals
   d_out = d_out.astype(jnp.float32)
 
-  def grads(k, v, k_side):  # this step's (d q, d k, d v), float32
-    def part(q, k, v):
-      return _attend(q, k, v, q_side, k_side, cfg, with_lse=True)
+  def grads(k, v, k_side):  # this step's (d q, d k, d v, d params), float32
+    def part(q, k, v, params):
+      return _attend(q, k, v, q_side, k_side, params, cfg, with_lse=True)
 
-    (part_out, part_lse), vjp = jax.vjp(part, q, k, v)
+    (part_out, part_lse), vjp = jax.vjp(part, q, k, v, params)
     seen = jnp.isfinite(part_lse) & jnp.isfinite(lse)
     w = jnp.where(seen, jnp.exp(jnp.where(seen, part_lse - lse, 0.0)), 0.0)
     d_part = (w[..., None] * d_out).astype(part_out.dtype)
     d_part_lse = w * jnp.sum(d_out * (part_out.astype(jnp.float32) - out), axis=-1)
-    return tuple(g.astype(jnp.float32) for g in vjp((d_part, d_part_lse)))
+    return jax.tree.map(lambda g: g.astype(jnp.float32), vjp((d_part, d_part_lse)))
 
   def step(carry, _):
-    d_q, acc, visiting = carry
+    d_q, d_params, acc, visiting = carry
     visiting, acc = _pass((visiting, acc), cfg)  # each chunk's gradient travels with it
-    g_q, g_k, g_v = grads(*visiting)
-    return (d_q + g_q, (acc[0] + g_k, acc[1] + g_v), visiting), None
+    g_q, g_k, g_v, g_params = grads(*visiting)
+    d_params = jax.tree.map(jnp.add, d_params, g_params)
+    return (d_q + g_q, d_params, (acc[0] + g_k, acc[1] + g_v), visiting), None
 
-  d_q, d_k, d_v = grads(k, v, k_side)
-  (d_q, acc, _), _ = jax.lax.scan(step, (d_q, (d_k, d_v), (k, v, k_side)), length=cfg.shards - 1)
+  d_q, d_k, d_v, d_params = grads(k, v, k_side)
+  carry = (d_q, d_params, (d_k, d_v), (k, v, k_side))
+  (d_q, d_params, acc, _), _ = jax.lax.scan(step, carry, length=cfg.shards - 1)
   d_k, d_v = _pass(acc, cfg)  # the last pass brings each chunk's gradient home
 
   def zero(x):
@@ -299,6 +338,7 @@ def _ring_bwd(cfg, residuals, d_out):
     d_v.astype(v.dtype),
     jax.tree.map(zero, q_side),
     jax.tree.map(zero, k_side),
+    jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), d_params, params),  # this shard's part
   )
 
 

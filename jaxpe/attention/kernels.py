@@ -22,6 +22,7 @@ from jaxpe.attention import fused, xla
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
 from jaxpe.attention.masks import AttentionMask, IndexMask
+from jaxpe.attention.position_bias import PositionBias, check_position_bias, refuse_on_fused
 from jaxpe.attention.reference import check_scale, default_precise_dims
 from jaxpe.ops import checks as _checks
 
@@ -40,6 +41,7 @@ def attention(
   implementation: str = "xla",
   interpret: bool = False,
   sinks: jax.Array | None = None,
+  position_bias: PositionBias | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias + ALiBi, masked) . v`` on the chosen backend.
 
@@ -54,6 +56,9 @@ def attention(
       O(T x block) memory); a dense mask or bias runs on the dense reference.
     bias: dense float bias ``[B, N, T, S]`` (``xla`` only).
     alibi_spec: ALiBi: native bias on ``xla``, its bias-free emulation on fused kernels.
+    position_bias: a learned relative bias (T5, Kerple, FIRE; ``PositionBias``), ``xla`` only:
+      computed per block pair there (or added densely with a dense mask or bias), differentiable
+      in its parameters; not together with ``alibi_spec``.
     precise_dims: trailing float32 dims of q and k that carry an emulation (``rope_alibi``):
       contracted at ``precision=HIGHEST`` on ``xla``, split into bf16-exact products on the kernels.
       Default None: the dims beyond v's width, ``Hq - H`` (safe for a raw ``apply_rope_alibi``
@@ -99,6 +104,12 @@ def attention(
   q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl)
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, q.shape[2])
+  if position_bias is not None:
+    if impl != "xla":
+      refuse_on_fused(impl)
+    if alibi_spec is not None:
+      raise ValueError("give alibi_spec or position_bias, not both (one position bias per attention)")
+    position_bias = check_position_bias(position_bias, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
   if impl == "xla":
     return xla.attend(
       q,
@@ -110,6 +121,7 @@ def attention(
       alibi_spec=alibi_spec,
       precise_dims=precise_dims,
       sinks=sinks,
+      position_bias=position_bias,
     )
   return fused.attend(
     q,

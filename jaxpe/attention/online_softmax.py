@@ -21,7 +21,7 @@ Shape alphabet: B batch, T queries, S keys, N heads, K kv heads, G = N / K, H he
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,8 @@ class Config(NamedTuple):
   block_k: int
   causal: bool
   natural: bool  # q_index = k_index = 0..T-1 (an AttentionMask): the causal skip is static
+  # PositionBias.fn: fn(params, q_pos [B, bq], k_pos [B, bk]) -> [B, N, bq, bk], added per block pair
+  bias_fn: Any = None
 
 
 class _Blocks(NamedTuple):
@@ -129,10 +131,19 @@ def _triangular(cfg: Config) -> bool:
   return cfg.natural and cfg.causal and cfg.block_q == cfg.block_k
 
 
-def _scores(b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False):
+def _position_bias(b: _Blocks, i, j, bias_params, cfg: Config):
+  """``cfg.bias_fn`` on query block i and key block j: ``[B, K, G, bq, bk]`` float32."""
+  batch, num_kv, group, bq = b.q.shape[1:5]
+  out = cfg.bias_fn(bias_params, b.q_pos[i], b.k_pos[j]).astype(jnp.float32)  # [B, N, bq, bk]
+  return out.reshape(batch, num_kv, group, bq, out.shape[-1])
+
+
+def _scores(
+  b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False, bias_params=None, bias=None
+):
   """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j
   (``off_diagonal``: a pair of ``_triangular`` blocks with j < i, where every key precedes every
-  query: no causal compare)."""
+  query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed)."""
   q, k = b.q[i], b.k[j]
   split = q.shape[-1] - cfg.precise_dims
   s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
@@ -142,6 +153,9 @@ def _scores(b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False
   if slopes is not None:
     distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
     s = jnp.maximum(s - slopes[None, :, :, None, None] * distance[:, None, None], _LOWEST)
+  if cfg.bias_fn is not None:
+    bias = _position_bias(b, i, j, bias_params, cfg) if bias is None else bias
+    s = jnp.maximum(s + bias, _LOWEST)
   visible = None
   if cfg.causal and not off_diagonal:
     visible = b.ki[j][:, None, :] <= b.qi[i][:, :, None]
@@ -180,7 +194,7 @@ def _guarded(step, static, need, i, j, carry):
   return jax.lax.cond(need[i, j], lambda c: step(i, j, c), lambda c: c, carry)
 
 
-def _forward(b: _Blocks, slopes, cfg: Config):
+def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
   """(out ``[nq, B, K, G, bq, H]`` float32, lse ``[nq, B, K, G, bq]`` float32, -inf on empty rows)."""
   nq, nk = b.q.shape[0], b.k.shape[0]
   static, need = _needed(b, cfg)
@@ -196,7 +210,7 @@ def _forward(b: _Blocks, slopes, cfg: Config):
 
   def step(i, j, carry, off_diagonal=False):
     m, row_sum, acc = carry
-    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal)
+    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias_params=bias_params)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new)
@@ -240,8 +254,10 @@ def _forward(b: _Blocks, slopes, cfg: Config):
   return jax.lax.map(per_query_block, jnp.arange(nq))
 
 
-def _backward(b: _Blocks, slopes, cfg: Config, out, lse, d_out, d_lse):
-  """(dq ``[nq, ...]``, dk ``[nk, ...]``, dv ``[nk, ...]``) float32, by key block with recomputation."""
+def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_lse):
+  """(dq ``[nq, ...]``, dk ``[nk, ...]``, dv ``[nk, ...]``, d bias_params) float32, by key block with
+  recomputation. The bias parameters' gradient is the vjp of ``cfg.bias_fn`` per block pair with the
+  pair's score gradient as cotangent, summed over the pairs (carried with dq)."""
   nq, nk = b.q.shape[0], b.k.shape[0]
   static, need = _needed(b, cfg)
   # d(loss)/d(score) = P * (dP - delta) with delta = rowsum(dO * O) - d_lse (the lse's own gradient).
@@ -252,8 +268,11 @@ def _backward(b: _Blocks, slopes, cfg: Config, out, lse, d_out, d_lse):
   scale = jnp.float32(cfg.scale)
 
   def step(i, j, carry, off_diagonal=False):
-    dq, dk, dv = carry  # dq [nq, ...] (all query blocks), dk / dv of key block j
-    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal)
+    dq, dk, dv, d_bias = carry  # dq [nq, ...] (all query blocks), dk / dv of key block j
+    bias = bias_vjp = None
+    if cfg.bias_fn is not None:  # the pair's bias and its vjp, computed once
+      bias, bias_vjp = jax.vjp(lambda p: _position_bias(b, i, j, p, cfg), bias_params)
+    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias=bias)
     p = jnp.exp(s - lse_safe[i])
     dv = dv + jnp.einsum("BKGQS,BKGQH->BKSH", p.astype(b.v.dtype), d_out[i].astype(b.v.dtype), **f32)
     dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
@@ -265,40 +284,47 @@ def _backward(b: _Blocks, slopes, cfg: Config, out, lse, d_out, d_lse):
       dq_i = jnp.concatenate([dq_i, _precise("BKGQS,BKSH->BKGQH", ds, k[..., split:])], axis=-1)
       dk_j = jnp.concatenate([dk_j, _precise("BKGQS,BKGQH->BKSH", ds, q[..., split:])], axis=-1)
     dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i * scale, i, 0)
-    return dq, dk + dk_j * scale, dv
+    if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled
+      d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])
+    return dq, dk + dk_j * scale, dv, d_bias
 
   guarded = functools.partial(_guarded, step, static, need)
 
   dq = jnp.zeros(b.q.shape, jnp.float32)
+  d_bias = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), bias_params)
   zeros_k, zeros_v = jnp.zeros(b.k.shape[1:], jnp.float32), jnp.zeros(b.v.shape[1:], jnp.float32)
   if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
 
-    def triangle_column(dq, j):
-      carry = step(j, j, (dq, zeros_k, zeros_v))
+    def triangle_column(acc, j):
+      dq, d_bias = acc
+      carry = step(j, j, (dq, zeros_k, zeros_v, d_bias))
       off_diagonal = lambda i, c: jax.lax.cond(i > j, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
-      dq, dk_j, dv_j = jax.lax.fori_loop(0, nq, off_diagonal, carry)
-      return dq, (dk_j, dv_j)
+      dq, dk_j, dv_j, d_bias = jax.lax.fori_loop(0, nq, off_diagonal, carry)
+      return (dq, d_bias), (dk_j, dv_j)
 
-    dq, (dk, dv) = jax.lax.scan(triangle_column, dq, jnp.arange(nk))
-    return dq, dk, dv
+    (dq, d_bias), (dk, dv) = jax.lax.scan(triangle_column, (dq, d_bias), jnp.arange(nk))
+    return dq, dk, dv, d_bias
 
   if nq * nk <= UNROLL_PAIRS:
     dks, dvs = [], []
     for j in range(nk):
-      carry = (dq, zeros_k, zeros_v)
+      carry = (dq, zeros_k, zeros_v, d_bias)
       for i in range(nq):
         carry = guarded(i, j, carry)
-      dq, dk_j, dv_j = carry
+      dq, dk_j, dv_j, d_bias = carry
       dks.append(dk_j)
       dvs.append(dv_j)
-    return dq, jnp.stack(dks), jnp.stack(dvs)
+    return dq, jnp.stack(dks), jnp.stack(dvs), d_bias
 
-  def per_key_block(dq, j):
-    dq, dk_j, dv_j = jax.lax.fori_loop(0, nq, lambda i, c: guarded(i, j, c), (dq, zeros_k, zeros_v))
-    return dq, (dk_j, dv_j)
+  def per_key_block(acc, j):
+    dq, d_bias = acc
+    dq, dk_j, dv_j, d_bias = jax.lax.fori_loop(
+      0, nq, lambda i, c: guarded(i, j, c), (dq, zeros_k, zeros_v, d_bias)
+    )
+    return (dq, d_bias), (dk_j, dv_j)
 
-  dq, (dk, dv) = jax.lax.scan(per_key_block, dq, jnp.arange(nk))
-  return dq, dk, dv
+  (dq, d_bias), (dk, dv) = jax.lax.scan(per_key_block, (dq, d_bias), jnp.arange(nk))
+  return dq, dk, dv, d_bias
 
 
 def _unblock_q(x, t_len: int, num_heads: int):
@@ -315,30 +341,31 @@ def _unblock_k(x, s_len: int):
   return jnp.moveaxis(x, 2, 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(11,))
-def flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg: Config):
-  return flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(12,))
+def flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg: Config):
+  return flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)[0]
 
 
-def flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, cfg):
+def flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg):
   b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg)
-  out_b, lse_b = _forward(b, slopes, cfg)
+  out_b, lse_b = _forward(b, slopes, bias_params, cfg)
   t_len, num_heads = q.shape[1], q.shape[2]
   out = _unblock_q(out_b, t_len, num_heads).astype(v.dtype)
   lse = _unblock_q(lse_b[..., None], t_len, num_heads)[..., 0]
-  residuals = (q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, out, lse)
+  residuals = (q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, out, lse)
   return (out, lse), residuals
 
 
 def flash_bwd(cfg, residuals, cotangents):
-  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, out, lse = residuals
+  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, out, lse = residuals
   d_out, d_lse = cotangents
   b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg)
   to_q = functools.partial(_to_q_blocks, num_kv=k.shape[2], block=cfg.block_q)
   d_lse = jnp.zeros(lse.shape, jnp.float32) if d_lse is None else d_lse.astype(jnp.float32)
-  dq, dk, dv = _backward(
+  dq, dk, dv, d_bias = _backward(
     b,
     slopes,
+    bias_params,
     cfg,
     to_q(out.astype(jnp.float32)),
     to_q(lse[..., None], pad=jnp.inf)[..., 0],
@@ -348,7 +375,8 @@ def flash_bwd(cfg, residuals, cotangents):
   dq = _unblock_q(dq, q.shape[1], q.shape[2]).astype(q.dtype)
   dk = _unblock_k(dk, k.shape[1]).astype(k.dtype)
   dv = _unblock_k(dv, k.shape[1]).astype(v.dtype)
-  return (dq, dk, dv, None, None, None, None, None, None, None, None)
+  d_bias = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), d_bias, bias_params)
+  return (dq, dk, dv, None, None, None, None, None, None, None, None, d_bias)
 
 
 def _to_q_blocks(x, *, num_kv: int, block: int, pad=0.0):

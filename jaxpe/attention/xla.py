@@ -1,7 +1,7 @@
 """The ``xla`` backend: blockwise attention in plain XLA (``jaxpe.attention.attention``).
 
-Structured masks (``AttentionMask``, ``IndexMask`` for the KV cache), no mask, and ALiBi of an
-``AlibiSpec`` run through ``jaxpe.attention.blockwise.blockwise_attention``: key blocks with an
+Structured masks (``AttentionMask``, ``IndexMask`` for the KV cache), no mask, ALiBi of an
+``AlibiSpec`` and a learned ``PositionBias`` (T5, Kerple, FIRE) run through ``jaxpe.attention.blockwise.blockwise_attention``: key blocks with an
 online softmax, the bias and mask computed per block from slot indices and positions, O(T x block)
 memory, never a ``[B, N, T, S]`` array. A dense bias or dense bool mask that the caller built runs
 on the dense reference ``jaxpe.attention.reference.dot_product_attention`` (the arrays are the
@@ -19,6 +19,7 @@ from jaxpe.attention import blockwise, reference
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask
+from jaxpe.attention.position_bias import PositionBias
 from jaxpe.ops import alibi
 
 HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
@@ -39,6 +40,7 @@ def attend(
   alibi_spec: AlibiSpec | None,
   precise_dims: int,
   sinks: jax.Array | None = None,
+  position_bias: PositionBias | None = None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``.
 
@@ -47,7 +49,15 @@ def attend(
   if bias is None and (mask is None or isinstance(mask, AttentionMask | IndexMask)):
     # Looked up at call time so tests can wrap blockwise.blockwise_attention.
     return blockwise.blockwise_attention(
-      q, k, v, scale=scale, mask=mask, alibi=alibi_spec, precise_dims=precise_dims, sinks=sinks
+      q,
+      k,
+      v,
+      scale=scale,
+      mask=mask,
+      alibi=alibi_spec,
+      position_bias=position_bias,
+      precise_dims=precise_dims,
+      sinks=sinks,
     )
   if isinstance(mask, AttentionMask):
     mask = mask.dense(q.shape[0], q.shape[1])
@@ -57,6 +67,9 @@ def attend(
     native = alibi.alibi_bias(
       jnp.asarray(alibi_spec.slopes, jnp.float32), alibi_spec.q_positions, alibi_spec.k_positions
     )
+    bias = native if bias is None else bias + native
+  if position_bias is not None:
+    native = position_bias.dense()
     bias = native if bias is None else bias + native
   if sinks is not None:
     k, v, bias, mask = sink_lib.with_sink_key(q, k, v, bias, mask, sinks)

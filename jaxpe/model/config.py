@@ -17,7 +17,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from jaxpe.model import encodings, rope_options
+from jaxpe.model import bias_options, encodings, rope_options
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
 POS_ENCODINGS: tuple[str, ...] = tuple(encodings.REGISTRY)
@@ -103,7 +103,7 @@ class ModelConfig(StrictConfig):
   pos_encoding: str = pydantic.Field(
     "rope",
     description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): none, learned, "
-    "sinusoidal, rope, xpos, alibi, rope_alibi, cope",
+    "sinusoidal, rope, xpos, alibi, rope_alibi, cope, t5, kerple_log, kerple_power, fire",
   )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
@@ -182,6 +182,19 @@ class ModelConfig(StrictConfig):
     None,
     gt=0,
     description="cope only: P, the number of integer CoPE positions (counts clamp at P - 1); default max_len",
+  )
+  relative_attention_num_buckets: int = pydantic.Field(
+    32, ge=2, description="t5 only: buckets of the causal relative bias (HF T5's key; T5 uses 32)"
+  )
+  relative_attention_max_distance: int = pydantic.Field(
+    128, gt=0, description="t5 only: distance from which positions share the last bucket (HF T5's key)"
+  )
+  fire_mlp_width: int = pydantic.Field(32, gt=0, description="fire only: the MLP's hidden width (paper: 32)")
+  fire_init_c: float = pydantic.Field(
+    0.1, gt=0, description="fire only: initial c of log(c x + 1) (paper: 0.1)"
+  )
+  fire_init_L: float = pydantic.Field(
+    512.0, gt=0, description="fire only: the threshold L in tokens, times a learned multiplier (paper: 512)"
   )
   use_bias: bool = False
   embed_layernorm: bool = False
@@ -337,17 +350,7 @@ class ModelConfig(StrictConfig):
         "alibi_emulation='rotated' needs ALiBi on every head (slopes > 0); use alibi_emulation='exact' "
         f"with alibi_heads={self.alibi_heads}"
       )
-    if self.cope_npos_max is not None and self.pos_encoding != "cope":
-      raise ValueError(f"cope_npos_max needs pos_encoding='cope', got pos_encoding={self.pos_encoding!r}")
-    if self.pos_encoding == "cope" and self.attn_implementation not in ("xla", "auto"):
-      raise ValueError(
-        "pos_encoding='cope' is a dense, context-dependent [B, N, T, S] bias: attn_implementation must be "
-        f"'xla' (fused kernels take no bias), got {self.attn_implementation!r}"
-      )
-    if self.attention_sinks and self.attn_implementation in ("cudnn", "pallas_gpu"):
-      raise ValueError(
-        f"attention_sinks runs on attn_implementation 'xla' or 'splash', got {self.attn_implementation!r}"
-      )
+    bias_options.check_bias_options(self)
     if self.pos_encoding == "xpos" and self.max_len > 65536:
       # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32
       # beyond |p - offset| ~ 35,000.

@@ -311,10 +311,18 @@ class Decoder(nnx.Module):
     """
     cfg = self.cfg
     flags = cfg.rope_layers()  # per-layer RoPE schedule (NoPE layers), or None
+    shared = encodings.for_config(cfg).shared_bias_params(self)  # T5: the one bias table of all layers
 
     def run(block, x, kv, use_rope):
       x, new_kv = block(
-        x, positions, mask, kv_positions=kv_positions, cache_kv=kv, cache_end=cache_end, use_rope=use_rope
+        x,
+        positions,
+        mask,
+        kv_positions=kv_positions,
+        cache_kv=kv,
+        cache_end=cache_end,
+        use_rope=use_rope,
+        shared_bias=shared,
       )
       return partitioning.constrain(x, partitioning.ACTIVATION), new_kv
 

@@ -185,15 +185,15 @@ class Attention(nnx.Module):
       cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
     enc.init_qk(self.q, self.k)
-    for name, param in enc.layer_params(rngs).items():  # cope: cope_pos_emb
-      setattr(self, name, param)
-    if cfg.attention_sinks:  # gpt-oss: one learned logit per head, Normal(0, init_std)
-      sinks = nnx.initializers.normal(cfg.init_std)(rngs.params(), (n,), jnp.float32)
-      self.sinks = nnx.Param(sinks, out_sharding=("heads",))
     self.v = dense(
       cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
     )
     self.o = dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), ("heads", "head_dim", "embed"), out_std, rngs)
+    for name, param in enc.layer_params(rngs).items():  # cope, kerple, fire: per-layer parameters
+      setattr(self, name, param)
+    if cfg.attention_sinks:  # gpt-oss: one learned logit per head, Normal(0, init_std)
+      sinks = nnx.initializers.normal(cfg.init_std)(rngs.params(), (n,), jnp.float32)
+      self.sinks = nnx.Param(sinks, out_sharding=("heads",))
 
   def __call__(
     self,
@@ -205,6 +205,7 @@ class Attention(nnx.Module):
     cache_kv: tuple[jax.Array, jax.Array] | None = None,
     cache_end: jax.Array | None = None,
     use_rope: bool | jax.Array | None = None,
+    shared_bias=None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
@@ -216,6 +217,7 @@ class Attention(nnx.Module):
     (``partitioning.sequence_split``) across them (``jaxpe.attention.context``, strategy
     ``cfg.context_attention``). ``use_rope``: this layer's flag of a per-layer RoPE schedule
     (``cfg.rope_layers()``; false = NoPE layer, ``encode_qk_nope``), None without one.
+    ``shared_bias``: the encoding's ``shared_bias_params`` (T5's table).
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     enc = encodings.for_config(self.cfg)
@@ -229,6 +231,7 @@ class Attention(nnx.Module):
     sinks = self.sinks[...] if cfg.attention_sinks else None
     bias = enc.attention_bias(self, q, k, mask, scale=scale)  # cope: a dense [B, N, T, S] bias
     split = partitioning.sequence_split()
+    position_bias = enc.position_bias(self, shared_bias, positions, kv_positions)
     if cache_kv is None and isinstance(mask, masks.IndexMask) and split is not None:
       if sinks is not None or bias is not None:
         raise ValueError(
@@ -245,6 +248,7 @@ class Attention(nnx.Module):
         strategy=cfg.context_attention,
         mask=mask,
         alibi=enc.alibi_spec(positions, kv_positions),
+        position_bias=position_bias,
         precise_dims=q.shape[-1] - cfg.head_size,
       )
       return self.o(out), None
@@ -261,6 +265,7 @@ class Attention(nnx.Module):
       precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
       implementation=cfg.attn_implementation if fused else "xla",
       interpret=cfg.attention_interpret,
+      position_bias=position_bias,
     )
     return self.o(out), (k, v) if cache_kv is not None else None
 

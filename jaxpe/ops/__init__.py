@@ -11,7 +11,7 @@ fixed-point phase reduction), ``layouts`` (the two pair layouts and conversion b
 ``rope_parameters`` (HF rope dicts: spelling, keys, values), ``rope_scaling`` (the frequencies of
 each HF ``rope_type``), ``hf_families`` / ``hf_config`` / ``hf_rope`` (what transformers does per
 model family, reading a config, ``HFRope``), ``xpos``, ``sinusoidal``, ``positions``, ``alibi``,
-``cope``, ``checks``.
+``cope``, ``relative_bias`` (T5's buckets, Kerple), ``fire`` (FIRE), ``checks``.
 """
 
 from jaxpe.ops.alibi import (
@@ -23,9 +23,11 @@ from jaxpe.ops.alibi import (
   alibi_slopes_for_heads,
 )
 from jaxpe.ops.cope import cope_bias, cope_positions
+from jaxpe.ops.fire import fire_bias, fire_interpolation
 from jaxpe.ops.hf_rope import HFRope, rope_from_hf_config
 from jaxpe.ops.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.ops.positions import positions_from_mask, positions_from_segment_ids
+from jaxpe.ops.relative_bias import kerple_log_bias, kerple_power_bias, t5_bias, t5_relative_position_bucket
 from jaxpe.ops.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_phases
 from jaxpe.ops.rope_parameters import ROPE_TYPES, normalize_rope_parameters
 from jaxpe.ops.rope_scaling import ntk_aware_base, p_rope_inv_freq, rope_frequencies
@@ -47,6 +49,10 @@ __all__ = [
   "cope_bias",
   "cope_positions",
   "convert_qk_proj_weight",
+  "fire_bias",
+  "fire_interpolation",
+  "kerple_log_bias",
+  "kerple_power_bias",
   "layout_permutation",
   "normalize_rope_parameters",
   "ntk_aware_base",
@@ -60,6 +66,8 @@ __all__ = [
   "rope_phases",
   "sinusoidal_embedding",
   "sinusoidal_frequencies",
+  "t5_bias",
+  "t5_relative_position_bucket",
   "xpos_scale",
   "xpos_zeta",
 ]

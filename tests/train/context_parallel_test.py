@@ -94,6 +94,8 @@ CASES = [
   ({"pos_encoding": "rope_alibi"}, (1, 4, 1, 2), "all_gather", False),
   ({"pos_encoding": "sinusoidal"}, (2, 1, 1, 4), "all_gather", False),
   ({"pos_encoding": "learned", "scan_layers": True, "remat": "full"}, (1, 2, 1, 4), "ring", False),
+  ({"pos_encoding": "fire"}, (2, 1, 1, 4), "ring", True),  # per-layer bias parameters, summed over shards
+  ({"pos_encoding": "t5", "scan_layers": True}, (1, 1, 2, 4), "all_gather", True),  # the shared table
 ]
 
 

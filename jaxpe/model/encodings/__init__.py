@@ -21,6 +21,9 @@ from jaxpe.model.encodings import xpos  # noqa: F401
 from jaxpe.model.encodings import alibi  # noqa: F401
 from jaxpe.model.encodings import rope_alibi  # noqa: F401
 from jaxpe.model.encodings import cope  # noqa: F401
+from jaxpe.model.encodings import t5  # noqa: F401
+from jaxpe.model.encodings import kerple  # noqa: F401
+from jaxpe.model.encodings import fire  # noqa: F401
 # isort: on
 
 __all__ = ["REGISTRY", "PositionalEncoding", "emulation_theta", "for_config", "register"]

@@ -10,8 +10,10 @@ parameters            ``token_embed_std``, ``params``,         sinusoidal, learn
                       ``qk_extra_dims``, ``init_qk``           (in-projection form)
 inputs                ``embed_inputs``                         learned, sinusoidal
 queries and keys      ``encode_qk``, ``encode_qk_nope``        rope, xpos, rope_alibi
-layer parameters      ``layer_params``                         cope
+per-layer parameters  ``layer_params``                         cope, kerple_log, kerple_power, fire
 attention bias        ``alibi_spec``, ``attention_bias``       alibi; cope (dense, xla only)
+learned bias          ``shared_bias_params``,                  t5, kerple_log, kerple_power, fire
+                      ``position_bias``
 KV cache              ``cache_key``                            rope_alibi
 call checks           ``check_call``                           rope_alibi
 ====================  =======================================  ===================================
@@ -28,7 +30,7 @@ D model dim.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,7 @@ from flax import nnx
 
 from jaxpe import emulation
 from jaxpe.attention.kernels import AlibiSpec
+from jaxpe.attention.position_bias import PositionBias
 
 if TYPE_CHECKING:  # the config imports this registry for the names it accepts
   from jaxpe.model.cache import KVCache
@@ -68,8 +71,9 @@ class PositionalEncoding:
     return {}
 
   def layer_params(self, rngs: nnx.Rngs) -> dict[str, nnx.Module | nnx.Param]:
-    """Parameters of each ``Attention`` layer, set as its attributes under these names (after its
-    q, k projections; stacked on ``layers`` with ``scan_layers``); default none."""
+    """Modules (or ``nnx.Param``) of the encoding's per-layer parameters (CoPE's table, Kerple's and
+    FIRE's), set as attributes of each ``Attention`` layer under these names after its projections
+    (stacked on ``layers`` with ``scan_layers``); default none."""
     del rngs
     return {}
 
@@ -141,6 +145,23 @@ class PositionalEncoding:
     ``mask`` (an ``AttentionMask`` or ``IndexMask``; ``.dense()`` gives ``[B, 1, T, S]``) and the
     score ``scale``; default None (no bias)."""
     del layer, q, k, mask, scale
+    return None
+
+  # -- learned position bias ----------------------------------------------------------------
+
+  def shared_bias_params(self, model: nnx.Module) -> Any:
+    """Arrays of the ``Decoder`` (``model``, holding the modules made by ``params``) that every
+    layer's ``position_bias`` reads (T5's one table); default None."""
+    del model
+    return None
+
+  def position_bias(
+    self, layer: nnx.Module, shared: Any, positions: jax.Array, kv_positions: jax.Array
+  ) -> PositionBias | None:
+    """A learned bias for the attention backend (``xla`` only), from the ``Attention`` ``layer``
+    (its ``layer_params``), ``shared`` (``shared_bias_params``), query ``positions [B, T]`` and key
+    ``kv_positions [B, S]`` int32; default None (no bias)."""
+    del layer, shared, positions, kv_positions
     return None
 
   # -- KV cache -----------------------------------------------------------------------------

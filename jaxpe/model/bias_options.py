@@ -1,0 +1,39 @@
+"""The checks of ``ModelConfig``'s keys for attention biases and sinks: the encodings only the
+``xla`` backend computes (CoPE, T5, Kerple, FIRE), ``cope_npos_max``, ``attention_sinks`` and T5's
+buckets (``relative_attention_num_buckets`` / ``relative_attention_max_distance``, HF T5's keys)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the config imports this module
+  from jaxpe.model.config import ModelConfig
+
+XLA_ONLY_ENCODINGS: tuple[str, ...] = ("cope", "t5", "kerple_log", "kerple_power", "fire")
+"""Encodings that are additive biases only the ``xla`` backend computes (docs/attention.md): a config
+with a fused ``attn_implementation`` is refused (``auto`` is checked when it resolves, at the call)."""
+
+
+def check_bias_options(cfg: ModelConfig) -> None:
+  """Raises ValueError naming the key: ``cope_npos_max`` without ``pos_encoding='cope'``; an
+  ``XLA_ONLY_ENCODINGS`` encoding with a fused ``attn_implementation``; ``attention_sinks`` on
+  ``cudnn`` or ``pallas_gpu``; T5's ``relative_attention_max_distance`` not above half the buckets."""
+  if cfg.cope_npos_max is not None and cfg.pos_encoding != "cope":
+    raise ValueError(f"cope_npos_max needs pos_encoding='cope', got pos_encoding={cfg.pos_encoding!r}")
+  if cfg.pos_encoding in XLA_ONLY_ENCODINGS and cfg.attn_implementation not in ("xla", "auto"):
+    raise ValueError(
+      f"pos_encoding={cfg.pos_encoding!r} is an additive bias that only the xla backend computes "
+      f"(fused kernels take no bias): attn_implementation must be 'xla', got {cfg.attn_implementation!r}"
+    )
+  if cfg.attention_sinks and cfg.attn_implementation in ("cudnn", "pallas_gpu"):
+    raise ValueError(
+      f"attention_sinks runs on attn_implementation 'xla' or 'splash', got {cfg.attn_implementation!r}"
+    )
+  if (
+    cfg.pos_encoding == "t5"
+    and cfg.relative_attention_max_distance <= cfg.relative_attention_num_buckets // 2
+  ):
+    raise ValueError(
+      f"relative_attention_max_distance ({cfg.relative_attention_max_distance}) must be > "
+      f"relative_attention_num_buckets // 2 = {cfg.relative_attention_num_buckets // 2} (the exact buckets)"
+    )
