@@ -74,13 +74,13 @@ def test_scan_layers_equals_the_loop(pe):
   np.testing.assert_allclose(scanned(tokens), logits, atol=2e-5, rtol=0)
 
 
-def test_fused_kernels_refuse_the_bias():
-  model = Decoder(
-    ModelConfig(**TINY, pos_encoding="kerple_log", attn_implementation="splash", attention_interpret=True),
-    rngs=nnx.Rngs(0),
-  )
-  with pytest.raises(ValueError, match="'splash' takes no bias tensor: a PositionBias"):
-    model(_batch())
+@pytest.mark.parametrize("impl", ["cudnn", "splash", "pallas_gpu"])
+def test_fused_kernels_refuse_the_bias(impl):
+  # at config time, naming the encoding and the backend (the kernel-level refusal, for 'auto' on an
+  # accelerator: tests/attention/position_bias_test.py)
+  for pe in ("t5", "kerple_log", "kerple_power", "fire"):
+    with pytest.raises(ValueError, match=f"pos_encoding='{pe}' is an additive bias .* got '{impl}'"):
+      ModelConfig(**TINY, pos_encoding=pe, attn_implementation=impl)
 
 
 @pytest.mark.parametrize("pe", ["kerple_log", "kerple_power"])

@@ -2,7 +2,9 @@
 (Chi et al., arXiv 2205.09921): ``-r1 log(1 + r2 |i - j|)`` and ``-r1 |i - j| ^ r2``.
 
 Each layer holds its own ``r1 [N]`` and ``r2 [N]`` (``kerple`` module of each ``Attention``),
-initialised as the authors' GPT-NeoX code: r1 ~ U(0, 2), r2 ~ U(0, 1). The authors clamp the
+initialised as the authors' code (github.com/chijames/KERPLE, GPT-NeoX and fairseq): the log form's
+r1 ~ U(0, 2), r2 ~ U(0, 1) (``bias_p``, ``bias_a``); the power form's coefficient r1 ~ U(0, 1) and
+exponent r2 ~ U(0, 2) (``bias_a``, ``bias_p`` of ``-bias_a |m - n| ^ bias_p``). The authors clamp the
 parameters in place before each use (r1, r2 >= 0.01; the power form's r2 <= 2 as well); here the
 forward pass uses the clamped values and the gradient passes the clamp unchanged (straight
 through), so a parameter pushed past a bound still moves back as the clamped one would. The bias
@@ -21,16 +23,16 @@ from jaxpe.ops import relative_bias
 
 
 class KerpleParams(nnx.Module):
-  """A layer's Kerple parameters: ``r1 [N]`` ~ U(0, 2) and ``r2 [N]`` ~ U(0, 1), float32,
-  logical name ``heads``."""
+  """A layer's Kerple parameters ``r1 [N]`` and ``r2 [N]``, float32, logical name ``heads``: U(0, 2)
+  and U(0, 1) for the log form, U(0, 1) and U(0, 2) for the power form (``power``)."""
 
-  def __init__(self, num_heads: int, rngs: nnx.Rngs):
+  def __init__(self, num_heads: int, rngs: nnx.Rngs, *, power: bool = False):
     def uniform(high):
       init = nnx.with_partitioning(nnx.initializers.uniform(high), ("heads",))
       return nnx.Param(init(rngs.params(), (num_heads,), jnp.float32))
 
-    self.r1 = uniform(2.0)
-    self.r2 = uniform(1.0)
+    self.r1 = uniform(1.0 if power else 2.0)
+    self.r2 = uniform(2.0 if power else 1.0)
 
 
 def _clamped(x, low: float, high: float | None = None):
@@ -53,7 +55,7 @@ class KerpleLog(PositionalEncoding):
   power = False
 
   def layer_params(self, rngs: nnx.Rngs) -> dict[str, nnx.Module]:
-    return {"kerple": KerpleParams(self.cfg.num_heads, rngs)}
+    return {"kerple": KerpleParams(self.cfg.num_heads, rngs, power=self.power)}
 
   def position_bias(self, layer, shared, positions, kv_positions) -> PositionBias:
     eps = relative_bias.KERPLE_EPS
