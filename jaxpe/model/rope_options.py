@@ -62,3 +62,9 @@ def check_rope_options(cfg: ModelConfig) -> None:
         f"rope_proportion combines only with rope_scaling 'linear' (gemma's scale_factor), got {kind!r}; "
         "rope_scaling={'rope_type': 'proportional', 'partial_rotary_factor': p} is the same p-RoPE"
       )
+    unused = sorted(set(cfg.rope_scaling.as_dict()) - {"rope_type", "factor", "rope_theta"}) if kind else []
+    if unused:  # p-RoPE reads only the linear factor (and the base); the rest would be ignored
+      raise ValueError(
+        f"rope_scaling keys {unused} are not used with rope_proportion (p-RoPE reads rope_type 'linear', "
+        "factor and rope_theta only)"
+      )

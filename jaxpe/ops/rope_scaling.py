@@ -277,15 +277,17 @@ def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 100
     head_dim: H, even, positive.
     proportion: p in (0, 1], the share of the H/2 pairs that rotate.
     rope_theta: RoPE base (> 0), default 10000.
-    factor: linear position interpolation (> 0): every frequency divided by it, as Gemma's
-      ``scale_factor`` (HF's ``factor`` of ``proportional``); default 1.
+    factor: linear position interpolation (a finite number > 0, or None for 1): every frequency
+      divided by it, as Gemma's ``scale_factor`` (HF's ``factor`` of ``proportional``); default 1.
 
   Returns:
     ``[H/2]`` float32 radians per token (computed in float64, then rounded).
 
   Raises:
-    ValueError: ``head_dim`` not a positive even int, ``proportion`` outside (0, 1], a bad
-      ``rope_theta`` or ``factor``.
+    ValueError: ``head_dim`` not a positive even int, ``proportion`` outside (0, 1], a
+      ``rope_theta`` or ``factor`` not finite and > 0.
+    TypeError: ``head_dim``, ``proportion``, ``rope_theta`` or ``factor`` not a real number (a bool,
+      a string).
 
   Source: google-deepmind/gemma ``gemma/gm/math/_positional_embeddings.py`` ``apply_rope``
   (``rope_angles = int(rope_proportion * head_dim // 2)``, timescale ``base ** (2i / H)`` padded with
@@ -300,6 +302,7 @@ def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 100
       raise TypeError(f"{name} must be a number {accepted}, got {value!r}")
     if not (0 < float(value) < math.inf and (name != "proportion" or float(value) <= 1)):
       raise ValueError(f"{name} must be {accepted}, got {value!r}")
+  factor = 1.0 if factor is None else _checks.check_positive_float("factor", factor)
   params = {"rope_type": "proportional", "partial_rotary_factor": float(proportion), "factor": factor}
   return _proportional(params, float(rope_theta), head_dim, None)
 

@@ -204,6 +204,20 @@ def test_a_few_training_steps(overrides):
       {"rope_proportion": 0.5, "rope_scaling": {"rope_type": "ntk", "factor": 2.0}},
       "only with rope_scaling 'linear'",
     ),
+    (
+      {
+        "rope_proportion": 0.5,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25},
+      },
+      "keys \\['partial_rotary_factor'\\] are not used with rope_proportion",
+    ),
+    (
+      {
+        "rope_proportion": 0.5,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0, "attention_factor": 3.0},
+      },
+      "keys \\['attention_factor'\\] are not used with rope_proportion",
+    ),
     ({"rope_proportion": 1.5}, "less than or equal to 1"),
     ({"rope_alibi_content_rope": True}, "needs pos_encoding='rope_alibi'"),
     ({"pos_encoding": "rope_alibi", "rotary_dim": 4}, "rotary_dim is only used"),

@@ -1,5 +1,6 @@
 """Hostile inputs against the RoPE scaling and HF config contracts (docs/contracts.md, section
-"Ops"): rope_frequencies, normalize_rope_parameters, ntk_aware_base, rope_from_hf_config.
+"Ops"): rope_frequencies, normalize_rope_parameters, ntk_aware_base, p_rope_inv_freq,
+rope_from_hf_config.
 
 One row per (entry point, argument, bad value): the expected exception and a regex of its message,
 which must name the argument. Values are wrong in type, dtype, shape, rank, sign, NaN/inf, zero,
@@ -12,6 +13,7 @@ import pytest
 from jaxpe import (
   normalize_rope_parameters,
   ntk_aware_base,
+  p_rope_inv_freq,
   rope_frequencies,
   rope_from_hf_config,
 )
@@ -127,6 +129,23 @@ CASES = [
   ("ntk-R-2", lambda: ntk_aware_base(1e4, factor=2.0, rotary_dim=2), ValueError, "rotary_dim must be > 2"),
   ("ntk-base-neg", lambda: ntk_aware_base(-1.0, factor=2.0, rotary_dim=8), ValueError, "base must be"),
   # ---------------------------------------------------------------- hf_rope
+  # ---------------------------------------------------------------- p_rope_inv_freq
+  ("prope-head-odd", lambda: p_rope_inv_freq(7, proportion=0.5), ValueError, "head_dim must be even"),
+  ("prope-head-0", lambda: p_rope_inv_freq(0, proportion=0.5), ValueError, "head_dim must be"),
+  ("prope-head-bool", lambda: p_rope_inv_freq(True, proportion=0.5), TypeError, "head_dim must be"),
+  ("prope-p-0", lambda: p_rope_inv_freq(8, proportion=0), ValueError, r"proportion must be in \(0, 1\]"),
+  ("prope-p-big", lambda: p_rope_inv_freq(8, proportion=1.5), ValueError, "proportion must be"),
+  ("prope-p-nan", lambda: p_rope_inv_freq(8, proportion=NAN), ValueError, "proportion must be"),
+  ("prope-p-bool", lambda: p_rope_inv_freq(8, proportion=True), TypeError, "proportion must be"),
+  (
+    "prope-theta-0",
+    lambda: p_rope_inv_freq(8, proportion=0.5, rope_theta=0),
+    ValueError,
+    "rope_theta must be",
+  ),
+  ("prope-factor-0", lambda: p_rope_inv_freq(8, proportion=0.5, factor=0), ValueError, "^factor must be"),
+  ("prope-factor-nan", lambda: p_rope_inv_freq(8, proportion=0.5, factor=NAN), ValueError, "^factor must be"),
+  ("prope-factor-str", lambda: p_rope_inv_freq(8, proportion=0.5, factor="2"), TypeError, "^factor must be"),
   ("hf-config-list", lambda: rope_from_hf_config([1, 2]), TypeError, "config must be"),
   ("hf-config-none", lambda: rope_from_hf_config(None), TypeError, "config must be"),
   (
