@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpe.attention import kernels, masks
-from jaxpe.model import encodings, initializers, partitioning
+from jaxpe.model import bias_options, encodings, initializers, partitioning
 from jaxpe.model.cache import KVCache, check_cache
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
@@ -243,6 +243,7 @@ class Decoder(nnx.Module):
     encodings.for_config(cfg).check_call(
       t_len if cache is None else cache.positions.shape[1], positions, cache
     )
+    bias_options.check_resolved_backend(cfg)
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       if slot_index is not None:

@@ -147,3 +147,36 @@ def test_context_parallelism_refuses_sinks_and_cope(overrides):
       ValueError, match="context parallelism .* runs without attention sinks and dense biases"
     ):
       model(tokens)
+
+
+@pytest.mark.parametrize(
+  "platform, overrides, refused",
+  [
+    (("xla", "cudnn"), {"attention_sinks": True}, "attention_sinks runs on the xla and splash backends"),
+    (("xla", "splash"), {"attention_sinks": True}, None),
+    (("xla", "splash"), {"pos_encoding": "cope"}, "pos_encoding='cope' is an additive bias"),
+    (("xla", "cudnn"), {"pos_encoding": "t5"}, "pos_encoding='t5' is an additive bias"),
+    (("xla", "cudnn"), {"pos_encoding": "fire"}, "pos_encoding='fire' is an additive bias"),
+    (("xla", "cudnn"), {"pos_encoding": "rope"}, None),
+    (("xla",), {"pos_encoding": "kerple_log", "attention_sinks": True}, None),
+  ],
+)
+def test_auto_resolving_to_a_kernel_that_cannot_run_the_config_is_refused_by_name(
+  monkeypatch, platform, overrides, refused
+):
+  """``attn_implementation='auto'`` is resolved where the model runs (the config cannot know the
+  platform): on a GPU or TPU (simulated by the platform's backends) an xla-only encoding or sinks
+  on cudnn are refused at the call, naming attn_implementation and what auto resolves to."""
+  from jaxpe.attention import backends
+  from jaxpe.model import bias_options
+
+  monkeypatch.setattr(backends, "platform_backends", lambda: platform)
+  cfg = ModelConfig(**{**TINY, "attn_implementation": "auto", **overrides})
+  if refused is None:
+    bias_options.check_resolved_backend(cfg)
+    return
+  with pytest.raises(ValueError, match=rf"{refused}.*attn_implementation='auto' resolves to '{platform[1]}'"):
+    bias_options.check_resolved_backend(cfg)
+  if overrides.get("pos_encoding") == "cope":  # the decoder's call runs the check before any kernel
+    with pytest.raises(ValueError, match="attn_implementation='auto' resolves to 'splash'"):
+      Decoder(cfg, rngs=nnx.Rngs(0))(jnp.ones((1, 4), jnp.int32))

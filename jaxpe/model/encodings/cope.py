@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe.attention import kernels, masks
+from jaxpe.attention import masks
 from jaxpe.model.encodings.base import PositionalEncoding, register
 from jaxpe.ops import cope
 
@@ -35,14 +35,3 @@ class CoPE(PositionalEncoding):
   def attention_bias(self, layer, q, k, mask, *, scale: float) -> jax.Array:
     dense = mask.dense(q.shape[0], q.shape[1]) if isinstance(mask, masks.AttentionMask) else mask.dense()
     return cope.cope_bias(q, k, layer.cope_pos_emb[...], scale=scale, mask=dense)
-
-  def check_call(self, span, positions, cache) -> None:
-    """Raises ValueError when ``attn_implementation`` resolves to a fused kernel (``auto`` on GPU
-    or TPU): CoPE's bias runs on ``xla`` only."""
-    del span, positions, cache
-    backend = kernels.resolve_backend(self.cfg.attn_implementation, interpret=self.cfg.attention_interpret)
-    if backend != "xla":
-      raise ValueError(
-        f"pos_encoding='cope' needs the xla backend (a dense [B, N, T, S] bias), but attn_implementation="
-        f"{self.cfg.attn_implementation!r} resolves to {backend!r}; set attn_implementation='xla'"
-      )
