@@ -23,9 +23,11 @@ def default_precise_dims(precise_dims, qk_dim: int, v_dim: int):
   are contracted at float32 ``HIGHEST`` unless the caller says otherwise (``precise_dims=0``). A
   raw-ops user who composes ``apply_rope_alibi`` with attention and forgets the argument would
   otherwise get the default matmul precision on them: whole logits off on TF32 GPUs and bf16-pass
-  TPUs (docs/emulation.md). Other values are returned unchanged (the caller checks them)."""
+  TPUs (docs/emulation.md). With ``H = 0`` the default is 0. Other values are returned unchanged (the
+  caller checks them)."""
   if precise_dims is None:
-    return max(int(qk_dim) - int(v_dim), 0)
+    # v without dims (H = 0) has no content to emulate a bias beside: nothing is precise
+    return max(int(qk_dim) - int(v_dim), 0) if v_dim else 0
   return precise_dims
 
 
