@@ -148,12 +148,7 @@ def check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *
     ("AlibiSpec.q_positions", spec.q_positions, (batch, t_len)),
     ("AlibiSpec.k_positions", spec.k_positions, (batch, s_len)),
   ):
-    pos = _checks.as_array(name, pos)
-    _checks.check_positions(name, pos)
-    if tuple(pos.shape) != shape:
-      raise ValueError(
-        f"{name} must have shape {list(shape)} (q/k's [B, T] / [B, S]), got {tuple(pos.shape)}"
-      )
+    pos = _checks.checked_positions(name, pos, shape)
     if fused and spec.form == "exact":  # its base-256 digits hold positions below max_position only
       _checks.check_index_range(name, pos, max_position, "AlibiSpec.max_position")
     positions.append(pos)

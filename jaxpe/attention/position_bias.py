@@ -75,12 +75,7 @@ def check_position_bias(bias, batch: int, t_len: int, s_len: int, num_heads: int
     ("PositionBias.q_positions", bias.q_positions, (batch, t_len)),
     ("PositionBias.k_positions", bias.k_positions, (batch, s_len)),
   ):
-    pos = _checks.as_array(name, pos)
-    _checks.check_positions(name, pos)
-    if tuple(pos.shape) != shape:
-      raise ValueError(
-        f"{name} must have shape {list(shape)} (q/k's [B, T] / [B, S]), got {tuple(pos.shape)}"
-      )
+    pos = _checks.checked_positions(name, pos, shape)
     positions.append(jnp.asarray(pos).astype(jnp.int32))
   out = jax.eval_shape(bias.fn, bias.params, *positions)
   if tuple(out.shape) != (batch, num_heads, t_len, s_len):

@@ -82,26 +82,10 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
   bias of their difference, exact to float32 (one rounding of the integer distance).
   """
   slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
-  q_positions, k_positions = _check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions)
   # Distances are exact integers; convert once to float32 (exact below 2**24).
   distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
-
-
-def _check_position_pair(q_positions, k_positions) -> None:
-  """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0, same B."""
-  q_positions = _checks.as_array("q_positions", q_positions)
-  k_positions = _checks.as_array("k_positions", k_positions)
-  _checks.check_rank("q_positions", q_positions, 2, "[B, T]")
-  _checks.check_rank("k_positions", k_positions, 2, "[B, S]")
-  _checks.check_positions("q_positions", q_positions)
-  _checks.check_positions("k_positions", k_positions)
-  if q_positions.shape[0] != k_positions.shape[0]:
-    raise ValueError(
-      f"q_positions and k_positions must have the same batch size B, got "
-      f"{q_positions.shape[0]} and {k_positions.shape[0]}"
-    )
-  return q_positions, k_positions
 
 
 def alibi_slopes_for_heads(num_heads: int, *, alibi_heads) -> jax.Array:
@@ -238,6 +222,6 @@ def alibi_bias_symmetric(slopes: jax.Array, q_positions: jax.Array, k_positions:
   (Portes et al., arXiv 2312.17482).
   """
   slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
-  q_positions, k_positions = _check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions)
   distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]

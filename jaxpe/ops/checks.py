@@ -201,3 +201,43 @@ def check_bool(name: str, value) -> bool:
   if not isinstance(value, (bool, np.bool_)):
     raise ArgTypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
   return bool(value)
+
+
+def check_position_pair(q_positions, k_positions):
+  """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0 when concrete, same B;
+  returns them as arrays (``as_array``: numpy stays numpy). Shared by ALiBi and the learned
+  relative biases.
+
+  Raises:
+    ValueError: wrong ranks, different B, concrete negative positions.
+    TypeError: non-integer positions.
+  """
+  q_positions = as_array("q_positions", q_positions)
+  k_positions = as_array("k_positions", k_positions)
+  check_rank("q_positions", q_positions, 2, "[B, T]")
+  check_rank("k_positions", k_positions, 2, "[B, S]")
+  check_positions("q_positions", q_positions)
+  check_positions("k_positions", k_positions)
+  if q_positions.shape[0] != k_positions.shape[0]:
+    raise ValueError(
+      f"q_positions and k_positions must have the same batch size B, got "
+      f"{q_positions.shape[0]} and {k_positions.shape[0]}"
+    )
+  return q_positions, k_positions
+
+
+def checked_positions(name: str, positions, shape: tuple[int, int]):
+  """``positions`` as an array (``as_array``), integer and >= 0 when concrete (``check_positions``),
+  of ``shape`` (``[B, T]`` or ``[B, S]`` of the attention's q / k).
+
+  Raises:
+    ValueError: another shape, concrete negative positions.
+    TypeError: non-integer positions.
+  """
+  positions = as_array(name, positions)
+  check_positions(name, positions)
+  if tuple(positions.shape) != shape:
+    raise ValueError(
+      f"{name} must have shape {list(shape)} (q/k's [B, T] / [B, S]), got {tuple(positions.shape)}"
+    )
+  return positions

@@ -213,23 +213,14 @@ def _kerple_inputs(r1, r2, q_positions, k_positions, *, power: bool):
 
 
 def check_position_pair(q_positions, k_positions):
-  """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0 when concrete, same B.
+  """``jaxpe.ops.checks.check_position_pair`` (query ``[B, T]`` and key ``[B, S]`` integer positions,
+  >= 0 when concrete, same B), returned as jax arrays.
 
   Raises:
     ValueError: wrong ranks, different B, concrete negative positions.
     TypeError: non-integer positions.
   """
-  q_positions = _checks.as_array("q_positions", q_positions)
-  k_positions = _checks.as_array("k_positions", k_positions)
-  _checks.check_rank("q_positions", q_positions, 2, "[B, T]")
-  _checks.check_rank("k_positions", k_positions, 2, "[B, S]")
-  _checks.check_positions("q_positions", q_positions)
-  _checks.check_positions("k_positions", k_positions)
-  if q_positions.shape[0] != k_positions.shape[0]:
-    raise ValueError(
-      f"q_positions and k_positions must have the same batch size B, got "
-      f"{q_positions.shape[0]} and {k_positions.shape[0]}"
-    )
+  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions)
   return jnp.asarray(q_positions), jnp.asarray(k_positions)
 
 

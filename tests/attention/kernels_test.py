@@ -112,6 +112,17 @@ def test_native_bias_on_a_bias_free_kernel_says_to_use_the_emulation():
     )
 
 
+def _dot_general_eqns(jaxpr) -> list:
+  """Every ``dot_general`` equation of ``jaxpr``, inner jaxprs (custom_vjp, cond, loops) included."""
+  dots = []
+  for e in jaxpr.eqns:
+    if e.primitive.name == "dot_general":
+      dots.append(e)
+    for sub in jax.extend.core.jaxprs_in_params(e.params):
+      dots += _dot_general_eqns(sub)
+  return dots
+
+
 _ENTRY_POINTS = {
   "dot_product_attention": lambda q, k, v, **kw: attention.dot_product_attention(q, k, v, scale=1.0, **kw),
   "blockwise_attention": lambda q, k, v, **kw: blockwise.blockwise_attention(
@@ -138,16 +149,7 @@ def test_emulation_dims_are_contracted_at_highest_precision_on_xla(entry, given)
 
   with jax.default_matmul_precision("bfloat16"):
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(q, q)
-  dots = []
-
-  def walk(jx):
-    for e in jx.eqns:
-      if e.primitive.name == "dot_general":
-        dots.append(e)
-      for sub in jax.extend.core.jaxprs_in_params(e.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
+  dots = _dot_general_eqns(jaxpr.jaxpr)
   # an operand whose last dim is 2 holds emulation dims (T = S = 8 and H = 6 are other sizes)
   emul = [e for e in dots if any(v.aval.shape[-1] == 2 for v in e.invars)]
   content = [e for e in dots if e not in emul]
@@ -166,16 +168,7 @@ def test_precise_dims_zero_opts_out_of_highest_precision():
   with jax.default_matmul_precision("bfloat16"):
     jaxpr = jax.make_jaxpr(fn)(q)
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
-  dots = []
-
-  def walk(jx):
-    for e in jx.eqns:
-      if e.primitive.name == "dot_general":
-        dots.append(e)
-      for sub in jax.extend.core.jaxprs_in_params(e.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
+  dots = _dot_general_eqns(jaxpr.jaxpr)
   assert dots and all(e.params["precision"] != highest for e in dots)
 
 
