@@ -120,3 +120,43 @@ def test_lean_form_meets_the_goal_and_is_no_worse_than_exact(ctx):
       assert lean_dev.max() <= 1e-2, (ctx, fmt, content, lean_dev.max())
       assert lean_dev.max() <= exact_dev.max(), (ctx, fmt, content, lean_dev.max(), exact_dev.max())
   assert math.isfinite(float(lean_dev.max()))
+
+
+def test_three_digits_reach_the_largest_positions_exactly():
+  # Positions up to 2^24 - 1 (three digits, top digit 128): m (j - j0) still exact up to the slope split.
+  kp = np.array([[0, 1, 2**23, 2**24 - 2, 2**24 - 1]])
+  q_e, k_e = lean.lean_alibi_dims(
+    jnp.asarray(kp[:, :1], jnp.int32),
+    jnp.asarray(kp, jnp.int32),
+    slopes=[0.5],
+    dot_scale=1.0,
+    max_position=2**24,
+    num_kv_heads=1,
+  )
+  assert k_e.shape[-1] == 3
+  k64 = np.asarray(k_e[0, :, 0], np.float64)
+  np.testing.assert_array_equal(k64.astype(jnp.bfloat16).astype(np.float64), k64)
+  np.testing.assert_array_equal(k64.sum(-1), kp[0] - (2**24 - 1) // 2)
+
+
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
+    (dict(slopes=[-0.5]), "slopes"),
+    (dict(slopes=[np.nan]), "slopes"),
+    (dict(dot_scale=0.0), "dot_scale"),
+    (dict(max_position=0), "max_position"),
+    (dict(max_position=2**24 + 1), "max_position"),
+    (dict(num_kv_heads=0), "num_kv_heads"),
+    (dict(max_position=4), "positions must be in"),  # concrete positions >= max_position
+  ],
+)
+def test_bad_arguments_raise_naming_them(kwargs, match):
+  args = dict(slopes=[0.5], dot_scale=1.0, max_position=8, num_kv_heads=1) | kwargs
+  pos = jnp.arange(6, dtype=jnp.int32)[None]
+  with pytest.raises(ValueError, match=match):
+    lean.lean_alibi_dims(pos, pos, **args)
+  with pytest.raises(TypeError):
+    lean.lean_alibi_dims(
+      pos, pos.astype(jnp.float32), slopes=[0.5], dot_scale=1.0, max_position=8, num_kv_heads=1
+    )
