@@ -1,6 +1,16 @@
 """Attention backends x encodings: time and memory, as ratios against ``xla`` in the same run.
 
   python benchmarks/attention_bench.py [--lengths 1024 2048 ...] [--heads 16] [--head-dim 64]
+  python benchmarks/attention_bench.py --cost-table [--heads 16] [--kv-heads 16] [--head-dim 64 128]
+
+``--cost-table`` prints only the cost table (any platform, nothing runs): for each fused backend and
+form (``rope``, the baseline; ``alibi lean``, ``alibi exact``, ``alibi rotated k=1``, ``rope_alibi``)
+the shapes its kernel receives, read with ``jax.eval_shape`` of ``jaxpe.attention.fused.prepare``
+(bf16 q/k/v): extra q/k dims, the padded q/k dim, the v dim, FLOPs of the two attention matmuls
+(``2 N T'^2 (Dqk + Dv)``) and bytes of q, k, v and the output the kernel reads and writes, both
+relative to ``rope`` on the same backend with the same H, and those bytes (MiB, B 1) at T 1k..64k
+(the kernels' memory is O(T): these operands and per-row softmax statistics). pallas_gpu repeats
+the kv heads inside its ``attend`` (its ``mha`` has no grouped heads): its bytes count N heads.
 
 For each context T, encoding and backend (``jaxpe.attention``) it compiles one causal self-attention
 forward (B = 1 sequence, N heads, K = N, head dim H) and prints:
@@ -13,7 +23,7 @@ forward (B = 1 sequence, N heads, K = N, head dim H) and prints:
   * median wall time when the run fits (``--time-max-gib`` of temporaries), and its ratio against
     ``xla``.
 Encodings: ``rope`` (stands for every encoding that only transforms q and k: none, learned,
-sinusoidal, rope, xpos), ``alibi`` (``xla``: native bias; fused kernels: the exact bf16 emulation),
+sinusoidal, rope, xpos), ``alibi`` (``xla``: native bias; fused kernels: the lean bf16 emulation),
 ``alibi_rot`` (rotated emulation, order 1, on fused kernels), ``rope_alibi`` (order 1).
 Backends not native to this machine are skipped, except the Pallas kernels, which run in interpret
 mode (marked ``interp``: their time and memory say nothing about a GPU or TPU), timed up to
@@ -32,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import emulation
-from jaxpe.attention import backends, kernels, masks
+from jaxpe.attention import backends, fused, kernels, masks
 from jaxpe.ops import alibi, rope
 
 ENCODINGS = ("rope", "alibi", "alibi_rot", "rope_alibi")
@@ -56,7 +66,7 @@ def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim:
         **kw,
       )
     if encoding in ("alibi", "alibi_rot"):
-      form = "exact" if encoding == "alibi" else "rotated"
+      form = "lean" if encoding == "alibi" else "rotated"
       spec = backends.AlibiSpec(slopes, pos, pos, max_position=t_len, form=form, order=1, theta=theta)
       return kernels.attention(q, k, v, alibi_spec=spec, **kw)
     q_aug, k_aug = emulation.apply_rope_alibi(q, k, pos, pos, slopes=slopes, theta=theta, order=1)
@@ -65,13 +75,118 @@ def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim:
   return fn
 
 
-def _dims(backend: str, encoding: str, head_dim: int, t_len: int) -> tuple[int, int]:
+def _dims(backend: str, encoding: str, head_dim: int, t_len: int, heads: int) -> tuple[int, int]:
   """(extra q/k dims, head dim the kernel computes with)."""
-  form = {"rope": None, "alibi": "exact", "alibi_rot": "rotated", "rope_alibi": "rotated"}[encoding]
+  form = {"rope": None, "alibi": "lean", "alibi_rot": "rotated", "rope_alibi": "rotated"}[encoding]
   if backend == "xla" and encoding == "alibi_rot":
     form = None  # xla runs ALiBi natively
-  extra = backends.emulation_dim_count(backend, alibi_form=form, order=1, max_position=t_len)
+  slopes = alibi.alibi_slopes_f64(heads)
+  extra = backends.emulation_dim_count(
+    backend, alibi_form=form, order=1, max_position=t_len, slopes=slopes, scale=head_dim**-0.5
+  )
   return extra, backends.padded_head_dim(backend, head_dim + extra)
+
+
+COST_FORMS = ("rope", "alibi lean", "alibi exact", "alibi rotated k=1", "rope_alibi")
+COST_BACKENDS = ("cudnn", "splash", "pallas_gpu")
+COST_LENGTHS = (1024, 4096, 16384, 65536)
+
+
+def kernel_shapes(backend: str, form: str, t_len: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+  """Shapes the kernel of ``backend`` receives for ``form``: ``{"q", "k", "v"}`` (``[B, T', ., D]``, B 1).
+
+  Read with ``jax.eval_shape`` of ``fused.prepare`` (bf16 inputs), so no kernel runs (cuDNN's
+  shapes are read on CPU too); pallas_gpu's kv heads as its ``attend`` repeats them.
+  """
+  slopes = alibi.alibi_slopes_f64(heads)
+  theta = emulation.emulation_theta(max_phase=0.1, max_len=max(t_len, 2))
+  bf16 = jnp.bfloat16
+  q = jax.ShapeDtypeStruct((1, t_len, heads, head_dim), bf16)
+  k = jax.ShapeDtypeStruct((1, t_len, kv_heads, head_dim), bf16)
+  mask = masks.AttentionMask(causal=True)
+
+  def prep(q, k, v):
+    pos = jnp.arange(t_len, dtype=jnp.int32)[None]
+    spec, precise = None, 0
+    if form.startswith("alibi"):
+      kind = form.split()[1]
+      spec = backends.AlibiSpec(slopes, pos, pos, max_position=65536, form=kind, order=1, theta=theta)
+      spec = backends.check_alibi_spec(spec, 1, t_len, t_len, heads, fused=True)
+    elif form == "rope_alibi":
+      q, k = emulation.apply_rope_alibi(q, k, pos, pos, slopes=slopes, theta=theta, order=1)
+      v = jnp.repeat(v, k.shape[2] // v.shape[2], axis=2)  # per-head rotated keys: N kv heads
+      precise = 2
+    qf, kf, vf, _ = fused.prepare(
+      q, k, v, scale=head_dim**-0.5, mask=mask, alibi_spec=spec, precise_dims=precise, implementation=backend
+    )
+    return qf, kf, vf
+
+  qf, kf, vf = jax.eval_shape(prep, q, k, k)
+  shapes = {"q": qf.shape, "k": kf.shape, "v": vf.shape}
+  if backend == "pallas_gpu":  # attend repeats the kv heads for jax's mha
+    shapes["k"] = (*kf.shape[:2], heads, kf.shape[3])
+    shapes["v"] = (*vf.shape[:2], heads, vf.shape[3])
+  return shapes
+
+
+def cost_row(backend: str, form: str, heads: int, kv_heads: int, head_dim: int, lengths=COST_LENGTHS) -> dict:
+  """One row of the cost table (see the module docstring); ratios against ``rope`` on ``backend``."""
+
+  def cost(f, t_len):
+    sh = kernel_shapes(backend, f, t_len, heads, kv_heads, head_dim)
+    t_k, d_qk, d_v = sh["q"][1], sh["q"][3], sh["v"][3]
+    flops = 2 * heads * t_k * t_k * (d_qk + d_v)
+    n_bytes = 2 * t_k * (heads * d_qk + sh["k"][2] * d_qk + sh["v"][2] * d_v + heads * d_v)  # bf16
+    return sh, flops, n_bytes
+
+  t_ref = 1024
+  sh, flops, n_bytes = cost(form, t_ref)
+  _, flops_rope, bytes_rope = cost("rope", t_ref)
+  extra = emulation_extra_dims(backend, form, heads, head_dim)
+  return {
+    "backend": backend,
+    "form": form,
+    "extra": extra,
+    "qk_dim": sh["q"][3],
+    "v_dim": sh["v"][3],
+    "k_heads": sh["k"][2],
+    "flops": flops / flops_rope,
+    "bytes": n_bytes / bytes_rope,
+    "mib": {t: cost(form, t)[2] / 2**20 for t in lengths},
+  }
+
+
+def emulation_extra_dims(backend: str, form: str, heads: int, head_dim: int) -> int:
+  """Extra q/k dims of ``form`` before padding (``backends.emulation_dim_count``)."""
+  if form == "rope":
+    return 0
+  kind = "rotated" if form in ("alibi rotated k=1", "rope_alibi") else form.split()[1]
+  return backends.emulation_dim_count(
+    backend,
+    alibi_form=kind,
+    order=1,
+    max_position=65536,
+    slopes=alibi.alibi_slopes_f64(heads),
+    scale=head_dim**-0.5,
+  )
+
+
+def print_cost_table(heads: int, kv_heads: int, head_dims) -> None:
+  """The cost table as markdown, one block per H."""
+  for h in head_dims:
+    print(f"\nN {heads}, K {kv_heads}, H {h}, bf16, causal; ratios against rope on the same backend")
+    mib = " | ".join(f"MiB T {t // 1024}k" for t in COST_LENGTHS)
+    print(f"| backend | form | extra dims | q/k dim | v dim | kv heads in kernel | FLOPs | bytes | {mib} |")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(COST_LENGTHS))
+    for backend in COST_BACKENDS:
+      for form in COST_FORMS:
+        r = cost_row(backend, form, heads, kv_heads, h)
+        cells = " | ".join(f"{r['mib'][t]:.3g}" for t in COST_LENGTHS)
+        print(
+          f"| {backend} | {form} | {r['extra']} | {r['qk_dim']} | {r['v_dim']} | {r['k_heads']} | "
+          f"{r['flops']:.3g}x | {r['bytes']:.3g}x | {cells} |",
+          flush=True,
+        )
 
 
 def _time(compiled, args, repeats: int) -> float:
@@ -101,7 +216,13 @@ def main() -> None:
   )
   parser.add_argument("--time-max-gib", type=float, default=2.0, help="time only runs with fewer temporaries")
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--cost-table", action="store_true", help="print only the cost table (runs nothing)")
+  parser.add_argument("--kv-heads", type=int, default=None, help="K of the cost table (default N)")
+  parser.add_argument("--cost-head-dims", type=int, nargs="+", default=[64, 128], help="H of the cost table")
   args = parser.parse_args()
+  if args.cost_table:
+    print_cost_table(args.heads, args.kv_heads or args.heads, args.cost_head_dims)
+    return
   native = backends.platform_backends()
   on_cpu = jax.default_backend() == "cpu"
   dtype = jnp.dtype(args.dtype or ("float32" if on_cpu else "bfloat16"))
@@ -131,8 +252,9 @@ def main() -> None:
           )
           continue
         temp = compiled.memory_analysis().temp_size_in_bytes
-        extra, used = _dims(backend, encoding, h, t_len)
-        flop_ratio = (2 * used if backend != "xla" else 2 * h + extra) / (2 * h)
+        extra, used = _dims(backend, encoding, h, t_len, n)
+        v_dim = backends.padded_v_dim(backend, h, used)
+        flop_ratio = (used + v_dim if backend != "xla" else 2 * h + extra) / (2 * h)
         secs = None
         if temp / GIB <= args.time_max_gib and not (interpret and t_len > args.interpret_max_len):
           secs = _time(compiled, (q, k, v), args.repeats)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.emulation import bf16_exact
+from jaxpe.emulation import bf16_exact, lean
 from jaxpe.ops import checks as _checks
 
 Backend = Literal["xla", "cudnn", "splash", "pallas_gpu"]
@@ -37,6 +37,11 @@ BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu")
 IMPLEMENTATIONS: tuple[str, ...] = (*BACKENDS, "auto")
 # Head-dim multiple each kernel wants (pallas_gpu pads to the next power of two internally).
 HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
+ALIBI_FORMS: tuple[str, ...] = ("lean", "exact", "rotated")
+"""``AlibiSpec.form`` values (``ModelConfig.alibi_emulation``): the ALiBi emulations on fused kernels."""
+# Backends that read v at its own head dim (q/k padded separately); the others pad v to q/k's width
+# (cudnn through jax.nn.dot_product_attention, which requires one H; pallas_gpu's mha).
+OWN_V_DIM: tuple[str, ...] = ("xla", "splash")
 # Largest head dim (after the emulation dims and padding) cuDNN's flash attention accepts.
 CUDNN_MAX_HEAD_DIM = 256
 
@@ -76,13 +81,16 @@ class AlibiSpec:
       head); traced slopes raise ValueError.
     q_positions: ``[B, T]`` integer token indices of the queries, >= 0.
     k_positions: ``[B, S]`` integer token indices of the keys, >= 0.
-    max_position: static bound on positions: the exact form uses base-256 digits enough for
-      positions below it (2 digits up to 65536, 3 up to 2^24); on a fused kernel with the exact
+    max_position: static bound on positions: the lean and exact forms use base-256 digits enough
+      for positions below it (2 digits up to 65536, 3 up to 2^24); on a fused kernel with either
       form, concrete positions at or above it raise ValueError, traced ones cannot be checked (their high digits would be dropped), so
       give a bound that holds for every position (the decoder uses at least 65536). The rotated
       form's context for theta when ``theta`` is None.
       An int in 1..2^24 on every backend (``xla`` does not use it).
-    form: ``"exact"`` (augmented, bf16-exact, no truncation error) or ``"rotated"`` (order k).
+    form: ``"lean"`` (the default: ``+m_h (j - j0)``, ALiBi up to a per-row constant softmax ignores;
+      keys carry positions shared by every head, queries the slopes; ``P x D`` bf16-exact dims, P
+      1..3 slope parts, D position digits: 2..6 below 65536; ``jaxpe.emulation.lean``), ``"exact"``
+      (augmented ``-m_h (i - j)``, bf16-exact, 18 dims below 65536) or ``"rotated"`` (order k).
     order: k of the rotated form, an int 1..8.
     theta: radians per token of the rotated form, a finite number > 0, or None (``max_phase`` 0.1
       over ``max_position``).
@@ -95,7 +103,7 @@ class AlibiSpec:
   q_positions: jax.Array
   k_positions: jax.Array
   max_position: int
-  form: Literal["exact", "rotated"] = "exact"
+  form: Literal["lean", "exact", "rotated"] = "lean"
   order: int = 1
   theta: float | None = None
 
@@ -103,7 +111,7 @@ class AlibiSpec:
 def check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *, fused: bool) -> AlibiSpec:
   """``spec`` checked against q ``[B, T, N, .]`` and k ``[B, S, ., .]``; positions as arrays.
 
-  ``fused``: the checks only the bias-free emulation needs (exact form: positions below
+  ``fused``: the checks only the bias-free emulation needs (lean, exact forms: positions below
   ``max_position``; rotated form: every slope > 0).
 
   Raises:
@@ -131,8 +139,8 @@ def check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *
     raise TypeError(f"AlibiSpec.max_position must be an int in 1..2^24, got {max_position!r}")
   if not 1 <= max_position <= 2**24:
     raise ValueError(f"AlibiSpec.max_position must be in 1..2^24, got {max_position}")
-  if spec.form not in ("exact", "rotated"):
-    raise ValueError(f"AlibiSpec.form must be 'exact' or 'rotated', got {spec.form!r}")
+  if spec.form not in ALIBI_FORMS:
+    raise ValueError(f"AlibiSpec.form must be 'lean', 'exact' or 'rotated', got {spec.form!r}")
   order = spec.order
   if isinstance(order, bool) or not isinstance(order, int | np.integer):
     raise TypeError(f"AlibiSpec.order must be an int in 1..8, got {order!r}")
@@ -149,7 +157,7 @@ def check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *
     ("AlibiSpec.k_positions", spec.k_positions, (batch, s_len)),
   ):
     pos = _checks.checked_positions(name, pos, shape)
-    if fused and spec.form == "exact":  # its base-256 digits hold positions below max_position only
+    if fused and spec.form != "rotated":  # base-256 digits hold positions below max_position only
       _checks.check_index_range(name, pos, max_position, "AlibiSpec.max_position")
     positions.append(pos)
   if fused and spec.form == "rotated" and np.any(slopes <= 0):
@@ -209,19 +217,50 @@ def resolve_backend(implementation: str, *, interpret: bool = False) -> str:
 
 @accepts_impl
 def emulation_dim_count(
-  implementation: str, *, alibi_form: str | None = None, order: int = 1, max_position: int = 1
+  implementation: str,
+  *,
+  alibi_form: str | None = None,
+  order: int = 1,
+  max_position: int = 1,
+  slopes=None,
+  scale: float | None = None,
 ) -> int:
   """Extra q/k dims the emulation costs on backend ``implementation`` (before head-dim padding).
 
-  ``xla``: 0 for native ALiBi, 2k float32 dims for ``rope_alibi``. Fused kernels: the exact form
+  ``xla``: 0 for native ALiBi, 2k float32 dims for ``rope_alibi``. Fused kernels: the lean form
+  ``lean_alibi_dim_count(slopes, kernel scale, max_position)`` (P slope parts x D digits: 2..6
+  below 65536; without ``slopes``/``scale`` the most, P = 3), the exact form
   ``exact_alibi_dim_count(max_position)`` (18 below 65536), the rotated form 18k (9 bf16-exact
   products per float32 dim).
+
+  Raises:
+    ValueError: as ``jaxpe.emulation.lean.lean_alibi_dim_count`` for the lean form.
   """
   if alibi_form is None:
     return 0
+  if implementation == "xla" and alibi_form in ("lean", "exact"):
+    return 0
+  if alibi_form == "lean":
+    digits = lean.lean_digit_count(max_position)
+    if slopes is None or scale is None:
+      return lean.MAX_SLOPE_PARTS * digits
+    dot_scale = 1.0 if implementation == "splash" else scale
+    return lean.lean_alibi_dim_count(slopes, dot_scale, max_position)
   if alibi_form == "exact":
-    return 0 if implementation == "xla" else bf16_exact.exact_alibi_dim_count(max_position)
+    return bf16_exact.exact_alibi_dim_count(max_position)
   return 2 * order * (1 if implementation == "xla" else 3 * bf16_exact.PARTS)
+
+
+@accepts_impl
+def padded_v_dim(implementation: str, head_dim: int, qk_dim: int) -> int:
+  """v head dim backend ``implementation`` reads: H on ``OWN_V_DIM`` backends (xla, splash), else ``qk_dim``.
+
+  cudnn: ``jax.nn.dot_product_attention`` requires one head dim for q, k and v (cuDNN itself takes a
+  different v dim, "MLA", on Hopper with cuDNN >= 9.10, but only through jax's private
+  ``jax._src.cudnn.fused_attention_stablehlo``, which jaxpe does not call). pallas_gpu: jax's
+  ``mha`` requires equal dims.
+  """
+  return head_dim if implementation in OWN_V_DIM else qk_dim
 
 
 @accepts_impl

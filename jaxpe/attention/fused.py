@@ -1,12 +1,17 @@
 """The fused-kernel path of ``jaxpe.attention.attention``: q, k, v prepared for a kernel without a bias.
 
 Fused kernels take no bias tensor (cuDNN takes a dense one, which costs O(T^2) memory and is not used
-here). ALiBi reaches them through its bias-free emulation (``AlibiSpec``): the ``exact`` augmented
-form (``jaxpe.emulation.bf16_exact.exact_alibi_dims``) or the ``rotated`` form of order k
-(``jaxpe.emulation.apply_rope_alibi``); the trailing float32 emulation dims of ``rope_alibi``
-(``precise_dims``) are split into bf16-exact products (``bf16_exact.split_product_dims``).
-The emulation dims go first, then the content dims, then zero padding to the kernel's head-dim
-multiple (v is padded to the same dim and the output sliced back to H).
+here). ALiBi reaches them through its bias-free emulation (``AlibiSpec``): the ``lean`` form (the
+default: ``jaxpe.emulation.lean.lean_alibi_dims``, 2..6 dims, keys shared by every kv head), the
+``exact`` augmented form (``jaxpe.emulation.bf16_exact.exact_alibi_dims``, 18 dims) or the ``rotated``
+form of order k (``jaxpe.emulation.apply_rope_alibi``); the trailing float32 emulation dims of
+``rope_alibi`` (``precise_dims``) are split into bf16-exact products (``bf16_exact.split_product_dims``).
+``prepare`` builds the kernel's inputs (a pure step: ``jax.eval_shape`` of it gives every backend's
+shapes on any platform); ``attend`` runs the kernel on them. The content dims go first, then the
+emulation dims (the float32 accumulator then carries the content at its own size: measured better for
+every form, docs/emulation.md), then zero padding to the kernel's head-dim multiple; v keeps its own
+head dim where the kernel allows it (``backends.padded_v_dim``: splash) and is padded to the q/k
+width elsewhere; the output is sliced back to H.
 
 Masks: padding and segments become segment ids (padding tokens get their own id), grouped-query
 heads are kept where the kernel has them (splash, cudnn) and repeated for ``pallas_gpu``. Rows of
@@ -30,9 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.attention import cudnn, pallas_gpu, splash
-from jaxpe.attention.backends import CUDNN_MAX_HEAD_DIM, AlibiSpec, kernel_length, padded_head_dim
+from jaxpe.attention.backends import (
+  CUDNN_MAX_HEAD_DIM,
+  AlibiSpec,
+  kernel_length,
+  padded_head_dim,
+  padded_v_dim,
+)
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids
-from jaxpe.emulation import bf16_exact
+from jaxpe.emulation import bf16_exact, lean
 from jaxpe.emulation.ops import apply_rope_alibi
 from jaxpe.emulation.solver import emulation_theta
 
@@ -76,9 +87,62 @@ def attend(
   if bias is not None:
     raise ValueError(
       f"attention implementation {impl!r} takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
-      "(its emulated, bias-free form; ModelConfig.alibi_emulation chooses 'exact' or 'rotated') or use "
-      "implementation='xla'"
+      "(its emulated, bias-free form; ModelConfig.alibi_emulation chooses 'lean', 'exact' or 'rotated') "
+      "or use implementation='xla'"
     )
+  batch, t_len, num_heads, _ = q.shape
+  head_dim = v.shape[-1]
+  qf, kf, vf, kernel_mask = prepare(
+    q, k, v, scale=scale, mask=mask, alibi_spec=alibi_spec, precise_dims=precise_dims, implementation=impl
+  )
+  if batch == 0 or t_len == 0:  # nothing to compute (the kernels' grids need a token)
+    return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
+  extra = {} if sinks is None else {"sinks": sinks}
+  out = KERNELS[impl](qf, kf, vf, kernel_mask, scale=kernel_scale(impl, scale), interpret=interpret, **extra)
+  out = out[:, :t_len, :, :head_dim]
+  if mask is not None and mask.valid is not None:
+    out = jnp.where(mask.valid.astype(bool)[:, :, None, None], out, jnp.zeros((), out.dtype))
+  return out.astype(v.dtype)
+
+
+def kernel_scale(implementation: str, scale: float) -> float:
+  """The scale backend ``implementation`` applies to ``q . k``: 1 on splash (q comes pre-scaled), else ``scale``."""
+  return 1.0 if implementation == "splash" else scale
+
+
+def prepare(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  scale: float,
+  mask: AttentionMask | None,
+  alibi_spec: AlibiSpec | None,
+  precise_dims: int,
+  implementation: str,
+) -> tuple[jax.Array, jax.Array, jax.Array, AttentionMask]:
+  """The arrays fused backend ``implementation`` receives: ``(q [B, T', N, Dqk], k [B, T', K', Dqk],
+  v [B, T', K', Dv], mask)``, the arguments checked as ``attention`` does.
+
+  Pure (no kernel call), so ``jax.eval_shape`` reads every backend's shapes on any platform
+  (``benchmarks/attention_bench.py`` prints its cost table from them). Content dims first, then the
+  emulation dims (``precise_dims`` split into bf16-exact products, then ALiBi's dims), then zeros up to
+  ``padded_head_dim``: ``Dqk = padded_head_dim(impl, H + E)``; ``Dv = padded_v_dim(impl, H, Dqk)``;
+  ``T' = kernel_length(impl, T)``; ``K' = K`` unless the rotated ALiBi form (per-head keys) or
+  ``pallas_gpu`` (inside its ``attend``) repeats the kv heads. q is pre-scaled on splash.
+
+  Args:
+    q: ``[B, T, N, H + precise_dims]`` float queries; k ``[B, T, K, H + precise_dims]``; v
+      ``[B, T, K, H]``.
+    scale: score scale, finite, > 0. mask: an ``AttentionMask`` or None. alibi_spec: a checked
+      ``AlibiSpec`` or None. precise_dims: trailing float32 emulation dims of q and k.
+    implementation: ``"cudnn"``, ``"splash"`` or ``"pallas_gpu"``.
+
+  Raises:
+    ValueError: a dense mask, T != S, H = 0, Hq != H + precise_dims, a head dim cudnn refuses,
+      float16 with an emulation.
+  """
+  impl = implementation
   if mask is not None and not isinstance(mask, AttentionMask):
     raise ValueError(
       f"attention implementation {impl!r} takes an AttentionMask (causal, padding, segment ids), not a "
@@ -96,16 +160,15 @@ def attend(
     )
   if head_dim == 0:
     raise ValueError(f"attention implementation {impl!r} needs a head dim H >= 1, got v of shape {v.shape}")
-  if batch == 0 or t_len == 0:  # nothing to compute (the kernels' grids need a token)
-    return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
   mask = mask or AttentionMask(causal=False)
   if mask.segment_ids is not None:
     # the kernels compare int32 ids: rank the user's ids exactly in their own dtype first
     mask = dataclasses.replace(mask, segment_ids=dense_segment_ids(mask.segment_ids))
 
-  # Dims in kernel order: emulation products first, then content (the accumulator meets the exact
-  # products before anything it could round them against).
-  dot_scale = 1.0 if impl == "splash" else scale  # splash: q is pre-scaled
+  # Dims in kernel order: content first, then the emulation dims (a float32 accumulator that sums in
+  # dim order then rounds the content at the content's own size; with the emulation first it would
+  # round it at the emulation's, measured in docs/emulation.md), then zero padding.
+  dot_scale = kernel_scale(impl, scale)
   q_cont, k_cont = q[..., :head_dim], k[..., :head_dim]
   q_parts, k_parts = [], []
   if precise_dims:
@@ -134,17 +197,10 @@ def attend(
     raise ValueError(f"cudnn takes head dims up to {CUDNN_MAX_HEAD_DIM}; H + emulation dims = {dim}")
   qf = _assemble(q_parts, q_cont, dim, dtype)
   kf = _assemble(k_parts, k_cont, dim, dtype)
-  vf = _assemble([], v, dim, dtype)
-  valid = mask.valid
+  vf = _assemble([], v, padded_v_dim(impl, head_dim, dim), dtype)
   # The Pallas kernels tile T in blocks: pad T to a whole number of blocks with tokens that are
-  # padding (their own segment id, so no real query sees them) and slice the output back.
-  qf, kf, vf, kernel_mask = _pad_length(qf, kf, vf, mask, kernel_length(impl, t_len))
-  extra = {} if sinks is None else {"sinks": sinks}
-  out = KERNELS[impl](qf, kf, vf, kernel_mask, scale=dot_scale, interpret=interpret, **extra)
-  out = out[:, :t_len, :, :head_dim]
-  if valid is not None:
-    out = jnp.where(valid.astype(bool)[:, :, None, None], out, jnp.zeros((), out.dtype))
-  return out.astype(v.dtype)
+  # padding (their own segment id, so no real query sees them); attend slices the output back.
+  return _pad_length(qf, kf, vf, mask, kernel_length(impl, t_len))
 
 
 def _pad_length(q, k, v, mask: AttentionMask, length: int):
@@ -162,6 +218,15 @@ def _pad_length(q, k, v, mask: AttentionMask, length: int):
 
 def _emulated_alibi(spec: AlibiSpec, q_cont, k_cont, *, dot_scale: float, num_kv: int):
   """bf16-exact extra dims for ALiBi on a fused kernel: ``(q [B,T,N,E], k [B,S,K or N,E])``."""
+  if spec.form == "lean":
+    return lean.lean_alibi_dims(
+      spec.q_positions,
+      spec.k_positions,
+      slopes=spec.slopes,
+      dot_scale=dot_scale,
+      max_position=spec.max_position,
+      num_kv_heads=num_kv,
+    )
   if spec.form == "exact":
     return bf16_exact.exact_alibi_dims(
       spec.q_positions,
@@ -172,7 +237,7 @@ def _emulated_alibi(spec: AlibiSpec, q_cont, k_cont, *, dot_scale: float, num_kv
       num_kv_heads=num_kv,
     )
   if spec.form != "rotated":
-    raise ValueError(f"AlibiSpec.form must be 'exact' or 'rotated', got {spec.form!r}")
+    raise ValueError(f"AlibiSpec.form must be 'lean', 'exact' or 'rotated', got {spec.form!r}")
   if np.any(np.asarray(spec.slopes) <= 0):
     raise ValueError("the rotated ALiBi emulation needs every slope > 0 (alibi_heads): use form='exact'")
   theta = spec.theta
@@ -210,7 +275,7 @@ def _kernel_dtype(impl: str, dtype, *, emulated: bool):
 
 
 def _assemble(parts, content, dim, dtype):
-  x = jnp.concatenate([*parts, content.astype(jnp.float32)], axis=-1) if parts else content
+  x = jnp.concatenate([content.astype(jnp.float32), *parts], axis=-1) if parts else content
   x = x.astype(dtype)
   extra = dim - x.shape[-1]
   return x if extra == 0 else jnp.concatenate([x, jnp.zeros((*x.shape[:-1], extra), dtype)], axis=-1)

@@ -83,7 +83,7 @@ def attention(
       ``form``, ``order`` 1..8, ``theta`` > 0). Fused kernels only: a bias or dense mask (says to
       use ``alibi_spec`` / ``AttentionMask``); T != S; H = 0; a head dim cudnn refuses (> 256 with
       the emulation dims); a float16 kernel with an emulation (bf16 parts overflow float16);
-      concrete positions >= ``max_position`` with the exact form; the rotated form with a slope 0
+      concrete positions >= ``max_position`` with the lean or exact form; the rotated form with a slope 0
       or a theta whose phase reaches pi/2; ``sinks`` not ``[N]``, or given to cudnn / pallas_gpu.
     TypeError: non-float ``sinks``; non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
       traced); a non-int ``precise_dims``; a non-bool ``interpret``; a mask that is neither an

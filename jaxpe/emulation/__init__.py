@@ -8,6 +8,8 @@ Modules, in import order (each imports only the ones before it and ``jaxpe.ops``
 - ``ops``: the emulation dims on q and k (``apply_rope_alibi``, ``apply_augmented_alibi``,
   ``pad_head_dim``).
 - ``base_constrained``: the emulation on a standard RoPE engine's frequency table.
+- ``lean``: ALiBi as ``m (j - j0)`` (a per-row constant apart) in the fewest bf16-exact dims, keys
+  shared by every kv head (the fused kernels' default form).
 - ``bf16_exact``: the emulation dims split into products that are exact in a float32 accumulator
   (what the fused kernels of ``jaxpe.attention`` read).
 - ``report``: predicted and measured deviation from ALiBi (``python -m jaxpe.emulation.report``).

@@ -23,10 +23,11 @@ bf16-exact parts over a few extra dims:
   positions below 65536, 27 below 2^24.
 
 Either layout is read by every kernel at its native precision without loss in the products; the
-fused-kernel path of ``jaxpe.attention`` (``jaxpe.attention.fused``) places these dims before the
-content dims so the float32 accumulator meets them first (an accumulation-order assumption stated
-in the README's precision table; the rounding model in ``tests/attention/kernels_test.py``
-accumulates in that order).
+fused-kernel path of ``jaxpe.attention`` (``jaxpe.attention.fused``) places these dims after the
+content dims, so the float32 accumulator sums the content at its own size before it meets them (an
+accumulation-order assumption stated in the README's precision table; measured with content in
+``benchmarks/kernel_precision.py``: summed the other way the augmented form misses 1e-2 logits at
+65536 positions). The lean form (``jaxpe.emulation.lean``, the kernels' default) needs 2..6 dims.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
 E extra dims.
@@ -40,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.emulation import lean
 from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi
 from jaxpe.emulation.solver import emulation_theta
 from jaxpe.ops import checks as _checks
@@ -276,14 +278,16 @@ def alibi_term_dims(
 ) -> tuple[np.ndarray, np.ndarray]:
   """The extra q/k dims that carry ALiBi's term, as the backends build them (host copy, float64).
 
-  ``q . k / sqrt(H)`` over these dims is the emulated bias. ``form="exact"``: the augmented form
+  ``q . k / sqrt(H)`` over these dims is the emulated bias (``form="lean"``: ``m (j - j0)``, ALiBi
+  plus the per-row constant ``m (i - j0)``, ``j0 = (min(k_positions) + max(k_positions)) // 2``;
+  ``"float32"``: one dim ``c``, ``j - j0``; ``"bf16_exact"``: ``lean_alibi_dims``). ``form="exact"``: the augmented form
   (``representation="float32"``: ``apply_augmented_alibi``'s two float32 dims, what ``xla`` used
   before; ``"bf16_exact"``: ``exact_alibi_dims``). ``form="rotated"``: ``apply_rope_alibi`` of
   ``order`` with ``theta = max_phase / max_len`` (``"float32"``: its 2k dims, what ``xla``
   contracts at HIGHEST; ``"bf16_exact"``: ``split_product_dims`` of them, what fused kernels read).
 
   Args:
-    form: ``"exact"`` or ``"rotated"``.
+    form: ``"lean"``, ``"exact"`` or ``"rotated"``.
     q_positions: ``[T]`` integer token indices.
     k_positions: ``[S]`` integer token indices.
     slopes: ``[N]`` ALiBi slopes, > 0.
@@ -313,7 +317,16 @@ def alibi_term_dims(
     positions.append(jnp.asarray(pos, jnp.int32)[None])
   qp, kp = positions
   num_heads = slopes.shape[0]
-  if form == "exact" and representation == "bf16_exact":
+  if form == "lean":
+    if representation == "bf16_exact":
+      q_e, k_e = lean.lean_alibi_dims(
+        qp, kp, slopes=slopes, dot_scale=1 / math.sqrt(head_dim), max_position=max_len, num_kv_heads=1
+      )
+    else:
+      c = jnp.asarray(slopes * math.sqrt(head_dim), jnp.float32)
+      q_e = jnp.broadcast_to(c[None, None, :, None], (1, qp.shape[1], num_heads, 1))
+      k_e = (kp - (jnp.min(kp) + jnp.max(kp)) // 2).astype(jnp.float32)[:, :, None, None]
+  elif form == "exact" and representation == "bf16_exact":
     q_e, k_e = exact_alibi_dims(
       qp, kp, slopes=slopes, dot_scale=1 / math.sqrt(head_dim), max_position=max_len, num_kv_heads=1
     )
@@ -329,5 +342,5 @@ def alibi_term_dims(
     if representation == "bf16_exact":
       q_e, k_e = split_product_dims(q_e, k_e)
   else:
-    raise ValueError(f"form must be 'exact' or 'rotated', got {form!r}")
+    raise ValueError(f"form must be 'lean', 'exact' or 'rotated', got {form!r}")
   return np.asarray(q_e[0], np.float64), np.asarray(k_e[0, :, 0], np.float64)

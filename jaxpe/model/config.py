@@ -167,9 +167,11 @@ class ModelConfig(StrictConfig):
   attention_interpret: bool = pydantic.Field(
     False, description="run the Pallas kernels (splash, pallas_gpu) in interpret mode (CPU tests)"
   )
-  alibi_emulation: Literal["exact", "rotated"] = pydantic.Field(
-    "exact",
-    description="how pos_encoding='alibi' reaches bias-free kernels: exact (augmented form in bf16-exact "
+  alibi_emulation: Literal["lean", "exact", "rotated"] = pydantic.Field(
+    "lean",
+    description="how pos_encoding='alibi' reaches bias-free kernels: lean (m_h (j - j0), ALiBi up to a "
+    "per-row constant; keys carry positions shared by every kv head; 2..6 bf16-exact extra dims up to "
+    "65536 positions), exact (augmented form in bf16-exact "
     "parts, 18 extra dims up to 65536 positions) or rotated (order rope_alibi_order, theta from "
     "rope_alibi_max_phase / rope_alibi_context, 18 k extra dims, the solver's bound)",
   )
@@ -347,7 +349,7 @@ class ModelConfig(StrictConfig):
         )
     if self.alibi_emulation == "rotated" and self.alibi_heads is not None:
       raise ValueError(
-        "alibi_emulation='rotated' needs ALiBi on every head (slopes > 0); use alibi_emulation='exact' "
+        "alibi_emulation='rotated' needs ALiBi on every head (slopes > 0); use alibi_emulation='lean' or 'exact' "
         f"with alibi_heads={self.alibi_heads}"
       )
     bias_options.check_bias_options(self)

@@ -274,7 +274,7 @@ for _impl in ("xla", *FUSED):
       "alibi_spec",
       dict(alibi_spec=_spec(form="linear")),
       ValueError,
-      r"AlibiSpec.form must be 'exact' or",
+      r"AlibiSpec.form must be 'lean', 'exact' or",
     ),
     (_impl, "alibi_spec", dict(alibi_spec=_spec(order=0)), ValueError, r"AlibiSpec.order must be in 1..8"),
     (_impl, "alibi_spec", dict(alibi_spec=_spec(order=9)), ValueError, r"AlibiSpec.order must be in 1..8"),

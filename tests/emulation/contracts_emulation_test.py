@@ -338,7 +338,7 @@ EMULATION_ROWS = [
   ),
   ("exact_alibi_dims", "q_positions", dict(q_positions=EPOS[0]), ValueError, r"q_positions must have shape"),
   ("round_mantissa", "fmt", dict(fmt="fp8"), ValueError, r"fmt must be one of"),
-  ("alibi_term_dims", "form", dict(form="linear"), ValueError, r"form must be 'exact' or 'rotated'"),
+  ("alibi_term_dims", "form", dict(form="linear"), ValueError, r"form must be 'lean', 'exact' or 'rotated'"),
   ("alibi_term_dims", "representation", dict(representation="fp8"), ValueError, r"representation must be"),
   ("alibi_term_dims", "head_dim", dict(head_dim=0), ValueError, r"head_dim must be a positive integer"),
   ("alibi_term_dims", "q_positions", dict(q_positions=[-1]), ValueError, r"q_positions must be >= 0"),

@@ -25,8 +25,8 @@ class Alibi(PositionalEncoding):
       slopes=np.pad(slopes, (0, cfg.num_heads - n_alibi)),
       q_positions=positions,
       k_positions=kv_positions,
-      # positions are < max(T, max_len) unless given explicitly; the exact form's two base-256
-      # digits (18 dims) cover every position below 65536 whatever the model's lengths
+      # positions are < max(T, max_len) unless given explicitly; the lean and exact forms' two base-256
+      # digits cover every position below 65536 whatever the model's lengths
       max_position=max(
         65536, cfg.max_len, cfg.rope_alibi_context or 0, positions.shape[1], kv_positions.shape[1]
       ),
