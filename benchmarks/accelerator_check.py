@@ -104,7 +104,7 @@ def markdown(part: str, result: dict) -> str:
   rows = result.get("rows", [])
   if rows:
     cols = list(dict.fromkeys(c for r in rows for c in r))
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
       lines.append("| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |")
   for skip in result.get("skipped", []):
@@ -116,9 +116,10 @@ def markdown(part: str, result: dict) -> str:
 
 
 def _cell(x) -> str:
+  """A table cell: floats to 3 digits, ``|`` escaped (column names hold ``|d out|``)."""
   if isinstance(x, float):
     return f"{x:.3g}"
-  return str(x)
+  return str(x).replace("|", "\\|")
 
 
 def main(argv: list[str] | None = None) -> dict:

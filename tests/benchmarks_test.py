@@ -131,7 +131,10 @@ def test_accelerator_check_smoke_attention_parts(tmp_path, capsys):
   assert b["backend"] == "xla" and b["pairs"] > 0 and b["measured max |d logit|"] <= b["resolution"]
   assert any(r["attention"] == "RoPE" and r["ms"] > 0 for r in record["parts"]["c"]["rows"])
   out = capsys.readouterr().out
-  assert "### a. backend x encoding vs xla" in out and "| dtype | encoding | form | backend |" in out
+  assert (
+    "### a. backend x encoding vs xla" in out
+    and "| dtype | encoding | form | backend | max \\|d out\\| |" in out
+  )
 
 
 def test_accelerator_check_smoke_train_and_bloom_parts(tmp_path):
