@@ -156,6 +156,12 @@ def main(argv: list[str] | None = None) -> dict:
   print(
     f"accelerator check: {device.device_kind} ({device.platform}); backends here {cfg.backends}; budget {budget:.0f} s"
   )
+  path = None
+  if not args.no_record:
+    out_dir = args.results_dir or default_results_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = record["date"].replace(":", "").replace("-", "")
+    path = out_dir / f"accelerator-{stamp}-{record['commit']}.json"
   runners = {
     "a": accelerator_parts.part_a,
     "b": accelerator_parts.part_b,
@@ -181,15 +187,12 @@ def main(argv: list[str] | None = None) -> dict:
         result["traceback"] = traceback.format_exc()[-2000:]
     result["seconds"] = time.perf_counter() - now
     record["parts"][part] = result
+    record["seconds"] = time.perf_counter() - t_start
     print(markdown(part, result), flush=True)
-  record["seconds"] = time.perf_counter() - t_start
+    if path:  # after every part, so a run killed later still leaves what it measured
+      path.write_text(json.dumps(record, indent=1, default=_json_default) + "\n")
   print(f"\ntotal {record['seconds']:.1f} s of {budget:.0f} s")
-  if not args.no_record:
-    out_dir = args.results_dir or default_results_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = record["date"].replace(":", "").replace("-", "")
-    path = out_dir / f"accelerator-{stamp}-{record['commit']}.json"
-    path.write_text(json.dumps(record, indent=1, default=_json_default) + "\n")
+  if path:
     print(f"record: {path}")
   return record
 
