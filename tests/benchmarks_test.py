@@ -151,5 +151,8 @@ def test_accelerator_check_smoke_train_and_bloom_parts(tmp_path):
 
 def test_accelerator_check_budget_skips_with_a_reason(tmp_path):
   check = _load_check()
-  record = check.main(["--smoke", "--parts", "b", "--budget", "0.5", "--no-record"])
+  """Past the budget a part is skipped with the reason; in --smoke it still runs its first item."""
+  record = check.main(["--parts", "a", "b", "--budget", "0.5", "--no-record"])
   assert record["parts"]["b"]["rows"] == [] and "no time left" in record["parts"]["b"]["skipped"][0]
+  record = check.main(["--smoke", "--parts", "b", "--budget", "0.5", "--no-record"])
+  assert len(record["parts"]["b"]["rows"]) == 1 and "part deadline" in record["parts"]["b"]["skipped"][0]
