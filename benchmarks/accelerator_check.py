@@ -1,4 +1,4 @@
-"""One accelerator check (issue 19): every backend and encoding against xla, the ALiBi emulation's
+r"""One accelerator check (issue 19): every backend and encoding against xla, the ALiBi emulation's
 logit deviation on the hardware, attention time and memory, train-step MFU and BLOOM-560M against
 transformers, in one command that keeps to a time budget (default 450 s: under 8 minutes on one GPU).
 
@@ -9,9 +9,11 @@ transformers, in one command that keeps to a time budget (default 450 s: under 8
 On the device machine of this workplace (no pydantic in its image; wheels carried as ``.whl/``,
 made by ``benchmarks/device_wheels.sh``; docs/accelerator.md), one command line:
 
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
-  .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; PYTHONUNBUFFERED=1 python3
-  benchmarks/accelerator_check.py --results-dir $OUT 2>&1 | tee $OUT/check.log
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; \
+  PYTHONUNBUFFERED=1 python3 benchmarks/accelerator_check.py --results-dir $OUT 2>&1 | tee $OUT/check.log
+
+(a ``run`` with ``carry: [".whl"]`` and ``timeout_s`` 570; the record is rewritten after every part).
 
 Parts (each has a share of the budget; an item that would start past its part's deadline is skipped
 and the reason recorded, so the run ends on time; an error ends its part only, with the error recorded):
