@@ -52,7 +52,7 @@ THIRD_PARTY = {
   "study": _TRAIN,
 }
 # Imported only inside functions, by code that needs them (an extra, or a plot).
-OPTIONAL = {"matplotlib", "torch", "transformers", "safetensors", "tensorboardX"}
+OPTIONAL = {"matplotlib", "torch", "transformers", "safetensors", "tensorboardX", "tokamax", "absl"}
 HEAVY = ["flax", "optax", "orbax", "pydantic", "matplotlib", "chex", "torch", "transformers", "tensorstore"]
 
 

@@ -99,3 +99,60 @@ def test_decoder_matmuls_count_the_model_flops():
   assert abs(ceilings.useful_flops(matmuls) - expected) <= 1e-9 * expected
   forward = ceilings.decoder_matmuls(cfg, batch, seq, backward=False)
   assert abs(3 * ceilings.useful_flops(forward) - expected) <= 1e-9 * expected
+
+
+def _load_check():
+  import sys
+
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  spec = importlib.util.spec_from_file_location(
+    "accelerator_check", ROOT / "benchmarks" / "accelerator_check.py"
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_accelerator_check_smoke_attention_parts(tmp_path, capsys):
+  """``accelerator_check.py --smoke``, parts a-c (backends x encodings vs xla, the emulation's
+  measured logit deviation, attention time and memory) on CPU: a record with rows per part, the
+  markdown printed, and the time budget kept (items past a part's deadline are skipped, said so)."""
+  check = _load_check()
+  record = check.main(["--smoke", "--parts", "a", "b", "c", "--budget", "40", "--results-dir", str(tmp_path)])
+  saved = [json.loads(p.read_text()) for p in tmp_path.glob("accelerator-*.json")]
+  assert len(saved) == 1 and saved[0]["parts"].keys() == {"a", "b", "c"}
+  for part in ("a", "b", "c"):
+    result = record["parts"][part]
+    assert "error" not in result, result.get("traceback")
+    assert result["rows"], result
+  a = record["parts"]["a"]["rows"][0]
+  assert a["backend"] == "xla" and 0 < a["max |d out|"] < 0.05  # bf16 inputs against float32 HIGHEST
+  b = record["parts"]["b"]["rows"][0]
+  assert b["backend"] == "xla" and b["pairs"] > 0 and b["measured max |d logit|"] <= b["resolution"]
+  assert any(r["attention"] == "RoPE" and r["ms"] > 0 for r in record["parts"]["c"]["rows"])
+  out = capsys.readouterr().out
+  assert (
+    "### a. backend x encoding vs xla" in out
+    and "| dtype | encoding | form | backend | max \\|d out\\| |" in out
+  )
+
+
+def test_accelerator_check_smoke_train_and_bloom_parts(tmp_path):
+  """``--smoke`` parts d (jaxpe's trainer step, model FLOP/s; no MFU off H100/H200) and e (a tiny
+  BLOOM built from a BloomConfig, imported, logits against transformers at float32 HIGHEST)."""
+  check = _load_check()
+  record = check.main(["--smoke", "--parts", "d", "e", "--budget", "120", "--no-record"])
+  d, e = record["parts"]["d"], record["parts"]["e"]
+  assert "error" not in d and "error" not in e, (d.get("traceback"), e.get("traceback"))
+  assert d["rows"] and d["rows"][0]["model TFLOP/s"] > 0 and d["rows"][0]["MFU"].startswith("-")
+  forward = [r for r in e["rows"] if r["what"].startswith("forward")]
+  assert forward and forward[0]["max |d logits|"] < 1e-4 * max(1.0, forward[0]["max |logits|"])
+
+
+def test_accelerator_check_budget_skips_with_a_reason(tmp_path):
+  check = _load_check()
+  """Past the budget a part is skipped with the reason; in --smoke it still runs its first item."""
+  record = check.main(["--parts", "a", "b", "--budget", "0.5", "--no-record"])
+  assert record["parts"]["b"]["rows"] == [] and "no time left" in record["parts"]["b"]["skipped"][0]
+  record = check.main(["--smoke", "--parts", "b", "--budget", "0.5", "--no-record"])
+  assert len(record["parts"]["b"]["rows"]) == 1 and "part deadline" in record["parts"]["b"]["skipped"][0]

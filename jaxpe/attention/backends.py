@@ -10,6 +10,10 @@ Backends (the ``implementation`` argument of ``jaxpe.attention.attention``; one 
   (TPU; ``interpret=True`` runs it on CPU for tests).
 - ``pallas_gpu`` (``jaxpe.attention.pallas_gpu``): ``jax.experimental.pallas.ops.gpu.attention.mha``
   (Triton, GPU; ``interpret=True`` on CPU).
+- ``tokamax`` (``jaxpe.attention.tokamax``): ``tokamax.dot_product_attention`` (openxla/tokamax:
+  Pallas Mosaic GPU / Triton on GPU, its XLA implementation elsewhere), ALiBi as a native broadcast
+  key-only bias. Listed (in ``BACKENDS`` and ``available_backends``) only where the optional package
+  ``tokamax`` is installed; elsewhere ``resolve_backend`` refuses it, naming what is available.
 - ``auto``: splash on TPU, cudnn on NVIDIA GPU, else xla.
 
 The keyword is ``implementation`` (``jax.nn.dot_product_attention``'s name); ``impl=`` is accepted
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import warnings
 from typing import Literal
 
@@ -34,9 +39,15 @@ from jaxpe.ops import checks as _checks
 
 Backend = Literal["xla", "cudnn", "splash", "pallas_gpu"]
 BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu")
+# Optional backends, present when their package is installed (name -> importable module name).
+OPTIONAL_BACKENDS: dict[str, str] = {"tokamax": "tokamax"}
+BACKENDS += tuple(
+  name for name, pkg in OPTIONAL_BACKENDS.items() if importlib.util.find_spec(pkg) is not None
+)
 IMPLEMENTATIONS: tuple[str, ...] = (*BACKENDS, "auto")
 # Head-dim multiple each kernel wants (pallas_gpu pads to the next power of two internally).
 HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
+HEAD_DIM_MULTIPLE["tokamax"] = 1  # any head dim (tokamax pads inside its kernels)
 ALIBI_FORMS: tuple[str, ...] = ("lean", "exact", "rotated")
 """``AlibiSpec.form`` values (``ModelConfig.alibi_emulation``): the ALiBi emulations on fused kernels."""
 # Backends that read v at its own head dim (q/k padded separately); the others pad v to q/k's width
@@ -184,10 +195,12 @@ def platform_backends() -> tuple[str, ...]:
 
 
 def available_backends(*, interpret: bool = False) -> tuple[str, ...]:
-  """Backends usable here: the platform's, plus the Pallas ones in interpret mode when asked."""
+  """Backends usable here: the platform's, plus the Pallas ones in interpret mode when asked, plus
+  the installed optional ones (``tokamax``: every platform, its XLA implementation off GPU/TPU)."""
   names = list(platform_backends())
   if interpret:
     names += [b for b in ("splash", "pallas_gpu") if b not in names]
+  names += [b for b in OPTIONAL_BACKENDS if b in BACKENDS and b not in names]
   return tuple(names)
 
 
@@ -196,10 +209,15 @@ def resolve_backend(implementation: str, *, interpret: bool = False) -> str:
   """The backend ``implementation`` names here (``auto``: splash on TPU, cudnn on GPU, else xla).
 
   Raises:
-    ValueError: unknown name, or a backend this platform cannot run; the message lists what is
-      available (and that the Pallas kernels run on CPU with ``interpret=True``).
+    ValueError: unknown name, an optional backend whose package is not installed (``tokamax``), or
+      a backend this platform cannot run; the message lists what is available (and that the Pallas kernels run on CPU with ``interpret=True``).
   """
   impl = implementation
+  if impl in OPTIONAL_BACKENDS and impl not in IMPLEMENTATIONS:
+    raise ValueError(
+      f"attention implementation {impl!r} needs the optional package {OPTIONAL_BACKENDS[impl]!r}, which is "
+      f"not installed here; available: {available_backends(interpret=interpret)}"
+    )
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
   if impl == "auto":

@@ -3,7 +3,8 @@
 Checks the arguments the same way for every backend (the same errors, table in docs/contracts.md),
 then runs ``xla`` (``jaxpe.attention.xla``: the einsum reference, dense bias and masks, the KV
 cache) or a fused kernel (``jaxpe.attention.fused``: ALiBi through its bias-free emulation, masks as
-segment ids; one module per kernel: ``cudnn``, ``splash``, ``pallas_gpu``). The backends, what each
+segment ids; one module per kernel: ``cudnn``, ``splash``, ``pallas_gpu``) or ``tokamax``
+(``jaxpe.attention.tokamax``, where installed: ALiBi and a dense bias as its native bias). The backends, what each
 needs and which run here are in ``jaxpe.attention.backends``.
 
 Adding a backend: a module with ``attend(q, k, v, mask, *, scale, interpret)``, its name in
@@ -20,6 +21,7 @@ import numpy as np
 
 from jaxpe.attention import fused, xla
 from jaxpe.attention import sinks as sink_lib
+from jaxpe.attention import tokamax as tokamax_backend
 from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
 from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.position_bias import PositionBias, check_position_bias, refuse_on_fused
@@ -123,6 +125,19 @@ def attention(
       sinks=sinks,
       position_bias=position_bias,
     )
+  if impl == "tokamax":  # native broadcast bias: ALiBi as BLOOM's key-only bias, no emulation
+    return tokamax_backend.attend(
+      q,
+      k,
+      v,
+      mask,
+      scale=scale,
+      interpret=bool(interpret),
+      bias=bias,
+      alibi_spec=alibi_spec,
+      precise_dims=precise_dims,
+      sinks=sinks,
+    )
   return fused.attend(
     q,
     k,
@@ -172,5 +187,7 @@ def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl: str):
       f"mask must be an AttentionMask, an IndexMask, a bool array [B, 1|N, T, S] or None, got {mask!r}"
     )
   if alibi_spec is not None:
-    alibi_spec = check_alibi_spec(alibi_spec, batch, t_len, s_len, num_heads, fused=impl != "xla")
+    alibi_spec = check_alibi_spec(
+      alibi_spec, batch, t_len, s_len, num_heads, fused=impl not in ("xla", "tokamax")
+    )
   return q, k, v, scale, mask, alibi_spec
