@@ -10,6 +10,8 @@ Backends (the ``implementation`` argument of ``jaxpe.attention.attention``; one 
   (TPU; ``interpret=True`` runs it on CPU for tests).
 - ``pallas_gpu`` (``jaxpe.attention.pallas_gpu``): ``jax.experimental.pallas.ops.gpu.attention.mha``
   (Triton, GPU; ``interpret=True`` on CPU).
+- ``flash`` (``jaxpe.attention.flash``): jaxpe's own Pallas flash attention (Triton on GPU, Mosaic
+  on TPU, ``interpret=True`` on CPU) with RoPE (``RopeSpec``) and native ALiBi inside the kernel.
 - ``auto``: splash on TPU, cudnn on NVIDIA GPU, else xla.
 
 The keyword is ``implementation`` (``jax.nn.dot_product_attention``'s name); ``impl=`` is accepted
@@ -32,11 +34,11 @@ import numpy as np
 from jaxpe.emulation import bf16_exact
 from jaxpe.ops import checks as _checks
 
-Backend = Literal["xla", "cudnn", "splash", "pallas_gpu"]
-BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu")
+Backend = Literal["xla", "cudnn", "splash", "pallas_gpu", "flash"]
+BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu", "flash")
 IMPLEMENTATIONS: tuple[str, ...] = (*BACKENDS, "auto")
-# Head-dim multiple each kernel wants (pallas_gpu pads to the next power of two internally).
-HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
+# Head-dim multiple each kernel wants (pallas_gpu and flash: the next power of two, 0 here).
+HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0, "flash": 0}
 # Largest head dim (after the emulation dims and padding) cuDNN's flash attention accepts.
 CUDNN_MAX_HEAD_DIM = 256
 
@@ -169,9 +171,9 @@ def platform_backends() -> tuple[str, ...]:
   """Backends that run natively on the default JAX platform (``xla`` always)."""
   platform = jax.default_backend()
   if platform == "gpu":
-    return ("xla", "cudnn", "pallas_gpu")
+    return ("xla", "cudnn", "pallas_gpu", "flash")
   if platform == "tpu":
-    return ("xla", "splash")
+    return ("xla", "splash", "flash")
   return ("xla",)
 
 
@@ -179,7 +181,7 @@ def available_backends(*, interpret: bool = False) -> tuple[str, ...]:
   """Backends usable here: the platform's, plus the Pallas ones in interpret mode when asked."""
   names = list(platform_backends())
   if interpret:
-    names += [b for b in ("splash", "pallas_gpu") if b not in names]
+    names += [b for b in ("splash", "pallas_gpu", "flash") if b not in names]
   return tuple(names)
 
 
@@ -199,7 +201,9 @@ def resolve_backend(implementation: str, *, interpret: bool = False) -> str:
     return "splash" if "splash" in native else "cudnn" if "cudnn" in native else "xla"
   available = available_backends(interpret=interpret)
   if impl not in available:
-    hint = "" if interpret else "; the Pallas kernels (splash, pallas_gpu) run on CPU with interpret=True"
+    hint = (
+      "" if interpret else "; the Pallas kernels (splash, pallas_gpu, flash) run on CPU with interpret=True"
+    )
     raise ValueError(
       f"attention implementation {impl!r} is not available on platform {jax.default_backend()!r} "
       f"(interpret={interpret}); available: {available}{hint}"
@@ -215,8 +219,9 @@ def emulation_dim_count(
 
   ``xla``: 0 for native ALiBi, 2k float32 dims for ``rope_alibi``. Fused kernels: the exact form
   ``exact_alibi_dim_count(max_position)`` (18 below 65536), the rotated form 18k (9 bf16-exact
-  products per float32 dim).
+  products per float32 dim). ``flash``: as ``xla`` (native ALiBi, float32 dims in the kernel).
   """
+  implementation = "xla" if implementation == "flash" else implementation
   if alibi_form is None:
     return 0
   if alibi_form == "exact":
@@ -237,11 +242,11 @@ def padded_head_dim(implementation: str, dim: int) -> int:
 def kernel_length(implementation: str, length: int) -> int:
   """Sequence length backend ``implementation`` computes with for T = ``length`` (whole blocks).
 
-  splash: a multiple of 128 (its block). pallas_gpu: the next power of two >= 16 up to 128 (Triton
-  blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
+  splash: a multiple of 128 (its block). pallas_gpu and flash: the next power of two >= 16 up to
+  128 (Triton blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
   """
   if implementation == "splash":
     return -(-length // 128) * 128
-  if implementation == "pallas_gpu":
+  if implementation in ("pallas_gpu", "flash"):
     return max(16, 1 << (length - 1).bit_length()) if length <= 128 else -(-length // 128) * 128
   return length
