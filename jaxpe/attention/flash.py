@@ -153,7 +153,7 @@ def attend(
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
     aux.update(rq=column(rope_spec.q_positions), rk=column(rope_spec.k_positions))
-    aux.update(freq=tables["freq"], perm=tables["perm"], rot=tables["rot"])
+    aux.update(freq=tables["freq"], perm=tables["perm"], amp=tables["amp"])
     xpos = rope_spec.xpos_scale_base is not None
     if xpos:  # float32(p - offset), the int32 difference of xpos_scale
       offset = jnp.int32(rope_spec.xpos_offset)
@@ -167,7 +167,6 @@ def attend(
       rope=True,
       xpos=xpos,
       scale_base=float(rope_spec.xpos_scale_base or 512.0),
-      factor=float(rope_spec.attention_factor),
     )
   if alibi_spec is not None:
     aux.update(

@@ -13,7 +13,7 @@ Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, 
 float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
 ``p - offset`` ``xq`` / ``xk``, ALiBi query positions ``aq``, segment ids ``sq`` int32) and rows
 ``[B, 1, T]`` (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
-tables ``freq`` / ``rot`` / ``logz`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
+tables ``freq`` / ``amp`` / ``logz`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
 two and full minor dims, as in jax's own Triton and Mosaic attention kernels; the kernels use only
 ``jnp`` / ``lax`` ops both lower.
@@ -48,7 +48,6 @@ class Config:
   rope: bool = False
   xpos: bool = False
   scale_base: float = 512.0
-  factor: float = 1.0
   interpret: bool = False
 
 
@@ -68,16 +67,10 @@ def _cos_sin(r, cfg: Config, pos, delta, sign: float):
   """Per-dim ``(cos * amp, sin * amp)`` ``[rows, D]`` for position column ``pos`` ``[rows, 1]``."""
   phase = pos * r["freq"][...]  # float32(p) * float32(inv_freq): rope_phases
   cos, sin = jnp.cos(phase), jnp.sin(phase)
-  amp = None
-  if cfg.xpos:  # xpos_scale: exp(float32(p - offset) * (sign / scale_base) * log zeta)
-    amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * r["logz"][...])
-    if cfg.factor != 1.0:
-      amp = amp * jnp.float32(cfg.factor)
-  elif cfg.factor != 1.0:
-    amp = jnp.float32(cfg.factor)
-  if amp is not None:
-    rotated = r["rot"][...] > 0  # dims past R keep cos 1, sin 0 and no factor
-    cos, sin = jnp.where(rotated, cos * amp, cos), jnp.where(rotated, sin * amp, sin)
+  amp = r["amp"][...]  # attention_factor on the rotated dims, 1 past R
+  if cfg.xpos:  # xpos_scale: exp(float32(p - offset) * (sign / scale_base) * log zeta), 1 past R
+    amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * r["logz"][...]) * amp
+  cos, sin = cos * amp, sin * amp
   return cos, sin
 
 
@@ -261,7 +254,7 @@ _SIDE = {"rq": "q", "xq": "q", "aq": "q", "sq": "q", "rk": "k", "xk": "k", "ak":
 def _spec(name, x, cfg: Config, rows_of: str):
   """BlockSpec of operand ``name`` in a grid (b, head, block); ``rows_of`` names the blocked side."""
   bl, g = cfg.block, cfg.groups
-  if name in ("freq", "rot", "logz", "perm"):
+  if name in ("freq", "amp", "logz", "perm"):
     return pl.BlockSpec(x.shape, lambda b, h, i: (0, 0))
   if name == "slopes":
     if rows_of == "k":  # dk/dv: the G query heads of kv head h

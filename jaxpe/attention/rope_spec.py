@@ -160,7 +160,7 @@ def kernel_tables(spec: RopeSpec, dim: int) -> dict[str, jax.Array]:
   ``freq [1, dim]``: each dim's pair frequency (0 past R: cos 1, sin 0); ``perm [dim, dim]``: the
   signed permutation with ``(x @ perm)[j] = -x[partner]`` for the first dim of a pair and
   ``+x[partner]`` for the second (rotated = ``x cos + (x @ perm) sin``); ``logz [1, dim]``: xPos's
-  ``log zeta`` per dim (0 past R; zeros without xPos); ``rot [1, dim]``: 1 on the R rotated dims.
+  ``log zeta`` per dim (0 past R; zeros without xPos); ``amp [1, dim]``: ``attention_factor`` on the R rotated dims, 1 past them.
   """
   half = spec.inv_freq.shape[0]
   inv_freq = jnp.asarray(spec.inv_freq, jnp.float32)
@@ -180,10 +180,11 @@ def kernel_tables(spec: RopeSpec, dim: int) -> dict[str, jax.Array]:
   if spec.xpos_scale_base is not None:
     log_zeta = np.log(xpos_zeta(2 * half, gamma=spec.xpos_gamma)).astype(np.float32)
     logz[: 2 * half] = log_zeta[pair]
-  rot = (np.arange(dim) < 2 * half).astype(np.float32)[None, :]
+  rotated = (np.arange(dim) < 2 * half)[None, :]
+  amp = jnp.where(rotated, jnp.float32(spec.attention_factor), jnp.float32(1.0))
   return {
     "freq": freq[None, :],
     "perm": jnp.asarray(perm),
     "logz": jnp.asarray(logz)[None, :],
-    "rot": jnp.asarray(rot),
+    "amp": amp,
   }
