@@ -3,6 +3,7 @@ written here from the formulas (RoFormer's rotation, xPos's decay, ALiBi's bias)
 gradients; ``RopeSpec`` on the other backends; bad inputs."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -138,9 +139,10 @@ def _run(impl, mask, rope_spec=None, alibi_spec=None, precise_dims=None):
   return fn
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_masks_and_grouped_heads_match_the_reference(causal):
-  # no position encoding: padding (left, row 1), packed segments (row 0), GQA N 4 / K 2, odd T
+def test_masks_and_grouped_heads_match_the_reference():
+  # no position encoding, causal (non-causal: the xPos + ALiBi test): padding (left, row 1), packed
+  # segments (row 0), GQA N 4 / K 2, odd T (two q and k blocks of 8, the second padded)
+  causal = True
   q, k, v, ct = _data()
   mask = _mask(causal)
   got = _value_and_grads(_run("flash", mask), q, k, v, ct)
@@ -168,7 +170,7 @@ def _rope_reference(mask, layout, factor=1.0, xpos=None):
 
 
 def test_every_rope_scaling_in_the_kernel_matches_the_reference():
-  # every HF rope_scaling is an (inv_freq, attention_factor): one compilation per factor
+  # every HF rope_scaling is an (inv_freq, attention_factor): inv_freq is a kernel input (one compilation)
   q, k, v, _ = _data(1)
   mask, pos = _mask(True), _positions()
   orig = dict(original_max_position_embeddings=8)
@@ -177,32 +179,39 @@ def test_every_rope_scaling_in_the_kernel_matches_the_reference():
     dict(rope_type="linear", factor=2.0),
     dict(rope_type="dynamic", factor=2.0),
     dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, **orig),
-    dict(rope_type="yarn", factor=4.0, **orig),
-    dict(rope_type="longrope", short_factor=[1.0, 1.5, 2.0, 3.0], long_factor=[2.0, 3.0, 5.0, 9.0], **orig),
-  ]
-  kernels, references, factors = {}, {}, set()
+  ]  # yarn and longrope (attention_factor != 1): the gradient cases below
+  kernel = jax.jit(_rope_run("flash", mask, "half"))
+  reference = jax.jit(_rope_reference(mask, "half"))
+  freqs = set()
   for scaling in scalings:
-    inv_freq, factor = rope_frequencies(scaling, head_dim=H, max_position_embeddings=16, seq_len=T)
-    factors.add(factor)
-    if factor not in kernels:
-      kernels[factor] = jax.jit(_rope_run("flash", mask, "half", factor))
-      references[factor] = jax.jit(_rope_reference(mask, "half", factor))
-    got = kernels[factor](q, k, v, inv_freq, pos)
-    want = references[factor](q, k, v, inv_freq, pos)
+    # dynamic NTK: the frequencies for a 32-token context (its base grows past 16)
+    inv_freq, factor = rope_frequencies(scaling, head_dim=H, max_position_embeddings=16, seq_len=32)
+    assert factor == 1.0
+    freqs.add(tuple(np.asarray(inv_freq).tolist()))
+    got, want = kernel(q, k, v, inv_freq, pos), reference(q, k, v, inv_freq, pos)
     dev = float(jnp.max(jnp.abs(got - want)))
     assert dev < TOL, f"{scaling}: max |d out| = {dev}"
-  assert len(factors) == 3  # yarn and longrope scale cos and sin
+  assert len(freqs) == len(scalings)  # four different frequency sets
 
 
 @pytest.mark.parametrize(
   "layout,rotary_dim,causal,scaling",
-  [("half", 4, False, None), ("interleaved", H, True, dict(rope_type="yarn", factor=4.0))],
+  [
+    ("half", 4, False, dict(rope_type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 5.0])),
+    ("interleaved", H, True, dict(rope_type="yarn", factor=4.0)),
+  ],
 )
 def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, causal, scaling):
-  # partial rotary_dim 4 of H 8; the interleaved case with YaRN's attention_factor
+  # partial rotary_dim 4 of H 8 with LongRoPE's long factors (T 13 > 8) and attention_factor;
+  # interleaved pairs with YaRN's attention_factor
   inv_freq, factor = rope_frequencies(
-    scaling, head_dim=H, rotary_dim=rotary_dim, max_position_embeddings=8 if scaling else None
+    {**scaling, "original_max_position_embeddings": 8},
+    head_dim=H,
+    rotary_dim=rotary_dim,
+    max_position_embeddings=16,
+    seq_len=T,
   )
+  assert factor > 1.0
   q, k, v, ct = _data(2)
   mask, pos = _mask(causal), _positions()
   got = _value_and_grads(_rope_run("flash", mask, layout, factor), q, k, v, ct, inv_freq, pos)
@@ -210,30 +219,24 @@ def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, ca
   _assert_close(got, want, f"{layout} R={rotary_dim}")
 
 
-def test_xpos_in_the_kernel_matches_the_reference():
+def test_xpos_and_native_alibi_in_the_kernel_match_the_reference():
+  # xPos (interleaved) and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query
+  # get a positive bias too); one head without ALiBi
   xpos = (16.0, 0.4, 4)  # scale_base, gamma, offset: a strong decay at T 13
+  slopes = np.array([0.5, 0.25, 0.0, 1.0])
   inv_freq, _ = rope_frequencies(None, head_dim=H)
   q, k, v, ct = _data(3)
-  mask, pos = _mask(True), _positions()
-  got = _value_and_grads(_rope_run("flash", mask, "interleaved", xpos=xpos), q, k, v, ct, inv_freq, pos)
-  want = _value_and_grads(_rope_reference(mask, "interleaved", xpos=xpos), q, k, v, ct, inv_freq, pos)
-  _assert_close(got, want, "xpos")
+  mask, pos = _mask(False), _positions()
 
+  def reference(q, k, v, inv_freq, pos):
+    return _reference(
+      q, k, v, mask, rope=(inv_freq, pos, pos, "interleaved", 1.0), xpos=xpos, alibi=(slopes, pos, pos)
+    )
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_native_alibi_in_the_kernel_matches_the_reference(causal):
-  slopes = np.array([0.5, 0.25, 0.0, 1.0])  # a head without ALiBi too
-  q, k, v, ct = _data(4)
-  mask, pos = _mask(causal), _positions()
-
-  def fn(q, k, v, pos):
-    return _run("flash", mask, alibi_spec=AlibiSpec(slopes, pos, pos, max_position=1024))(q, k, v)
-
-  got = _value_and_grads(fn, q, k, v, ct, pos)
-  want = _value_and_grads(
-    lambda q, k, v, pos: _reference(q, k, v, mask, alibi=(slopes, pos, pos)), q, k, v, ct, pos
-  )
-  _assert_close(got, want, "alibi")
+  kernel = _rope_run("flash", mask, "interleaved", xpos=xpos, alibi=slopes)
+  got = _value_and_grads(kernel, q, k, v, ct, inv_freq, pos)
+  want = _value_and_grads(reference, q, k, v, ct, inv_freq, pos)
+  _assert_close(got, want, "xpos + alibi")
 
 
 def test_rope_alibi_emulation_dims_are_contracted_in_float32():
@@ -247,3 +250,98 @@ def test_rope_alibi_emulation_dims_are_contracted_in_float32():
   got = _value_and_grads(_run("flash", mask, precise_dims=extra), qa, ka, v, ct)
   want = _value_and_grads(lambda q, k, v: _reference(q, k, v, mask), qa, ka, v, ct)
   _assert_close(got, want, "rope_alibi")
+
+
+def _pallas_calls(jaxpr) -> list[list[tuple[int, ...]]]:
+  """Operand shapes of each pallas_call in ``jaxpr`` (nested jaxprs included)."""
+  calls = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      calls.append([tuple(x.aval.shape) for x in eqn.invars])
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      calls += _pallas_calls(sub)
+  return calls
+
+
+def test_grouped_query_kv_reaches_the_kernel_with_k_heads():
+  # forward, dq and dk/dv kernels read k and v as [B, K, T, D]: no repeat to N heads
+  q, k, v, ct = _data()
+  mask, pos = _mask(True), _positions()
+  inv_freq, _ = rope_frequencies(None, head_dim=H)
+  fn = _rope_run("flash", mask, "half")
+  loss = lambda q, k, v: jnp.sum(fn(q, k, v, inv_freq, pos) * ct)  # noqa: E731
+  calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+  assert len(calls) == 3
+  for shapes in calls:  # operands q, k, v first
+    assert shapes[:3] == [(B, N, 16, H), (B, K, 16, H), (B, K, 16, H)], shapes[:3]
+
+
+@pytest.mark.parametrize(
+  "impl,precision", [("xla", "float32"), ("xla", "exact"), ("pallas_gpu", "float32"), ("flash", "float32")]
+)
+def test_rope_spec_gives_what_rotating_first_gives(impl, precision):
+  # RopeSpec on a backend equals apply_rope on q and k (the user's own rotation) then attention
+  from jaxpe.ops import apply_rope
+
+  q, k, v, _ = _data(6)
+  mask, pos = _mask(True), _positions()
+  inv_freq, factor = rope_frequencies(
+    dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=8), head_dim=H
+  )
+  spec = RopeSpec(inv_freq, pos, pos, layout="half", attention_factor=factor, phase_precision=precision)
+  got = jax.jit(_run(impl, mask, rope_spec=spec))(q, k, v)
+
+  def rot(x):
+    return apply_rope(x, pos, inv_freq=inv_freq, layout="half", scale=factor, phase_precision=precision)
+
+  want = _run("xla", mask)(rot(jnp.asarray(q)), rot(jnp.asarray(k)), v)
+  assert float(jnp.max(jnp.abs(got - want))) < (1e-6 if impl == "xla" else TOL)
+
+
+def _spec(**changes):
+  pos = _positions()
+  fields = dict(inv_freq=np.full(H // 2, 0.1, np.float32), q_positions=pos, k_positions=pos, layout="half")
+  return RopeSpec(**{**fields, **changes})
+
+
+BAD_SPECS = [
+  ("not a spec", None, TypeError, "RopeSpec or None"),
+  (dict(inv_freq=np.ones(H // 2, np.int32)), None, TypeError, "RopeSpec.inv_freq must be a float"),
+  (
+    dict(inv_freq=np.ones((2, 2), np.float32)),
+    None,
+    ValueError,
+    r"RopeSpec.inv_freq must have shape \[R/2\]",
+  ),
+  (dict(inv_freq=np.ones(H, np.float32)), None, ValueError, "R must be <= H"),
+  (dict(inv_freq=np.array([0.1, np.nan], np.float32)), None, ValueError, "must be finite"),
+  (dict(q_positions=np.zeros((B, T + 1), np.int32)), None, ValueError, "RopeSpec.q_positions"),
+  (dict(k_positions=-np.ones((B, T), np.int32)), None, ValueError, "RopeSpec.k_positions"),
+  (dict(q_positions=np.zeros((B, T), np.float32)), None, TypeError, "RopeSpec.q_positions"),
+  (dict(q_positions=np.zeros((3, B, T), np.int32)), None, ValueError, "mrope"),
+  (dict(layout="complex"), None, ValueError, "RopeSpec.layout"),
+  (dict(phase_precision="float64"), None, ValueError, "RopeSpec.phase_precision"),
+  (dict(attention_factor=0.0), None, ValueError, "RopeSpec.attention_factor"),
+  (dict(xpos_scale_base=-1.0), None, ValueError, "RopeSpec.xpos_scale_base"),
+  (dict(xpos_offset=-1), None, ValueError, "RopeSpec.xpos_offset"),
+  (dict(phase_precision="exact"), "flash", ValueError, "phase_precision='float32'"),
+]
+
+
+@pytest.mark.parametrize("changes,impl,error,match", BAD_SPECS, ids=[m for *_, m in BAD_SPECS])
+def test_bad_rope_spec_is_refused_at_trace_time(changes, impl, error, match):
+  q, k, v, _ = _data()
+  spec = changes if isinstance(changes, str) else _spec(**changes)
+  with pytest.raises(error, match=match):
+    jax.jit(_run(impl or "xla", _mask(True), rope_spec=spec)).trace(q, k, v)
+
+
+def test_flash_refuses_what_it_cannot_run():
+  q, k, v, _ = _data()
+  run = lambda **kw: attention(q, k, v, scale=SCALE, implementation="flash", interpret=True, **kw)  # noqa: E731
+  with pytest.raises(ValueError, match="takes no bias tensor"):
+    run(bias=jnp.zeros((B, N, T, T)))
+  with pytest.raises(ValueError, match="no attention sinks"):
+    run(sinks=jnp.zeros((N,)))
+  with pytest.raises(ValueError, match="not available"):
+    attention(q, k, v, scale=SCALE, implementation="flash")  # no GPU / TPU here: interpret=True
