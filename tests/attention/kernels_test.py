@@ -43,6 +43,11 @@ MODEL_CASES = [
   ("splash", dict(pos_encoding="alibi", alibi_emulation="exact", alibi_heads=3)),
   ("splash", dict(pos_encoding="alibi", alibi_emulation="rotated", rope_alibi_order=3)),
   ("splash", dict(pos_encoding="rope_alibi", rope_alibi_order=1)),
+  (
+    "flash",
+    dict(pos_encoding="rope", rope_scaling=dict(rope_type="linear", factor=2.0)),
+  ),  # q/k rotated first
+  ("flash", dict(pos_encoding="alibi")),  # native ALiBi in the kernel
 ]
 
 
