@@ -4,10 +4,11 @@
 Mosaic, CPU with ``interpret=True`` (the tests). What the other fused backends get as prepared
 arrays, this kernel computes per block from positions:
 
-- RoPE (``RopeSpec``): q and k blocks are rotated as they are loaded, cos/sin from float32
-  ``positions x inv_freq`` (``RopeSpec.phase_precision="float32"``, HF / Meta's phases; the
-  ``"exact"`` phases of ``apply_rope`` are refused here), times ``attention_factor`` and xPos's
-  scale; the q/k gradients are rotated back (the transpose) in the backward kernels. No rotated
+- RoPE (``RopeSpec``): q and k blocks are rotated as they are loaded, cos/sin from the positions
+  and frequencies: ``float32(p) * float32(inv_freq)`` (``phase_precision="float32"``, HF / Meta's
+  phases) or ``apply_rope``'s exact phases (``"exact"``: its fixed-point turns in 12-bit chunks,
+  reduced with exact float32 products, within ~6e-7 rad for positions below 2^24), times
+  ``attention_factor`` and xPos's scale; the q/k gradients are rotated back (the transpose) in the backward kernels. No rotated
   q/k is written to memory. The rotate-half partner is a matmul with a constant signed permutation
   ``[D, D]`` (both layouts, partial ``rotary_dim``): per k block it costs ``block x D x D`` FLOPs, as
   much as the block's ``q.k`` when the q block has D rows.
@@ -39,6 +40,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpe.attention import flash_kernels
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
@@ -83,7 +85,7 @@ def attend(
 
   Raises:
     ValueError: a bias, a dense mask or an IndexMask, sinks, T != S, H = 0, q/k not H + E dims,
-      ``RopeSpec.phase_precision="exact"``, a bad ``block``.
+      concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``.
   """
   if sinks is not None:
     raise ValueError(
@@ -111,11 +113,13 @@ def attend(
     )
   if head_dim == 0:
     raise ValueError(f"attention implementation 'flash' needs a head dim H >= 1, got v of shape {v.shape}")
-  if rope_spec is not None and rope_spec.phase_precision != "float32":
-    raise ValueError(
-      "attention implementation 'flash' computes RoPE phases in float32 inside the kernel "
-      "(float32(p) * float32(inv_freq), as HF and Meta do): give RopeSpec(phase_precision='float32')"
-    )
+  if rope_spec is not None and rope_spec.phase_precision == "exact":
+    for name, pos in (("q_positions", rope_spec.q_positions), ("k_positions", rope_spec.k_positions)):
+      if not isinstance(pos, jax.core.Tracer) and np.size(pos) and int(np.max(np.asarray(pos))) >= 2**24:
+        raise ValueError(
+          f"RopeSpec.{name} reach {int(np.max(np.asarray(pos)))}: the flash kernel's exact phases hold "
+          "positions below 2^24; use phase_precision='float32'"
+        )
   if block is None:
     length = kernel_length("flash", t_len)
     block = min(MAX_BLOCK, length)
@@ -153,7 +157,12 @@ def attend(
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
     aux.update(rq=column(rope_spec.q_positions), rk=column(rope_spec.k_positions))
-    aux.update(freq=tables["freq"], perm=tables["perm"], amp=tables["amp"])
+    exact = rope_spec.phase_precision == "exact"
+    aux.update(perm=tables["perm"], amp=tables["amp"])
+    if exact:
+      aux["turns"] = tables["turns"]
+    else:
+      aux["freq"] = tables["freq"]
     xpos = rope_spec.xpos_scale_base is not None
     if xpos:  # float32(p - offset), the int32 difference of xpos_scale
       offset = jnp.int32(rope_spec.xpos_offset)
@@ -166,6 +175,7 @@ def attend(
       cfg,
       rope=True,
       xpos=xpos,
+      exact=exact,
       scale_base=float(rope_spec.xpos_scale_base or 512.0),
     )
   if alibi_spec is not None:

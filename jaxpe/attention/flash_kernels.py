@@ -13,7 +13,7 @@ Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, 
 float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
 ``p - offset`` ``xq`` / ``xk``, ALiBi query positions ``aq``, segment ids ``sq`` int32) and rows
 ``[B, 1, T]`` (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
-tables ``freq`` / ``amp`` / ``logz`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
+tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
 two and full minor dims, as in jax's own Triton and Mosaic attention kernels; the kernels use only
 ``jnp`` / ``lax`` ops both lower.
@@ -47,6 +47,7 @@ class Config:
   groups: int
   rope: bool = False
   xpos: bool = False
+  exact: bool = False
   scale_base: float = 512.0
   interpret: bool = False
 
@@ -63,9 +64,31 @@ def _dot_tn(a, b):  # [k, m]^T @ [k, n]
   return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
 
 
+def _centred(x):
+  return x - jnp.floor(x + 0.5)  # x minus the nearest integer: exact for float32 x
+
+
+def _exact_phase(pos, turns):
+  """``2 pi frac(p U / 2^64)`` for integer-valued float32 ``p < 2^24`` ``[rows, 1]`` and the 12-bit
+  chunks ``c0..c4`` of U (``turns [8, D]``): ``p = a 2^12 + b``; every product ``a c_j``, ``b c_j`` is
+  an exact float32 integer, its scaled fraction exact; three roundings of at most 2^-25 turn remain
+  (``jaxpe.ops.exact_phases`` reduces the same U in uint32)."""
+  c = [turns[j : j + 1, :] for j in range(5)]
+  a = jnp.floor(pos * jnp.float32(2.0**-12))
+  b = pos - a * jnp.float32(2.0**12)
+  s12, s24, s36, s48 = (jnp.float32(2.0**-e) for e in (12, 24, 36, 48))
+  t = _centred(_centred(b * c[0] * s12) + _centred(a * c[1] * s12))  # exact
+  t = _centred(t + _centred(_centred(b * c[1] * s24) + _centred(a * c[2] * s24)))
+  t = t + ((b * c[2] + a * c[3]) * s36 + (b * c[3] + a * c[4]) * s48)
+  return t * jnp.float32(2 * np.pi)
+
+
 def _cos_sin(r, cfg: Config, pos, delta, sign: float):
   """Per-dim ``(cos * amp, sin * amp)`` ``[rows, D]`` for position column ``pos`` ``[rows, 1]``."""
-  phase = pos * r["freq"][...]  # float32(p) * float32(inv_freq): rope_phases
+  if cfg.exact:
+    phase = _exact_phase(pos, r["turns"][...])
+  else:
+    phase = pos * r["freq"][...]  # float32(p) * float32(inv_freq): rope_phases
   cos, sin = jnp.cos(phase), jnp.sin(phase)
   amp = r["amp"][...]  # attention_factor on the rotated dims, 1 past R
   if cfg.xpos:  # xpos_scale: exp(float32(p - offset) * (sign / scale_base) * log zeta), 1 past R
@@ -254,7 +277,7 @@ _SIDE = {"rq": "q", "xq": "q", "aq": "q", "sq": "q", "rk": "k", "xk": "k", "ak":
 def _spec(name, x, cfg: Config, rows_of: str):
   """BlockSpec of operand ``name`` in a grid (b, head, block); ``rows_of`` names the blocked side."""
   bl, g = cfg.block, cfg.groups
-  if name in ("freq", "amp", "logz", "perm"):
+  if name in ("freq", "amp", "logz", "perm", "turns"):
     return pl.BlockSpec(x.shape, lambda b, h, i: (0, 0))
   if name == "slopes":
     if rows_of == "k":  # dk/dv: the G query heads of kv head h

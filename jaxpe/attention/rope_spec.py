@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.ops import checks as _checks
+from jaxpe.ops.exact_phases import _turn_words
 from jaxpe.ops.layouts import LAYOUTS
 from jaxpe.ops.rope import apply_rope
 from jaxpe.ops.xpos import xpos_scale, xpos_zeta
@@ -44,9 +45,9 @@ class RopeSpec:
       ``apply_rope``.
     attention_factor: multiplies cos and sin of every rotated pair (YaRN / LongRoPE mscale, HF
       ``attention_scaling``); a finite number > 0, default 1.
-    phase_precision: ``"float32"`` (default: ``float32(p) * float32(inv_freq)``, HF / Meta / vLLM
-      and what the ``flash`` kernel computes) or ``"exact"`` (``apply_rope``'s exact phases;
-      refused on ``flash``).
+    phase_precision: ``"exact"`` (default, as ``apply_rope``: exact phases; on ``flash`` the same
+      fixed-point turns reduced in the kernel with exact float32 products, positions below 2^24)
+      or ``"float32"`` (``float32(p) * float32(inv_freq)``, bit-matching HF / Meta / vLLM phases).
     xpos_scale_base: None (plain RoPE) or xPos's ``scale_base`` (> 0; 512 in the paper): pairs are
       also scaled by ``zeta_i ** (+-(p - xpos_offset) / scale_base)`` (``jaxpe.ops.xpos_scale``).
     xpos_gamma: xPos's gamma (> 0, default 0.4).
@@ -60,7 +61,7 @@ class RopeSpec:
   k_positions: jax.Array
   layout: Literal["interleaved", "half"]
   attention_factor: float = 1.0
-  phase_precision: Literal["exact", "float32"] = "float32"
+  phase_precision: Literal["exact", "float32"] = "exact"
   xpos_scale_base: float | None = None
   xpos_gamma: float = 0.4
   xpos_offset: int = 0
@@ -187,4 +188,23 @@ def kernel_tables(spec: RopeSpec, dim: int) -> dict[str, jax.Array]:
     "perm": jnp.asarray(perm),
     "logz": jnp.asarray(logz)[None, :],
     "amp": amp,
+    "turns": _turn_chunks(spec.inv_freq, pair, dim),
   }
+
+
+def _turn_chunks(inv_freq, pair: np.ndarray, dim: int) -> jax.Array:
+  """``[8, dim]`` float32: rows 0..4 the 12-bit chunks, from the top, of each dim's frequency in
+  fixed-point turns ``U = round(2^64 frac(theta / 2 pi))`` (``jaxpe.ops.exact_phases``; rows 5..7
+  and dims past R zero). ``frac(p U / 2^64)`` is then a sum of exact float32 products for p < 2^24."""
+  hi, lo, _ = _turn_words(inv_freq)
+  hi, lo = jnp.asarray(hi, jnp.uint32), jnp.asarray(lo, jnp.uint32)
+  mask = jnp.uint32(0xFFF)
+  chunks = [
+    hi >> 20,
+    (hi >> 8) & mask,
+    ((hi & jnp.uint32(0xFF)) << 4) | (lo >> 28),
+    (lo >> 16) & mask,
+    (lo >> 4) & mask,
+  ]
+  table = jnp.stack([c.astype(jnp.float32)[pair] for c in chunks])  # [5, R]
+  return jnp.zeros((8, dim), jnp.float32).at[:5, : pair.shape[0]].set(table)

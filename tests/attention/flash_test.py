@@ -277,7 +277,8 @@ def test_grouped_query_kv_reaches_the_kernel_with_k_heads():
 
 
 @pytest.mark.parametrize(
-  "impl,precision", [("xla", "float32"), ("xla", "exact"), ("pallas_gpu", "float32"), ("flash", "float32")]
+  "impl,precision",
+  [("xla", "float32"), ("xla", "exact"), ("pallas_gpu", "exact"), ("flash", "float32"), ("flash", "exact")],
 )
 def test_rope_spec_gives_what_rotating_first_gives(impl, precision):
   # RopeSpec on a backend equals apply_rope on q and k (the user's own rotation) then attention
@@ -324,7 +325,7 @@ BAD_SPECS = [
   (dict(attention_factor=0.0), None, ValueError, "RopeSpec.attention_factor"),
   (dict(xpos_scale_base=-1.0), None, ValueError, "RopeSpec.xpos_scale_base"),
   (dict(xpos_offset=-1), None, ValueError, "RopeSpec.xpos_offset"),
-  (dict(phase_precision="exact"), "flash", ValueError, "phase_precision='float32'"),
+  (dict(q_positions=np.full((B, T), 2**24, np.int32)), "flash", ValueError, "below 2\\^24"),
 ]
 
 
@@ -345,3 +346,35 @@ def test_flash_refuses_what_it_cannot_run():
     run(sinks=jnp.zeros((N,)))
   with pytest.raises(ValueError, match="not available"):
     attention(q, k, v, scale=SCALE, implementation="flash")  # no GPU / TPU here: interpret=True
+
+
+def test_exact_phases_in_the_kernel_hold_at_far_positions():
+  # positions near 3M and 16M: float64 RoPE attention (numpy, the formula) against the kernel's
+  # exact phases (default) and HF's float32 phases (their rounding, half an ulp of p * theta)
+  rng = np.random.default_rng(8)
+  t_len, heads, dim = 16, 2, 16
+  q, k, v = (rng.normal(size=(1, t_len, heads, dim)).astype(np.float32) for _ in range(3))
+  inv_freq = 10000.0 ** -(np.arange(0, dim, 2) / dim)  # float64
+  mask = AttentionMask(causal=True)
+
+  def reference(pos):
+    phase = pos.astype(np.float64)[:, :, None, None] * inv_freq
+    c, s = np.cos(phase), np.sin(phase)
+    rot = lambda x: np.concatenate([x[..., :8] * c - x[..., 8:] * s, x[..., 8:] * c + x[..., :8] * s], -1)  # noqa: E731
+    scores = np.einsum("btnh,bsnh->bnts", rot(q.astype(np.float64)), rot(k.astype(np.float64))) * 0.25
+    scores = np.where(np.tril(np.ones((t_len, t_len), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+  def kernel(pos, precision):
+    spec = RopeSpec(inv_freq, pos, pos, layout="half", phase_precision=precision)
+    out = attention(q, k, v, scale=0.25, mask=mask, rope_spec=spec, implementation="flash", interpret=True)
+    return np.asarray(out)
+
+  dev = {}
+  for start in (3_000_000, 16_000_000):
+    pos = (start + 37 * np.arange(t_len))[None].astype(np.int32)
+    want = reference(pos)
+    dev[start] = [float(np.max(np.abs(kernel(pos, p) - want))) for p in ("exact", "float32")]
+  assert all(exact < 1e-6 for exact, _ in dev.values()), dev
+  assert dev[16_000_000][1] > 1e-2, dev  # float32 phases drift: the comparison can fail
