@@ -9,7 +9,9 @@ needs and which run here are in ``jaxpe.attention.backends``.
 
 Adding a backend: a module with ``attend(q, k, v, mask, *, scale, interpret)``, its name in
 ``backends.BACKENDS``, ``HEAD_DIM_MULTIPLE`` and ``platform_backends`` (and ``kernel_length`` if it
-tiles T), and one line in ``fused.KERNELS``.
+tiles T), and one line in ``fused.KERNELS``. A kernel that applies the encodings itself (``flash``:
+RoPE from a ``RopeSpec``, ALiBi from an ``AlibiSpec``) gets the checked specs from ``attention``
+directly, before ``fused``.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
 """
