@@ -349,7 +349,7 @@ def test_flash_refuses_what_it_cannot_run():
 
 
 def test_exact_phases_in_the_kernel_hold_at_far_positions():
-  # positions near 3M and 16M: float64 RoPE attention (numpy, the formula) against the kernel's
+  # positions near 16M: float64 RoPE attention (numpy, the formula) against the kernel's
   # exact phases (default) and HF's float32 phases (their rounding, half an ulp of p * theta)
   rng = np.random.default_rng(8)
   t_len, heads, dim = 16, 2, 16
@@ -371,10 +371,8 @@ def test_exact_phases_in_the_kernel_hold_at_far_positions():
     out = attention(q, k, v, scale=0.25, mask=mask, rope_spec=spec, implementation="flash", interpret=True)
     return np.asarray(out)
 
-  dev = {}
-  for start in (3_000_000, 16_000_000):
-    pos = (start + 37 * np.arange(t_len))[None].astype(np.int32)
-    want = reference(pos)
-    dev[start] = [float(np.max(np.abs(kernel(pos, p) - want))) for p in ("exact", "float32")]
-  assert all(exact < 1e-6 for exact, _ in dev.values()), dev
-  assert dev[16_000_000][1] > 1e-2, dev  # float32 phases drift: the comparison can fail
+  pos = (16_000_000 + 37 * np.arange(t_len))[None].astype(np.int32)
+  want = reference(pos)
+  exact, float32 = (float(np.max(np.abs(kernel(pos, p) - want))) for p in ("exact", "float32"))
+  assert exact < 1e-6, exact  # measured 2.6e-7 (3M: 2.7e-7)
+  assert float32 > 1e-2, float32  # float32 phases drift (measured 0.095): the comparison can fail
