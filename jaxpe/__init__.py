@@ -16,6 +16,7 @@ from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.emulated import emulated_alibi_attention
 from jaxpe.attention.masks import AttentionMask, dense_attention_mask, document_mask, make_attention_mask
 from jaxpe.attention.reference import dot_product_attention
+from jaxpe.attention.rope_spec import RopeSpec
 from jaxpe.emulation.base_constrained import base_constrained_qk, solve_base_constrained
 from jaxpe.emulation.bounds import emulation_error_bound, emulation_weights
 from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi, pad_head_dim
@@ -47,6 +48,7 @@ __all__ = [
   "AttentionMask",
   "HFRope",
   "ROPE_TYPES",
+  "RopeSpec",
   "alibi_bias",
   "alibi_bias_bloom",
   "alibi_bias_causal",

@@ -13,7 +13,9 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
+- ``rope_spec``: ``RopeSpec``, RoPE (any scaling, xPos) as arrays for ``attention(rope_spec=...)``.
 - ``xla``, ``cudnn``, ``splash``, ``pallas_gpu``: one module per backend.
+- ``flash`` (with ``flash_kernels``): jaxpe's own Pallas flash attention, RoPE and ALiBi inside.
 - ``fused``: q, k, v prepared for a fused kernel (the bias-free ALiBi emulation, segment ids).
 - ``kernels``: ``attention``, the one entry point (checks, then a backend).
 - ``emulated``: ``emulated_alibi_attention``, RoPE-emulated ALiBi through ``attention``.
@@ -49,6 +51,7 @@ from jaxpe.attention.masks import (
 )
 from jaxpe.attention.position_bias import PositionBias
 from jaxpe.attention.reference import check_scale, dot_product_attention
+from jaxpe.attention.rope_spec import RopeSpec
 from jaxpe.attention.xla import XLA_CAUSAL_BLOCK
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
   "IndexMask",
   "IMPLEMENTATIONS",
   "PositionBias",
+  "RopeSpec",
   "XLA_CAUSAL_BLOCK",
   "attention",
   "available_backends",

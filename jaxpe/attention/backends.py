@@ -14,6 +14,8 @@ Backends (the ``implementation`` argument of ``jaxpe.attention.attention``; one 
   Pallas Mosaic GPU / Triton on GPU, its XLA implementation elsewhere), ALiBi as a native broadcast
   key-only bias. Listed (in ``BACKENDS`` and ``available_backends``) only where the optional package
   ``tokamax`` is installed; elsewhere ``resolve_backend`` refuses it, naming what is available.
+- ``flash`` (``jaxpe.attention.flash``): jaxpe's own Pallas flash attention (Triton on GPU, Mosaic
+  on TPU, ``interpret=True`` on CPU) with RoPE (``RopeSpec``) and native ALiBi inside the kernel.
 - ``auto``: splash on TPU, cudnn on NVIDIA GPU, else xla.
 
 The keyword is ``implementation`` (``jax.nn.dot_product_attention``'s name); ``impl=`` is accepted
@@ -37,16 +39,16 @@ import numpy as np
 from jaxpe.emulation import bf16_exact, lean
 from jaxpe.ops import checks as _checks
 
-Backend = Literal["xla", "cudnn", "splash", "pallas_gpu"]
-BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu")
+Backend = Literal["xla", "cudnn", "splash", "pallas_gpu", "flash"]
+BACKENDS: tuple[str, ...] = ("xla", "cudnn", "splash", "pallas_gpu", "flash")
 # Optional backends, present when their package is installed (name -> importable module name).
 OPTIONAL_BACKENDS: dict[str, str] = {"tokamax": "tokamax"}
 BACKENDS += tuple(
   name for name, pkg in OPTIONAL_BACKENDS.items() if importlib.util.find_spec(pkg) is not None
 )
 IMPLEMENTATIONS: tuple[str, ...] = (*BACKENDS, "auto")
-# Head-dim multiple each kernel wants (pallas_gpu pads to the next power of two internally).
-HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0}
+# Head-dim multiple each kernel wants (pallas_gpu and flash: the next power of two, 0 here).
+HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "pallas_gpu": 0, "flash": 0}
 HEAD_DIM_MULTIPLE["tokamax"] = 1  # any head dim (tokamax pads inside its kernels)
 ALIBI_FORMS: tuple[str, ...] = ("lean", "exact", "rotated")
 """``AlibiSpec.form`` values (``ModelConfig.alibi_emulation``): the ALiBi emulations on fused kernels."""
@@ -188,9 +190,9 @@ def platform_backends() -> tuple[str, ...]:
   """Backends that run natively on the default JAX platform (``xla`` always)."""
   platform = jax.default_backend()
   if platform == "gpu":
-    return ("xla", "cudnn", "pallas_gpu")
+    return ("xla", "cudnn", "pallas_gpu", "flash")
   if platform == "tpu":
-    return ("xla", "splash")
+    return ("xla", "splash", "flash")
   return ("xla",)
 
 
@@ -199,7 +201,7 @@ def available_backends(*, interpret: bool = False) -> tuple[str, ...]:
   the installed optional ones (``tokamax``: every platform, its XLA implementation off GPU/TPU)."""
   names = list(platform_backends())
   if interpret:
-    names += [b for b in ("splash", "pallas_gpu") if b not in names]
+    names += [b for b in ("splash", "pallas_gpu", "flash") if b not in names]
   names += [b for b in OPTIONAL_BACKENDS if b in BACKENDS and b not in names]
   return tuple(names)
 
@@ -225,7 +227,9 @@ def resolve_backend(implementation: str, *, interpret: bool = False) -> str:
     return "splash" if "splash" in native else "cudnn" if "cudnn" in native else "xla"
   available = available_backends(interpret=interpret)
   if impl not in available:
-    hint = "" if interpret else "; the Pallas kernels (splash, pallas_gpu) run on CPU with interpret=True"
+    hint = (
+      "" if interpret else "; the Pallas kernels (splash, pallas_gpu, flash) run on CPU with interpret=True"
+    )
     raise ValueError(
       f"attention implementation {impl!r} is not available on platform {jax.default_backend()!r} "
       f"(interpret={interpret}); available: {available}{hint}"
@@ -249,11 +253,12 @@ def emulation_dim_count(
   ``lean_alibi_dim_count(slopes, kernel scale, max_position)`` (P slope parts x D digits: 2..6
   below 65536; without ``slopes``/``scale`` the most, P = 3), the exact form
   ``exact_alibi_dim_count(max_position)`` (18 below 65536), the rotated form 18k (9 bf16-exact
-  products per float32 dim).
+  products per float32 dim). ``flash``: as ``xla`` (native ALiBi, float32 dims in the kernel).
 
   Raises:
     ValueError: as ``jaxpe.emulation.lean.lean_alibi_dim_count`` for the lean form.
   """
+  implementation = "xla" if implementation == "flash" else implementation
   if alibi_form is None:
     return 0
   if implementation == "xla" and alibi_form in ("lean", "exact"):
@@ -294,11 +299,11 @@ def padded_head_dim(implementation: str, dim: int) -> int:
 def kernel_length(implementation: str, length: int) -> int:
   """Sequence length backend ``implementation`` computes with for T = ``length`` (whole blocks).
 
-  splash: a multiple of 128 (its block). pallas_gpu: the next power of two >= 16 up to 128 (Triton
-  blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
+  splash: a multiple of 128 (its block). pallas_gpu and flash: the next power of two >= 16 up to
+  128 (Triton blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
   """
   if implementation == "splash":
     return -(-length // 128) * 128
-  if implementation == "pallas_gpu":
+  if implementation in ("pallas_gpu", "flash"):
     return max(16, 1 << (length - 1).bit_length()) if length <= 128 else -(-length // 128) * 128
   return length

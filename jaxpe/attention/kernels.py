@@ -3,13 +3,16 @@
 Checks the arguments the same way for every backend (the same errors, table in docs/contracts.md),
 then runs ``xla`` (``jaxpe.attention.xla``: the einsum reference, dense bias and masks, the KV
 cache) or a fused kernel (``jaxpe.attention.fused``: ALiBi through its bias-free emulation, masks as
-segment ids; one module per kernel: ``cudnn``, ``splash``, ``pallas_gpu``) or ``tokamax``
+segment ids; one module per kernel: ``cudnn``, ``splash``, ``pallas_gpu``), ``flash``
+(``jaxpe.attention.flash``: jaxpe's Pallas kernel, RoPE and ALiBi inside) or ``tokamax``
 (``jaxpe.attention.tokamax``, where installed: ALiBi and a dense bias as its native bias). The backends, what each
 needs and which run here are in ``jaxpe.attention.backends``.
 
 Adding a backend: a module with ``attend(q, k, v, mask, *, scale, interpret)``, its name in
 ``backends.BACKENDS``, ``HEAD_DIM_MULTIPLE`` and ``platform_backends`` (and ``kernel_length`` if it
-tiles T), and one line in ``fused.KERNELS``.
+tiles T), and one line in ``fused.KERNELS``. A kernel that applies the encodings itself (``flash``:
+RoPE from a ``RopeSpec``, ALiBi from an ``AlibiSpec``) gets the checked specs from ``attention``
+directly, before ``fused``.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
 """
@@ -19,13 +22,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxpe.attention import fused, xla
+from jaxpe.attention import flash, fused, xla
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention import tokamax as tokamax_backend
 from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
 from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.position_bias import PositionBias, check_position_bias, refuse_on_fused
 from jaxpe.attention.reference import check_scale, default_precise_dims
+from jaxpe.attention.rope_spec import RopeSpec, apply_rope_spec, check_rope_spec
 from jaxpe.ops import checks as _checks
 
 
@@ -44,6 +48,7 @@ def attention(
   interpret: bool = False,
   sinks: jax.Array | None = None,
   position_bias: PositionBias | None = None,
+  rope_spec: RopeSpec | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias + ALiBi, masked) . v`` on the chosen backend.
 
@@ -68,6 +73,9 @@ def attention(
     implementation: the backend, one of ``IMPLEMENTATIONS`` (``impl=``, the old spelling, is
       accepted with a DeprecationWarning for one release).
     interpret: run the Pallas kernels in interpret mode (CPU tests).
+    rope_spec: RoPE (any scaling, xPos) of the first H dims of q and k (``RopeSpec``): applied with
+      jaxpe's ops before attention on every backend but ``flash``, which rotates q/k blocks inside
+      its kernel; q and k are then given unrotated.
     sinks: optional ``[N]`` float attention-sink logits (``jaxpe.attention.sinks``; gpt-oss, arXiv
       2309.17453): ``exp(sink_h)`` joins each row's softmax denominator, with no value. ``xla``
       (blockwise from the lse, dense as one more key slot) and ``splash`` (native ``sinks``);
@@ -104,6 +112,10 @@ def attention(
   if precise_dims is None and all(getattr(x, "ndim", 0) == 4 for x in (q, v)):
     precise_dims = default_precise_dims(None, q.shape[-1], v.shape[-1])
   q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl)
+  if rope_spec is not None:
+    rope_spec = check_rope_spec(rope_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[-1] - precise_dims)
+    if impl != "flash":
+      q, k = apply_rope_spec(rope_spec, q, k, q.shape[-1] - precise_dims)
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, q.shape[2])
   if position_bias is not None:
@@ -124,6 +136,20 @@ def attention(
       precise_dims=precise_dims,
       sinks=sinks,
       position_bias=position_bias,
+    )
+  if impl == "flash":
+    return flash.attend(
+      q,
+      k,
+      v,
+      scale=scale,
+      mask=mask,
+      bias=bias,
+      alibi_spec=alibi_spec,
+      rope_spec=rope_spec,
+      precise_dims=precise_dims,
+      interpret=bool(interpret),
+      sinks=sinks,
     )
   if impl == "tokamax":  # native broadcast bias: ALiBi as BLOOM's key-only bias, no emulation
     return tokamax_backend.attend(
@@ -187,7 +213,10 @@ def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl: str):
       f"mask must be an AttentionMask, an IndexMask, a bool array [B, 1|N, T, S] or None, got {mask!r}"
     )
   if alibi_spec is not None:
-    alibi_spec = check_alibi_spec(
-      alibi_spec, batch, t_len, s_len, num_heads, fused=impl not in ("xla", "tokamax")
-    )
+    native = impl in (
+      "xla",
+      "flash",
+      "tokamax",
+    )  # ALiBi as a bias (flash: inside the kernel), not an emulation
+    alibi_spec = check_alibi_spec(alibi_spec, batch, t_len, s_len, num_heads, fused=not native)
   return q, k, v, scale, mask, alibi_spec

@@ -19,7 +19,7 @@ with a fused ``attn_implementation`` is refused (``auto`` is checked when it res
 def check_bias_options(cfg: ModelConfig) -> None:
   """Raises ValueError naming the key: ``cope_npos_max`` without ``pos_encoding='cope'``; an
   ``XLA_ONLY_ENCODINGS`` encoding with a fused ``attn_implementation``; ``attention_sinks`` on
-  ``cudnn`` or ``pallas_gpu``; T5's ``relative_attention_max_distance`` not above half the buckets."""
+  ``cudnn``, ``pallas_gpu`` or ``flash``; T5's ``relative_attention_max_distance`` not above half the buckets."""
   if cfg.cope_npos_max is not None and cfg.pos_encoding != "cope":
     raise ValueError(f"cope_npos_max needs pos_encoding='cope', got pos_encoding={cfg.pos_encoding!r}")
   if cfg.pos_encoding in XLA_ONLY_ENCODINGS and cfg.attn_implementation not in ("xla", "auto"):
@@ -27,7 +27,7 @@ def check_bias_options(cfg: ModelConfig) -> None:
       f"pos_encoding={cfg.pos_encoding!r} is an additive bias that only the xla backend computes "
       f"(fused kernels take no bias): attn_implementation must be 'xla', got {cfg.attn_implementation!r}"
     )
-  if cfg.attention_sinks and cfg.attn_implementation in ("cudnn", "pallas_gpu"):
+  if cfg.attention_sinks and cfg.attn_implementation in ("cudnn", "pallas_gpu", "flash"):
     raise ValueError(
       f"attention_sinks runs on attn_implementation 'xla' or 'splash', got {cfg.attn_implementation!r}"
     )

@@ -27,7 +27,7 @@ accepts an encoding registered later (``jaxpe.model.encodings.register``)."""
 PosEncoding = Literal[POS_ENCODINGS]
 """The names in ``POS_ENCODINGS`` as a type."""
 DType = Literal["float32", "bfloat16", "float16"]
-AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "auto"]
+AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "flash", "auto"]
 Remat = Literal["none", "full", "dots_saveable"]
 MeshAxis = Literal["data", "fsdp", "tensor", "context"]
 """The mesh axes ``(data, fsdp, tensor, context)``, the values of ``LogicalRules``."""
@@ -161,11 +161,12 @@ class ModelConfig(StrictConfig):
     "xla",
     description="attention backend (jaxpe.attention.kernels; HF's config word; the old key attention_impl is "
     "read with a DeprecationWarning): xla (einsum reference), cudnn (cuDNN flash attention, "
-    "NVIDIA GPU), splash (TPU), pallas_gpu (Triton), auto (splash on TPU, cudnn on GPU, else xla); "
+    "NVIDIA GPU), splash (TPU), pallas_gpu (Triton), flash (jaxpe's Pallas kernel, native ALiBi), auto "
+    "(splash on TPU, cudnn on GPU, else xla); "
     "KV-cache decoding always runs on xla",
   )
   attention_interpret: bool = pydantic.Field(
-    False, description="run the Pallas kernels (splash, pallas_gpu) in interpret mode (CPU tests)"
+    False, description="run the Pallas kernels (splash, pallas_gpu, flash) in interpret mode (CPU tests)"
   )
   alibi_emulation: Literal["lean", "exact", "rotated"] = pydantic.Field(
     "lean",

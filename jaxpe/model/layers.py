@@ -221,7 +221,16 @@ class Attention(nnx.Module):
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     enc = encodings.for_config(self.cfg)
-    q, k = enc.encode_layer_qk(q, k, positions, use_rope)
+    rope_spec = None
+    if (
+      self.cfg.attn_implementation == "flash"
+      and cache_kv is None
+      and isinstance(mask, masks.AttentionMask)
+      and (use_rope is None or (isinstance(use_rope, bool) and use_rope))
+    ):  # flash rotates q/k blocks inside its kernel (rope, xpos): q and k stay unrotated here
+      rope_spec = enc.rope_spec(positions, kv_positions)
+    if rope_spec is None:
+      q, k = enc.encode_layer_qk(q, k, positions, use_rope)
     if cache_kv is not None:
       k_cache, v_cache = cache_kv
       k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
@@ -266,6 +275,7 @@ class Attention(nnx.Module):
       implementation=cfg.attn_implementation if fused else "xla",
       interpret=cfg.attention_interpret,
       position_bias=position_bias,
+      rope_spec=rope_spec,
     )
     return self.o(out), (k, v) if cache_kv is not None else None
 

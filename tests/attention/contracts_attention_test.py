@@ -18,9 +18,11 @@ import pytest
 from jaxpe.attention import backends, emulated, kernels
 from jaxpe.attention import reference as attention
 from jaxpe.attention.masks import AttentionMask
+from jaxpe.attention.rope_spec import RopeSpec
 
 B, T, N, K, H = 2, 16, 2, 1, 8
-FUSED = ("splash", "pallas_gpu")
+FUSED = ("splash", "pallas_gpu", "flash")
+EMULATING = ("splash", "pallas_gpu")
 
 
 def _qkv(seed=0, t_len=T):
@@ -42,6 +44,11 @@ def _dpa(**kw):
 
 def _spec(**kw):
   return backends.AlibiSpec(**(dict(slopes=SLOPES, q_positions=POS, k_positions=POS, max_position=8) | kw))
+
+
+def _rope(**kw):
+  fields = dict(inv_freq=np.full(H // 2, 0.1), q_positions=POS, k_positions=POS, layout="half")
+  return RopeSpec(**(fields | kw))
 
 
 def _att(impl):
@@ -179,12 +186,59 @@ for _impl in ("xla", *FUSED):
     (
       _impl,
       "implementation",
-      dict(implementation="flash"),
+      dict(implementation="triton"),
       ValueError,
       r"attention implementation must be one of",
     ),
     (_impl, "interpret", dict(interpret="yes"), TypeError, r"interpret must be a bool"),
     (_impl, "alibi_spec", dict(alibi_spec="alibi"), TypeError, r"alibi_spec must be an AlibiSpec"),
+    (_impl, "rope_spec", dict(rope_spec="rope"), TypeError, r"rope_spec must be a RopeSpec"),
+    (
+      _impl,
+      "rope_spec",
+      dict(rope_spec=_rope(inv_freq=[1, 2])),
+      TypeError,
+      r"RopeSpec.inv_freq must be a float",
+    ),
+    (_impl, "rope_spec", dict(rope_spec=_rope(inv_freq=np.ones(5))), ValueError, r"R must be <= H"),
+    (
+      _impl,
+      "rope_spec",
+      dict(rope_spec=_rope(inv_freq=[nan])),
+      ValueError,
+      r"RopeSpec.inv_freq must be finite",
+    ),
+    (
+      _impl,
+      "rope_spec",
+      dict(rope_spec=_rope(q_positions=POS[:1])),
+      ValueError,
+      r"RopeSpec.q_positions must",
+    ),
+    (
+      _impl,
+      "rope_spec",
+      dict(rope_spec=_rope(k_positions=-POS)),
+      ValueError,
+      r"RopeSpec.k_positions must be",
+    ),
+    (
+      _impl,
+      "rope_spec",
+      dict(rope_spec=_rope(k_positions=POS.astype(jnp.float32))),
+      TypeError,
+      r"RopeSpec.k_positions",
+    ),
+    (_impl, "rope_spec", dict(rope_spec=_rope(q_positions=POS[None])), ValueError, r"multi-axis \(mrope\)"),
+    (_impl, "rope_spec", dict(rope_spec=_rope(layout=None)), ValueError, r"RopeSpec.layout must be one of"),
+    (
+      _impl,
+      "rope_spec",
+      dict(rope_spec=_rope(attention_factor=inf)),
+      ValueError,
+      r"RopeSpec.attention_factor",
+    ),
+    (_impl, "rope_spec", dict(rope_spec=_rope(xpos_gamma="0.4")), TypeError, r"RopeSpec.xpos_gamma"),
     (
       _impl,
       "alibi_spec",
@@ -307,6 +361,9 @@ for _impl in FUSED:  # what only the fused kernels refuse (xla takes it)
     (_impl, "mask", dict(mask=jnp.ones((B, 1, 8, 8), bool)), ValueError, r"takes an AttentionMask"),
     (_impl, "k", dict(k=_rand(B, 4, K, H), v=_rand(B, 4, K, H)), ValueError, r"self-attention \(T == S\)"),
     (_impl, "v", dict(v=_rand(B, 8, K, 0)), ValueError, r"content dims plus precise_dims"),
+  ]
+for _impl in EMULATING:  # the ALiBi emulation's limits (flash runs ALiBi natively)
+  ATTENTION_ROWS += [
     (
       _impl,
       "alibi_spec",
@@ -352,7 +409,7 @@ ATTENTION_ROWS += [
   (
     "emulated_alibi_attention",
     "implementation",
-    dict(implementation="flash"),
+    dict(implementation="triton"),
     ValueError,
     r"implementation must be one of",
   ),

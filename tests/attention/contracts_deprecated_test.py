@@ -69,7 +69,7 @@ def test_impl_keyword_is_a_deprecated_spelling_of_implementation(call):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     with pytest.raises(ValueError, match="attention implementation must be one of"):
-      call(impl="flash")
+      call(impl="triton")
 
 
 def test_backend_helpers_take_implementation_and_the_old_keyword():

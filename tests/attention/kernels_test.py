@@ -43,6 +43,10 @@ MODEL_CASES = [
   ("splash", dict(pos_encoding="alibi", alibi_emulation="exact", alibi_heads=3)),
   ("splash", dict(pos_encoding="alibi", alibi_emulation="rotated", rope_alibi_order=3)),
   ("splash", dict(pos_encoding="rope_alibi", rope_alibi_order=1)),
+  # flash: RoPE / xPos rotated inside the kernel (RopeSpec), ALiBi native in the kernel
+  ("flash", dict(pos_encoding="rope", rope_scaling=dict(rope_type="yarn", factor=2.0), rotary_dim=32)),
+  ("flash", dict(pos_encoding="xpos")),
+  ("flash", dict(pos_encoding="alibi")),  # native ALiBi in the kernel
 ]
 
 
@@ -96,7 +100,7 @@ def test_unavailable_backend_names_the_available_ones():
   with pytest.raises(ValueError, match="'cudnn' is not available"):
     kernels.attention(x, x, x, scale=1.0, implementation="cudnn", interpret=True)
   with pytest.raises(ValueError, match="must be one of"):
-    kernels.attention(x, x, x, scale=1.0, implementation="flash")
+    kernels.attention(x, x, x, scale=1.0, implementation="triton")
   assert backends.resolve_backend("auto") == "xla"  # on CPU
 
 
@@ -296,7 +300,7 @@ def test_gradients_through_a_kernel_match_xla():
 
 def test_config_keys_refuse_what_cannot_run():
   with pytest.raises(ValueError, match="attn_implementation"):
-    ModelConfig(attn_implementation="flash")
+    ModelConfig(attn_implementation="triton")
   with pytest.raises(ValueError, match="alibi_emulation='rotated' needs ALiBi on every head"):
     ModelConfig(pos_encoding="alibi", alibi_heads=2, alibi_emulation="rotated")
   model = Decoder(

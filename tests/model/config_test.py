@@ -249,4 +249,4 @@ def test_old_attention_impl_key_is_read_as_attn_implementation_with_a_warning(tm
   with pytest.raises(pydantic.ValidationError, match="give attn_implementation only"):
     ModelConfig(attention_impl="xla", attn_implementation="xla")
   with pytest.raises(pydantic.ValidationError, match="attn_implementation"):
-    ModelConfig(attn_implementation="flash")
+    ModelConfig(attn_implementation="triton")

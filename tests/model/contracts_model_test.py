@@ -66,7 +66,7 @@ CONFIG_CASES = [
   ("rope_alibi_order", 0, "rope_alibi_order"),
   ("rope_alibi_order", 9, "rope_alibi_order"),
   ("rope_alibi_in_projection", True, "rope_alibi_in_projection=True needs"),
-  ("attn_implementation", "flash", "attn_implementation"),
+  ("attn_implementation", "triton", "attn_implementation"),
   ("alibi_emulation", "approx", "alibi_emulation"),
   ("layernorm_eps", 0.0, "layernorm_eps"),
   ("layernorm_eps", math.nan, "layernorm_eps"),

@@ -39,6 +39,7 @@ from flax import nnx
 from jaxpe import emulation
 from jaxpe.attention.kernels import AlibiSpec
 from jaxpe.attention.position_bias import PositionBias
+from jaxpe.attention.rope_spec import RopeSpec
 
 if TYPE_CHECKING:  # the config imports this registry for the names it accepts
   from jaxpe.model.cache import KVCache
@@ -127,6 +128,13 @@ class PositionalEncoding:
     if isinstance(use_rope, bool):
       return (self.encode_qk if use_rope else self.encode_qk_nope)(q, k, positions)
     return jax.lax.cond(use_rope, self.encode_qk, self.encode_qk_nope, q, k, positions)
+
+  def rope_spec(self, positions: jax.Array, kv_positions: jax.Array) -> RopeSpec | None:
+    """The rotation ``encode_qk`` applies, as a ``RopeSpec`` for a backend that rotates inside its
+    kernel (``flash``), from query ``positions [B, T]`` and key ``kv_positions [B, S]``; default
+    None (``encode_qk`` runs instead)."""
+    del positions, kv_positions
+    return None
 
   # -- attention bias -----------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxpe.attention.rope_spec import RopeSpec
 from jaxpe.model.encodings.base import PositionalEncoding, register
 from jaxpe.ops import rope
 
@@ -21,3 +22,7 @@ class Rope(PositionalEncoding):
     inv_freq, factor = cfg.rope_frequencies()  # rope_scaling + rotary_dim
     kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
     return rope.apply_rope(q, positions, **kw), rope.apply_rope(k, positions, **kw)
+
+  def rope_spec(self, positions: jax.Array, kv_positions: jax.Array) -> RopeSpec:
+    inv_freq, factor = self.cfg.rope_frequencies()
+    return RopeSpec(inv_freq, positions, kv_positions, layout=self.cfg.rope_layout, attention_factor=factor)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxpe.attention.rope_spec import RopeSpec
 from jaxpe.model.encodings.base import PositionalEncoding, register
 from jaxpe.ops import xpos
 
@@ -21,3 +22,17 @@ class XPos(PositionalEncoding):
     # in float32 for |p - offset| up to ~35,000 (config: max_len <= 65536).
     kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor, offset=cfg.max_len // 2)
     return xpos.apply_xpos(q, positions, kind="query", **kw), xpos.apply_xpos(k, positions, kind="key", **kw)
+
+  def rope_spec(self, positions: jax.Array, kv_positions: jax.Array) -> RopeSpec:
+    cfg = self.cfg
+    inv_freq, factor = cfg.rope_frequencies()
+    return RopeSpec(
+      inv_freq,
+      positions,
+      kv_positions,
+      layout=cfg.rope_layout,
+      attention_factor=factor,
+      xpos_scale_base=512.0,  # apply_xpos's defaults, as encode_qk
+      xpos_gamma=0.4,
+      xpos_offset=cfg.max_len // 2,
+    )

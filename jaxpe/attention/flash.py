@@ -1,0 +1,232 @@
+"""The ``flash`` backend: jaxpe's own Pallas flash attention, with RoPE and ALiBi inside the kernel.
+
+``pl.pallas_call`` kernels (``jaxpe.attention.flash_kernels``): GPU through Triton, TPU through
+Mosaic, CPU with ``interpret=True`` (the tests). What the other fused backends get as prepared
+arrays, this kernel computes per block from positions:
+
+- RoPE (``RopeSpec``): q and k blocks are rotated as they are loaded, cos/sin from the positions
+  and frequencies: ``float32(p) * float32(inv_freq)`` (``phase_precision="float32"``, HF / Meta's
+  phases) or ``apply_rope``'s exact phases (``"exact"``: its fixed-point turns in 12-bit chunks,
+  reduced with exact float32 products, within ~6e-7 rad for positions below 2^24), times
+  ``attention_factor`` and xPos's scale; the q/k gradients are rotated back (the transpose) in the backward kernels. No rotated
+  q/k is written to memory. The rotate-half partner is a matmul with a constant signed permutation
+  ``[D, D]`` (both layouts, partial ``rotary_dim``): per k block it costs ``block x D x D`` FLOPs, as
+  much as the block's ``q.k`` when the q block has D rows.
+- ALiBi (``AlibiSpec``): the native bias ``-m_h (i - j)`` from the position blocks (no emulation
+  dims, no ``[B, N, T, S]`` array); ``form`` / ``order`` / ``theta`` / ``max_position`` are not
+  used (they describe the emulation of the other fused backends).
+- ``precise_dims`` (``rope_alibi``'s float32 emulation dims of q and k): contracted in float32 at
+  HIGHEST inside the kernel, beside the content dims.
+- Masks: causal (key blocks past the diagonal are skipped), padding and packed documents as
+  segment ids (``masks.kernel_segment_ids``); rows of padding queries return zeros, as on the
+  other fused backends. Grouped-query heads read their kv head through the index map (no repeat).
+- T is padded to whole blocks (``backends.kernel_length``), q/k and v dims to a power of two.
+
+Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
+probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients
+flow to q, k and v (emulation dims included); positions, ``inv_freq``, ALiBi slopes and xPos
+settings are constants (not differentiated).
+
+Not yet run on a GPU or TPU: every figure is interpret mode on CPU.
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
+E emulation dims, D padded head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpe.attention import flash_kernels
+from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
+from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
+from jaxpe.attention.rope_spec import RopeSpec, kernel_tables
+
+MAX_BLOCK = 128
+"""Rows per q and k block (T up to 128 runs as one block of the next power of two >= 16)."""
+
+
+def attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  scale: float,
+  mask: AttentionMask | None,
+  bias: jax.Array | None = None,
+  alibi_spec: AlibiSpec | None = None,
+  rope_spec: RopeSpec | None = None,
+  precise_dims: int = 0,
+  interpret: bool = False,
+  sinks: jax.Array | None = None,
+  block: int | None = None,
+) -> jax.Array:
+  """``jaxpe.attention.attention`` on ``flash``, its shared checks done: ``[B, T, N, H]`` of v's dtype.
+
+  Args:
+    q: ``[B, T, N, H + E]`` float queries (E = ``precise_dims``), not rotated when ``rope_spec``
+      is given (its first H dims are rotated in the kernel).
+    k: ``[B, T, K, H + E]`` float keys, ``N % K == 0``.
+    v: ``[B, T, K, H]`` float values.
+    scale: score scale, > 0.
+    mask: an ``AttentionMask`` or None.
+    bias: must be None (the kernel takes no dense bias).
+    alibi_spec, rope_spec: checked specs (``check_alibi_spec`` / ``check_rope_spec``).
+    precise_dims: E, trailing float32 dims of q and k (contracted in float32).
+    interpret: run the kernels in Pallas interpret mode (CPU).
+    sinks: must be None.
+    block: rows per block, a power of two >= 8 (tests); default ``kernel_length`` (T up to 128
+      as one block, else 128).
+
+  Raises:
+    ValueError: a bias, a dense mask or an IndexMask, sinks, T != S, H = 0, q/k not H + E dims,
+      concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``.
+  """
+  if sinks is not None:
+    raise ValueError(
+      "attention implementation 'flash' takes no attention sinks; sinks run on 'xla' and 'splash'"
+    )
+  if bias is not None:
+    raise ValueError(
+      "attention implementation 'flash' takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
+      "(a native bias inside the kernel) or use implementation='xla'"
+    )
+  if mask is not None and not isinstance(mask, AttentionMask):
+    raise ValueError(
+      "attention implementation 'flash' takes an AttentionMask (causal, padding, segment ids), not a "
+      f"{type(mask).__name__} (a dense mask or an IndexMask); KV-cache decoding runs on implementation='xla'"
+    )
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv, head_dim = k.shape[1], k.shape[2], v.shape[-1]
+  if s_len != t_len:
+    raise ValueError(
+      f"attention implementation 'flash' is for self-attention (T == S), got T={t_len}, S={s_len}"
+    )
+  if qk_dim - precise_dims != head_dim:
+    raise ValueError(
+      f"q/k must carry H = {head_dim} content dims plus precise_dims = {precise_dims}, got Hq = {qk_dim}"
+    )
+  if head_dim == 0:
+    raise ValueError(f"attention implementation 'flash' needs a head dim H >= 1, got v of shape {v.shape}")
+  if rope_spec is not None and rope_spec.phase_precision == "exact":
+    for name, pos in (("q_positions", rope_spec.q_positions), ("k_positions", rope_spec.k_positions)):
+      if not isinstance(pos, jax.core.Tracer) and np.size(pos) and int(np.max(np.asarray(pos))) >= 2**24:
+        raise ValueError(
+          f"RopeSpec.{name} reach {int(np.max(np.asarray(pos)))}: the flash kernel's exact phases hold "
+          "positions below 2^24; use phase_precision='float32'"
+        )
+  if block is None:
+    length = kernel_length("flash", t_len)
+    block = min(MAX_BLOCK, length)
+  else:
+    if isinstance(block, bool) or not isinstance(block, int) or block < 8 or block & (block - 1):
+      raise ValueError(f"block must be a power of two >= 8, got {block!r}")
+    length = -(-t_len // block) * block
+  if batch == 0 or t_len == 0:
+    return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
+  mask = mask or AttentionMask(causal=False)
+  if mask.segment_ids is not None:
+    mask = dataclasses.replace(mask, segment_ids=dense_segment_ids(mask.segment_ids))
+
+  dim = padded_head_dim("flash", head_dim)
+  extra_t = length - t_len
+
+  def layout(x, width):  # [B, T, ., W] -> [B, ., length, width] (zeros past T and W)
+    x = jnp.pad(x, ((0, 0), (0, extra_t), (0, 0), (0, width - x.shape[-1])))
+    return jnp.transpose(x, (0, 2, 1, 3))
+
+  def column(x, dtype=jnp.float32):  # [B, T] -> [B, length, 1]
+    return jnp.pad(x, ((0, 0), (0, extra_t)))[:, :, None].astype(dtype)
+
+  def row(x, dtype=jnp.float32):  # [B, T] -> [B, 1, length]
+    return jnp.pad(x, ((0, 0), (0, extra_t)))[:, None, :].astype(dtype)
+
+  aux: dict[str, jax.Array] = {}
+  qe = ke = None
+  if precise_dims:
+    qe = layout(q[..., head_dim:].astype(jnp.float32), precise_dims)
+    ke = layout(k[..., head_dim:].astype(jnp.float32), precise_dims)
+  cfg = flash_kernels.Config(
+    scale=float(scale), causal=mask.causal, block=block, groups=num_heads // num_kv, interpret=interpret
+  )
+  if rope_spec is not None:
+    tables = kernel_tables(rope_spec, dim)
+    aux.update(rq=column(rope_spec.q_positions), rk=column(rope_spec.k_positions))
+    exact = rope_spec.phase_precision == "exact"
+    aux.update(perm=tables["perm"], amp=tables["amp"])
+    if exact:
+      aux["turns"] = tables["turns"]
+    else:
+      aux["freq"] = tables["freq"]
+    xpos = rope_spec.xpos_scale_base is not None
+    if xpos:  # float32(p - offset), the int32 difference of xpos_scale
+      offset = jnp.int32(rope_spec.xpos_offset)
+      aux.update(
+        xq=column(rope_spec.q_positions.astype(jnp.int32) - offset),
+        xk=column(rope_spec.k_positions.astype(jnp.int32) - offset),
+        logz=tables["logz"],
+      )
+    cfg = dataclasses.replace(
+      cfg,
+      rope=True,
+      xpos=xpos,
+      exact=exact,
+      scale_base=float(rope_spec.xpos_scale_base or 512.0),
+    )
+  if alibi_spec is not None:
+    aux.update(
+      aq=column(alibi_spec.q_positions),
+      ak=row(alibi_spec.k_positions),
+      slopes=jnp.asarray(alibi_spec.slopes, jnp.float32).reshape(num_heads, 1, 1),
+    )
+  valid = None if mask.valid is None else mask.valid.astype(bool)
+  kernel_mask = dataclasses.replace(
+    mask,
+    valid=None
+    if valid is None and not extra_t
+    else jnp.pad(jnp.ones((batch, t_len), bool) if valid is None else valid, ((0, 0), (0, extra_t))),
+    segment_ids=None if mask.segment_ids is None else jnp.pad(mask.segment_ids, ((0, 0), (0, extra_t))),
+  )
+  ids = kernel_segment_ids(kernel_mask, batch, length)
+  if ids is not None:
+    aux.update(sq=ids[:, :, None], sk=ids[:, None, :])
+  out = _flash(
+    cfg, layout(q[..., :head_dim], dim), layout(k[..., :head_dim], dim), layout(v, dim), qe, ke, aux
+  )
+  out = jnp.transpose(out, (0, 2, 1, 3))[:, :t_len, :, :head_dim]
+  if valid is not None:
+    out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
+  return out.astype(v.dtype)
+
+
+def _kernel_aux(qe, ke, aux):
+  extra = dict(aux)
+  if qe is not None:
+    extra.update(qe=qe, ke=ke)
+  return extra
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v, qe, ke, aux):
+  """``o [B, N, T, Dv]`` of the kernel layouts (differentiable in q, k, v, qe, ke)."""
+  return flash_kernels.forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)[0]
+
+
+def _flash_fwd(cfg, q, k, v, qe, ke, aux):
+  o, lse = flash_kernels.forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)
+  return o, (q, k, v, qe, ke, aux, o, lse)
+
+
+def _flash_bwd(cfg, res, do):
+  q, k, v, qe, ke, aux, o, lse = res
+  dq, dk, dv, dqe, dke = flash_kernels.backward(q, k, v, _kernel_aux(qe, ke, aux), o, lse, do, cfg)
+  zeros = jax.tree.map(jnp.zeros_like, aux)  # positions, tables, slopes, ids: constants
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqe, dke, zeros
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

@@ -1,0 +1,345 @@
+"""The Pallas kernels of the ``flash`` backend: forward, dq, and dk/dv, with RoPE and ALiBi inside.
+
+FlashAttention-2 (Dao, arXiv 2307.08691): the grid runs over (batch, head, block of rows), a loop
+over the other side's blocks keeps the online softmax (running max and sum, float32 accumulation);
+the backward recomputes the probabilities from the saved log-sum-exp. RoPE is applied to each q and
+k block as it is loaded (``rotate``: ``x cos + (x @ perm) sin``, cos and sin from float32 positions x
+the per-dim frequency), and its transpose to the q/k gradients; ALiBi's bias ``-m_h (i - j)`` is built
+from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
+their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
+
+Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, T, D]``, v
+``[B, K, T, Dv]``, emulation dims ``qe [B, N, T, E]`` / ``ke [B, K, T, E]`` float32 (contracted at
+float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
+``p - offset`` ``xq`` / ``xk``, ALiBi query positions ``aq``, segment ids ``sq`` int32) and rows
+``[B, 1, T]`` (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
+tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
+Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
+two and full minor dims, as in jax's own Triton and Mosaic attention kernels; the kernels use only
+``jnp`` / ``lax`` ops both lower.
+
+Shape alphabet: B batch, T tokens, N heads, K kv heads, G = N / K, D q/k dims, Dv v dims,
+E emulation dims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked block gives no NaN
+_HI = lax.Precision.HIGHEST
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Static kernel settings (hashable: a ``custom_vjp`` nondiff argument)."""
+
+  scale: float
+  causal: bool
+  block: int
+  groups: int
+  rope: bool = False
+  xpos: bool = False
+  exact: bool = False
+  scale_base: float = 512.0
+  interpret: bool = False
+
+
+def _dot(a, b):  # [m, k] @ [k, n]
+  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+
+
+def _dot_nt(a, b):  # [m, k] @ [n, k]^T
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+
+
+def _dot_tn(a, b):  # [k, m]^T @ [k, n]
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+
+
+def _centred(x):
+  return x - jnp.floor(x + 0.5)  # x minus the nearest integer: exact for float32 x
+
+
+def _exact_phase(pos, turns):
+  """``2 pi frac(p U / 2^64)`` for integer-valued float32 ``p < 2^24`` ``[rows, 1]`` and the 12-bit
+  chunks ``c0..c4`` of U (``turns [8, D]``): ``p = a 2^12 + b``; every product ``a c_j``, ``b c_j`` is
+  an exact float32 integer, its scaled fraction exact; three roundings of at most 2^-25 turn remain
+  (``jaxpe.ops.exact_phases`` reduces the same U in uint32)."""
+  c = [turns[j : j + 1, :] for j in range(5)]
+  a = jnp.floor(pos * jnp.float32(2.0**-12))
+  b = pos - a * jnp.float32(2.0**12)
+  s12, s24, s36, s48 = (jnp.float32(2.0**-e) for e in (12, 24, 36, 48))
+  t = _centred(_centred(b * c[0] * s12) + _centred(a * c[1] * s12))  # exact
+  t = _centred(t + _centred(_centred(b * c[1] * s24) + _centred(a * c[2] * s24)))
+  t = t + ((b * c[2] + a * c[3]) * s36 + (b * c[3] + a * c[4]) * s48)
+  return t * jnp.float32(2 * np.pi)
+
+
+def _cos_sin(r, cfg: Config, pos, delta, sign: float):
+  """Per-dim ``(cos * amp, sin * amp)`` ``[rows, D]`` for position column ``pos`` ``[rows, 1]``."""
+  if cfg.exact:
+    phase = _exact_phase(pos, r["turns"][...])
+  else:
+    phase = pos * r["freq"][...]  # float32(p) * float32(inv_freq): rope_phases
+  cos, sin = jnp.cos(phase), jnp.sin(phase)
+  amp = r["amp"][...]  # attention_factor on the rotated dims, 1 past R
+  if cfg.xpos:  # xpos_scale: exp(float32(p - offset) * (sign / scale_base) * log zeta), 1 past R
+    amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * r["logz"][...]) * amp
+  cos, sin = cos * amp, sin * amp
+  return cos, sin
+
+
+def _rotate(x, cs, perm):
+  """RoPE of a block: ``x cos + (x @ perm) sin`` in float32 (``perm``: the signed pair swap)."""
+  x = x.astype(jnp.float32)
+  return x * cs[0] + _dot(x, perm) * cs[1]
+
+
+def _rotate_t(g, cs, perm):
+  """The transpose of ``_rotate`` applied to a gradient: ``g cos - ((g sin) @ perm)`` (perm^T = -perm)."""
+  return g * cs[0] - _dot(g * cs[1], perm)
+
+
+def _q_cs(r, cfg, rows):
+  return _cos_sin(r, cfg, r["rq"][rows, :], r["xq"][rows, :] if cfg.xpos else None, 1.0)
+
+
+def _k_cs(r, cfg, rows):
+  return _cos_sin(r, cfg, r["rk"][rows, :], r["xk"][rows, :] if cfg.xpos else None, -1.0)
+
+
+def _scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
+  """Masked float32 scores ``[bq, bk]`` of a q block and a k block (rotated, with ALiBi)."""
+  s = _dot_nt(qr, kr)
+  if qe is not None:
+    s = s + _dot_nt(qe, ke)
+  s = s * jnp.float32(cfg.scale)
+  if slope is not None:  # ALiBi: -m_h (i - j) from the position blocks (alibi_bias)
+    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols])
+  mask = None
+  if "sq" in r:
+    mask = r["sq"][q_rows, :] == r["sk"][:, k_cols]
+  if cfg.causal:
+    bq, bk = s.shape
+    span_q = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    span_k = k_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    causal = span_q >= span_k
+    mask = causal if mask is None else jnp.logical_and(mask, causal)
+  return s, mask
+
+
+def _load_q_side(r, cfg, q_ref, qe_ref, rows):
+  """A q block rotated (``[bq, D]`` in q's dtype) and its float32 emulation dims (or None)."""
+  q = q_ref[rows, :]
+  cs = _q_cs(r, cfg, rows) if cfg.rope else None
+  qr = _rotate(q, cs, r["perm"][...]).astype(q.dtype) if cfg.rope else q
+  qe = None if qe_ref is None else qe_ref[rows, :]
+  return qr, qe, cs
+
+
+def _load_k_side(r, cfg, rows):
+  k = r["k"][rows, :]
+  cs = _k_cs(r, cfg, rows) if cfg.rope else None
+  kr = _rotate(k, cs, r["perm"][...]).astype(k.dtype) if cfg.rope else k
+  ke = r["ke"][rows, :] if "ke" in r else None
+  return kr, ke, cs
+
+
+def _forward_kernel(*refs, names, cfg: Config):
+  r = dict(zip(names, refs, strict=True))
+  i = pl.program_id(2)
+  bq = bk = cfg.block
+  local = pl.ds(0, bq)  # the q-side refs are blocks of bq rows, the k side whole sequences
+  qr, qe, _ = _load_q_side(r, cfg, r["q"], r.get("qe"), local)
+  slope = r["slopes"][...] if "slopes" in r else None
+  dv = r["v"].shape[-1]
+
+  def body(j, carry):
+    o, m, denom = carry
+    k_rows = pl.ds(j * bk, bk)
+    kr, ke, _ = _load_k_side(r, cfg, k_rows)
+    s, mask = _scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    if mask is not None:
+      s = jnp.where(mask, s, MASK_VALUE)
+    m_next = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+    corr = jnp.exp(m - m_next)
+    p = jnp.exp(s - m_next)
+    v = r["v"][k_rows, :]
+    o = o * corr + _dot(p.astype(v.dtype), v)
+    return o, m_next, denom * corr + jnp.sum(p, axis=-1, keepdims=True)
+
+  n_k = r["k"].shape[0] // bk
+  upper = i + 1 if cfg.causal else n_k
+  init = (
+    jnp.zeros((bq, dv), jnp.float32),
+    jnp.full((bq, 1), -jnp.inf, jnp.float32),
+    jnp.zeros((bq, 1), jnp.float32),
+  )
+  o, m, denom = lax.fori_loop(0, upper, body, init)
+  r["o"][...] = (o / denom).astype(r["o"].dtype)
+  r["lse"][...] = m + jnp.log(denom)
+
+
+def _dq_kernel(*refs, names, cfg: Config):
+  r = dict(zip(names, refs, strict=True))
+  i = pl.program_id(2)
+  bq = bk = cfg.block
+  local = pl.ds(0, bq)
+  qr, qe, q_cs = _load_q_side(r, cfg, r["q"], r.get("qe"), local)
+  slope = r["slopes"][...] if "slopes" in r else None
+  do, lse, delta = r["do"][...], r["lse"][...], r["delta"][...]
+
+  def body(j, carry):
+    dq, dqe = carry
+    k_rows = pl.ds(j * bk, bk)
+    kr, ke, _ = _load_k_side(r, cfg, k_rows)
+    s, mask = _scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    p = jnp.exp(s - lse)
+    if mask is not None:
+      p = jnp.where(mask, p, 0.0)
+    v = r["v"][k_rows, :]
+    ds = p * (_dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
+    dq = dq + _dot(ds.astype(kr.dtype), kr)
+    if dqe is not None:
+      dqe = dqe + _dot(ds, ke)
+    return dq, dqe
+
+  n_k = r["k"].shape[0] // bk
+  upper = i + 1 if cfg.causal else n_k
+  init = (jnp.zeros(qr.shape, jnp.float32), None if qe is None else jnp.zeros(qe.shape, jnp.float32))
+  dq, dqe = lax.fori_loop(0, upper, body, init)
+  if cfg.rope:
+    dq = _rotate_t(dq, q_cs, r["perm"][...])
+  r["dq"][...] = dq.astype(r["dq"].dtype)
+  if dqe is not None:
+    r["dqe"][...] = dqe
+
+
+def _dkv_kernel(*refs, names, cfg: Config):
+  r = dict(zip(names, refs, strict=True))
+  j = pl.program_id(2)
+  bq = bk = cfg.block
+  local = pl.ds(0, bk)
+  kr, ke, k_cs = _load_k_side(r, cfg, local)
+  v = r["v"][...]
+  n_q = r["q"].shape[1] // bq
+  lower = j if cfg.causal else 0
+
+  def head(g, carry):
+    slope = r["slopes"][g] if "slopes" in r else None
+    q_ref, qe_ref = r["q"].at[g], r["qe"].at[g] if "qe" in r else None
+
+    def body(i, carry):
+      dk, dke, dv = carry
+      q_rows = pl.ds(i * bq, bq)
+      qr, qe, _ = _load_q_side(r, cfg, q_ref, qe_ref, q_rows)
+      s, mask = _scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
+      p = jnp.exp(s - r["lse"][g, q_rows, :])
+      if mask is not None:
+        p = jnp.where(mask, p, 0.0)
+      do = r["do"][g, q_rows, :]
+      dv = dv + _dot_tn(p.astype(do.dtype), do)
+      ds = p * (_dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
+      dk = dk + _dot_tn(ds.astype(qr.dtype), qr)
+      if dke is not None:
+        dke = dke + _dot_tn(ds, qe)
+      return dk, dke, dv
+
+    return lax.fori_loop(lower, n_q, body, carry)
+
+  init = (
+    jnp.zeros(kr.shape, jnp.float32),
+    None if ke is None else jnp.zeros(ke.shape, jnp.float32),
+    jnp.zeros(v.shape, jnp.float32),
+  )
+  dk, dke, dv = lax.fori_loop(0, cfg.groups, head, init)
+  if cfg.rope:
+    dk = _rotate_t(dk, k_cs, r["perm"][...])
+  r["dk"][...] = dk.astype(r["dk"].dtype)
+  r["dv"][...] = dv.astype(r["dv"].dtype)
+  if dke is not None:
+    r["dke"][...] = dke
+
+
+# ---------------------------------------------------------------- pallas_call builders
+
+_SIDE = {"rq": "q", "xq": "q", "aq": "q", "sq": "q", "rk": "k", "xk": "k", "ak": "k_row", "sk": "k_row"}
+
+
+def _spec(name, x, cfg: Config, rows_of: str):
+  """BlockSpec of operand ``name`` in a grid (b, head, block); ``rows_of`` names the blocked side."""
+  bl, g = cfg.block, cfg.groups
+  if name in ("freq", "amp", "logz", "perm", "turns"):
+    return pl.BlockSpec(x.shape, lambda b, h, i: (0, 0))
+  if name == "slopes":
+    if rows_of == "k":  # dk/dv: the G query heads of kv head h
+      return pl.BlockSpec((g, 1, 1), lambda b, h, i: (h, 0, 0))
+    return pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0))
+  side = _SIDE.get(name)
+  if side is not None:  # per-token columns [B, T, 1] / rows [B, 1, T]
+    blocked = side.startswith(rows_of)
+    if side == "k_row":
+      shape = (None, 1, bl if blocked else x.shape[2])
+      return pl.BlockSpec(shape, (lambda b, h, i: (b, 0, i)) if blocked else (lambda b, h, i: (b, 0, 0)))
+    shape = (None, bl if blocked else x.shape[1], 1)
+    return pl.BlockSpec(shape, (lambda b, h, i: (b, i, 0)) if blocked else (lambda b, h, i: (b, 0, 0)))
+  head_side = "q" if name in ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe") else "k"
+  width = x.shape[-1]
+  if head_side == rows_of:  # the blocked operand of this grid
+    return pl.BlockSpec((None, None, bl, width), lambda b, h, i: (b, h, i, 0))
+  if head_side == "k":  # whole kv sequence of this query head's kv head (grouped-query heads)
+    return pl.BlockSpec((None, None, x.shape[2], width), lambda b, h, i: (b, h // g, 0, 0))
+  return pl.BlockSpec((None, g, x.shape[2], width), lambda b, h, i: (b, h, 0, 0))  # the G q heads
+
+
+def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
+  names = tuple(ins) + tuple(outs)
+  in_specs = [_spec(n, x, cfg, rows_of) for n, x in ins.items()]
+  out_specs = [_spec(n, x, cfg, rows_of) for n, x in outs.items()]
+  out = pl.pallas_call(
+    functools.partial(kernel, names=names, cfg=cfg),
+    grid=grid,
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in outs.values()],
+    interpret=cfg.interpret,
+    name=f"jaxpe_flash_{kernel.__name__.strip('_')}",
+  )(*ins.values())
+  return dict(zip(outs, out, strict=True))
+
+
+def forward(q, k, v, aux: dict, cfg: Config):
+  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``; ``aux``: the optional operands by name."""
+  batch, heads, length, _ = q.shape
+  ins = {"q": q, "k": k, "v": v, **aux}
+  outs = {
+    "o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype),
+    "lse": jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32),
+  }
+  got = _call(_forward_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
+  return got["o"], got["lse"]
+
+
+def backward(q, k, v, aux: dict, o, lse, do, cfg: Config):
+  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) by recomputation."""
+  batch, heads, length, _ = q.shape
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
+  ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
+  f32 = lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32)  # noqa: E731
+  outs = {"dq": f32(q)}
+  if "qe" in aux:
+    outs["dqe"] = f32(aux["qe"])
+  dq = _call(_dq_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
+  outs = {"dk": f32(k), "dv": f32(v)}
+  if "ke" in aux:
+    outs["dke"] = f32(aux["ke"])
+  dkv = _call(_dkv_kernel, ins, outs, cfg, "k", (batch, k.shape[1], length // cfg.block))
+  return dq["dq"], dkv["dk"], dkv["dv"], dq.get("dqe"), dkv.get("dke")
