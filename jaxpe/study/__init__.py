@@ -26,11 +26,13 @@ from jaxpe.study.config import (
   StudyConfig,
   eval_model_config,
   load_study_config,
+  model_dir,
   model_train_config,
 )
 from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll
 from jaxpe.study.report import cell, markdown, paired, plot_bits_per_byte, plot_loss_vs_position
 from jaxpe.study.run import StudyInterrupted, run_study
+from jaxpe.study.seeds import combine_seeds, paired_seeds
 from jaxpe.train.load import load_trained, trained_params
 
 __all__ = [
@@ -40,14 +42,17 @@ __all__ = [
   "StudyInterrupted",
   "cell",
   "chunks",
+  "combine_seeds",
   "emulation_check",
   "eval_model_config",
   "evaluate",
   "load_study_config",
   "load_trained",
   "markdown",
+  "model_dir",
   "model_train_config",
   "paired",
+  "paired_seeds",
   "plot_bits_per_byte",
   "plot_loss_vs_position",
   "run_study",

@@ -24,6 +24,7 @@ __all__ = [
   "StudyConfig",
   "eval_model_config",
   "load_study_config",
+  "model_dir",
   "model_train_config",
 ]
 
@@ -55,6 +56,19 @@ ENCODINGS: dict[str, Encoding] = {
   "alibi": Encoding("alibi", {"pos_encoding": "alibi"}),
   "rope_alibi_k1": Encoding("rope_alibi k=1", {"pos_encoding": "rope_alibi", "rope_alibi_order": 1}),
   "rope_alibi_k2": Encoding("rope_alibi k=2", {"pos_encoding": "rope_alibi", "rope_alibi_order": 2}),
+  # the encodings of issue 20
+  "rope_nope2": Encoding("rope, every 2nd layer NoPE", {"pos_encoding": "rope", "no_rope_layer_interval": 2}),
+  "p_rope": Encoding("p-RoPE (p = 0.75)", {"pos_encoding": "rope", "rope_proportion": 0.75}),
+  "rope_sinks": Encoding("rope + attention sinks", {"pos_encoding": "rope", "attention_sinks": True}),
+  "rope_alibi_hybrid": Encoding(
+    "rope + emulated alibi (hybrid, k=2)",
+    {"pos_encoding": "rope_alibi", "rope_alibi_order": 2, "rope_alibi_content_rope": True},
+  ),
+  "t5": Encoding("T5 relative bias", {"pos_encoding": "t5"}),
+  "kerple_log": Encoding("KERPLE log", {"pos_encoding": "kerple_log"}),
+  "kerple_power": Encoding("KERPLE power", {"pos_encoding": "kerple_power"}),
+  "fire": Encoding("FIRE", {"pos_encoding": "fire"}),
+  "cope": Encoding("CoPE", {"pos_encoding": "cope"}),
 }
 """Study rows by name, in table order."""
 
@@ -74,6 +88,11 @@ class StudyConfig(pydantic.BaseModel):
   eval_multiples: tuple[int, ...] = (1, 2, 4, 8)
   eval_windows: int = pydantic.Field(32, gt=1, description="W held-out windows of the longest length")
   eval_batch_size: int = pydantic.Field(8, gt=0, description="chunks per evaluation forward pass")
+  seeds: int = pydantic.Field(
+    1,
+    gt=0,
+    description="S models per encoding, trained with seeds train.seed + 0..S-1 (init and batch order)",
+  )
   train: TrainConfig = TrainConfig()
 
   @pydantic.model_validator(mode="before")
@@ -133,19 +152,36 @@ def load_study_config(
   return StudyConfig.model_validate(raw)
 
 
-def model_train_config(study: StudyConfig, name: str) -> TrainConfig:
-  """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings).
+def model_dir(name: str, seed: int = 0) -> str:
+  """The directory name of encoding ``name``'s model of seed index ``seed`` under ``<workdir>/models``:
+  ``name`` for seed 0 (the first edition's layout, so its finished models are reused), else
+  ``name.seed<k>``."""
+  return name if seed == 0 else f"{name}.seed{seed}"
+
+
+def model_train_config(study: StudyConfig, name: str, seed: int = 0) -> TrainConfig:
+  """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings) and seed index
+  ``seed`` (``train.seed + seed``, in ``<workdir>/models/model_dir(name, seed)``).
 
   Raises:
     KeyError: unknown name.
+    ValueError: ``seed`` outside ``0 .. study.seeds - 1``.
   """
+  if not isinstance(seed, int) or not 0 <= seed < study.seeds:
+    raise ValueError(f"seed must be an int in 0..{study.seeds - 1} (study.seeds - 1), got {seed!r}")
   enc = ENCODINGS[name]
   name = enc.base or name
   raw = study.train.model_dump(mode="python")
   model = {**raw["model"], "max_len": study.train.seq_len, "rope_scaling": None, **ENCODINGS[name].model}
   if model["pos_encoding"] == "rope_alibi":
     model["rope_alibi_context"] = study.longest
-  raw.update(model=model, workdir=str(Path(study.workdir) / "models" / name))
+  if model["pos_encoding"] == "cope":  # P positions of the training length, the same at every eval length
+    model["cope_npos_max"] = study.train.seq_len
+  raw.update(
+    model=model,
+    seed=study.train.seed + seed,
+    workdir=str(Path(study.workdir) / "models" / model_dir(name, seed)),
+  )
   return TrainConfig.model_validate(raw)
 
 

@@ -18,11 +18,15 @@ __all__ = ["cell", "markdown", "paired", "plot_bits_per_byte", "plot_loss_vs_pos
 
 
 def cell(entry: dict[str, Any] | None, table_size: int | None = None, *, signed: bool = False) -> str:
-  """A table cell: ``"mean ± ci95"`` (3 decimals; ``signed``: with a sign), or ``"n/a (table N)"``
-  for a row that cannot run."""
+  """A table cell: ``"mean ± ci95"`` (3 decimals; ``signed``: with a sign), ``"mean ± ci95 / ci95_seeds"``
+  where the entry has an interval across seeds (``jaxpe.study.seeds``), or ``"n/a (table N)"`` for a
+  row that cannot run."""
   if entry is None:
     return f"n/a (table {table_size})" if table_size else "n/a"
-  return f"{entry['bits_per_byte']:{'+' if signed else ''}.3f} ± {entry['ci95']:.3f}"
+  text = f"{entry['bits_per_byte']:{'+' if signed else ''}.3f} ± {entry['ci95']:.3f}"
+  if entry.get("ci95_seeds") is not None:
+    text += f" / {entry['ci95_seeds']:.3f}"
+  return text
 
 
 def paired(results: dict[str, dict[str, Any]], ref: str) -> dict[str, dict[str, Any]]:
@@ -54,16 +58,29 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
     row = report["results"][name]
     cells = [cell(row[str(k)], t.seq_len) for k in study.eval_multiples]
     lines.append(f"| {ENCODINGS[name].label} | " + " | ".join(cells) + " |")
-  steps = {b: r["step"] for b, r in report["models"].items()}
+  steps: Any = {b: r["step"] for b, r in report["models"].items()}
+  if len(set(steps.values())) == 1:
+    steps = f"{next(iter(steps.values()))} for each of the {len(steps)} models"
   data_desc = t.data.path or "the Python standard library sources"
+  seeds = (
+    f"seed {t.seed}"
+    if study.seeds == 1
+    else f"{study.seeds} seeds ({t.seed}..{t.seed + study.seeds - 1}: init and batch order) per encoding"
+  )
+  across = (
+    ""
+    if study.seeds == 1
+    else f" / 1.96 standard errors over the {study.seeds} seeds of the per-seed means; the mean and the "
+    "window interval pool the seeds (per-window means over seeds)"
+  )
   text = [
     "# Train short, test long",
     "",
     f"Held-out bits/byte (mean ± 1.96 standard errors over {study.eval_windows} held-out windows of "
-    f"{study.longest} bytes; each length scores the same bytes, cut into chunks of that length, each chunk "
-    f"starting without context). Trained on {data_desc} (max_bytes {t.data.max_bytes}) at length "
+    f"{study.longest} bytes{across}; each length scores the same bytes, cut into chunks of that length, each "
+    f"chunk starting without context). Trained on {data_desc} (max_bytes {t.data.max_bytes}) at length "
     f"{t.seq_len}: D {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, batch {t.batch_size}, "
-    f"{t.num_steps} steps, lr {t.learning_rate}, seed {t.seed}. The eval-time scalings reuse the rope "
+    f"{t.num_steps} steps, lr {t.learning_rate}, {seeds}. The eval-time scalings reuse the rope "
     "model's weights (linear factor m, dynamic NTK factor 1, YaRN factor m over the training length; "
     f"none at 1x). rope_alibi is tuned for {study.longest} tokens (max phase {m.rope_alibi_max_phase}). "
     "Learned positions have a table of the training length.",
@@ -77,8 +94,10 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
   if len(study.encodings) > 1:
     text += [
       "",
-      f"Paired difference from {ENCODINGS[ref].label} on the same windows (bits/byte, mean ± 1.96 standard "
-      "errors of the per-window differences; negative is better). Pairing removes the variation in how "
+      f"Paired difference from {ENCODINGS[ref].label} on the same windows and seeds (bits/byte, mean ± 1.96 "
+      "standard errors of the per-window differences"
+      + ("" if study.seeds == 1 else " (averaged over seeds) / of the per-seed mean differences")
+      + "; negative is better). Pairing removes the variation in how "
       "hard each window's text is, which dominates the intervals above.",
       "",
       head,
