@@ -30,7 +30,28 @@ from jaxpe.study.config import (
   model_train_config,
 )
 from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll
-from jaxpe.study.report import cell, markdown, paired, plot_bits_per_byte, plot_loss_vs_position
+from jaxpe.study.report import (
+  cell,
+  markdown,
+  paired,
+  plot_bits_per_byte,
+  plot_loss_vs_position,
+  retrieval_markdown,
+)
+from jaxpe.study.retrieval import (
+  KEY_DIGITS,
+  PLANT,
+  PROMPT,
+  evaluate_passkey,
+  finetune_batch,
+  finetune_passkey,
+  passkey_batch,
+  passkey_scores,
+  plant_offset,
+  random_keys,
+  retrieval_emulation,
+)
+from jaxpe.study.retrieval_run import combine_retrieval, run_retrieval
 from jaxpe.study.run import StudyInterrupted, run_study
 from jaxpe.study.seeds import combine_seeds, paired_seeds
 from jaxpe.train.load import load_trained, trained_params
@@ -38,14 +59,21 @@ from jaxpe.train.load import load_trained, trained_params
 __all__ = [
   "ENCODINGS",
   "Encoding",
+  "KEY_DIGITS",
+  "PLANT",
+  "PROMPT",
   "StudyConfig",
   "StudyInterrupted",
   "cell",
   "chunks",
+  "combine_retrieval",
   "combine_seeds",
   "emulation_check",
   "eval_model_config",
   "evaluate",
+  "evaluate_passkey",
+  "finetune_batch",
+  "finetune_passkey",
   "load_study_config",
   "load_trained",
   "markdown",
@@ -53,8 +81,15 @@ __all__ = [
   "model_train_config",
   "paired",
   "paired_seeds",
+  "passkey_batch",
+  "passkey_scores",
+  "plant_offset",
   "plot_bits_per_byte",
   "plot_loss_vs_position",
+  "random_keys",
+  "retrieval_emulation",
+  "retrieval_markdown",
+  "run_retrieval",
   "run_study",
   "study_windows",
   "token_nll",

@@ -93,6 +93,14 @@ class StudyConfig(pydantic.BaseModel):
     gt=0,
     description="S models per encoding, trained with seeds train.seed + 0..S-1 (init and batch order)",
   )
+  passkey_depths: tuple[float, ...] = pydantic.Field(
+    (), description="retrieval (jaxpe.study.retrieval): plant depths in [0, 1]; empty = no retrieval"
+  )
+  passkey_steps: int = pydantic.Field(100, ge=0, description="format-training steps before retrieval")
+  passkey_fraction: float = pydantic.Field(
+    0.5, ge=0, le=1, description="fraction of each format-training batch that is passkey samples"
+  )
+  passkey_learning_rate: float = pydantic.Field(1e-3, gt=0, description="format-training Adam learning rate")
   train: TrainConfig = TrainConfig()
 
   @pydantic.model_validator(mode="before")
@@ -114,6 +122,8 @@ class StudyConfig(pydantic.BaseModel):
       raise ValueError(
         f"eval_multiples must start at 1, increase, and each divide the next (e.g. [1, 2, 4, 8]), got {list(m)}"
       )
+    if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
+      raise ValueError(f"passkey_depths must lie in [0, 1], got {list(self.passkey_depths)}")
     return self
 
   @property

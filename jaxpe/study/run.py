@@ -23,6 +23,7 @@ from jaxpe.model.build import build_model
 from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_dir, model_train_config
 from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.report import markdown, plot_bits_per_byte, plot_loss_vs_position
+from jaxpe.study.retrieval_run import run_retrieval
 from jaxpe.study.seeds import combine_seeds, paired_seeds
 from jaxpe.train import trainer
 from jaxpe.train.config import TrainConfig
@@ -102,6 +103,7 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
     name: {k: combine_seeds([r[k] for r in rows]) for k in rows[0]} for name, rows in by_seed.items()
   }
   emu = emulation_check(study, windows) if "alibi" in study.encodings else []
+  retrieval = run_retrieval(study, windows, progress=progress) if study.passkey_depths else {}
   ref = "rope" if "rope" in study.encodings else study.encodings[0]
   report = {
     "config": study.model_dump(mode="json"),
@@ -112,6 +114,7 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
     "paired": paired_seeds(by_seed, ref),
     "results_by_seed": by_seed,
     "emulation_check": emu,
+    **retrieval,
     "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
     f"{jax.devices()[0].platform})",
     "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
