@@ -154,7 +154,7 @@ def retrieval_markdown(study: StudyConfig, report: dict[str, Any]) -> list[str]:
     "",
     "## Retrieval (passkey)",
     "",
-    f"A key of {KEY_DIGITS} random digits planted as `{PLANT.strip()}` at depths "
+    f"A key of {KEY_DIGITS} random digits planted as `{PLANT.format(key='38201').strip()}` at depths "
     f"{list(study.passkey_depths)} of held-out text ({study.eval_windows} samples per depth and length, the "
     f"windows above as filler), asked for at the end with `{PROMPT.strip()}`. Before retrieval every model "
     f"(every seed) is format-trained for {study.passkey_steps} Adam steps (lr {study.passkey_learning_rate}) at "

@@ -1,5 +1,5 @@
 """Retrieval: a synthetic passkey task on the study's byte-level models (Mohtashami & Jaggi,
-"Landmark Attention", arXiv 2305.16300, the passkey format), the short format training every
+"Landmark Attention", arXiv 2305.16300, the passkey format, shortened to fit 64-byte contexts), the short format training every
 encoding gets, and the emulation check on retrieval.
 
 A sample of eval length L is ``L + 1`` bytes: held-out text with ``PLANT`` (a key of ``KEY_DIGITS``
@@ -19,6 +19,7 @@ learning rate and seed for every encoding.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -49,9 +50,9 @@ __all__ = [
 
 KEY_DIGITS = 5
 """Digits of a passkey."""
-PLANT = " the pass key is {key}. remember it. "
+PLANT = " pass key {key}. "
 """The sentence planted in the filler (``{key}``: the digits)."""
-PROMPT = " the pass key is "
+PROMPT = " pass key "
 """The question at the end of a sample; the key's digits follow it."""
 
 
@@ -120,6 +121,11 @@ def passkey_scores(logits: jax.Array, batch: jax.Array) -> tuple[jax.Array, jax.
   return bits, exact
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _scores(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return passkey_scores(nnx.merge(graphdef, state)(batch[:, :-1]), batch)
+
+
 def evaluate_passkey(
   model: Decoder, filler: np.ndarray, length: int, depths: tuple[float, ...], keys: list[str], batch_size: int
 ) -> dict[str, Any]:
@@ -131,7 +137,7 @@ def evaluate_passkey(
     certain), over samples, and over depths at the top level (Python floats).
   """
   graphdef, state = nnx.split(model)
-  call = jax.jit(lambda state, b: passkey_scores(nnx.merge(graphdef, state)(b[:, :-1]), b))
+  call = functools.partial(_scores, graphdef)  # compiled once per model config and shape
   by_depth = {}
   for d in depths:
     rows = passkey_batch(filler, length, d, keys)

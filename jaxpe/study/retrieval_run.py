@@ -146,6 +146,8 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
       if base not in tuned:
         tuned[base] = _finetuned(study, base, seed, tokens, progress)
       row: dict[str, Any] = {}
+      if progress:
+        print(f"[study] retrieval {model_dir(name, seed)} at {list(study.eval_multiples)}x", flush=True)
       for m in study.eval_multiples:
         mcfg = eval_model_config(study, name, m)
         length = m * study.train.seq_len
