@@ -11,7 +11,8 @@ the shapes its kernel receives, read with ``jax.eval_shape`` of ``jaxpe.attentio
 relative to ``rope`` on the same backend with the same H, and those bytes (MiB, B 1) at T 1k..64k
 (the kernels' memory is O(T): these operands and per-row softmax statistics). pallas_gpu repeats
 the kv heads inside its ``attend`` (its ``mha`` has no grouped heads): its bytes count N heads.
-``flash`` (jaxpe's own kernel) rows: ``rope`` (a ``RopeSpec``, rotated in the kernel), ``alibi``
+``flash`` (jaxpe's own kernel) rows: ``rope`` (an interleaved ``RopeSpec``, rotated in the kernel
+with a ``[D, D]`` permutation matmul), ``rope half`` (rotate-half: elementwise, no matmul), ``alibi``
 (native bias in the kernel), ``rope_alibi`` (its 2 float32 dims contracted in the kernel),
 ``rope + alibi`` (both specs); operands from its layout rules (``flash_kernel_operands``), matmul
 FLOPs of its forward, dq and dk/dv kernels counted with the ``[D, D]`` rotation matmuls
@@ -177,7 +178,7 @@ def emulation_extra_dims(backend: str, form: str, heads: int, head_dim: int) -> 
   )
 
 
-FLASH_FORMS = ("rope", "alibi", "rope_alibi", "rope + alibi")
+FLASH_FORMS = ("rope", "rope half", "alibi", "rope_alibi", "rope + alibi")
 FLASH_EMULATION_DIMS = 2  # rope_alibi of order 1: float32 dims of q and k
 
 
@@ -185,8 +186,9 @@ def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head
   """``{name: (shape, dtype name)}`` of the ``flash`` forward kernel's operands and output ``o`` (B 1).
 
   From the layout rules of ``jaxpe.attention.flash`` (not traced): T' = ``kernel_length``, q/k and v
-  padded to D = ``padded_head_dim("flash", H)``; ``rope`` / ``rope + alibi`` pass a ``RopeSpec``
-  (unrotated q/k; positions, ``perm [D, D]``, ``amp``, exact-phase ``turns``), ``alibi`` an
+  padded to D = ``padded_head_dim("flash", H)``; ``rope`` / ``rope + alibi`` pass an interleaved
+  ``RopeSpec`` (unrotated q/k; positions, ``perm [D, D]``, ``amp``, exact-phase ``turns``), ``rope
+  half`` a rotate-half one (R = H; no ``perm`` where ``flash.rope_split`` rotates elementwise), ``alibi`` an
   ``AlibiSpec`` (positions and slopes), ``rope_alibi`` q/k rotated by ``apply_rope_alibi`` (float32,
   its default ``out_dtype``; K kv heads) plus its 2 float32 dims as ``qe`` / ``ke``; segment ids where T is padded; ``none``: none.
   """
@@ -202,9 +204,11 @@ def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head
   if form == "rope_alibi":  # the key part is head-independent: K kv heads
     ops["qe"] = ((1, heads, length, FLASH_EMULATION_DIMS), "float32")
     ops["ke"] = ((1, kv_heads, length, FLASH_EMULATION_DIMS), "float32")
-  if form in ("rope", "rope + alibi"):
-    ops.update(rq=(column, "float32"), rk=(column, "float32"), perm=((d, d), "float32"))
+  if form in ("rope", "rope half", "rope + alibi"):
+    ops.update(rq=(column, "float32"), rk=(column, "float32"))
     ops.update(amp=((1, d), "float32"), turns=((8, d), "float32"))
+    if form != "rope half" or not flash.rope_split("half", head_dim // 2, d):
+      ops["perm"] = ((d, d), "float32")  # the rotation matmul's signed permutation
   if form in ("alibi", "rope + alibi"):
     ops.update(aq=(column, "float32"), ak=(row, "float32"), slopes=((heads, 1, 1), "float32"))
   if length > t_len:  # padded rows: segment ids
@@ -218,7 +222,8 @@ def flash_flops(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int)
   Counted from ``flash_kernels``: P = nb (nb + 1) / 2 causal block pairs per head (nb = T' / b,
   b = ``min(128, T')``; a diagonal pair is a whole block). Per pair: ``q.k`` 2 b^2 (D + E), ``p.v``
   2 b^2 Dv (forward); dq adds ``do.v`` and ``ds.k`` (+ ``ds.ke``); dk/dv ``p.do``, ``do.v``,
-  ``ds.q`` (+ ``ds.qe``). In-kernel RoPE rotates with the ``[D, D]`` permutation matmul (2 b D^2):
+  ``ds.q`` (+ ``ds.qe``). In-kernel RoPE (but the elementwise rotate-half: no ``perm``) rotates with
+  the ``[D, D]`` permutation matmul (2 b D^2):
   the k block once per pair in forward and dq, the q block once per pair in dk/dv, and once per
   program the own block (forward), the own block and its gradient (dq, dk/dv). ``alibi_ops``:
   elementwise ops of the native bias ``s - m (i - j)`` (3 per score, in each of the 3 kernels).

@@ -140,8 +140,9 @@ def _flash_kernels(form, head_dim):
     kw = dict(
       scale=head_dim**-0.5, mask=masks.AttentionMask(causal=True), implementation="flash", interpret=True
     )
-    if form in ("rope", "rope + alibi"):
-      kw["rope_spec"] = RopeSpec(rope.rope_inv_freq(head_dim), pos, pos, layout="interleaved")
+    if form in ("rope", "rope half", "rope + alibi"):
+      layout = "half" if form == "rope half" else "interleaved"
+      kw["rope_spec"] = RopeSpec(rope.rope_inv_freq(head_dim), pos, pos, layout=layout)
     if form in ("alibi", "rope + alibi"):
       kw["alibi_spec"] = backends.AlibiSpec(slopes, pos, pos, max_position=65536, form="lean", theta=theta)
     if form == "rope_alibi":
@@ -223,5 +224,7 @@ def test_flash_cost_rows_match_the_kernels_jaxpr(head_dim):
     assert np.isclose(row["train_none"], train(flops) / train(none_flops))
     assert (row["qk_dim"], row["v_dim"], row["k_heads"]) == (dqk, dv, kk)
     assert np.isclose(row["mib"][T_FLASH], n_bytes(operands) / 2**20)
-  # RoPE in the kernel costs its rotation matmuls; native ALiBi none (elementwise only)
-  assert traced["rope"][1]["fwd"] > traced["none"][1]["fwd"] == traced["alibi"][1]["fwd"]
+  # interleaved RoPE in the kernel costs its rotation matmuls; rotate-half (elementwise) and native
+  # ALiBi (elementwise bias) none
+  fwd = {f: c[1]["fwd"] for f, c in traced.items()}
+  assert fwd["rope"] > fwd["none"] == fwd["alibi"] == fwd["rope half"]
