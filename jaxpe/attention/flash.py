@@ -9,9 +9,11 @@ arrays, this kernel computes per block from positions:
   phases) or ``apply_rope``'s exact phases (``"exact"``: its fixed-point turns in 12-bit chunks,
   reduced with exact float32 products, within ~6e-7 rad for positions below 2^24), times
   ``attention_factor`` and xPos's scale; the q/k gradients are rotated back (the transpose) in the backward kernels. No rotated
-  q/k is written to memory. The rotate-half partner is a matmul with a constant signed permutation
-  ``[D, D]`` (both layouts, partial ``rotary_dim``): per k block it costs ``block x D x D`` FLOPs, as
-  much as the block's ``q.k`` when the q block has D rows.
+  q/k is written to memory. ``"half"`` layout (h = R / 2 and the unrotated rest D - R powers of
+  two or 0): the two halves are read as lane ranges and rotated elementwise (``x1 cos - x2 sin``,
+  ``x2 cos + x1 sin``), ``q.k`` summed over the ranges (no matmul beyond attention's own).
+  ``"interleaved"`` (its pairs are adjacent lanes) and other widths: the partner is a matmul with a
+  constant signed permutation ``[D, D]``, ``2 block D^2`` FLOPs per block rotated.
 - ALiBi (``AlibiSpec``): the native bias ``-m_h (i - j)`` from the position blocks (no emulation
   dims, no ``[B, N, T, S]`` array); ``form`` / ``order`` / ``theta`` / ``max_position`` are not
   used (they describe the emulation of the other fused backends).
@@ -158,7 +160,10 @@ def attend(
     tables = kernel_tables(rope_spec, dim)
     aux.update(rq=column(rope_spec.q_positions), rk=column(rope_spec.k_positions))
     exact = rope_spec.phase_precision == "exact"
-    aux.update(perm=tables["perm"], amp=tables["amp"])
+    split = rope_split(rope_spec.layout, rope_spec.inv_freq.shape[0], dim)
+    aux["amp"] = tables["amp"]
+    if not split:
+      aux["perm"] = tables["perm"]
     if exact:
       aux["turns"] = tables["turns"]
     else:
@@ -177,6 +182,7 @@ def attend(
       xpos=xpos,
       exact=exact,
       scale_base=float(rope_spec.xpos_scale_base or 512.0),
+      split=split,
     )
   if alibi_spec is not None:
     aux.update(
@@ -202,6 +208,16 @@ def attend(
   if valid is not None:
     out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)
+
+
+def rope_split(layout: str, half: int, dim: int) -> int:
+  """The rotate-half width h the kernel rotates elementwise (``flash_kernels.Config.split``), or 0
+  for the ``[D, D]`` permutation matmul: ``"half"`` layout with h (= R / 2) and ``dim - 2h`` (the
+  unrotated rest, padding included) powers of two or 0, so each lane range is a power-of-two block
+  (Triton); ``"interleaved"`` pairs are adjacent lanes, which lane ranges cannot separate."""
+  rest = dim - 2 * half
+  pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
+  return half if layout == "half" and pow2(half) and (rest == 0 or pow2(rest)) else 0
 
 
 def _kernel_aux(qe, ke, aux):

@@ -219,9 +219,10 @@ def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, ca
   _assert_close(got, want, f"{layout} R={rotary_dim}")
 
 
-def test_xpos_and_native_alibi_in_the_kernel_match_the_reference():
-  # xPos (interleaved) and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query
-  # get a positive bias too); one head without ALiBi
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout):
+  # xPos and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query get a positive
+  # bias too); one head without ALiBi; interleaved (perm matmul) and rotate-half (elementwise)
   xpos = (16.0, 0.4, 4)  # scale_base, gamma, offset: a strong decay at T 13
   slopes = np.array([0.5, 0.25, 0.0, 1.0])
   inv_freq, _ = rope_frequencies(None, head_dim=H)
@@ -230,13 +231,13 @@ def test_xpos_and_native_alibi_in_the_kernel_match_the_reference():
 
   def reference(q, k, v, inv_freq, pos):
     return _reference(
-      q, k, v, mask, rope=(inv_freq, pos, pos, "interleaved", 1.0), xpos=xpos, alibi=(slopes, pos, pos)
+      q, k, v, mask, rope=(inv_freq, pos, pos, layout, 1.0), xpos=xpos, alibi=(slopes, pos, pos)
     )
 
-  kernel = _rope_run("flash", mask, "interleaved", xpos=xpos, alibi=slopes)
+  kernel = _rope_run("flash", mask, layout, xpos=xpos, alibi=slopes)
   got = _value_and_grads(kernel, q, k, v, ct, inv_freq, pos)
   want = _value_and_grads(reference, q, k, v, ct, inv_freq, pos)
-  _assert_close(got, want, "xpos + alibi")
+  _assert_close(got, want, f"xpos + alibi ({layout})")
 
 
 def test_rope_alibi_emulation_dims_are_contracted_in_float32():
