@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = record["date"].replace(":", "").replace("-", "")
     path = out_dir / f"accelerator-{stamp}-{record['commit']}.json"
+    # written now, so a results dir that cannot be written fails before any part spends the budget
+    path.write_text(json.dumps(record, indent=1, default=_json_default) + "\n")
   runners = {
     "a": accelerator_parts.part_a,
     "b": accelerator_parts.part_b,
