@@ -172,3 +172,12 @@ def test_accelerator_check_unwritable_results_dir_fails_before_any_part(monkeypa
   with pytest.raises(OSError):
     check.main(["--smoke", "--parts", "b", "--budget", "5", "--results-dir", "/proc"])
   assert ran == []
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "nan", "inf"])
+def test_accelerator_check_refuses_a_budget_that_is_not_positive(budget, capsys):
+  """``--budget 0`` ran the default 40 / 450 s and a negative one ran with no time; both are refused."""
+  check = _load_check()
+  with pytest.raises(SystemExit) as err:
+    check.main(["--smoke", "--parts", "b", "--budget", budget, "--no-record"])
+  assert err.value.code == 2 and "--budget must be a number of seconds > 0" in capsys.readouterr().err
