@@ -85,8 +85,8 @@ def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim:
 def _dims(backend: str, encoding: str, head_dim: int, t_len: int, heads: int) -> tuple[int, int]:
   """(extra q/k dims, head dim the kernel computes with)."""
   form = {"rope": None, "alibi": "lean", "alibi_rot": "rotated", "rope_alibi": "rotated"}[encoding]
-  if backend in ("xla", "flash") and encoding == "alibi_rot":
-    form = None  # xla and flash run ALiBi natively
+  if backend in ("xla", "flash", "tokamax") and encoding == "alibi_rot":
+    form = None  # xla, flash and tokamax run ALiBi natively
   slopes = alibi.alibi_slopes_f64(heads)
   extra = backends.emulation_dim_count(
     backend, alibi_form=form, order=1, max_position=t_len, slopes=slopes, scale=head_dim**-0.5

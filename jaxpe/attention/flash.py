@@ -186,8 +186,8 @@ def attend(
     )
   if alibi_spec is not None:
     aux.update(
-      aq=column(alibi_spec.q_positions),
-      ak=row(alibi_spec.k_positions),
+      aq=column(alibi_spec.q_positions, jnp.int32),  # int32: i - j exact in the kernel (as alibi_bias)
+      ak=row(alibi_spec.k_positions, jnp.int32),
       slopes=jnp.asarray(alibi_spec.slopes, jnp.float32).reshape(num_heads, 1, 1),
     )
   valid = None if mask.valid is None else mask.valid.astype(bool)

@@ -12,8 +12,8 @@ their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum 
 Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, T, D]``, v
 ``[B, K, T, Dv]``, emulation dims ``qe [B, N, T, E]`` / ``ke [B, K, T, E]`` float32 (contracted at
 float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
-``p - offset`` ``xq`` / ``xk``, ALiBi query positions ``aq``, segment ids ``sq`` int32) and rows
-``[B, 1, T]`` (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
+``p - offset`` ``xq`` / ``xk``; int32: ALiBi query positions ``aq``, segment ids ``sq``) and rows
+``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
 two and full minor dims, as in jax's own Triton and Mosaic attention kernels; the kernels use only
@@ -162,8 +162,8 @@ def _scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
   if qe is not None:
     s = s + _dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
-  if slope is not None:  # ALiBi: -m_h (i - j) from the position blocks (alibi_bias)
-    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols])
+  if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
+    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
     mask = r["sq"][q_rows, :] == r["sk"][:, k_cols]

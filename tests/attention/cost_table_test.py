@@ -228,3 +228,24 @@ def test_flash_cost_rows_match_the_kernels_jaxpr(head_dim):
   # ALiBi (elementwise bias) none
   fwd = {f: c[1]["fwd"] for f, c in traced.items()}
   assert fwd["rope"] > fwd["none"] == fwd["alibi"] == fwd["rope half"]
+
+
+@pytest.mark.parametrize("impl", ["xla", "flash", "tokamax"])
+def test_native_alibi_backends_count_no_emulation_dims(impl):
+  # ALiBi is a native bias there (tokamax: its broadcast bias, even where it is not installed);
+  # rope_alibi's dims are the float32 ones apply_rope_alibi adds beyond H
+  pos = jnp.arange(8, dtype=jnp.int32)[None]
+  q = jnp.zeros((1, 8, N, 16), jnp.float32)
+  q_aug, _ = apply_rope_alibi(q, q, pos, pos, slopes=alibi.alibi_slopes_f64(N), theta=0.01, order=2)
+  count = lambda form: backends.emulation_dim_count(  # noqa: E731
+    impl, alibi_form=form, order=2, max_position=65536, slopes=alibi.alibi_slopes_f64(N), scale=0.25
+  )
+  assert count("lean") == count("exact") == 0
+  assert count("rotated") == q_aug.shape[-1] - 16 == 4
+
+
+def test_emulation_dim_count_refuses_unknown_names():
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    backends.emulation_dim_count("cudnnn", alibi_form="lean")
+  with pytest.raises(ValueError, match="alibi_form must be None or one of"):
+    backends.emulation_dim_count("cudnn", alibi_form="leen")
