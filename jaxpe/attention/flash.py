@@ -27,7 +27,9 @@ arrays, this kernel computes per block from positions:
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
 probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients
 flow to q, k and v (emulation dims included); positions, ``inv_freq``, ALiBi slopes and xPos
-settings are constants (not differentiated).
+settings are constants (not differentiated). First-order gradients only: ``jax.grad`` of ``jax.grad``
+(or ``jax.hessian``) fails at trace time ("Linearization failed"), as for jax's own Pallas kernels;
+the ``xla`` backend (blockwise) has second derivatives.
 
 Not yet run on a GPU or TPU: every figure is interpret mode on CPU.
 
