@@ -210,7 +210,7 @@ def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head
     if form != "rope half" or not flash.rope_split("half", head_dim // 2, d):
       ops["perm"] = ((d, d), "float32")  # the rotation matmul's signed permutation
   if form in ("alibi", "rope + alibi"):
-    ops.update(aq=(column, "float32"), ak=(row, "float32"), slopes=((heads, 1, 1), "float32"))
+    ops.update(aq=(column, "int32"), ak=(row, "int32"), slopes=((heads, 1, 1), "float32"))
   if length > t_len:  # padded rows: segment ids
     ops.update(sq=(column, "int32"), sk=(row, "int32"))
   return ops
