@@ -48,6 +48,7 @@ import numpy as np
 
 from jaxpe.attention import flash_kernels
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
+from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
 from jaxpe.attention.rope_spec import RopeSpec, kernel_tables
 
@@ -100,23 +101,9 @@ def attend(
       "attention implementation 'flash' takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
       "(a native bias inside the kernel) or use implementation='xla'"
     )
-  if mask is not None and not isinstance(mask, AttentionMask):
-    raise ValueError(
-      "attention implementation 'flash' takes an AttentionMask (causal, padding, segment ids), not a "
-      f"{type(mask).__name__} (a dense mask or an IndexMask); KV-cache decoding runs on implementation='xla'"
-    )
-  batch, t_len, num_heads, qk_dim = q.shape
-  s_len, num_kv, head_dim = k.shape[1], k.shape[2], v.shape[-1]
-  if s_len != t_len:
-    raise ValueError(
-      f"attention implementation 'flash' is for self-attention (T == S), got T={t_len}, S={s_len}"
-    )
-  if qk_dim - precise_dims != head_dim:
-    raise ValueError(
-      f"q/k must carry H = {head_dim} content dims plus precise_dims = {precise_dims}, got Hq = {qk_dim}"
-    )
-  if head_dim == 0:
-    raise ValueError(f"attention implementation 'flash' needs a head dim H >= 1, got v of shape {v.shape}")
+  check_kernel_operands("flash", q, k, v, mask, precise_dims)
+  batch, t_len, num_heads, _ = q.shape
+  num_kv, head_dim = k.shape[2], v.shape[-1]
   if rope_spec is not None and rope_spec.phase_precision == "exact":
     for name, pos in (("q_positions", rope_spec.q_positions), ("k_positions", rope_spec.k_positions)):
       if not isinstance(pos, jax.core.Tracer) and np.size(pos) and int(np.max(np.asarray(pos))) >= 2**24:
