@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--no-record", action="store_true")
   parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU")
   args = parser.parse_args(argv)
-  budget = args.budget or (40.0 if args.smoke else 450.0)
+  if args.budget is not None and not 0 < args.budget < float("inf"):
+    parser.error(f"--budget must be a number of seconds > 0, got {args.budget}")
+  budget = args.budget if args.budget is not None else (40.0 if args.smoke else 450.0)
   t_start = time.perf_counter()
   device = jax.devices()[0]
   peak = args.peak_tflops * 1e12 if args.peak_tflops else accelerator_parts.datasheet_peak(device)
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = record["date"].replace(":", "").replace("-", "")
     path = out_dir / f"accelerator-{stamp}-{record['commit']}.json"
+    # written now, so a results dir that cannot be written fails before any part spends the budget
+    path.write_text(json.dumps(record, indent=1, default=_json_default) + "\n")
   runners = {
     "a": accelerator_parts.part_a,
     "b": accelerator_parts.part_b,

@@ -11,6 +11,13 @@ the shapes its kernel receives, read with ``jax.eval_shape`` of ``jaxpe.attentio
 relative to ``rope`` on the same backend with the same H, and those bytes (MiB, B 1) at T 1k..64k
 (the kernels' memory is O(T): these operands and per-row softmax statistics). pallas_gpu repeats
 the kv heads inside its ``attend`` (its ``mha`` has no grouped heads): its bytes count N heads.
+``flash`` (jaxpe's own kernel) rows: ``rope`` (an interleaved ``RopeSpec``, rotated in the kernel
+with a ``[D, D]`` permutation matmul), ``rope half`` (rotate-half: elementwise, no matmul), ``alibi``
+(native bias in the kernel), ``rope_alibi`` (its 2 float32 dims contracted in the kernel),
+``rope + alibi`` (both specs); operands from its layout rules (``flash_kernel_operands``), matmul
+FLOPs of its forward, dq and dk/dv kernels counted with the ``[D, D]`` rotation matmuls
+(``flash_flops``), also against plain attention on flash (``none``), and the native bias's
+elementwise ops apart.
 
 For each context T, encoding and backend (``jaxpe.attention``) it compiles one causal self-attention
 forward (B = 1 sequence, N heads, K = N, head dim H) and prints:
@@ -42,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import emulation
-from jaxpe.attention import backends, fused, kernels, masks
+from jaxpe.attention import backends, flash, fused, kernels, masks
 from jaxpe.ops import alibi, rope
 
 ENCODINGS = ("rope", "alibi", "alibi_rot", "rope_alibi")
@@ -78,8 +85,8 @@ def _attention_fn(backend: str, encoding: str, t_len: int, heads: int, head_dim:
 def _dims(backend: str, encoding: str, head_dim: int, t_len: int, heads: int) -> tuple[int, int]:
   """(extra q/k dims, head dim the kernel computes with)."""
   form = {"rope": None, "alibi": "lean", "alibi_rot": "rotated", "rope_alibi": "rotated"}[encoding]
-  if backend in ("xla", "flash") and encoding == "alibi_rot":
-    form = None  # xla and flash run ALiBi natively
+  if backend in ("xla", "flash", "tokamax") and encoding == "alibi_rot":
+    form = None  # xla, flash and tokamax run ALiBi natively
   slopes = alibi.alibi_slopes_f64(heads)
   extra = backends.emulation_dim_count(
     backend, alibi_form=form, order=1, max_position=t_len, slopes=slopes, scale=head_dim**-0.5
@@ -171,22 +178,129 @@ def emulation_extra_dims(backend: str, form: str, heads: int, head_dim: int) -> 
   )
 
 
+FLASH_FORMS = ("rope", "rope half", "alibi", "rope_alibi", "rope + alibi")
+FLASH_EMULATION_DIMS = 2  # rope_alibi of order 1: float32 dims of q and k
+
+
+def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+  """``{name: (shape, dtype name)}`` of the ``flash`` forward kernel's operands and output ``o`` (B 1).
+
+  From the layout rules of ``jaxpe.attention.flash`` (not traced): T' = ``kernel_length``, q/k and v
+  padded to D = ``padded_head_dim("flash", H)``; ``rope`` / ``rope + alibi`` pass an interleaved
+  ``RopeSpec`` (unrotated q/k; positions, ``perm [D, D]``, ``amp``, exact-phase ``turns``), ``rope
+  half`` a rotate-half one (R = H; no ``perm`` where ``flash.rope_split`` rotates elementwise), ``alibi`` an
+  ``AlibiSpec`` (positions and slopes), ``rope_alibi`` q/k rotated by ``apply_rope_alibi`` (float32,
+  its default ``out_dtype``; K kv heads) plus its 2 float32 dims as ``qe`` / ``ke``; segment ids where T is padded; ``none``: none.
+  """
+  length, d = backends.kernel_length("flash", t_len), backends.padded_head_dim("flash", head_dim)
+  qk_dtype = "float32" if form == "rope_alibi" else "bfloat16"  # apply_rope_alibi's out_dtype
+  ops = {
+    "q": ((1, heads, length, d), qk_dtype),
+    "k": ((1, kv_heads, length, d), qk_dtype),
+    "v": ((1, kv_heads, length, d), "bfloat16"),
+    "o": ((1, heads, length, d), "bfloat16"),
+  }
+  column, row = (1, length, 1), (1, 1, length)
+  if form == "rope_alibi":  # the key part is head-independent: K kv heads
+    ops["qe"] = ((1, heads, length, FLASH_EMULATION_DIMS), "float32")
+    ops["ke"] = ((1, kv_heads, length, FLASH_EMULATION_DIMS), "float32")
+  if form in ("rope", "rope half", "rope + alibi"):
+    ops.update(rq=(column, "float32"), rk=(column, "float32"))
+    ops.update(amp=((1, d), "float32"), turns=((8, d), "float32"))
+    if form != "rope half" or not flash.rope_split("half", head_dim // 2, d):
+      ops["perm"] = ((d, d), "float32")  # the rotation matmul's signed permutation
+  if form in ("alibi", "rope + alibi"):
+    ops.update(aq=(column, "int32"), ak=(row, "int32"), slopes=((heads, 1, 1), "float32"))
+  if length > t_len:  # padded rows: segment ids
+    ops.update(sq=(column, "int32"), sk=(row, "int32"))
+  return ops
+
+
+def flash_flops(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+  """Matmul FLOPs of the ``flash`` kernels (``fwd``, ``dq``, ``dkv``; B 1, causal) and ``alibi_ops``.
+
+  Counted from ``flash_kernels``: P = nb (nb + 1) / 2 causal block pairs per head (nb = T' / b,
+  b = ``min(128, T')``; a diagonal pair is a whole block). Per pair: ``q.k`` 2 b^2 (D + E), ``p.v``
+  2 b^2 Dv (forward); dq adds ``do.v`` and ``ds.k`` (+ ``ds.ke``); dk/dv ``p.do``, ``do.v``,
+  ``ds.q`` (+ ``ds.qe``). In-kernel RoPE (but the elementwise rotate-half: no ``perm``) rotates with
+  the ``[D, D]`` permutation matmul (2 b D^2):
+  the k block once per pair in forward and dq, the q block once per pair in dk/dv, and once per
+  program the own block (forward), the own block and its gradient (dq, dk/dv). ``alibi_ops``:
+  elementwise ops of the native bias ``s - m (i - j)`` (3 per score, in each of the 3 kernels).
+  """
+  ops = flash_kernel_operands(form, t_len, heads, kv_heads, head_dim)
+  length, d = ops["q"][0][2], ops["q"][0][3]
+  dv, kk = ops["v"][0][3], ops["k"][0][1]
+  e = FLASH_EMULATION_DIMS if "qe" in ops else 0
+  b = min(flash.MAX_BLOCK, length)
+  nb = length // b
+  pairs = heads * nb * (nb + 1) // 2  # all heads
+  rot = 2 * b * d * d if "perm" in ops else 0
+  score = 2 * b * b * (d + e)
+  return {
+    "fwd": pairs * (score + 2 * b * b * dv + rot) + heads * nb * rot,
+    "dq": pairs * (score + 2 * b * b * dv + 2 * b * b * (d + e) + rot) + heads * nb * 2 * rot,
+    "dkv": pairs * (score + 4 * b * b * dv + 2 * b * b * (d + e) + rot) + kk * nb * 2 * rot,
+    "alibi_ops": 3 * 3 * pairs * b * b if "slopes" in ops else 0,
+  }
+
+
+def flash_cost_row(
+  form: str, heads: int, kv_heads: int, head_dim: int, lengths=COST_LENGTHS, t_ref: int = 1024
+) -> dict:
+  """A ``flash`` row of the cost table: ``cost_row``'s keys, FLOPs with the in-kernel rotation,
+  and against plain attention on flash (``none``): ``flops_none`` (forward), ``train_none``
+  (forward + dq + dk/dv) and ``alibi_ops`` (the bias's elementwise ops over all three kernels, over
+  ``none``'s forward + backward matmul FLOPs). Bytes: every operand once (bf16 q, k, v, o; float32
+  emulation dims, positions, tables), at B 1. Ratios at T = ``t_ref``."""
+
+  def n_bytes(f, t_len):
+    ops = flash_kernel_operands(f, t_len, heads, kv_heads, head_dim)
+    return sum(int(np.prod(shape)) * jnp.dtype(dtype).itemsize for shape, dtype in ops.values())
+
+  ops = flash_kernel_operands(form, t_ref, heads, kv_heads, head_dim)
+  got, rope_f, none_f = (flash_flops(f, t_ref, heads, kv_heads, head_dim) for f in (form, "rope", "none"))
+  train = lambda c: c["fwd"] + c["dq"] + c["dkv"]  # noqa: E731
+  return {
+    "backend": "flash",
+    "form": form,
+    "extra": FLASH_EMULATION_DIMS if "qe" in ops else 0,
+    "qk_dim": ops["q"][0][3],
+    "v_dim": ops["v"][0][3],
+    "k_heads": ops["k"][0][1],
+    "flops": got["fwd"] / rope_f["fwd"],
+    "bytes": n_bytes(form, t_ref) / n_bytes("rope", t_ref),
+    "flops_none": got["fwd"] / none_f["fwd"],
+    "train_none": train(got) / train(none_f),
+    "alibi_ops": got["alibi_ops"] / train(none_f),
+    "mib": {t: n_bytes(form, t) / 2**20 for t in lengths},
+  }
+
+
 def print_cost_table(heads: int, kv_heads: int, head_dims) -> None:
   """The cost table as markdown, one block per H."""
   for h in head_dims:
     print(f"\nN {heads}, K {kv_heads}, H {h}, bf16, causal; ratios against rope on the same backend")
+    print("(vs none: plain attention on the same backend; fwd+bwd and ALiBi ops: flash's three kernels)")
     mib = " | ".join(f"MiB T {t // 1024}k" for t in COST_LENGTHS)
-    print(f"| backend | form | extra dims | q/k dim | v dim | kv heads in kernel | FLOPs | bytes | {mib} |")
-    print("|---|---|---|---|---|---|---|---|" + "---|" * len(COST_LENGTHS))
-    for backend in COST_BACKENDS:
-      for form in COST_FORMS:
-        r = cost_row(backend, form, heads, kv_heads, h)
-        cells = " | ".join(f"{r['mib'][t]:.3g}" for t in COST_LENGTHS)
-        print(
-          f"| {backend} | {form} | {r['extra']} | {r['qk_dim']} | {r['v_dim']} | {r['k_heads']} | "
-          f"{r['flops']:.3g}x | {r['bytes']:.3g}x | {cells} |",
-          flush=True,
-        )
+    print(
+      "| backend | form | extra dims | q/k dim | v dim | kv heads in kernel | FLOPs | bytes | FLOPs vs none "
+      f"| fwd+bwd FLOPs vs none | ALiBi elementwise ops vs none | {mib} |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(COST_LENGTHS))
+    rows = [cost_row(b, f, heads, kv_heads, h) for b in COST_BACKENDS for f in COST_FORMS]
+    rows += [flash_cost_row(f, heads, kv_heads, h) for f in FLASH_FORMS]
+    for r in rows:
+      cells = " | ".join(f"{r['mib'][t]:.3g}" for t in COST_LENGTHS)
+      flash_row = r["backend"] == "flash"
+      vs_none = r["flops_none"] if flash_row else r["flops"]  # rope outside the kernel: none's shapes
+      train = f"{r['train_none']:.3g}x" if flash_row else "-"
+      bias = f"{r['alibi_ops']:.3g}x" if flash_row else "0"
+      print(
+        f"| {r['backend']} | {r['form']} | {r['extra']} | {r['qk_dim']} | {r['v_dim']} | {r['k_heads']} | "
+        f"{r['flops']:.3g}x | {r['bytes']:.3g}x | {vs_none:.3g}x | {train} | {bias} | {cells} |",
+        flush=True,
+      )
 
 
 def _time(compiled, args, repeats: int) -> float:

@@ -3,7 +3,10 @@
 
 import importlib.util
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,3 +159,25 @@ def test_accelerator_check_budget_skips_with_a_reason(tmp_path):
   assert record["parts"]["b"]["rows"] == [] and "no time left" in record["parts"]["b"]["skipped"][0]
   record = check.main(["--smoke", "--parts", "b", "--budget", "0.5", "--no-record"])
   assert len(record["parts"]["b"]["rows"]) == 1 and "part deadline" in record["parts"]["b"]["skipped"][0]
+
+
+@pytest.mark.skipif(
+  not os.path.isdir("/proc/self"), reason="needs /proc: a directory no file can be created in"
+)
+def test_accelerator_check_unwritable_results_dir_fails_before_any_part(monkeypatch):
+  """A results dir that exists but takes no file fails at the start, not after a part has run."""
+  check = _load_check()
+  ran = []
+  monkeypatch.setattr(check.accelerator_parts, "part_b", lambda *a: ran.append("b"))
+  with pytest.raises(OSError):
+    check.main(["--smoke", "--parts", "b", "--budget", "5", "--results-dir", "/proc"])
+  assert ran == []
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "nan", "inf"])
+def test_accelerator_check_refuses_a_budget_that_is_not_positive(budget, capsys):
+  """``--budget 0`` ran the default 40 / 450 s and a negative one ran with no time; both are refused."""
+  check = _load_check()
+  with pytest.raises(SystemExit) as err:
+    check.main(["--smoke", "--parts", "b", "--budget", budget, "--no-record"])
+  assert err.value.code == 2 and "--budget must be a number of seconds > 0" in capsys.readouterr().err

@@ -253,12 +253,20 @@ def emulation_dim_count(
   ``lean_alibi_dim_count(slopes, kernel scale, max_position)`` (P slope parts x D digits: 2..6
   below 65536; without ``slopes``/``scale`` the most, P = 3), the exact form
   ``exact_alibi_dim_count(max_position)`` (18 below 65536), the rotated form 18k (9 bf16-exact
-  products per float32 dim). ``flash``: as ``xla`` (native ALiBi, float32 dims in the kernel).
+  products per float32 dim). ``flash`` and ``tokamax``: as ``xla`` (native ALiBi; float32 dims in
+  the kernel, or contracted at HIGHEST).
 
   Raises:
-    ValueError: as ``jaxpe.emulation.lean.lean_alibi_dim_count`` for the lean form.
+    ValueError: an unknown ``implementation`` (``BACKENDS`` and the optional ones) or ``alibi_form``
+      (None or one of ``ALIBI_FORMS``); as ``jaxpe.emulation.lean.lean_alibi_dim_count`` for the lean form.
   """
-  implementation = "xla" if implementation == "flash" else implementation
+  if implementation not in (*BACKENDS, *OPTIONAL_BACKENDS):
+    raise ValueError(
+      f"implementation must be one of {(*BACKENDS, *OPTIONAL_BACKENDS)} (not 'auto'), got {implementation!r}"
+    )
+  if alibi_form is not None and alibi_form not in ALIBI_FORMS:
+    raise ValueError(f"alibi_form must be None or one of {ALIBI_FORMS}, got {alibi_form!r}")
+  implementation = "xla" if implementation in ("flash", *OPTIONAL_BACKENDS) else implementation
   if alibi_form is None:
     return 0
   if implementation == "xla" and alibi_form in ("lean", "exact"):

@@ -9,9 +9,11 @@ arrays, this kernel computes per block from positions:
   phases) or ``apply_rope``'s exact phases (``"exact"``: its fixed-point turns in 12-bit chunks,
   reduced with exact float32 products, within ~6e-7 rad for positions below 2^24), times
   ``attention_factor`` and xPos's scale; the q/k gradients are rotated back (the transpose) in the backward kernels. No rotated
-  q/k is written to memory. The rotate-half partner is a matmul with a constant signed permutation
-  ``[D, D]`` (both layouts, partial ``rotary_dim``): per k block it costs ``block x D x D`` FLOPs, as
-  much as the block's ``q.k`` when the q block has D rows.
+  q/k is written to memory. ``"half"`` layout (h = R / 2 and the unrotated rest D - R powers of
+  two or 0): the two halves are read as lane ranges and rotated elementwise (``x1 cos - x2 sin``,
+  ``x2 cos + x1 sin``), ``q.k`` summed over the ranges (no matmul beyond attention's own).
+  ``"interleaved"`` (its pairs are adjacent lanes) and other widths: the partner is a matmul with a
+  constant signed permutation ``[D, D]``, ``2 block D^2`` FLOPs per block rotated.
 - ALiBi (``AlibiSpec``): the native bias ``-m_h (i - j)`` from the position blocks (no emulation
   dims, no ``[B, N, T, S]`` array); ``form`` / ``order`` / ``theta`` / ``max_position`` are not
   used (they describe the emulation of the other fused backends).
@@ -25,7 +27,9 @@ arrays, this kernel computes per block from positions:
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
 probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients
 flow to q, k and v (emulation dims included); positions, ``inv_freq``, ALiBi slopes and xPos
-settings are constants (not differentiated).
+settings are constants (not differentiated). First-order gradients only: ``jax.grad`` of ``jax.grad``
+(or ``jax.hessian``) fails at trace time ("Linearization failed"), as for jax's own Pallas kernels;
+the ``xla`` backend (blockwise) has second derivatives.
 
 Not yet run on a GPU or TPU: every figure is interpret mode on CPU.
 
@@ -44,6 +48,7 @@ import numpy as np
 
 from jaxpe.attention import flash_kernels
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
+from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
 from jaxpe.attention.rope_spec import RopeSpec, kernel_tables
 
@@ -96,23 +101,9 @@ def attend(
       "attention implementation 'flash' takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
       "(a native bias inside the kernel) or use implementation='xla'"
     )
-  if mask is not None and not isinstance(mask, AttentionMask):
-    raise ValueError(
-      "attention implementation 'flash' takes an AttentionMask (causal, padding, segment ids), not a "
-      f"{type(mask).__name__} (a dense mask or an IndexMask); KV-cache decoding runs on implementation='xla'"
-    )
-  batch, t_len, num_heads, qk_dim = q.shape
-  s_len, num_kv, head_dim = k.shape[1], k.shape[2], v.shape[-1]
-  if s_len != t_len:
-    raise ValueError(
-      f"attention implementation 'flash' is for self-attention (T == S), got T={t_len}, S={s_len}"
-    )
-  if qk_dim - precise_dims != head_dim:
-    raise ValueError(
-      f"q/k must carry H = {head_dim} content dims plus precise_dims = {precise_dims}, got Hq = {qk_dim}"
-    )
-  if head_dim == 0:
-    raise ValueError(f"attention implementation 'flash' needs a head dim H >= 1, got v of shape {v.shape}")
+  check_kernel_operands("flash", q, k, v, mask, precise_dims)
+  batch, t_len, num_heads, _ = q.shape
+  num_kv, head_dim = k.shape[2], v.shape[-1]
   if rope_spec is not None and rope_spec.phase_precision == "exact":
     for name, pos in (("q_positions", rope_spec.q_positions), ("k_positions", rope_spec.k_positions)):
       if not isinstance(pos, jax.core.Tracer) and np.size(pos) and int(np.max(np.asarray(pos))) >= 2**24:
@@ -158,7 +149,10 @@ def attend(
     tables = kernel_tables(rope_spec, dim)
     aux.update(rq=column(rope_spec.q_positions), rk=column(rope_spec.k_positions))
     exact = rope_spec.phase_precision == "exact"
-    aux.update(perm=tables["perm"], amp=tables["amp"])
+    split = rope_split(rope_spec.layout, rope_spec.inv_freq.shape[0], dim)
+    aux["amp"] = tables["amp"]
+    if not split:
+      aux["perm"] = tables["perm"]
     if exact:
       aux["turns"] = tables["turns"]
     else:
@@ -177,11 +171,12 @@ def attend(
       xpos=xpos,
       exact=exact,
       scale_base=float(rope_spec.xpos_scale_base or 512.0),
+      split=split,
     )
   if alibi_spec is not None:
     aux.update(
-      aq=column(alibi_spec.q_positions),
-      ak=row(alibi_spec.k_positions),
+      aq=column(alibi_spec.q_positions, jnp.int32),  # int32: i - j exact in the kernel (as alibi_bias)
+      ak=row(alibi_spec.k_positions, jnp.int32),
       slopes=jnp.asarray(alibi_spec.slopes, jnp.float32).reshape(num_heads, 1, 1),
     )
   valid = None if mask.valid is None else mask.valid.astype(bool)
@@ -202,6 +197,16 @@ def attend(
   if valid is not None:
     out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)
+
+
+def rope_split(layout: str, half: int, dim: int) -> int:
+  """The rotate-half width h the kernel rotates elementwise (``flash_kernels.Config.split``), or 0
+  for the ``[D, D]`` permutation matmul: ``"half"`` layout with h (= R / 2) and ``dim - 2h`` (the
+  unrotated rest, padding included) powers of two or 0, so each lane range is a power-of-two block
+  (Triton); ``"interleaved"`` pairs are adjacent lanes, which lane ranges cannot separate."""
+  rest = dim - 2 * half
+  pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
+  return half if layout == "half" and pow2(half) and (rest == 0 or pow2(rest)) else 0
 
 
 def _kernel_aux(qe, ke, aux):

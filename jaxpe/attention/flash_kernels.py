@@ -4,15 +4,16 @@ FlashAttention-2 (Dao, arXiv 2307.08691): the grid runs over (batch, head, block
 over the other side's blocks keeps the online softmax (running max and sum, float32 accumulation);
 the backward recomputes the probabilities from the saved log-sum-exp. RoPE is applied to each q and
 k block as it is loaded (``rotate``: ``x cos + (x @ perm) sin``, cos and sin from float32 positions x
-the per-dim frequency), and its transpose to the q/k gradients; ALiBi's bias ``-m_h (i - j)`` is built
+the per-dim frequency; rotate-half with power-of-two widths elementwise on the lane ranges of the two
+halves, ``Config.split``), and its transpose to the q/k gradients; ALiBi's bias ``-m_h (i - j)`` is built
 from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
 their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
 
 Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, T, D]``, v
 ``[B, K, T, Dv]``, emulation dims ``qe [B, N, T, E]`` / ``ke [B, K, T, E]`` float32 (contracted at
 float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
-``p - offset`` ``xq`` / ``xk``, ALiBi query positions ``aq``, segment ids ``sq`` int32) and rows
-``[B, 1, T]`` (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
+``p - offset`` ``xq`` / ``xk``; int32: ALiBi query positions ``aq``, segment ids ``sq``) and rows
+``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
 two and full minor dims, as in jax's own Triton and Mosaic attention kernels; the kernels use only
@@ -50,6 +51,7 @@ class Config:
   exact: bool = False
   scale_base: float = 512.0
   interpret: bool = False
+  split: int = 0  # rotate-half width h (elementwise rotation of lane ranges); 0: the perm matmul
 
 
 def _dot(a, b):  # [m, k] @ [k, n]
@@ -83,29 +85,67 @@ def _exact_phase(pos, turns):
   return t * jnp.float32(2 * np.pi)
 
 
+def _table(r, cfg: Config, name):
+  """A per-dim table ``[., D]``, or its first h lanes (the frequencies of the h pairs) when split."""
+  return r[name][...] if not cfg.split else r[name][:, pl.ds(0, cfg.split)]
+
+
 def _cos_sin(r, cfg: Config, pos, delta, sign: float):
-  """Per-dim ``(cos * amp, sin * amp)`` ``[rows, D]`` for position column ``pos`` ``[rows, 1]``."""
+  """Per-dim ``(cos * amp, sin * amp)`` ``[rows, D]`` (``[rows, h]`` when split) for ``pos`` ``[rows, 1]``."""
   if cfg.exact:
-    phase = _exact_phase(pos, r["turns"][...])
+    phase = _exact_phase(pos, _table(r, cfg, "turns"))
   else:
-    phase = pos * r["freq"][...]  # float32(p) * float32(inv_freq): rope_phases
+    phase = pos * _table(r, cfg, "freq")  # float32(p) * float32(inv_freq): rope_phases
   cos, sin = jnp.cos(phase), jnp.sin(phase)
-  amp = r["amp"][...]  # attention_factor on the rotated dims, 1 past R
+  amp = _table(r, cfg, "amp")  # attention_factor on the rotated dims, 1 past R
   if cfg.xpos:  # xpos_scale: exp(float32(p - offset) * (sign / scale_base) * log zeta), 1 past R
-    amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * r["logz"][...]) * amp
+    amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * _table(r, cfg, "logz")) * amp
   cos, sin = cos * amp, sin * amp
   return cos, sin
 
 
-def _rotate(x, cs, perm):
-  """RoPE of a block: ``x cos + (x @ perm) sin`` in float32 (``perm``: the signed pair swap)."""
-  x = x.astype(jnp.float32)
-  return x * cs[0] + _dot(x, perm) * cs[1]
+def _parts(cfg: Config, ref, rows):
+  """A block's q/k dims as a tuple of parts: ``(x [rows, D],)``; split (rotate-half, h = ``cfg.split``):
+  ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D)."""
+  if not cfg.split:
+    return (ref[rows, :],)
+  h, width = cfg.split, ref.shape[-1]
+  parts = [ref[rows, pl.ds(0, h)], ref[rows, pl.ds(h, h)]]
+  if width > 2 * h:
+    parts.append(ref[rows, pl.ds(2 * h, width - 2 * h)])
+  return tuple(parts)
 
 
-def _rotate_t(g, cs, perm):
-  """The transpose of ``_rotate`` applied to a gradient: ``g cos - ((g sin) @ perm)`` (perm^T = -perm)."""
-  return g * cs[0] - _dot(g * cs[1], perm)
+def _store(ref, parts):
+  """Write a tuple of parts (``_parts``) to the lane ranges of ``ref``."""
+  if len(parts) == 1:
+    ref[...] = parts[0].astype(ref.dtype)
+    return
+  start = 0
+  for x in parts:
+    ref[:, pl.ds(start, x.shape[-1])] = x.astype(ref.dtype)
+    start += x.shape[-1]
+
+
+def _rotate(r, cfg: Config, parts, cs):
+  """RoPE of a block in float32. Matmul path: ``x cos + (x @ perm) sin`` (``perm``: the signed pair
+  swap; interleaved pairs are adjacent lanes, which a lane-range split cannot separate, and
+  rotate-half widths that are not powers of two). Split (rotate-half): ``r1 = x1 cos - x2 sin``,
+  ``r2 = x2 cos + x1 sin`` elementwise, the rest of the dims unchanged (no matmul)."""
+  if not cfg.split:
+    x = parts[0].astype(jnp.float32)
+    return (x * cs[0] + _dot(x, r["perm"][...]) * cs[1],)
+  (cos, sin), (x1, x2) = cs, (x.astype(jnp.float32) for x in parts[:2])
+  return (x1 * cos - x2 * sin, x2 * cos + x1 * sin, *parts[2:])
+
+
+def _rotate_t(r, cfg: Config, g, cs):
+  """The transpose of ``_rotate`` applied to a gradient: ``g cos - ((g sin) @ perm)`` (perm^T = -perm);
+  split: ``g1 cos + g2 sin``, ``g2 cos - g1 sin``, the rest unchanged."""
+  if not cfg.split:
+    return (g[0] * cs[0] - _dot(g[0] * cs[1], r["perm"][...]),)
+  (cos, sin), (g1, g2) = cs, g[:2]
+  return (g1 * cos + g2 * sin, g2 * cos - g1 * sin, *g[2:])
 
 
 def _q_cs(r, cfg, rows):
@@ -117,13 +157,13 @@ def _k_cs(r, cfg, rows):
 
 
 def _scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
-  """Masked float32 scores ``[bq, bk]`` of a q block and a k block (rotated, with ALiBi)."""
-  s = _dot_nt(qr, kr)
+  """Masked float32 scores ``[bq, bk]`` of a q block and a k block (parts, rotated, with ALiBi)."""
+  s = sum(_dot_nt(a, b) for a, b in zip(qr, kr, strict=True))
   if qe is not None:
     s = s + _dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
-  if slope is not None:  # ALiBi: -m_h (i - j) from the position blocks (alibi_bias)
-    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols])
+  if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
+    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
     mask = r["sq"][q_rows, :] == r["sk"][:, k_cols]
@@ -137,18 +177,18 @@ def _scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
 
 
 def _load_q_side(r, cfg, q_ref, qe_ref, rows):
-  """A q block rotated (``[bq, D]`` in q's dtype) and its float32 emulation dims (or None)."""
-  q = q_ref[rows, :]
+  """A q block rotated (parts of ``[bq, D]`` in q's dtype) and its float32 emulation dims (or None)."""
+  q = _parts(cfg, q_ref, rows)
   cs = _q_cs(r, cfg, rows) if cfg.rope else None
-  qr = _rotate(q, cs, r["perm"][...]).astype(q.dtype) if cfg.rope else q
+  qr = tuple(x.astype(q[0].dtype) for x in _rotate(r, cfg, q, cs)) if cfg.rope else q
   qe = None if qe_ref is None else qe_ref[rows, :]
   return qr, qe, cs
 
 
 def _load_k_side(r, cfg, rows):
-  k = r["k"][rows, :]
+  k = _parts(cfg, r["k"], rows)
   cs = _k_cs(r, cfg, rows) if cfg.rope else None
-  kr = _rotate(k, cs, r["perm"][...]).astype(k.dtype) if cfg.rope else k
+  kr = tuple(x.astype(k[0].dtype) for x in _rotate(r, cfg, k, cs)) if cfg.rope else k
   ke = r["ke"][rows, :] if "ke" in r else None
   return kr, ke, cs
 
@@ -207,18 +247,19 @@ def _dq_kernel(*refs, names, cfg: Config):
       p = jnp.where(mask, p, 0.0)
     v = r["v"][k_rows, :]
     ds = p * (_dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
-    dq = dq + _dot(ds.astype(kr.dtype), kr)
+    dq = tuple(a + _dot(ds.astype(b.dtype), b) for a, b in zip(dq, kr, strict=True))
     if dqe is not None:
       dqe = dqe + _dot(ds, ke)
     return dq, dqe
 
   n_k = r["k"].shape[0] // bk
   upper = i + 1 if cfg.causal else n_k
-  init = (jnp.zeros(qr.shape, jnp.float32), None if qe is None else jnp.zeros(qe.shape, jnp.float32))
+  zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in qr)
+  init = (zeros, None if qe is None else jnp.zeros(qe.shape, jnp.float32))
   dq, dqe = lax.fori_loop(0, upper, body, init)
   if cfg.rope:
-    dq = _rotate_t(dq, q_cs, r["perm"][...])
-  r["dq"][...] = dq.astype(r["dq"].dtype)
+    dq = _rotate_t(r, cfg, dq, q_cs)
+  _store(r["dq"], dq)
   if dqe is not None:
     r["dqe"][...] = dqe
 
@@ -248,7 +289,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
       do = r["do"][g, q_rows, :]
       dv = dv + _dot_tn(p.astype(do.dtype), do)
       ds = p * (_dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
-      dk = dk + _dot_tn(ds.astype(qr.dtype), qr)
+      dk = tuple(a + _dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
       if dke is not None:
         dke = dke + _dot_tn(ds, qe)
       return dk, dke, dv
@@ -256,14 +297,14 @@ def _dkv_kernel(*refs, names, cfg: Config):
     return lax.fori_loop(lower, n_q, body, carry)
 
   init = (
-    jnp.zeros(kr.shape, jnp.float32),
+    tuple(jnp.zeros(x.shape, jnp.float32) for x in kr),
     None if ke is None else jnp.zeros(ke.shape, jnp.float32),
     jnp.zeros(v.shape, jnp.float32),
   )
   dk, dke, dv = lax.fori_loop(0, cfg.groups, head, init)
   if cfg.rope:
-    dk = _rotate_t(dk, k_cs, r["perm"][...])
-  r["dk"][...] = dk.astype(r["dk"].dtype)
+    dk = _rotate_t(r, cfg, dk, k_cs)
+  _store(r["dk"], dk)
   r["dv"][...] = dv.astype(r["dv"].dtype)
   if dke is not None:
     r["dke"][...] = dke

@@ -143,23 +143,9 @@ def prepare(
       float16 with an emulation.
   """
   impl = implementation
-  if mask is not None and not isinstance(mask, AttentionMask):
-    raise ValueError(
-      f"attention implementation {impl!r} takes an AttentionMask (causal, padding, segment ids), not a "
-      f"{type(mask).__name__} (a dense mask or an IndexMask); KV-cache decoding runs on implementation='xla'"
-    )
-  batch, t_len, num_heads, qk_dim = q.shape
-  s_len, num_kv, head_dim = k.shape[1], k.shape[2], v.shape[-1]
-  if s_len != t_len:
-    raise ValueError(
-      f"attention implementation {impl!r} is for self-attention (T == S), got T={t_len}, S={s_len}"
-    )
-  if qk_dim - precise_dims != head_dim:
-    raise ValueError(
-      f"q/k must carry H = {head_dim} content dims plus precise_dims = {precise_dims}, got Hq = {qk_dim}"
-    )
-  if head_dim == 0:
-    raise ValueError(f"attention implementation {impl!r} needs a head dim H >= 1, got v of shape {v.shape}")
+  check_kernel_operands(impl, q, k, v, mask, precise_dims)
+  batch, t_len, num_heads, _ = q.shape
+  num_kv, head_dim = k.shape[2], v.shape[-1]
   mask = mask or AttentionMask(causal=False)
   if mask.segment_ids is not None:
     # the kernels compare int32 ids: rank the user's ids exactly in their own dtype first
@@ -203,6 +189,31 @@ def prepare(
   return _pad_length(qf, kf, vf, mask, kernel_length(impl, t_len))
 
 
+def check_kernel_operands(impl: str, q, k, v, mask, precise_dims: int) -> None:
+  """The checks every Pallas/cuDNN kernel shares (``fused`` and ``flash``): an ``AttentionMask`` or
+  None, self-attention (T == S), q/k = H content dims + ``precise_dims``, H >= 1.
+
+  Raises:
+    ValueError: as ``jaxpe.attention.attention`` for a fused backend.
+  """
+  if mask is not None and not isinstance(mask, AttentionMask):
+    raise ValueError(
+      f"attention implementation {impl!r} takes an AttentionMask (causal, padding, segment ids), not a "
+      f"{type(mask).__name__} (a dense mask or an IndexMask); KV-cache decoding runs on implementation='xla'"
+    )
+  t_len, qk_dim, s_len, head_dim = q.shape[1], q.shape[3], k.shape[1], v.shape[-1]
+  if s_len != t_len:
+    raise ValueError(
+      f"attention implementation {impl!r} is for self-attention (T == S), got T={t_len}, S={s_len}"
+    )
+  if qk_dim - precise_dims != head_dim:
+    raise ValueError(
+      f"q/k must carry H = {head_dim} content dims plus precise_dims = {precise_dims}, got Hq = {qk_dim}"
+    )
+  if head_dim == 0:
+    raise ValueError(f"attention implementation {impl!r} needs a head dim H >= 1, got v of shape {v.shape}")
+
+
 def _pad_length(q, k, v, mask: AttentionMask, length: int):
   """q, k, v ``[B, T, ., .]`` and the mask padded to ``length`` tokens; padding tokens are invalid."""
   batch, t_len = q.shape[:2]
@@ -218,17 +229,9 @@ def _pad_length(q, k, v, mask: AttentionMask, length: int):
 
 def _emulated_alibi(spec: AlibiSpec, q_cont, k_cont, *, dot_scale: float, num_kv: int):
   """bf16-exact extra dims for ALiBi on a fused kernel: ``(q [B,T,N,E], k [B,S,K or N,E])``."""
-  if spec.form == "lean":
-    return lean.lean_alibi_dims(
-      spec.q_positions,
-      spec.k_positions,
-      slopes=spec.slopes,
-      dot_scale=dot_scale,
-      max_position=spec.max_position,
-      num_kv_heads=num_kv,
-    )
-  if spec.form == "exact":
-    return bf16_exact.exact_alibi_dims(
+  digit_forms = {"lean": lean.lean_alibi_dims, "exact": bf16_exact.exact_alibi_dims}
+  if spec.form in digit_forms:
+    return digit_forms[spec.form](
       spec.q_positions,
       spec.k_positions,
       slopes=spec.slopes,

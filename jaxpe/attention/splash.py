@@ -33,9 +33,14 @@ def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool, sinks
   ``scale`` is not used: q is already scaled (the kernel has none). ``sinks``: optional ``[N]``
   float sink logits, the kernel's own ``sinks`` argument (the same for every batch row).
   """
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
+  # jax's splash kernel mixes int32 and Python ints in its index maps: under jax_enable_x64 those
+  # become int64 and its _div refuses them. Every operand here is 32-bit (as in pallas_gpu).
+  with jax.enable_x64(False):
+    return _mha(q, k, v, mask, interpret=interpret, sinks=sinks)
 
-  del scale
+
+def _mha(q, k, v, mask: AttentionMask, *, interpret: bool, sinks):
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
 
   batch, t_len, num_heads, _ = q.shape
   # attention() pads T to a multiple of 128 (kernel_length)

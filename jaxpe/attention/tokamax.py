@@ -3,9 +3,10 @@
 Present only where the optional package ``tokamax`` (openxla/tokamax) is installed
 (``backends.available_backends`` lists it then). tokamax picks its own kernel: Pallas Mosaic GPU
 (sm90/sm100), Pallas Triton (GPU), else its XLA implementation (CPU: dense logits, no interpret mode).
-Its kernels broadcast size-1 bias axes, so ALiBi goes in as BLOOM's key-only bias ``m_h * k_j``
-(``[B, N, 1, S]`` float32: O(S) memory, no emulation dims). That bias differs from ALiBi's
-``-m_h (i - j)`` by ``-m_h i``, constant along each softmax row, so the attention output is the same;
+Its kernels broadcast size-1 bias axes, so ALiBi goes in as BLOOM's key-only bias
+``m_h * (k_j - min_j k_j)`` (``[B, N, 1, S]`` float32: O(S) memory, no emulation dims; the row's
+smallest key position subtracted in int32). That bias differs from ALiBi's ``-m_h (i - j)`` by
+``-m_h (i - min_j k_j)``, constant along each softmax row, so the attention output is the same;
 its float32 rounding grows with ``m_h * S`` (about ``2^-24 * 0.5 * S`` logits, 2e-3 at S 64k).
 
 Masks: ``AttentionMask.causal`` as ``is_causal``; padding and packed segments as a dense bool
@@ -29,13 +30,17 @@ from jaxpe.attention.masks import AttentionMask, IndexMask, kernel_segment_ids
 
 
 def alibi_key_bias(spec: AlibiSpec) -> jax.Array:
-  """BLOOM's key-only ALiBi bias ``m_h * k_positions[b, j]``: ``[B, N, 1, S]`` float32.
+  """BLOOM's key-only ALiBi bias ``m_h * (k_positions[b, j] - min_j k_positions[b, j])``: ``[B, N, 1, S]`` float32.
 
   ``spec`` already checked (``check_alibi_spec``). Differs from ``-m_h (i - j)`` by a per-row
-  constant, which softmax ignores.
+  constant, which softmax ignores. The row's smallest key position is subtracted in int32 first, so
+  the distances are exact (spans below 2^24) whatever the positions' size.
   """
   slopes = jnp.asarray(spec.slopes, jnp.float32)
-  k_pos = jnp.asarray(spec.k_positions).astype(jnp.float32)
+  k_pos = jnp.asarray(spec.k_positions).astype(jnp.int32)
+  if k_pos.shape[1]:
+    k_pos = k_pos - jnp.min(k_pos, axis=1, keepdims=True)
+  k_pos = k_pos.astype(jnp.float32)
   return slopes[None, :, None, None] * k_pos[:, None, None, :]
 
 

@@ -122,6 +122,18 @@ def test_pallas_gpu_runs_under_x64_like_xla():
   np.testing.assert_allclose(np.asarray(out)[VALID], want[VALID], atol=2e-5, rtol=0)
 
 
+def test_splash_runs_under_x64_like_xla():
+  # jax's splash kernel divides int32 by int64 in its index maps under jax_enable_x64;
+  # kernels.attention runs it with 32-bit operands (as pallas_gpu).
+  q, k, v = _qkv(1)
+  with jax.enable_x64(True):
+    mask = AttentionMask(valid=jnp.asarray(VALID), causal=True)
+    out = kernels.attention(q, k, v, scale=0.3, mask=mask, implementation="splash", interpret=True)
+  ids = np.where(np.asarray(VALID), 1, 0)
+  want = _numpy_reference(q, k, v, 0.3, ids, VALID, causal=True)
+  np.testing.assert_allclose(np.asarray(out)[VALID], want[VALID], atol=2e-5, rtol=0)
+
+
 def test_traced_segment_ids_under_jit_match_xla_on_every_backend():
   # int32.min ids next to padding (the kernels' old padding id) and causal, all traced.
   q, k, v = _qkv(2)

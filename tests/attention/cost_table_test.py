@@ -1,7 +1,8 @@
 """The cost table of ``benchmarks/attention_bench.py --cost-table`` against the shapes the kernels
 receive: read from the jaxpr of ``attention(...)`` (the Pallas kernels in interpret mode; cuDNN through
-a stand-in kernel that records its operands, since cuDNN does not trace on CPU); and the issue's goal
-(lean ALiBi <= 1.15x RoPE on cuDNN, 1.0x on splash at H 64)."""
+a stand-in kernel that records its operands, since cuDNN does not trace on CPU); the ``flash`` rows
+against the operands and the ``dot_general``s of its three kernels in ``grad(attention)``'s jaxpr; and
+the issue's goal (lean ALiBi <= 1.15x RoPE on cuDNN, 1.0x on splash at H 64; native ALiBi on flash)."""
 
 import importlib.util
 from pathlib import Path
@@ -113,3 +114,138 @@ def test_lean_alibi_meets_the_cost_goal():
   row = bench.cost_row("splash", "alibi lean", 16, 4, 64, lengths=(1024,))
   assert row["flops"] == 1.0 and row["bytes"] == 1.0, row
   assert bench.cost_row("splash", "alibi lean", 16, 4, 128, lengths=(1024,))["flops"] > 1.0
+  # jaxpe's kernel: native ALiBi (elementwise bias, < 1% of the matmul FLOPs) at most RoPE's cost
+  for head_dim in (64, 128):
+    row = bench.flash_cost_row("alibi", 16, 4, head_dim, lengths=(1024,))
+    assert row["flops"] <= 1.0 and row["bytes"] <= 1.0 and row["k_heads"] == 4 and row["alibi_ops"] < 0.01, (
+      row
+    )
+
+
+# ------------------------------------------------------------------ flash: jaxpe's own kernel
+
+T_FLASH = 300  # 3 blocks of 128 (T' 384, padded rows: segment ids)
+
+
+def _flash_kernels(form, head_dim):
+  """The three ``pallas_call`` equations (forward, dq, dk/dv) of ``grad(attention)`` on flash."""
+  from jaxpe.attention import RopeSpec
+  from jaxpe.ops import rope
+
+  slopes = alibi.alibi_slopes_f64(N)
+  pos = jnp.arange(T_FLASH, dtype=jnp.int32)[None]
+  theta = emulation_theta(max_phase=0.1, max_len=T_FLASH)
+
+  def loss(q, k, v):
+    kw = dict(
+      scale=head_dim**-0.5, mask=masks.AttentionMask(causal=True), implementation="flash", interpret=True
+    )
+    if form in ("rope", "rope half", "rope + alibi"):
+      layout = "half" if form == "rope half" else "interleaved"
+      kw["rope_spec"] = RopeSpec(rope.rope_inv_freq(head_dim), pos, pos, layout=layout)
+    if form in ("alibi", "rope + alibi"):
+      kw["alibi_spec"] = backends.AlibiSpec(slopes, pos, pos, max_position=65536, form="lean", theta=theta)
+    if form == "rope_alibi":
+      q, k = apply_rope_alibi(q, k, pos, pos, slopes=slopes, theta=theta, order=1)
+      v = jnp.repeat(v, k.shape[2] // v.shape[2], axis=2)
+      kw["precise_dims"] = 2
+    return kernels.attention(q, k, v, **kw).astype(jnp.float32).sum()
+
+  q = jax.ShapeDtypeStruct((1, T_FLASH, N, head_dim), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((1, T_FLASH, K, head_dim), jnp.bfloat16)
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, k)
+  calls = {e.params["name"].removeprefix("jaxpe_flash_"): e for e in _pallas_calls(jaxpr.jaxpr)}
+  assert sorted(calls) == ["dkv_kernel", "dq_kernel", "forward_kernel"], sorted(calls)
+  return calls
+
+
+def _dot_flops(jaxpr, in_while=False):
+  """``(per program, per loop iteration)`` FLOPs of the ``dot_general``s of a kernel body: outside any
+  loop, and inside the block loop (a ``while``: its trip count depends on the program id)."""
+  top = inner = 0
+  for e in jaxpr.eqns:
+    if e.primitive.name == "dot_general":
+      (lhs_contract, _), _ = e.params["dimension_numbers"]
+      k_size = int(np.prod([e.invars[0].aval.shape[d] for d in lhs_contract]))
+      flops = 2 * int(np.prod(e.outvars[0].aval.shape)) * k_size
+      if in_while:
+        inner += flops
+      else:
+        top += flops
+    for sub in jcore.jaxprs_in_params(e.params):
+      if e.primitive.name == "scan":
+        assert _dot_flops(sub)[0] == 0, "dots in the head loop outside the block loop"
+      t, i = _dot_flops(sub, in_while or e.primitive.name == "while")
+      top, inner = top + t, inner + i
+  return top, inner
+
+
+def _traced_flash_cost(form, head_dim):
+  """Forward operands ``[(shape, dtype)]`` (o included, lse not) and FLOPs per kernel, from the jaxpr."""
+  calls = _flash_kernels(form, head_dim)
+  fwd = calls["forward_kernel"]
+  operands = [(tuple(v.aval.shape), str(v.aval.dtype)) for v in fwd.invars]
+  operands.append((tuple(fwd.params["out_avals"][0].shape), str(fwd.params["out_avals"][0].dtype)))
+  flops = {}
+  for name, e in calls.items():
+    grid = e.params["grid_mapping"].grid  # (B, heads, blocks)
+    nb = grid[2]
+    pairs = N * nb * (nb + 1) // 2  # causal block pairs, all query heads (dk/dv: K kv heads x G)
+    top, inner = _dot_flops(e.params["jaxpr"])
+    flops[{"forward_kernel": "fwd"}.get(name, name.removesuffix("_kernel"))] = (
+      int(np.prod(grid)) * top + pairs * inner
+    )
+  return operands, flops
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_cost_rows_match_the_kernels_jaxpr(head_dim):
+  bench = _bench()
+  traced = {f: _traced_flash_cost(f, head_dim) for f in ("none", *bench.FLASH_FORMS)}
+  train = lambda c: c["fwd"] + c["dq"] + c["dkv"]  # noqa: E731
+  n_bytes = lambda ops: sum(int(np.prod(s)) * jnp.dtype(d).itemsize for s, d in ops)  # noqa: E731
+  for form, (operands, flops) in traced.items():
+    want = bench.flash_kernel_operands(form, T_FLASH, N, K, head_dim)
+    assert sorted(operands) == sorted(want.values()), (form, operands, want)
+    assert {
+      k: v for k, v in bench.flash_flops(form, T_FLASH, N, K, head_dim).items() if k != "alibi_ops"
+    } == flops
+    (_, _, _, dqk), (_, kk, _, _), (_, _, _, dv) = (want[x][0] for x in ("q", "k", "v"))
+    assert dqk == dv == backends.padded_head_dim("flash", head_dim)  # a power of two
+    assert kk == K  # grouped-query heads kept (index map, no repeat)
+    if form == "none":
+      continue
+    rope_ops, rope_flops = traced["rope"]
+    none_flops = traced["none"][1]
+    row = bench.flash_cost_row(form, N, K, head_dim, lengths=(T_FLASH,), t_ref=T_FLASH)
+    assert np.isclose(row["flops"], flops["fwd"] / rope_flops["fwd"])
+    assert np.isclose(row["bytes"], n_bytes(operands) / n_bytes(rope_ops))
+    assert np.isclose(row["flops_none"], flops["fwd"] / none_flops["fwd"])
+    assert np.isclose(row["train_none"], train(flops) / train(none_flops))
+    assert (row["qk_dim"], row["v_dim"], row["k_heads"]) == (dqk, dv, kk)
+    assert np.isclose(row["mib"][T_FLASH], n_bytes(operands) / 2**20)
+  # interleaved RoPE in the kernel costs its rotation matmuls; rotate-half (elementwise) and native
+  # ALiBi (elementwise bias) none
+  fwd = {f: c[1]["fwd"] for f, c in traced.items()}
+  assert fwd["rope"] > fwd["none"] == fwd["alibi"] == fwd["rope half"]
+
+
+@pytest.mark.parametrize("impl", ["xla", "flash", "tokamax"])
+def test_native_alibi_backends_count_no_emulation_dims(impl):
+  # ALiBi is a native bias there (tokamax: its broadcast bias, even where it is not installed);
+  # rope_alibi's dims are the float32 ones apply_rope_alibi adds beyond H
+  pos = jnp.arange(8, dtype=jnp.int32)[None]
+  q = jnp.zeros((1, 8, N, 16), jnp.float32)
+  q_aug, _ = apply_rope_alibi(q, q, pos, pos, slopes=alibi.alibi_slopes_f64(N), theta=0.01, order=2)
+  count = lambda form: backends.emulation_dim_count(  # noqa: E731
+    impl, alibi_form=form, order=2, max_position=65536, slopes=alibi.alibi_slopes_f64(N), scale=0.25
+  )
+  assert count("lean") == count("exact") == 0
+  assert count("rotated") == q_aug.shape[-1] - 16 == 4
+
+
+def test_emulation_dim_count_refuses_unknown_names():
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    backends.emulation_dim_count("cudnnn", alibi_form="lean")
+  with pytest.raises(ValueError, match="alibi_form must be None or one of"):
+    backends.emulation_dim_count("cudnn", alibi_form="leen")

@@ -219,9 +219,10 @@ def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, ca
   _assert_close(got, want, f"{layout} R={rotary_dim}")
 
 
-def test_xpos_and_native_alibi_in_the_kernel_match_the_reference():
-  # xPos (interleaved) and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query
-  # get a positive bias too); one head without ALiBi
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout):
+  # xPos and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query get a positive
+  # bias too); one head without ALiBi; interleaved (perm matmul) and rotate-half (elementwise)
   xpos = (16.0, 0.4, 4)  # scale_base, gamma, offset: a strong decay at T 13
   slopes = np.array([0.5, 0.25, 0.0, 1.0])
   inv_freq, _ = rope_frequencies(None, head_dim=H)
@@ -230,13 +231,13 @@ def test_xpos_and_native_alibi_in_the_kernel_match_the_reference():
 
   def reference(q, k, v, inv_freq, pos):
     return _reference(
-      q, k, v, mask, rope=(inv_freq, pos, pos, "interleaved", 1.0), xpos=xpos, alibi=(slopes, pos, pos)
+      q, k, v, mask, rope=(inv_freq, pos, pos, layout, 1.0), xpos=xpos, alibi=(slopes, pos, pos)
     )
 
-  kernel = _rope_run("flash", mask, "interleaved", xpos=xpos, alibi=slopes)
+  kernel = _rope_run("flash", mask, layout, xpos=xpos, alibi=slopes)
   got = _value_and_grads(kernel, q, k, v, ct, inv_freq, pos)
   want = _value_and_grads(reference, q, k, v, ct, inv_freq, pos)
-  _assert_close(got, want, "xpos + alibi")
+  _assert_close(got, want, f"xpos + alibi ({layout})")
 
 
 def test_rope_alibi_emulation_dims_are_contracted_in_float32():
@@ -376,3 +377,36 @@ def test_exact_phases_in_the_kernel_hold_at_far_positions():
   exact, float32 = (float(np.max(np.abs(kernel(pos, p) - want))) for p in ("exact", "float32"))
   assert exact < 1e-6, exact  # measured 2.6e-7 (3M: 2.7e-7)
   assert float32 > 1e-2, float32  # float32 phases drift (measured 0.095): the comparison can fail
+
+
+def test_native_alibi_in_the_kernel_holds_at_far_positions():
+  # ALiBi depends on i - j only: positions near 2^28 (past float32's exact integers) give the
+  # bias of the integer distance, as alibi_bias does; float64 numpy reference from the formula
+  rng = np.random.default_rng(9)
+  t_len, heads = 16, 2
+  q, k, v = (rng.normal(size=(1, t_len, heads, 8)).astype(np.float32) for _ in range(3))
+  slopes = np.array([0.5, 0.0625])
+  pos = (2**28 + 3 * np.arange(t_len))[None].astype(np.int32)
+
+  dist = (pos[:, :, None] - pos[:, None, :]).astype(np.float64)  # [1, T, T]
+  scores = np.einsum("btnh,bsnh->bnts", q.astype(np.float64), k.astype(np.float64)) * SCALE
+  scores = scores - slopes[None, :, None, None] * dist[:, None]
+  scores = np.where(np.tril(np.ones((t_len, t_len), bool)), scores, -np.inf)
+  p = np.exp(scores - scores.max(-1, keepdims=True))
+  want = np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+  spec = AlibiSpec(slopes, jnp.asarray(pos), jnp.asarray(pos), max_position=2**24)
+  fn = jax.jit(
+    lambda q, k, v: attention(
+      q,
+      k,
+      v,
+      scale=SCALE,
+      mask=AttentionMask(causal=True),
+      alibi_spec=spec,
+      implementation="flash",
+      interpret=True,
+    )
+  )
+  got = np.asarray(fn(q, k, v))
+  assert float(np.max(np.abs(got - want))) < TOL  # float32 positions before the difference: 1.6 off

@@ -119,3 +119,18 @@ def test_refuses_sinks_and_index_masks():
   index = masks.IndexMask(q_index=jnp.arange(4)[None], k_index=jnp.arange(4)[None])
   with pytest.raises(ValueError, match="not an IndexMask"):
     kernels.attention(q, q, q, scale=0.5, mask=index, implementation="tokamax")
+
+
+def test_key_bias_is_alibi_up_to_a_row_constant_at_far_positions():
+  # no tokamax needed: the bias it would get. Positions near 2^28 (past float32's exact integers):
+  # bias + m (i - j) is the same for every key j of a row (float64 numpy, the formula)
+  pos = (2**28 + 3 * np.arange(9))[None].astype(np.int32)
+  slopes = np.array([0.5, 0.0625])
+  spec = backends.AlibiSpec(slopes, jnp.asarray(pos), jnp.asarray(pos), max_position=2**24)
+  from jaxpe.attention.tokamax import alibi_key_bias
+
+  bias = np.asarray(jax.jit(lambda: alibi_key_bias(spec))(), np.float64)  # [1, N, 1, S]
+  dist = (pos[:, :, None] - pos[:, None, :]).astype(np.float64)  # [1, T, S]
+  rest = bias + slopes[None, :, None, None] * dist[:, None]  # [1, N, T, S]: a constant per row
+  assert bias.shape == (1, 2, 1, 9)
+  np.testing.assert_array_equal(rest, np.broadcast_to(rest[..., :1], rest.shape))
