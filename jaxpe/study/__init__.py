@@ -3,7 +3,8 @@
 Every model is trained by ``jaxpe.train.trainer.train`` on the same data, seed, batch stream, budget
 and architecture; only ``model.pos_encoding`` (and the emulation order) differ. The eval-time RoPE
 scalings (linear interpolation, dynamic NTK, YaRN) reuse the plain ``rope`` model's weights and
-change only ``rope_scaling`` at evaluation. One module per step:
+change only ``rope_scaling`` at evaluation; position interpolation's fine-tuned arm (``rope_pi_ft``)
+fine-tunes them with its factor first. One module per step:
 
 - ``config``: the rows (``ENCODINGS``), ``StudyConfig``, the train and eval ``ModelConfig`` of a row.
 - ``evaluation``: held-out windows and chunks, bits/byte by position, the emulation check.
@@ -29,7 +30,7 @@ from jaxpe.study.config import (
   model_dir,
   model_train_config,
 )
-from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll
+from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll, token_scores
 from jaxpe.study.report import (
   cell,
   markdown,
@@ -51,7 +52,7 @@ from jaxpe.study.retrieval import (
   random_keys,
   retrieval_emulation,
 )
-from jaxpe.study.retrieval_run import combine_retrieval, run_retrieval
+from jaxpe.study.retrieval_run import combine_retrieval, finetuned_params, run_retrieval, tuned_name
 from jaxpe.study.run import StudyInterrupted, run_study
 from jaxpe.study.seeds import combine_seeds, paired_seeds
 from jaxpe.train.load import load_trained, trained_params
@@ -74,6 +75,7 @@ __all__ = [
   "evaluate_passkey",
   "finetune_batch",
   "finetune_passkey",
+  "finetuned_params",
   "load_study_config",
   "load_trained",
   "markdown",
@@ -93,5 +95,7 @@ __all__ = [
   "run_study",
   "study_windows",
   "token_nll",
+  "token_scores",
   "trained_params",
+  "tuned_name",
 ]

@@ -35,13 +35,17 @@ class Encoding:
 
   ``model``: ModelConfig keys set for training (besides the shared architecture); ``base``: the
   encoding whose trained weights this row evaluates (itself when None); ``scaling``: the RoPE
-  scaling applied only at evaluation (``linear``, ``dynamic`` or ``yarn``), at lengths above 1x.
+  scaling applied only at evaluation (``linear``, ``dynamic`` or ``yarn``), at lengths above 1x;
+  ``finetuned``: the base weights are first fine-tuned with ``scaling`` at the longest eval length
+  (position interpolation's recipe, arXiv 2306.15595: factor M = max(eval_multiples), length M T)
+  and evaluated with that fixed factor at every length.
   """
 
   label: str
   model: dict[str, Any] = field(default_factory=dict)
   base: str | None = None
   scaling: str | None = None
+  finetuned: bool = False
 
 
 ENCODINGS: dict[str, Encoding] = {
@@ -52,6 +56,9 @@ ENCODINGS: dict[str, Encoding] = {
   "rope_linear": Encoding("rope + linear interpolation (eval)", base="rope", scaling="linear"),
   "rope_dynamic": Encoding("rope + dynamic NTK (eval)", base="rope", scaling="dynamic"),
   "rope_yarn": Encoding("rope + YaRN (eval)", base="rope", scaling="yarn"),
+  "rope_pi_ft": Encoding(
+    "rope + position interpolation (fine-tuned)", base="rope", scaling="linear", finetuned=True
+  ),
   "xpos": Encoding("xpos", {"pos_encoding": "xpos"}),
   "alibi": Encoding("alibi", {"pos_encoding": "alibi"}),
   "rope_alibi_k1": Encoding("rope_alibi k=1", {"pos_encoding": "rope_alibi", "rope_alibi_order": 1}),
@@ -203,7 +210,7 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
   scalings at m > 1: ``linear`` factor m; ``dynamic`` factor 1 with the training length as
   ``original_max_position_embeddings`` (base x m^(R/(R-2)) at length m T); ``yarn`` factor m over the
   training length (HF defaults beta_fast 32, beta_slow 1, attention factor 0.1 ln m + 1). At 1x they
-  are the plain rope model.
+  are the plain rope model. A ``finetuned`` row (``rope_pi_ft``) has linear factor M at every length.
   """
   base = model_train_config(study, name).model
   length = multiple * study.train.seq_len
@@ -211,7 +218,10 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
     return None
   update: dict[str, Any] = {"max_len": max(length, base.max_len)}
   scaling = ENCODINGS[name].scaling
-  if scaling is not None and multiple > 1:
+  if ENCODINGS[name].finetuned:  # the factor it was fine-tuned with, at every length
+    update["max_len"] = max(length, study.longest)
+    update["rope_scaling"] = {"rope_type": scaling, "factor": float(study.eval_multiples[-1])}
+  elif scaling is not None and multiple > 1:
     t = study.train.seq_len
     update["rope_scaling"] = {
       "linear": {"rope_type": "linear", "factor": float(multiple)},

@@ -73,6 +73,13 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
     else f" / 1.96 standard errors over the {study.seeds} seeds of the per-seed means; the mean and the "
     "window interval pool the seeds (per-window means over seeds)"
   )
+  pi = (
+    " Position interpolation fine-tuned (rope_pi_ft): the rope weights after the passkey format training "
+    f"(below) run at length {study.longest} with linear factor {study.eval_multiples[-1]}, evaluated with "
+    "that factor at every length (its cells are of those weights)."
+    if "rope_pi_ft" in study.encodings
+    else ""
+  )
   text = [
     "# Train short, test long",
     "",
@@ -82,7 +89,7 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
     f"{t.seq_len}: D {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, batch {t.batch_size}, "
     f"{t.num_steps} steps, lr {t.learning_rate}, {seeds}. The eval-time scalings reuse the rope "
     "model's weights (linear factor m, dynamic NTK factor 1, YaRN factor m over the training length; "
-    f"none at 1x). rope_alibi is tuned for {study.longest} tokens (max phase {m.rope_alibi_max_phase}). "
+    f"none at 1x).{pi} rope_alibi is tuned for {study.longest} tokens (max phase {m.rope_alibi_max_phase}). "
     "Learned positions have a table of the training length.",
     "",
     *lines,

@@ -19,7 +19,6 @@ learning rate and seed for every encoding.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -32,7 +31,7 @@ from flax import nnx
 from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig
-from jaxpe.study.evaluation import token_nll
+from jaxpe.study.evaluation import token_nll, token_scores
 
 __all__ = [
   "KEY_DIGITS",
@@ -121,11 +120,6 @@ def passkey_scores(logits: jax.Array, batch: jax.Array) -> tuple[jax.Array, jax.
   return bits, exact
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _scores(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return passkey_scores(nnx.merge(graphdef, state)(batch[:, :-1]), batch)
-
-
 def evaluate_passkey(
   model: Decoder, filler: np.ndarray, length: int, depths: tuple[float, ...], keys: list[str], batch_size: int
 ) -> dict[str, Any]:
@@ -136,16 +130,11 @@ def evaluate_passkey(
     "per_sample_exact" [B]}}}``: exact-match fraction and mean key log-probability (bits; 0 is
     certain), over samples, and over depths at the top level (Python floats).
   """
-  graphdef, state = nnx.split(model)
-  call = functools.partial(_scores, graphdef)  # compiled once per model config and shape
   by_depth = {}
   for d in depths:
-    rows = passkey_batch(filler, length, d, keys)
-    n = len(rows)
-    padded = np.concatenate([rows, np.repeat(rows[:1], -n % batch_size, axis=0)])
-    outs = [call(state, jnp.asarray(padded[i : i + batch_size])) for i in range(0, n, batch_size)]
-    bits = np.concatenate([np.asarray(b) for b, _ in outs]).astype(np.float64)[:n]
-    exact = np.concatenate([np.asarray(e) for _, e in outs])[:n]
+    nll, hits = token_scores(model, passkey_batch(filler, length, d, keys), batch_size)
+    bits = -nll[:, -KEY_DIGITS:].sum(axis=1) / math.log(2)  # [B] key log-probability
+    exact = hits[:, -KEY_DIGITS:].all(axis=1)  # [B] greedy decoding reproduces the key
     by_depth[str(d)] = {
       "accuracy": float(exact.mean()),
       "key_bits": float(bits.mean()),

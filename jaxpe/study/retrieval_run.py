@@ -21,7 +21,7 @@ from jaxpe.study.retrieval import evaluate_passkey, finetune_passkey, random_key
 from jaxpe.train import data
 from jaxpe.train.load import trained_params
 
-__all__ = ["combine_retrieval", "run_retrieval"]
+__all__ = ["combine_retrieval", "finetuned_params", "run_retrieval", "tuned_name"]
 
 KEY_SEED = 20260  # the eval keys (the same for every row, seed and length)
 
@@ -67,16 +67,44 @@ def combine_retrieval(per_seed: list[dict[str, Any] | None]) -> dict[str, Any] |
   return out
 
 
-def _finetuned(
-  study: StudyConfig, base: str, seed: int, tokens: np.ndarray, progress: bool
+def tuned_name(name: str) -> str:
+  """The model whose format-trained weights row ``name`` evaluates: its own for a ``finetuned`` row,
+  else its base's (itself for a trained row)."""
+  enc = ENCODINGS[name]
+  return name if enc.finetuned else (enc.base or name)
+
+
+def finetuned_params(
+  study: StudyConfig, name: str, seed: int, tokens: np.ndarray, progress: bool = True
 ) -> dict[str, np.ndarray]:
-  """The format-trained weights of ``base``'s model of seed index ``seed`` (cached in its workdir)."""
-  cfg = model_train_config(study, base, seed)
+  """The format-trained weights of row ``tuned_name(name)`` and seed index ``seed`` (cached in the
+  base model's workdir as ``passkey_finetuned.npz``, or ``passkey_finetuned_<name>.npz`` for a
+  ``finetuned`` row).
+
+  A trained row: ``study.passkey_steps`` steps at ``train.seq_len`` and ``train.batch_size``. A
+  ``finetuned`` row (position interpolation): the same steps, learning rate and passkey fraction, from
+  its base's trained weights, with its scaling at factor M = max(eval_multiples) (``eval_model_config``)
+  at length M T and batch max(1, B // M), so each step sees about as many tokens.
+  """
+  name = tuned_name(name)
+  base = ENCODINGS[name].base or name
+  cfg = model_train_config(study, name, seed)
   t = study.train
+  model_cfg, seq_len, batch_size, fname = cfg.model, t.seq_len, t.batch_size, "passkey_finetuned.npz"
+  if ENCODINGS[name].finetuned:
+    m = study.eval_multiples[-1]
+    model_cfg = eval_model_config(study, name, m)
+    seq_len, batch_size, fname = m * t.seq_len, max(1, t.batch_size // m), f"passkey_finetuned_{name}.npz"
   key = _key(
-    cfg.model_dump(mode="json"), study.passkey_steps, study.passkey_fraction, study.passkey_learning_rate
+    cfg.model_dump(mode="json"),
+    model_cfg.model_dump(mode="json"),
+    seq_len,
+    batch_size,
+    study.passkey_steps,
+    study.passkey_fraction,
+    study.passkey_learning_rate,
   )
-  path = Path(cfg.workdir) / "passkey_finetuned.npz"
+  path = Path(cfg.workdir) / fname
   if path.is_file():
     try:
       with np.load(path) as f:
@@ -86,20 +114,22 @@ def _finetuned(
       pass  # a damaged or old cache: fine-tune again and rewrite it
   if progress:
     print(
-      f"[study] passkey format training {model_dir(base, seed)} ({study.passkey_steps} steps)", flush=True
+      f"[study] passkey format training {model_dir(name, seed)} ({study.passkey_steps} steps at length "
+      f"{seq_len}{', from ' + base if base != name else ''})",
+      flush=True,
     )
   params = finetune_passkey(
-    cfg.model,
+    model_cfg,
     trained_params(cfg),
     tokens,
     steps=study.passkey_steps,
-    batch_size=t.batch_size,
-    seq_len=t.seq_len,
+    batch_size=batch_size,
+    seq_len=seq_len,
     fraction=study.passkey_fraction,
     learning_rate=study.passkey_learning_rate,
     seed=cfg.seed,
   )
-  tmp = path.with_name("passkey_finetuned.tmp.npz")
+  tmp = path.with_name(fname.replace(".npz", ".tmp.npz"))
   np.savez(tmp, __key__=np.asarray(key), **params)
   tmp.replace(path)
   return params
@@ -123,7 +153,7 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
   for seed in range(study.seeds):
     tuned: dict[str, dict[str, np.ndarray]] = {}
     for name in study.encodings:
-      base = ENCODINGS[name].base or name
+      base = tuned_name(name)
       cfg = model_train_config(study, name, seed)
       cache = Path(cfg.workdir) / f"passkey_{name}.json"
       key = _key(
@@ -144,7 +174,7 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
         by_seed[name].append(cached["results"])
         continue
       if base not in tuned:
-        tuned[base] = _finetuned(study, base, seed, tokens, progress)
+        tuned[base] = finetuned_params(study, base, seed, tokens, progress)
       row: dict[str, Any] = {}
       if progress:
         print(f"[study] retrieval {model_dir(name, seed)} at {list(study.eval_multiples)}x", flush=True)
@@ -166,7 +196,7 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
     cfg = model_train_config(study, "alibi")
     emu = retrieval_emulation(
       cfg.model,
-      _finetuned(study, "alibi", 0, tokens, progress),
+      finetuned_params(study, "alibi", 0, tokens, progress),
       windows[: study.eval_batch_size],
       [m * study.train.seq_len for m in study.eval_multiples],
       depths,

@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from jaxpe.model.build import build_model
 from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_dir, model_train_config
 from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.report import markdown, plot_bits_per_byte, plot_loss_vs_position
-from jaxpe.study.retrieval_run import run_retrieval
+from jaxpe.study.retrieval_run import finetuned_params, run_retrieval
 from jaxpe.study.seeds import combine_seeds, paired_seeds
-from jaxpe.train import trainer
+from jaxpe.train import data, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 
@@ -74,6 +75,18 @@ def _write_atomic(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
+def _compilation_cache(path: Path) -> None:
+  """XLA's persistent compilation cache in ``path`` unless the process already has one
+  (``jax_compilation_cache_dir``): the seeds of an encoding, its format training and its passkey
+  evaluation compile the same programs with other weights, and a rerun compiles nothing again."""
+  if jax.config.jax_compilation_cache_dir:
+    return
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  compilation_cache.reset_cache()  # take the directory even after an earlier compile in this process
+
+
 def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
   """Trains (or resumes) every model, evaluates every row and writes the outputs to ``study.workdir``.
 
@@ -93,6 +106,7 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
   start = time.time()
   out = Path(study.workdir)
   out.mkdir(parents=True, exist_ok=True)
+  _compilation_cache(out / "xla_cache")
   windows = study_windows(study)
   by_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in study.encodings}
   models: dict[str, dict[str, Any]] = {}
@@ -155,18 +169,27 @@ def _evaluate_row(
         )
     models[tag] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}
   cache_path = Path(cfg.workdir) / f"eval_{name}.json"
+  finetuned = ENCODINGS[name].finetuned  # evaluated on weights fine-tuned with its scaling (retrieval_run)
   key = _key(
     cfg.model_dump(mode="json"),
     models[tag]["step"],
     hashlib.sha256(windows.tobytes()).hexdigest(),
     study.eval_multiples,
     ENCODINGS[name].scaling,
+    [finetuned, study.passkey_steps, study.passkey_fraction, study.passkey_learning_rate]
+    if finetuned
+    else None,
   )
   cached = _read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
   if cached.get("key") == key and isinstance(cached.get("results"), dict):
     return cached["results"]
   row: dict[str, Any] = {}
-  params = trained_params(cfg)
+  if finetuned:
+    d = study.train.data
+    tokens = data.load_corpus(d.path, max_bytes=d.max_bytes, eval_fraction=d.eval_fraction).train
+    params = finetuned_params(study, name, seed, tokens, progress)
+  else:
+    params = trained_params(cfg)
   for m in study.eval_multiples:
     mcfg = eval_model_config(study, name, m)
     if mcfg is None:

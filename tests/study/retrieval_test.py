@@ -5,6 +5,7 @@ batches, the seeds combination against numpy, and a tiny study with retrieval wh
 holds and whose rerun reuses every cache."""
 
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -161,3 +162,42 @@ def test_study_with_retrieval(tmp_path, text_file, monkeypatch):  # noqa: F811
   again = study.run_study(cfg, progress=False)
   assert again["retrieval"] == r
   monkeypatch.setattr(retrieval_run, "finetune_passkey", finetune)
+
+
+def test_position_interpolation_arm(tmp_path, text_file, monkeypatch):  # noqa: F811
+  """rope_pi_ft: evaluated with linear factor M = max(eval_multiples) at every length, on the rope
+  weights fine-tuned with that factor at length M T and batch B // M (PI's recipe), cached apart from
+  rope's own format training."""
+  cfg = tiny_study(tmp_path, text_file).model_copy(
+    update={"encodings": ("rope", "rope_pi_ft"), "eval_multiples": (1, 2, 4), "passkey_steps": 3}
+  )
+  for m in cfg.eval_multiples:
+    mc = study.eval_model_config(cfg, "rope_pi_ft", m)
+    assert mc.rope_scaling.rope_type == "linear" and mc.rope_scaling.factor == 4.0, mc.rope_scaling
+    assert mc.max_len == 4 * cfg.train.seq_len
+  assert study.eval_model_config(cfg, "rope", 4).rope_scaling is None
+  assert (
+    retrieval_run.tuned_name("rope_pi_ft") == "rope_pi_ft" and retrieval_run.tuned_name("rope_yarn") == "rope"
+  )
+
+  calls = []
+
+  def fake_finetune(model_cfg, params, tokens, **kw):
+    calls.append((model_cfg, kw))
+    return {"w": np.full(2, len(calls), np.float32)}
+
+  monkeypatch.setattr(retrieval_run, "finetune_passkey", fake_finetune)
+  monkeypatch.setattr(retrieval_run, "trained_params", lambda c: {"w": np.zeros(2, np.float32)})
+  tokens = np.arange(1000, dtype=np.uint8)
+  Path(study.model_train_config(cfg, "rope").workdir).mkdir(parents=True)  # the trained rope run's
+  pi = retrieval_run.finetuned_params(cfg, "rope_pi_ft", 0, tokens, progress=False)
+  own = retrieval_run.finetuned_params(cfg, "rope", 0, tokens, progress=False)
+  (pi_cfg, pi_kw), (rope_cfg, rope_kw) = calls
+  t = cfg.train
+  assert (pi_kw["seq_len"], pi_kw["batch_size"]) == (4 * t.seq_len, t.batch_size // 4)
+  assert (rope_kw["seq_len"], rope_kw["batch_size"]) == (t.seq_len, t.batch_size)
+  assert pi_cfg.rope_scaling.factor == 4.0 and rope_cfg.rope_scaling is None
+  assert pi_kw["steps"] == rope_kw["steps"] == 3 and pi_kw["learning_rate"] == rope_kw["learning_rate"]
+  assert pi["w"][0] == 1 and own["w"][0] == 2  # two caches, neither overwrote the other
+  again = retrieval_run.finetuned_params(cfg, "rope_pi_ft", 0, tokens, progress=False)
+  assert len(calls) == 2 and again["w"][0] == 1  # read back from its cache
