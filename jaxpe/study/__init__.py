@@ -3,7 +3,8 @@
 Every model is trained by ``jaxpe.train.trainer.train`` on the same data, seed, batch stream, budget
 and architecture; only ``model.pos_encoding`` (and the emulation order) differ. The eval-time RoPE
 scalings (linear interpolation, dynamic NTK, YaRN) reuse the plain ``rope`` model's weights and
-change only ``rope_scaling`` at evaluation. One module per step:
+change only ``rope_scaling`` at evaluation; position interpolation's fine-tuned arm (``rope_pi_ft``)
+fine-tunes them with its factor first. One module per step:
 
 - ``config``: the rows (``ENCODINGS``), ``StudyConfig``, the train and eval ``ModelConfig`` of a row.
 - ``evaluation``: held-out windows and chunks, bits/byte by position, the emulation check.
@@ -26,32 +27,75 @@ from jaxpe.study.config import (
   StudyConfig,
   eval_model_config,
   load_study_config,
+  model_dir,
   model_train_config,
 )
-from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll
-from jaxpe.study.report import cell, markdown, paired, plot_bits_per_byte, plot_loss_vs_position
+from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll, token_scores
+from jaxpe.study.report import (
+  cell,
+  markdown,
+  paired,
+  plot_bits_per_byte,
+  plot_loss_vs_position,
+  retrieval_markdown,
+)
+from jaxpe.study.retrieval import (
+  KEY_DIGITS,
+  PLANT,
+  PROMPT,
+  evaluate_passkey,
+  finetune_batch,
+  finetune_passkey,
+  passkey_batch,
+  passkey_scores,
+  plant_offset,
+  random_keys,
+  retrieval_emulation,
+)
+from jaxpe.study.retrieval_run import combine_retrieval, finetuned_params, run_retrieval, tuned_name
 from jaxpe.study.run import StudyInterrupted, run_study
+from jaxpe.study.seeds import combine_seeds, paired_seeds
 from jaxpe.train.load import load_trained, trained_params
 
 __all__ = [
   "ENCODINGS",
   "Encoding",
+  "KEY_DIGITS",
+  "PLANT",
+  "PROMPT",
   "StudyConfig",
   "StudyInterrupted",
   "cell",
   "chunks",
+  "combine_retrieval",
+  "combine_seeds",
   "emulation_check",
   "eval_model_config",
   "evaluate",
+  "evaluate_passkey",
+  "finetune_batch",
+  "finetune_passkey",
+  "finetuned_params",
   "load_study_config",
   "load_trained",
   "markdown",
+  "model_dir",
   "model_train_config",
   "paired",
+  "paired_seeds",
+  "passkey_batch",
+  "passkey_scores",
+  "plant_offset",
   "plot_bits_per_byte",
   "plot_loss_vs_position",
+  "random_keys",
+  "retrieval_emulation",
+  "retrieval_markdown",
+  "run_retrieval",
   "run_study",
   "study_windows",
   "token_nll",
+  "token_scores",
   "trained_params",
+  "tuned_name",
 ]

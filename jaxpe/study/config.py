@@ -24,6 +24,7 @@ __all__ = [
   "StudyConfig",
   "eval_model_config",
   "load_study_config",
+  "model_dir",
   "model_train_config",
 ]
 
@@ -34,13 +35,17 @@ class Encoding:
 
   ``model``: ModelConfig keys set for training (besides the shared architecture); ``base``: the
   encoding whose trained weights this row evaluates (itself when None); ``scaling``: the RoPE
-  scaling applied only at evaluation (``linear``, ``dynamic`` or ``yarn``), at lengths above 1x.
+  scaling applied only at evaluation (``linear``, ``dynamic`` or ``yarn``), at lengths above 1x;
+  ``finetuned``: the base weights are first fine-tuned with ``scaling`` at the longest eval length
+  (position interpolation's recipe, arXiv 2306.15595: factor M = max(eval_multiples), length M T)
+  and evaluated with that fixed factor at every length.
   """
 
   label: str
   model: dict[str, Any] = field(default_factory=dict)
   base: str | None = None
   scaling: str | None = None
+  finetuned: bool = False
 
 
 ENCODINGS: dict[str, Encoding] = {
@@ -51,10 +56,26 @@ ENCODINGS: dict[str, Encoding] = {
   "rope_linear": Encoding("rope + linear interpolation (eval)", base="rope", scaling="linear"),
   "rope_dynamic": Encoding("rope + dynamic NTK (eval)", base="rope", scaling="dynamic"),
   "rope_yarn": Encoding("rope + YaRN (eval)", base="rope", scaling="yarn"),
+  "rope_pi_ft": Encoding(
+    "rope + position interpolation (fine-tuned)", base="rope", scaling="linear", finetuned=True
+  ),
   "xpos": Encoding("xpos", {"pos_encoding": "xpos"}),
   "alibi": Encoding("alibi", {"pos_encoding": "alibi"}),
   "rope_alibi_k1": Encoding("rope_alibi k=1", {"pos_encoding": "rope_alibi", "rope_alibi_order": 1}),
   "rope_alibi_k2": Encoding("rope_alibi k=2", {"pos_encoding": "rope_alibi", "rope_alibi_order": 2}),
+  # the encodings of issue 20
+  "rope_nope2": Encoding("rope, every 2nd layer NoPE", {"pos_encoding": "rope", "no_rope_layer_interval": 2}),
+  "p_rope": Encoding("p-RoPE (p = 0.75)", {"pos_encoding": "rope", "rope_proportion": 0.75}),
+  "rope_sinks": Encoding("rope + attention sinks", {"pos_encoding": "rope", "attention_sinks": True}),
+  "rope_alibi_hybrid": Encoding(
+    "rope + emulated alibi (hybrid, k=2)",
+    {"pos_encoding": "rope_alibi", "rope_alibi_order": 2, "rope_alibi_content_rope": True},
+  ),
+  "t5": Encoding("T5 relative bias", {"pos_encoding": "t5"}),
+  "kerple_log": Encoding("KERPLE log", {"pos_encoding": "kerple_log"}),
+  "kerple_power": Encoding("KERPLE power", {"pos_encoding": "kerple_power"}),
+  "fire": Encoding("FIRE", {"pos_encoding": "fire"}),
+  "cope": Encoding("CoPE", {"pos_encoding": "cope"}),
 }
 """Study rows by name, in table order."""
 
@@ -74,6 +95,19 @@ class StudyConfig(pydantic.BaseModel):
   eval_multiples: tuple[int, ...] = (1, 2, 4, 8)
   eval_windows: int = pydantic.Field(32, gt=1, description="W held-out windows of the longest length")
   eval_batch_size: int = pydantic.Field(8, gt=0, description="chunks per evaluation forward pass")
+  seeds: int = pydantic.Field(
+    1,
+    gt=0,
+    description="S models per encoding, trained with seeds train.seed + 0..S-1 (init and batch order)",
+  )
+  passkey_depths: tuple[float, ...] = pydantic.Field(
+    (), description="retrieval (jaxpe.study.retrieval): plant depths in [0, 1]; empty = no retrieval"
+  )
+  passkey_steps: int = pydantic.Field(100, ge=0, description="format-training steps before retrieval")
+  passkey_fraction: float = pydantic.Field(
+    0.5, ge=0, le=1, description="fraction of each format-training batch that is passkey samples"
+  )
+  passkey_learning_rate: float = pydantic.Field(1e-3, gt=0, description="format-training Adam learning rate")
   train: TrainConfig = TrainConfig()
 
   @pydantic.model_validator(mode="before")
@@ -95,6 +129,8 @@ class StudyConfig(pydantic.BaseModel):
       raise ValueError(
         f"eval_multiples must start at 1, increase, and each divide the next (e.g. [1, 2, 4, 8]), got {list(m)}"
       )
+    if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
+      raise ValueError(f"passkey_depths must lie in [0, 1], got {list(self.passkey_depths)}")
     return self
 
   @property
@@ -133,19 +169,36 @@ def load_study_config(
   return StudyConfig.model_validate(raw)
 
 
-def model_train_config(study: StudyConfig, name: str) -> TrainConfig:
-  """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings).
+def model_dir(name: str, seed: int = 0) -> str:
+  """The directory name of encoding ``name``'s model of seed index ``seed`` under ``<workdir>/models``:
+  ``name`` for seed 0 (the first edition's layout, so its finished models are reused), else
+  ``name.seed<k>``."""
+  return name if seed == 0 else f"{name}.seed{seed}"
+
+
+def model_train_config(study: StudyConfig, name: str, seed: int = 0) -> TrainConfig:
+  """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings) and seed index
+  ``seed`` (``train.seed + seed``, in ``<workdir>/models/model_dir(name, seed)``).
 
   Raises:
     KeyError: unknown name.
+    ValueError: ``seed`` outside ``0 .. study.seeds - 1``.
   """
+  if not isinstance(seed, int) or not 0 <= seed < study.seeds:
+    raise ValueError(f"seed must be an int in 0..{study.seeds - 1} (study.seeds - 1), got {seed!r}")
   enc = ENCODINGS[name]
   name = enc.base or name
   raw = study.train.model_dump(mode="python")
   model = {**raw["model"], "max_len": study.train.seq_len, "rope_scaling": None, **ENCODINGS[name].model}
   if model["pos_encoding"] == "rope_alibi":
     model["rope_alibi_context"] = study.longest
-  raw.update(model=model, workdir=str(Path(study.workdir) / "models" / name))
+  if model["pos_encoding"] == "cope":  # P positions of the training length, the same at every eval length
+    model["cope_npos_max"] = study.train.seq_len
+  raw.update(
+    model=model,
+    seed=study.train.seed + seed,
+    workdir=str(Path(study.workdir) / "models" / model_dir(name, seed)),
+  )
   return TrainConfig.model_validate(raw)
 
 
@@ -157,7 +210,7 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
   scalings at m > 1: ``linear`` factor m; ``dynamic`` factor 1 with the training length as
   ``original_max_position_embeddings`` (base x m^(R/(R-2)) at length m T); ``yarn`` factor m over the
   training length (HF defaults beta_fast 32, beta_slow 1, attention factor 0.1 ln m + 1). At 1x they
-  are the plain rope model.
+  are the plain rope model. A ``finetuned`` row (``rope_pi_ft``) has linear factor M at every length.
   """
   base = model_train_config(study, name).model
   length = multiple * study.train.seq_len
@@ -165,7 +218,10 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
     return None
   update: dict[str, Any] = {"max_len": max(length, base.max_len)}
   scaling = ENCODINGS[name].scaling
-  if scaling is not None and multiple > 1:
+  if ENCODINGS[name].finetuned:  # the factor it was fine-tuned with, at every length
+    update["max_len"] = max(length, study.longest)
+    update["rope_scaling"] = {"rope_type": scaling, "factor": float(study.eval_multiples[-1])}
+  elif scaling is not None and multiple > 1:
     t = study.train.seq_len
     update["rope_scaling"] = {
       "linear": {"rope_type": "linear", "factor": float(multiple)},

@@ -12,6 +12,7 @@ each position over all chunks.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -29,7 +30,7 @@ from jaxpe.study.config import StudyConfig, model_train_config
 from jaxpe.train import data
 from jaxpe.train.load import trained_params
 
-__all__ = ["chunks", "emulation_check", "evaluate", "study_windows", "token_nll"]
+__all__ = ["chunks", "emulation_check", "evaluate", "study_windows", "token_nll", "token_scores"]
 
 
 def study_windows(study: StudyConfig) -> np.ndarray:
@@ -69,6 +70,36 @@ def _jitted(model: Decoder, fn):
   return lambda batch: call(state, batch)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _token_scores(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array) -> tuple[jax.Array, jax.Array]:
+  model = nnx.merge(graphdef, state)
+  logits = model(batch[:, :-1])
+  target = jnp.take_along_axis(logits, batch[:, 1:, None], axis=-1)[..., 0]
+  return jax.nn.logsumexp(logits, axis=-1) - target, jnp.argmax(logits, axis=-1) == batch[:, 1:]
+
+
+def token_scores(model: Decoder, rows: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Next-token cross-entropy ``[R, T]`` float64 (nats) and greedy hits ``[R, T]`` bool (the argmax
+  is the target) of ``rows [R, T + 1]`` int32, run ``batch_size`` rows at a time (the last batch
+  padded with copies of row 0).
+
+  One compiled program per model structure and batch shape, shared by the perplexity and passkey
+  evaluations (the weights are arguments): a seed's or a format-trained model's weights reuse it,
+  and with the study's persistent compilation cache so does a later process.
+  """
+  graphdef, state = nnx.split(model)
+  rows = np.asarray(rows)
+  n = len(rows)
+  padded = np.concatenate([rows, np.repeat(rows[:1], -n % batch_size, axis=0)])
+  outs = [
+    _token_scores(graphdef, state, jnp.asarray(padded[i : i + batch_size], jnp.int32))
+    for i in range(0, n, batch_size)
+  ]
+  nll = np.concatenate([np.asarray(a) for a, _ in outs]).astype(np.float64)[:n]
+  hits = np.concatenate([np.asarray(b) for _, b in outs])[:n]
+  return nll, hits
+
+
 def evaluate(model: Decoder, windows: np.ndarray, length: int, batch_size: int) -> dict[str, Any]:
   """Bits/byte of ``model`` on ``windows [W, M T + 1]`` at eval length ``length``.
 
@@ -77,13 +108,7 @@ def evaluate(model: Decoder, windows: np.ndarray, length: int, batch_size: int) 
     1.96 standard errors (ddof 1) of the per-window means, each window's mean over its targets, and
     the mean loss at each position over all chunks, all in bits/byte (Python floats).
   """
-  fn = _jitted(model, token_nll)
-  rows = chunks(windows, length)
-  n = len(rows)
-  padded = np.concatenate([rows, np.repeat(rows[:1], -n % batch_size, axis=0)])  # one batch shape
-  nll = np.concatenate(
-    [np.asarray(fn(jnp.asarray(padded[i : i + batch_size]))) for i in range(0, n, batch_size)]
-  ).astype(np.float64)[:n]  # [W C, length]
+  nll, _ = token_scores(model, chunks(windows, length), batch_size)  # [W C, length]
   bits = nll / math.log(2)
   per_window = bits.reshape(windows.shape[0], -1).mean(axis=1)
   se = per_window.std(ddof=1) / math.sqrt(per_window.size)

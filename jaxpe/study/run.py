@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from jaxpe.model.build import build_model
-from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_train_config
+from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_dir, model_train_config
 from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
-from jaxpe.study.report import markdown, paired, plot_bits_per_byte, plot_loss_vs_position
-from jaxpe.train import trainer
+from jaxpe.study.report import markdown, plot_bits_per_byte, plot_loss_vs_position
+from jaxpe.study.retrieval_run import finetuned_params, run_retrieval
+from jaxpe.study.seeds import combine_seeds, paired_seeds
+from jaxpe.train import data, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 
@@ -72,6 +75,18 @@ def _write_atomic(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
+def _compilation_cache(path: Path) -> None:
+  """XLA's persistent compilation cache in ``path`` unless the process already has one
+  (``jax_compilation_cache_dir``): the seeds of an encoding, its format training and its passkey
+  evaluation compile the same programs with other weights, and a rerun compiles nothing again."""
+  if jax.config.jax_compilation_cache_dir:
+    return
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  compilation_cache.reset_cache()  # take the directory even after an earlier compile in this process
+
+
 def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
   """Trains (or resumes) every model, evaluates every row and writes the outputs to ``study.workdir``.
 
@@ -91,51 +106,18 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
   start = time.time()
   out = Path(study.workdir)
   out.mkdir(parents=True, exist_ok=True)
+  _compilation_cache(out / "xla_cache")
   windows = study_windows(study)
-  results: dict[str, dict[str, Any]] = {}
+  by_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in study.encodings}
   models: dict[str, dict[str, Any]] = {}
-  for name in study.encodings:
-    cfg = model_train_config(study, name)
-    base = ENCODINGS[name].base or name
-    if base not in models:
-      summary = _finished(cfg)
-      trained_now = summary is None
-      if trained_now:
-        print(f"[study] training {base} in {cfg.workdir}", flush=True)
-        summary = trainer.train(cfg, progress=progress).__dict__
-        length = summary.get("num_steps") or cfg.num_steps  # the schedule (fitted to max_seconds)
-        if summary["step"] < length:
-          raise StudyInterrupted(
-            f"model {base!r} stopped at step {summary['step']} of {length}; rerun the same command to "
-            f"resume it from {cfg.workdir}/checkpoints (stopped by stop_at, max_seconds or a signal)"
-          )
-      models[base] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}
-    cache_path = Path(cfg.workdir) / f"eval_{name}.json"
-    key = _key(
-      cfg.model_dump(mode="json"),
-      models[base]["step"],
-      hashlib.sha256(windows.tobytes()).hexdigest(),
-      study.eval_multiples,
-      ENCODINGS[name].scaling,
-    )
-    cached = _read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
-    if cached.get("key") == key and isinstance(cached.get("results"), dict):
-      results[name] = cached["results"]
-      continue
-    row: dict[str, Any] = {}
-    params = trained_params(cfg)
-    for m in study.eval_multiples:
-      mcfg = eval_model_config(study, name, m)
-      if mcfg is None:
-        row[str(m)] = None
-        continue
-      print(f"[study] evaluating {name} at {m}x ({m * study.train.seq_len} bytes)", flush=True)
-      row[str(m)] = evaluate(
-        build_model(mcfg, params), windows, m * study.train.seq_len, study.eval_batch_size
-      )
-    _write_atomic(cache_path, json.dumps({"key": key, "results": row}))
-    results[name] = row
+  for seed in range(study.seeds):
+    for name in study.encodings:
+      by_seed[name].append(_evaluate_row(study, name, seed, windows, models, progress))
+  results = {
+    name: {k: combine_seeds([r[k] for r in rows]) for k in rows[0]} for name, rows in by_seed.items()
+  }
   emu = emulation_check(study, windows) if "alibi" in study.encodings else []
+  retrieval = run_retrieval(study, windows, progress=progress) if study.passkey_depths else {}
   ref = "rope" if "rope" in study.encodings else study.encodings[0]
   report = {
     "config": study.model_dump(mode="json"),
@@ -143,8 +125,10 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
     "models": models,
     "results": results,
     "paired_reference": ref,
-    "paired": paired(results, ref),
+    "paired": paired_seeds(by_seed, ref),
+    "results_by_seed": by_seed,
     "emulation_check": emu,
+    **retrieval,
     "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
     f"{jax.devices()[0].platform})",
     "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -155,3 +139,63 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
   plot_bits_per_byte(study, report, out / "bits_per_byte.png")
   plot_loss_vs_position(study, report, out / "loss_vs_position.png")
   return report
+
+
+def _evaluate_row(
+  study: StudyConfig,
+  name: str,
+  seed: int,
+  windows: Any,
+  models: dict[str, dict[str, Any]],
+  progress: bool,
+) -> dict[str, Any]:
+  """Trains (or resumes, or skips when finished) the model of row ``name`` and seed index ``seed``
+  (recorded in ``models`` under its directory name) and returns the row's ``evaluate`` dicts by
+  ``str(multiple)``, from the cache when its key matches."""
+  cfg = model_train_config(study, name, seed)
+  base = ENCODINGS[name].base or name
+  tag = model_dir(base, seed)
+  if tag not in models:
+    summary = _finished(cfg)
+    trained_now = summary is None
+    if trained_now:
+      print(f"[study] training {tag} in {cfg.workdir}", flush=True)
+      summary = trainer.train(cfg, progress=progress).__dict__
+      length = summary.get("num_steps") or cfg.num_steps  # the schedule (fitted to max_seconds)
+      if summary["step"] < length:
+        raise StudyInterrupted(
+          f"model {tag!r} stopped at step {summary['step']} of {length}; rerun the same command to "
+          f"resume it from {cfg.workdir}/checkpoints (stopped by stop_at, max_seconds or a signal)"
+        )
+    models[tag] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}
+  cache_path = Path(cfg.workdir) / f"eval_{name}.json"
+  finetuned = ENCODINGS[name].finetuned  # evaluated on weights fine-tuned with its scaling (retrieval_run)
+  key = _key(
+    cfg.model_dump(mode="json"),
+    models[tag]["step"],
+    hashlib.sha256(windows.tobytes()).hexdigest(),
+    study.eval_multiples,
+    ENCODINGS[name].scaling,
+    [finetuned, study.passkey_steps, study.passkey_fraction, study.passkey_learning_rate]
+    if finetuned
+    else None,
+  )
+  cached = _read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
+  if cached.get("key") == key and isinstance(cached.get("results"), dict):
+    return cached["results"]
+  row: dict[str, Any] = {}
+  if finetuned:
+    d = study.train.data
+    tokens = data.load_corpus(d.path, max_bytes=d.max_bytes, eval_fraction=d.eval_fraction).train
+    params = finetuned_params(study, name, seed, tokens, progress)
+  else:
+    params = trained_params(cfg)
+  for m in study.eval_multiples:
+    mcfg = eval_model_config(study, name, m)
+    if mcfg is None:
+      row[str(m)] = None
+      continue
+    print(f"[study] evaluating {model_dir(name, seed)} at {m}x ({m * study.train.seq_len} bytes)", flush=True)
+    row[str(m)] = evaluate(build_model(mcfg, params), windows, m * study.train.seq_len, study.eval_batch_size)
+  _write_atomic(cache_path, json.dumps({"key": key, "results": row}))
+  return row

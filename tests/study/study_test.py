@@ -1,6 +1,8 @@
 """A tiny train-short-test-long study: outputs, a learned table marked n/a beyond its size, a rerun that
-retrains nothing, an interrupted model stopping the study, and one table entry recomputed
-independently (numpy float64 log-softmax over the model's logits, windows cut by hand)."""
+retrains nothing, an interrupted model stopping the study, one table entry recomputed
+independently (numpy float64 log-softmax over the model's logits, windows cut by hand), and several
+seeds (the combined entries and paired differences against numpy; a two-seed study whose seed-0 model
+keeps the first edition's directory and whose rerun trains nothing)."""
 
 import json
 import math
@@ -174,3 +176,91 @@ def test_study_command_line_reports_errors_and_signals_in_one_line(tmp_path, mon
   assert cli.main([f"workdir={tmp_path}", "--quick"]) == 143
   err = capsys.readouterr().err
   assert err == "study.py: stopped by SIGTERM at step 7; checkpoint saved\n", err
+
+
+def _entries(b: np.ndarray) -> list[dict]:
+  """Per-seed ``evaluate``-like dicts from ``b [S, W]`` (per_position: a fake 3-position curve)."""
+  return [{"per_window": list(row), "per_position": [row.mean(), 2 * row.mean(), 0.0]} for row in b]
+
+
+def test_combine_and_paired_seeds_match_numpy():
+  rng = np.random.default_rng(0)
+  b = rng.normal(2.0, 0.3, size=(3, 5))  # S = 3 seeds, W = 5 windows
+  r = rng.normal(2.2, 0.3, size=(3, 5))  # the reference row
+  got = study.combine_seeds(_entries(b))
+  se = lambda x: 1.96 * np.std(x, ddof=1) / math.sqrt(x.size)  # noqa: E731
+  np.testing.assert_allclose(got["bits_per_byte"], b.mean(), rtol=1e-12)
+  np.testing.assert_allclose(got["ci95"], se(b.mean(axis=0)), rtol=1e-12)
+  np.testing.assert_allclose(got["ci95_seeds"], se(b.mean(axis=1)), rtol=1e-12)
+  np.testing.assert_allclose(got["per_position"], [b.mean(), 2 * b.mean(), 0.0], rtol=1e-12)
+  # the two intervals differ (the check could fail by swapping them)
+  assert abs(got["ci95"] - got["ci95_seeds"]) > 1e-3
+  by_seed = {"x": [{"1": e, "2": None} for e in _entries(b)], "ref": [{"1": e, "2": e} for e in _entries(r)]}
+  p = study.paired_seeds(by_seed, "ref")
+  d = b - r
+  np.testing.assert_allclose(p["x"]["1"]["bits_per_byte"], d.mean(), rtol=1e-12)
+  np.testing.assert_allclose(p["x"]["1"]["ci95"], se(d.mean(axis=0)), rtol=1e-12)
+  np.testing.assert_allclose(p["x"]["1"]["ci95_seeds"], se(d.mean(axis=1)), rtol=1e-12)
+  assert p["x"]["2"] is None and p["ref"]["1"]["bits_per_byte"] == 0.0
+  one = study.combine_seeds(_entries(b[:1]))
+  assert one["ci95_seeds"] is None and study.cell(one).count("±") == 1
+  assert study.cell(got) == f"{b.mean():.3f} ± {se(b.mean(axis=0)):.3f} / {se(b.mean(axis=1)):.3f}"
+  assert study.combine_seeds([None, None]) is None
+  with pytest.raises(ValueError, match="all be None or all hold"):
+    study.combine_seeds([_entries(b)[0], None])
+  with pytest.raises(ValueError, match="at least one seed"):
+    study.combine_seeds([])
+
+
+def test_two_seeds_train_apart_and_resume(tmp_path, text_file, monkeypatch):
+  train = trainer.train
+
+  def train_standard(*args, **kwargs):
+    with jax.numpy_dtype_promotion("standard"):
+      return train(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, "train", train_standard)
+  cfg = tiny_study(tmp_path, text_file).model_copy(update={"encodings": ("rope", "rope_linear"), "seeds": 2})
+  assert study.model_train_config(cfg, "rope").workdir == str(tmp_path / "models" / "rope")  # first edition's
+  assert study.model_train_config(cfg, "rope_linear", 1).workdir == str(tmp_path / "models" / "rope.seed1")
+  assert study.model_train_config(cfg, "rope", 1).seed == cfg.train.seed + 1
+  with pytest.raises(ValueError, match="seed must be an int in 0..1"):
+    study.model_train_config(cfg, "rope", 2)
+  report = study.run_study(cfg, progress=False)
+  assert set(report["models"]) == {"rope", "rope.seed1"}
+  s0, s1 = (report["results_by_seed"]["rope"][s]["2"]["per_window"] for s in (0, 1))
+  assert s0 != s1  # the seeds trained different models
+  np.testing.assert_allclose(
+    report["results"]["rope"]["2"]["per_seed"], [np.mean(s0), np.mean(s1)], rtol=1e-12
+  )
+  assert " / " in (tmp_path / "study.md").read_text()
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished (encoding, seed) model was trained again")
+
+  monkeypatch.setattr(trainer, "train", no_training)
+  again = study.run_study(cfg, progress=False)
+  assert again["results"] == report["results"]
+  assert not any(m["trained_now"] for m in again["models"].values())
+
+
+def test_every_encoding_evaluates_with_its_trained_parameter_shapes():
+  """Each row's eval configs (1x and 8x) hold the same parameters as its training config (a CoPE table
+  or learned table that grew with max_len would not load the trained weights); the issue-20 rows set
+  what their names say."""
+  from jaxpe.model import Decoder
+
+  cfg = study.StudyConfig(
+    train=TrainConfig(model=ModelConfig(d_model=16, num_layers=3, num_heads=2), seq_len=16),
+    eval_multiples=(1, 8),
+  )
+  shapes = lambda c: jax.tree.map(lambda x: x.shape, nnx.state(Decoder(c, rngs=nnx.Rngs(0)), nnx.Param))  # noqa: E731
+  for name in study.ENCODINGS:
+    want = shapes(study.model_train_config(cfg, name).model)
+    for k in (1, 8):
+      got = study.eval_model_config(cfg, name, k)
+      assert got is None or shapes(got) == want, (name, k)
+  m = lambda n: study.model_train_config(cfg, n).model  # noqa: E731
+  assert m("rope_nope2").no_rope_layer_interval == 2 and m("p_rope").rope_proportion == 0.75
+  assert m("rope_sinks").attention_sinks and m("rope_alibi_hybrid").rope_alibi_content_rope
+  assert m("cope").cope_npos_max == 16 and m("fire").pos_encoding == "fire"
