@@ -28,7 +28,7 @@ from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.report import markdown, plot_bits_per_byte, plot_loss_vs_position
 from jaxpe.study.retrieval_run import finetuned_params, run_retrieval
 from jaxpe.study.seeds import combine_seeds, paired_seeds
-from jaxpe.train import data, trainer
+from jaxpe.train import data, run_checks, run_files, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 
@@ -44,13 +44,22 @@ def _key(*parts: Any) -> str:
 
 
 def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
-  """The run's ``summary.json`` when it reached ``num_steps``, else None."""
+  """The run's ``summary.json`` when it reached ``num_steps``, else None.
+
+  Raises:
+    ValueError: the finished run's ``config.json`` differs from ``cfg`` in a run-defining key (seed,
+      model, data, seq_len, batch_size: ``run_checks.check_resume_config``)."""
   path = Path(cfg.workdir) / "summary.json"
   summary = _read_json(path, "the model is resumed from its checkpoints, which rewrites it")
   if summary is None or not isinstance(summary.get("step"), int):
     return None
   length = summary.get("num_steps") or cfg.num_steps
-  return summary if isinstance(length, int) and summary["step"] >= length else None
+  if not isinstance(length, int) or summary["step"] < length:
+    return None
+  saved = run_files.read_saved_config(Path(cfg.workdir) / "config.json")
+  if saved is not None:  # a finished model of another seed, model, data or batch stream is not reused
+    run_checks.check_resume_config(saved, cfg, source=str(Path(cfg.workdir) / "config.json"))
+  return summary
 
 
 def _read_json(path: Path, then: str) -> dict[str, Any] | None:

@@ -289,3 +289,21 @@ def test_compilation_cache_is_scoped_to_the_study(tmp_path):
     for k, v in suite.items():
       jax.config.update(k, v)
     compilation_cache.reset_cache()
+
+
+def test_finished_model_of_another_seed_is_not_reused(tmp_path):
+  """A finished model whose saved config differs in a run-defining key (here train.seed) is refused
+  with the keys named, not evaluated and reported as the new config's."""
+  from jaxpe.study import run
+
+  cfg = study.StudyConfig(workdir=str(tmp_path), encodings=("rope",))
+  old = study.model_train_config(cfg, "rope")
+  Path(old.workdir).mkdir(parents=True)
+  (Path(old.workdir) / "config.json").write_text(old.model_dump_json())
+  (Path(old.workdir) / "summary.json").write_text(json.dumps({"step": 3, "num_steps": 3}))
+  assert run._finished(old.model_copy(update={"num_steps": 3}))["step"] == 3
+  new = study.model_train_config(
+    cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": 7})}), "rope"
+  )
+  with pytest.raises(ValueError, match=r"seed: 0 -> 7"):
+    run._finished(new.model_copy(update={"num_steps": 3}))
