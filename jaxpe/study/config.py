@@ -131,6 +131,17 @@ class StudyConfig(pydantic.BaseModel):
       )
     if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
       raise ValueError(f"passkey_depths must lie in [0, 1], got {list(self.passkey_depths)}")
+    from jaxpe.study.retrieval import plant_offset  # noqa: PLC0415  (retrieval imports this module)
+
+    t, big_m = self.train.seq_len, self.eval_multiples[-1]
+    lengths = {"train.seq_len": t} if self.passkey_depths else {}
+    if "rope_pi_ft" in self.encodings and self.passkey_steps and self.passkey_fraction:
+      lengths["max(eval_multiples) * train.seq_len (rope_pi_ft's fine-tuning length)"] = big_m * t
+    for what, length in lengths.items():
+      try:
+        plant_offset(length, 0.0)
+      except ValueError as e:
+        raise ValueError(f"{what} is too short for passkey samples: {e}") from None
     return self
 
   @property

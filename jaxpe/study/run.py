@@ -8,12 +8,14 @@ killed study resume the model it was training, and a finished model (``summary.j
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.report import markdown, plot_bits_per_byte, plot_loss_vs_position
 from jaxpe.study.retrieval_run import finetuned_params, run_retrieval
 from jaxpe.study.seeds import combine_seeds, paired_seeds
-from jaxpe.train import data, trainer
+from jaxpe.train import data, run_checks, run_files, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 
@@ -42,13 +44,22 @@ def _key(*parts: Any) -> str:
 
 
 def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
-  """The run's ``summary.json`` when it reached ``num_steps``, else None."""
+  """The run's ``summary.json`` when it reached ``num_steps``, else None.
+
+  Raises:
+    ValueError: the finished run's ``config.json`` differs from ``cfg`` in a run-defining key (seed,
+      model, data, seq_len, batch_size: ``run_checks.check_resume_config``)."""
   path = Path(cfg.workdir) / "summary.json"
   summary = _read_json(path, "the model is resumed from its checkpoints, which rewrites it")
   if summary is None or not isinstance(summary.get("step"), int):
     return None
   length = summary.get("num_steps") or cfg.num_steps
-  return summary if isinstance(length, int) and summary["step"] >= length else None
+  if not isinstance(length, int) or summary["step"] < length:
+    return None
+  saved = run_files.read_saved_config(Path(cfg.workdir) / "config.json")
+  if saved is not None:  # a finished model of another seed, model, data or batch stream is not reused
+    run_checks.check_resume_config(saved, cfg, source=str(Path(cfg.workdir) / "config.json"))
+  return summary
 
 
 def _read_json(path: Path, then: str) -> dict[str, Any] | None:
@@ -75,16 +86,31 @@ def _write_atomic(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
-def _compilation_cache(path: Path) -> None:
-  """XLA's persistent compilation cache in ``path`` unless the process already has one
-  (``jax_compilation_cache_dir``): the seeds of an encoding, its format training and its passkey
-  evaluation compile the same programs with other weights, and a rerun compiles nothing again."""
+@contextlib.contextmanager
+def _compilation_cache(path: Path) -> Iterator[None]:
+  """XLA's persistent compilation cache in ``path`` while the study runs, unless the process already
+  has one (``jax_compilation_cache_dir``): the seeds of an encoding, its format training and its passkey
+  evaluation compile the same programs with other weights, and a rerun compiles nothing again. The
+  settings before it are restored after, so a later study in this process uses its own workdir and
+  other work in the process does not write into this one."""
   if jax.config.jax_compilation_cache_dir:
+    yield
     return
-  jax.config.update("jax_compilation_cache_dir", str(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  settings = {
+    "jax_compilation_cache_dir": str(path),
+    "jax_persistent_cache_min_compile_time_secs": 0.2,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+  }
+  before = {k: getattr(jax.config, k) for k in settings}
+  for k, v in settings.items():
+    jax.config.update(k, v)
   compilation_cache.reset_cache()  # take the directory even after an earlier compile in this process
+  try:
+    yield
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
 
 
 def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -103,10 +129,14 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
       nothing is evaluated or written, and a rerun resumes it.
     ValueError: held-out data too small for the windows, or any ``trainer.train`` error.
   """
-  start = time.time()
   out = Path(study.workdir)
   out.mkdir(parents=True, exist_ok=True)
-  _compilation_cache(out / "xla_cache")
+  with _compilation_cache(out / "xla_cache"):
+    return _run_study(study, out, progress)
+
+
+def _run_study(study: StudyConfig, out: Path, progress: bool) -> dict[str, Any]:
+  start = time.time()
   windows = study_windows(study)
   by_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in study.encodings}
   models: dict[str, dict[str, Any]] = {}

@@ -201,3 +201,19 @@ def test_position_interpolation_arm(tmp_path, text_file, monkeypatch):  # noqa: 
   assert pi["w"][0] == 1 and own["w"][0] == 2  # two caches, neither overwrote the other
   again = retrieval_run.finetuned_params(cfg, "rope_pi_ft", 0, tokens, progress=False)
   assert len(calls) == 2 and again["w"][0] == 1  # read back from its cache
+
+
+def test_passkey_lengths_checked_at_config():
+  """Passkey samples need 31 bytes: a study whose retrieval or rope_pi_ft fine-tuning length is shorter
+  fails when configured, naming the key, not after training every model."""
+  with pytest.raises(
+    ValueError, match=r"train.seq_len is too short for passkey samples: length must be >= 31"
+  ):
+    study.StudyConfig(
+      passkey_depths=(0.5,), train=study.StudyConfig().train.model_copy(update={"seq_len": 16})
+    )
+  short = study.StudyConfig().train.model_copy(update={"seq_len": 8})
+  with pytest.raises(ValueError, match=r"rope_pi_ft's fine-tuning length\) is too short"):
+    study.StudyConfig(encodings=("rope", "rope_pi_ft"), eval_multiples=(1, 2), train=short)
+  study.StudyConfig(encodings=("rope", "rope_pi_ft"), eval_multiples=(1, 4), train=short)  # 32 bytes
+  study.StudyConfig(encodings=("rope", "rope_pi_ft"), eval_multiples=(1, 2), passkey_steps=0, train=short)

@@ -264,3 +264,46 @@ def test_every_encoding_evaluates_with_its_trained_parameter_shapes():
   assert m("rope_nope2").no_rope_layer_interval == 2 and m("p_rope").rope_proportion == 0.75
   assert m("rope_sinks").attention_sinks and m("rope_alibi_hybrid").rope_alibi_content_rope
   assert m("cope").cope_npos_max == 16 and m("fire").pos_encoding == "fire"
+
+
+def test_compilation_cache_is_scoped_to_the_study(tmp_path):
+  """run_study's persistent compilation cache lives in its own workdir while it runs and is switched
+  back off after (a second study in the process gets its own; a cache the user set is kept)."""
+  from jax.experimental.compilation_cache import compilation_cache
+
+  from jaxpe.study import run
+
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  suite = {k: getattr(jax.config, k) for k in names}  # conftest's cache
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)
+    for d in ("a", "b"):
+      with run._compilation_cache(tmp_path / d):
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / d)
+      assert jax.config.jax_compilation_cache_dir is None
+      assert jax.config.jax_persistent_cache_min_compile_time_secs == suite[names[1]]
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "user"))
+    with run._compilation_cache(tmp_path / "a"):
+      assert jax.config.jax_compilation_cache_dir == str(tmp_path / "user")
+  finally:
+    for k, v in suite.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
+def test_finished_model_of_another_seed_is_not_reused(tmp_path):
+  """A finished model whose saved config differs in a run-defining key (here train.seed) is refused
+  with the keys named, not evaluated and reported as the new config's."""
+  from jaxpe.study import run
+
+  cfg = study.StudyConfig(workdir=str(tmp_path), encodings=("rope",))
+  old = study.model_train_config(cfg, "rope")
+  Path(old.workdir).mkdir(parents=True)
+  (Path(old.workdir) / "config.json").write_text(old.model_dump_json())
+  (Path(old.workdir) / "summary.json").write_text(json.dumps({"step": 3, "num_steps": 3}))
+  assert run._finished(old.model_copy(update={"num_steps": 3}))["step"] == 3
+  new = study.model_train_config(
+    cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": 7})}), "rope"
+  )
+  with pytest.raises(ValueError, match=r"seed: 0 -> 7"):
+    run._finished(new.model_copy(update={"num_steps": 3}))
