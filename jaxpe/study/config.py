@@ -16,6 +16,7 @@ from typing import Any
 import pydantic
 
 from jaxpe.model.config import ModelConfig
+from jaxpe.study.passkey import plant_offset
 from jaxpe.train.config import TrainConfig, _merge, load_yaml_file, parse_overrides, with_data_path
 
 __all__ = [
@@ -131,8 +132,6 @@ class StudyConfig(pydantic.BaseModel):
       )
     if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
       raise ValueError(f"passkey_depths must lie in [0, 1], got {list(self.passkey_depths)}")
-    from jaxpe.study.retrieval import plant_offset  # noqa: PLC0415  (retrieval imports this module)
-
     t, big_m = self.train.seq_len, self.eval_multiples[-1]
     lengths = {"train.seq_len": t} if self.passkey_depths else {}
     if "rope_pi_ft" in self.encodings and self.passkey_steps and self.passkey_fraction:

@@ -32,6 +32,7 @@ from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig
 from jaxpe.study.evaluation import token_nll, token_scores
+from jaxpe.study.passkey import KEY_DIGITS, PLANT, PROMPT, _template_len, plant_offset
 
 __all__ = [
   "KEY_DIGITS",
@@ -46,31 +47,6 @@ __all__ = [
   "random_keys",
   "retrieval_emulation",
 ]
-
-KEY_DIGITS = 5
-"""Digits of a passkey."""
-PLANT = " pass key {key}. "
-"""The sentence planted in the filler (``{key}``: the digits)."""
-PROMPT = " pass key "
-"""The question at the end of a sample; the key's digits follow it."""
-
-
-def _template_len() -> int:
-  return len(PLANT.format(key="0" * KEY_DIGITS)) + len(PROMPT) + KEY_DIGITS
-
-
-def plant_offset(length: int, depth: float) -> int:
-  """Index (0-based byte) where ``PLANT`` starts in a sample of eval length ``length`` at ``depth``.
-
-  Raises:
-    ValueError: ``depth`` outside [0, 1], or ``length`` shorter than the template (plant, prompt, key).
-  """
-  if not 0.0 <= depth <= 1.0:
-    raise ValueError(f"depth must be in [0, 1] (a fraction of the filler), got {depth}")
-  n = length + 1 - _template_len()
-  if n < 0:
-    raise ValueError(f"length must be >= {_template_len() - 1} (the passkey template), got {length}")
-  return round(depth * n)
 
 
 def random_keys(n: int, seed: int) -> list[str]:
