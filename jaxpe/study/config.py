@@ -9,6 +9,8 @@ they are used in practice.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,3 +241,9 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
       "yarn": {"rope_type": "yarn", "factor": float(multiple), "original_max_position_embeddings": t},
     }[scaling]
   return ModelConfig.model_validate({**base.model_dump(mode="python"), **update})
+
+
+def cache_key(*parts: Any) -> str:
+  """16 hex digits of the SHA-256 of ``parts`` as sorted JSON (non-JSON values by ``str``): the key
+  the study's caches (evaluations, passkey scores, format-trained weights) are stored under."""
+  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from jaxpe.model.build import build_model
-from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_dir, model_train_config
+from jaxpe.study.config import (
+  ENCODINGS,
+  StudyConfig,
+  cache_key,
+  eval_model_config,
+  model_dir,
+  model_train_config,
+)
 from jaxpe.study.retrieval import evaluate_passkey, finetune_passkey, random_keys, retrieval_emulation
 from jaxpe.train import data
 from jaxpe.train.load import trained_params
@@ -24,10 +31,6 @@ from jaxpe.train.load import trained_params
 __all__ = ["combine_retrieval", "finetuned_params", "run_retrieval", "tuned_name"]
 
 KEY_SEED = 20260  # the eval keys (the same for every row, seed and length)
-
-
-def _key(*parts: Any) -> str:
-  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _ci(values: np.ndarray) -> float | None:
@@ -95,7 +98,7 @@ def finetuned_params(
     m = study.eval_multiples[-1]
     model_cfg = eval_model_config(study, name, m)
     seq_len, batch_size, fname = m * t.seq_len, max(1, t.batch_size // m), f"passkey_finetuned_{name}.npz"
-  key = _key(
+  key = cache_key(
     cfg.model_dump(mode="json"),
     model_cfg.model_dump(mode="json"),
     seq_len,
@@ -156,7 +159,7 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
       base = tuned_name(name)
       cfg = model_train_config(study, name, seed)
       cache = Path(cfg.workdir) / f"passkey_{name}.json"
-      key = _key(
+      key = cache_key(
         cfg.model_dump(mode="json"),
         study.passkey_steps,
         study.passkey_fraction,

@@ -23,7 +23,14 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 from jaxpe.model.build import build_model
-from jaxpe.study.config import ENCODINGS, StudyConfig, eval_model_config, model_dir, model_train_config
+from jaxpe.study.config import (
+  ENCODINGS,
+  StudyConfig,
+  cache_key,
+  eval_model_config,
+  model_dir,
+  model_train_config,
+)
 from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.report import markdown, plot_bits_per_byte, plot_loss_vs_position
 from jaxpe.study.retrieval_run import finetuned_params, run_retrieval
@@ -37,10 +44,6 @@ __all__ = ["StudyInterrupted", "run_study"]
 
 class StudyInterrupted(RuntimeError):
   """A model's training stopped before ``num_steps``; rerunning the study resumes it."""
-
-
-def _key(*parts: Any) -> str:
-  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
@@ -200,7 +203,7 @@ def _evaluate_row(
     models[tag] = {"trained_now": trained_now, **{k: v for k, v in summary.items() if k != "sample"}}
   cache_path = Path(cfg.workdir) / f"eval_{name}.json"
   finetuned = ENCODINGS[name].finetuned  # evaluated on weights fine-tuned with its scaling (retrieval_run)
-  key = _key(
+  key = cache_key(
     cfg.model_dump(mode="json"),
     models[tag]["step"],
     hashlib.sha256(windows.tobytes()).hexdigest(),
