@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from typing import Any
 
@@ -47,7 +46,7 @@ from ops_bench import Row, row
 
 from jaxpe.attention import kernels, masks
 from jaxpe.model.config import ModelConfig
-from jaxpe.train import sharding, steps
+from jaxpe.train import host_devices, sharding, steps
 from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
 
@@ -60,7 +59,16 @@ SIZES = (
 
 def cores() -> int:
   """CPU cores this process may run on (XLA's thread pool uses them all)."""
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  return host_devices.cores()
+
+
+def split_cores() -> None:
+  """One CPU device per core for this process, as ``jaxpe-train`` has (``TrainConfig.cpu_devices``),
+  unless JAX's backend started or ``XLA_FLAGS`` chose; one-device rows use the first device."""
+  host_devices.apply(TrainConfig(batch_size=cores()))
+
+
+split_cores()
 
 
 @dataclasses.dataclass
@@ -78,12 +86,12 @@ class TrainerStep:
   args: Any
 
 
-def trainer_step(cfg: ModelConfig, *, batch: int, seq: int) -> TrainerStep:
+def trainer_step(cfg: ModelConfig, *, batch: int, seq: int, devices: int = 1) -> TrainerStep:
   """jaxpe's trainer step as ``jaxpe.train.loop`` builds it (``state.create_state``,
-  ``steps.make_train_step`` with the state and batch shardings) on a one-device mesh, on random
-  ``[batch, seq + 1]`` int32 tokens."""
-  tcfg = TrainConfig(model=cfg, batch_size=batch, seq_len=seq, mesh_shape=(1, 1, 1))
-  mesh = sharding.make_mesh(tcfg.mesh_shape, devices=jax.devices()[:1])
+  ``steps.make_train_step`` with the state and batch shardings) on a mesh of the first ``devices``
+  devices, all on the ``data`` axis, on random ``[batch, seq + 1]`` int32 tokens."""
+  tcfg = TrainConfig(model=cfg, batch_size=batch, seq_len=seq, mesh_shape=(devices, 1, 1))
+  mesh = sharding.make_mesh(tcfg.mesh_shape, devices=jax.devices()[:devices])
   graphdef, state, shardings = state_lib.create_state(tcfg, mesh)
   batch_sharding = sharding.batch_sharding(mesh, tcfg.logical_rules)
   step = steps.make_train_step(
@@ -139,14 +147,22 @@ def torch_steps(cfg: ModelConfig, tcfg: TrainConfig, *, compile_model: bool) -> 
 def compare_rows(label: str, cfg: ModelConfig, *, batch: int, seq: int, rounds: int, compile_model: bool):
   """The rows of one size: jaxpe vs torch eager (and torch.compile), and vs the matmul ceiling."""
   trainer = trainer_step(cfg, batch=batch, seq=seq)
-  run, tcfg = trainer.run, trainer.train_config
+  tcfg = trainer.train_config
+  # what jaxpe-train runs on this host (cpu_devices=auto): one device per core on the data axis
+  split = host_devices.auto_count(tcfg.model_copy(update={"mesh_shape": (-1, 1, 1, 1)}), len(jax.devices()))
+  jax_runs = {"jaxpe": trainer.run}
+  if split > 1 and jax.devices()[0].platform == "cpu":
+    jax_runs[f"jaxpe, {split} CPU devices"] = trainer_step(cfg, batch=batch, seq=seq, devices=split).run
   torch_runs, skipped = torch_steps(cfg, tcfg, compile_model=compile_model)
   matmuls = decoder_matmuls(cfg, batch, seq)
   mm_fns = matmul_fns(matmuls)
-  times = alternate({"jaxpe": run, **torch_runs, **mm_fns}, rounds=rounds)
-  t_jax = median(times["jaxpe"])
+  times = alternate({**jax_runs, **torch_runs, **mm_fns}, rounds=rounds)
+  main_run = list(jax_runs)[-1]  # the cpu_devices=auto step where it splits, else the one device
+  t_jax = median(times[main_run])
+  t_one = median(times["jaxpe"])
   flops = useful_flops(matmuls)
   t_ceil = ceiling_seconds(matmuls, best_by_shape(times))
+  label_main = main_run.replace("jaxpe, ", "jaxpe (") + ")" if main_run != "jaxpe" else "jaxpe"
   name = f"train step {label}, B {batch} x T {seq}"
   rows = []
   extra = {
@@ -158,24 +174,38 @@ def compare_rows(label: str, cfg: ModelConfig, *, batch: int, seq: int, rounds: 
     rows.append(
       row(
         "train",
-        f"{name}: jaxpe / {reference} (time)",
+        f"{name}: {label_main} / {reference} (time)",
         t_jax * 1e3,
         "ms",
         ratio=t_jax / t_ref,
         vs=f"{reference} {t_ref * 1e3:.0f} ms",
         goal="<= 0.8" if reference == "torch eager" else None,
         torch_ceiling_ratio=t_ceil / t_ref,
+        one_device_ratio=t_one / t_ref,
+      )
+    )
+  if main_run != "jaxpe":
+    rows.append(
+      row(
+        "train",
+        f"{name}: {label_main} / jaxpe on one device (time)",
+        t_jax * 1e3,
+        "ms",
+        ratio=t_jax / t_one,
+        vs=f"one device {t_one * 1e3:.0f} ms",
       )
     )
   for reference, reason in skipped.items():
     print(f"{name}: {reference} {reason}", file=sys.stderr)
     rows.append(
-      row("train", f"{name}: jaxpe / {reference} (time)", t_jax * 1e3, "ms", vs=f"{reference} {reason}")
+      row(
+        "train", f"{name}: {label_main} / {reference} (time)", t_jax * 1e3, "ms", vs=f"{reference} {reason}"
+      )
     )
   rows.append(
     row(
       "train",
-      f"{name}: model FLOP/s / matmul ceiling at its shapes",
+      f"{name}: {label_main} model FLOP/s / matmul ceiling at its shapes",
       flops / t_jax / 1e9,
       "GFLOP/s",
       ratio=t_ceil / t_jax,

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from jaxpe.train import config as config_lib
-from jaxpe.train import memory_check, run_guard, sharding, trainer
+from jaxpe.train import host_devices, memory_check, run_guard, sharding, trainer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 """The built-in configs, shipped as package data (``jaxpe/configs/*.yaml``)."""
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
     cfg = config_lib.load_config(
       resolve_config(args.config), args.overrides, data_path=args.data, unique_overrides=True
     )
+    # One XLA device per core on a CPU host (cpu_devices), before anything starts JAX's backend.
+    host_devices.apply(cfg)
     # Multi-process runs start JAX's runtime before any other JAX use (the memory check lists the
     # devices); trainer.train's own call is then a no-op.
     sharding.initialize_distributed(cfg.distributed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -104,6 +104,11 @@ class TrainConfig(StrictConfig):
     "(data, fsdp, tensor) is read with context 1, the old (data, model) form as (data, 1, model, 1). "
     "context > 1 splits each sequence over that many devices (seq_len must divide by 2 x context)",
   )
+  cpu_devices: Annotated[int, pydantic.Field(ge=1)] | Literal["auto"] = pydantic.Field(
+    "auto",
+    description="jaxpe-train on CPU: XLA devices the host's cores become, run in parallel by the mesh "
+    "(jaxpe.train.host_devices); auto = the cores that divide the micro-batch, with the default mesh only",
+  )
   logical_rules: LogicalRules = LogicalRules()
   grad_accum_steps: int = pydantic.Field(
     1, gt=0, description="micro-batches per optimizer step (batch_size / grad_accum_steps rows each)"
@@ -119,9 +124,7 @@ class TrainConfig(StrictConfig):
   max_seconds: float | None = pydantic.Field(
     None, gt=0, description="stop early (with a checkpoint) after this much training time"
   )
-  stop_at: int | None = pydantic.Field(
-    None, gt=0, description="stop (with a checkpoint) after this step; rerun to resume"
-  )
+  stop_at: int | None = pydantic.Field(None, gt=0, description="stop (with a checkpoint) after this step")
   skip_nonfinite: int = pydantic.Field(
     0,
     ge=0,
@@ -139,8 +142,7 @@ class TrainConfig(StrictConfig):
           "mesh_shape takes 4 sizes (data, fsdp, tensor, context), 3 (data, fsdp, tensor) or the old 2 "
           f"(data, model), got {list(shape)}"
         )
-      # (data, model) from configs and checkpoints before the fsdp axis: model is tensor parallelism;
-      # (data, fsdp, tensor) from those before the context axis: no context parallelism.
+      # (data, model): tensor parallelism as model; (data, fsdp, tensor): context 1.
       shape = (shape[0], 1, shape[1]) if len(shape) == 2 else shape
       data = {**data, "mesh_shape": (*shape, 1) if len(shape) == 3 else shape}
     return data

@@ -299,6 +299,12 @@ def _distributed_settings(cfg: DistributedConfig) -> tuple[bool, str | None, int
   return enabled, address, num, pid
 
 
+def multi_process(cfg: DistributedConfig) -> bool:
+  """Whether ``cfg`` and the environment ask for a multi-process run (``initialize_distributed``
+  would initialise); starts nothing. Raises ``ValueError`` as ``initialize_distributed``."""
+  return _distributed_settings(cfg)[0]
+
+
 def _check_coordinator_port(address: str) -> None:
   """Process 0 starts the coordinator service on ``address``'s port: refuse at once when something
   (another process 0 of this job, another program) already listens there."""

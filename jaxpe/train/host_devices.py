@@ -1,0 +1,84 @@
+"""One XLA device per CPU core for ``jaxpe-train`` on the CPU backend (``TrainConfig.cpu_devices``).
+
+XLA:CPU runs a small operation on one thread: a block pair's batched matmuls in blockwise attention
+(``[B, N, 64, 64] x [B, N, 64, 64]``: 42 GFLOP/s on one core, 48 on two, where PyTorch's ``bmm`` takes
+103), the LayerNorms, GELU and loss fusions. A one-device train step therefore leaves the other cores
+idle for much of its time. Split into one device per core, the default mesh's ``data`` axis gives each
+core its share of the batch and every operation runs on all cores at once; the gradients are summed
+across the devices in memory. On the 2-core CPU of issue 21 the train step took 0.79x (D 512, L 8,
+B 8 x T 512) and 0.81x (D 128, L 4, B 32 x T 256) of its one-device time (``benchmarks/train_bench.py``).
+
+The split must be made before JAX starts its CPU backend (``jax_num_cpu_devices``), so
+``jaxpe.train.cli`` applies it first thing; a library caller that already ran JAX keeps the devices it
+has. Results differ from a one-device run's by float32 rounding (the batch's gradient is summed in
+another order); a resumed run uses the same split, so kill -9 resumes stay bit-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+
+from jaxpe.train.config import TrainConfig
+from jaxpe.train.sharding import multi_process
+
+__all__ = ["apply", "auto_count", "cores"]
+
+_FLAG = re.compile(r"--xla_force_host_platform_device_count")
+
+
+def cores() -> int:
+  """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_count(cfg: TrainConfig, num_cores: int) -> int:
+  """The devices ``cpu_devices="auto"`` makes of ``num_cores`` cores: the largest count <= the cores
+  that divides the micro-batch (``batch_size / grad_accum_steps`` rows) with the default mesh
+  ``[-1, 1, 1, 1]`` (all devices on ``data``); 1 with any other mesh (its sizes are the user's)."""
+  if tuple(cfg.mesh_shape) != (-1, 1, 1, 1):
+    return 1
+  micro = cfg.batch_size // cfg.grad_accum_steps
+  return max(d for d in range(1, max(1, num_cores) + 1) if micro % d == 0)
+
+
+def _backend_started() -> bool:
+  from jax._src import xla_bridge  # no public query; jax.devices() would start the backend
+
+  return xla_bridge.backends_are_initialized()
+
+
+def apply(cfg: TrainConfig) -> int | None:
+  """Splits the host CPU into ``cfg.cpu_devices`` XLA devices (``"auto"``: ``auto_count`` of
+  ``cores()``) before JAX's backend starts; returns the count set, or None when nothing was set.
+
+  ``"auto"`` sets nothing when the count is 1, when the environment already chose (``XLA_FLAGS`` with
+  ``--xla_force_host_platform_device_count``, or ``JAX_NUM_CPU_DEVICES``), in a multi-process run
+  (``cfg.distributed``: each process keeps one device per host as before), or when JAX's backend has
+  started. An explicit int is set unless the backend started; it then must equal the CPU devices.
+  Only the CPU backend's devices change: on a GPU or TPU host the mesh still uses the accelerators.
+
+  Raises:
+    ValueError: an explicit ``cpu_devices`` that JAX's already started CPU backend cannot have (it
+      has another number of devices), naming both counts.
+  """
+  wanted = cfg.cpu_devices
+  if wanted == "auto":
+    env_chose = _FLAG.search(os.environ.get("XLA_FLAGS", "")) or os.environ.get("JAX_NUM_CPU_DEVICES")
+    if env_chose or multi_process(cfg.distributed) or _backend_started():
+      return None
+    wanted = auto_count(cfg, cores())
+    if wanted == 1:
+      return None
+  if _backend_started():
+    have = len(jax.devices("cpu"))
+    if have != wanted:
+      raise ValueError(
+        f"cpu_devices={wanted} cannot apply: JAX's CPU backend already started with {have} devices "
+        "(set it before any JAX use, or leave cpu_devices=auto)"
+      )
+    return None
+  jax.config.update("jax_num_cpu_devices", wanted)
+  return wanted

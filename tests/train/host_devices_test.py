@@ -1,0 +1,135 @@
+"""``TrainConfig.cpu_devices`` (``jaxpe.train.host_devices``): one XLA device per core on a CPU host.
+
+The count rule against hand-worked cases, each decision of ``apply`` (what it sets and when it sets
+nothing), and the command line in fresh processes: the devices it made, the environment winning, and a
+run resumed on another split."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxpe.train import host_devices
+from jaxpe.train.config import DistributedConfig, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = str(ROOT / "train" / "train.py")
+
+
+@pytest.mark.parametrize(
+  "batch, accum, mesh, num_cores, expected",
+  [
+    (32, 1, (-1, 1, 1, 1), 2, 2),
+    (32, 1, (-1, 1, 1, 1), 1, 1),
+    (7, 1, (-1, 1, 1, 1), 2, 1),  # a prime batch: no split divides it
+    (12, 1, (-1, 1, 1, 1), 8, 6),  # the largest divisor of 12 that is <= 8
+    (32, 4, (-1, 1, 1, 1), 3, 2),  # micro-batch 8 rows: 3 does not divide it, 2 does
+    (30, 1, (-1, 1, 1, 1), 16, 15),
+    (32, 1, (2, 1, 1, 1), 8, 1),  # the user's own mesh sizes: no split
+    (32, 1, (-1, 2, 1, 1), 8, 1),
+    (32, 1, (1, 1, 1, -1), 8, 1),
+  ],
+)
+def test_auto_count(batch, accum, mesh, num_cores, expected):
+  cfg = TrainConfig(batch_size=batch, grad_accum_steps=accum, mesh_shape=mesh)
+  assert host_devices.auto_count(cfg, num_cores) == expected
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+  """``apply`` as in a process whose backend has not started, on 4 cores; ``jax.config.update``
+  recorded, not run."""
+  calls = []
+  monkeypatch.setattr(host_devices, "_backend_started", lambda: False)
+  monkeypatch.setattr(host_devices, "cores", lambda: 4)
+  monkeypatch.setattr(host_devices.jax.config, "update", lambda *a: calls.append(a))
+  for name in (
+    "XLA_FLAGS",
+    "JAX_NUM_CPU_DEVICES",
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+  ):
+    monkeypatch.delenv(name, raising=False)
+  return calls
+
+
+def test_apply_sets_the_auto_count(fresh):
+  assert host_devices.apply(TrainConfig(batch_size=32)) == 4
+  assert host_devices.apply(TrainConfig(batch_size=6)) == 3
+  assert fresh == [("jax_num_cpu_devices", 4), ("jax_num_cpu_devices", 3)]
+
+
+@pytest.mark.parametrize(
+  "env, cfg",
+  [
+    ({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=1"}, {}),
+    ({"JAX_NUM_CPU_DEVICES": "1"}, {}),
+    ({"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, {}),
+    (
+      {},
+      {"distributed": DistributedConfig(coordinator_address="127.0.0.1:1", num_processes=2, process_id=1)},
+    ),
+    ({}, {"batch_size": 5}),  # no split of 4 cores divides 5 rows
+    ({}, {"mesh_shape": (1, 1, 1, 1)}),
+    ({}, {"cpu_devices": 1}),
+  ],
+)
+def test_auto_sets_nothing_where_the_environment_or_config_chose(fresh, monkeypatch, env, cfg):
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  assert host_devices.apply(TrainConfig(**cfg)) in (None, 1)
+  assert fresh in ([], [("jax_num_cpu_devices", 1)])
+
+
+def test_an_explicit_count_overrides_the_environment(fresh, monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+  assert host_devices.apply(TrainConfig(cpu_devices=3, batch_size=6, mesh_shape=(3, 1, 1))) == 3
+  assert fresh == [("jax_num_cpu_devices", 3)]
+
+
+def test_after_the_backend_started_only_the_count_it_has_passes():
+  import jax
+
+  have = len(jax.devices("cpu"))  # the tests' backend has started (conftest: 8 fake devices)
+  assert host_devices.apply(TrainConfig(cpu_devices=have, batch_size=have)) is None
+  assert host_devices.apply(TrainConfig()) is None  # auto keeps what a library caller has
+  with pytest.raises(
+    ValueError, match=rf"cpu_devices={have + 1} cannot apply: .* started with {have} devices"
+  ):
+    host_devices.apply(TrainConfig(cpu_devices=have + 1))
+
+
+def _train(workdir, *args, xla_flags=None):
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+  env["JAX_PLATFORMS"] = "cpu"
+  if xla_flags is not None:
+    env["XLA_FLAGS"] = xla_flags
+  argv = [sys.executable, TRAIN, "--config", "tiny", f"workdir={workdir}", "sample_len=0", "eval_every=1000"]
+  proc = subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return int(re.search(r"devices: (\d+) x cpu", proc.stdout)[1])
+
+
+def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path):
+  cfg = TrainConfig(batch_size=8)  # tiny's batch
+  expected = host_devices.auto_count(cfg, len(os.sched_getaffinity(0)))
+  assert _train(tmp_path / "a", "num_steps=2", "batch_size=8") == expected
+  assert (
+    _train(
+      tmp_path / "b", "num_steps=2", "batch_size=8", xla_flags="--xla_force_host_platform_device_count=1"
+    )
+    == 1
+  )
+  # a run saved on 1 device resumes on 2 (and its step count goes on)
+  run = tmp_path / "c"
+  assert _train(run, "num_steps=4", "stop_at=2", "batch_size=8", "cpu_devices=1") == 1
+  assert _train(run, "num_steps=4", "batch_size=8", "cpu_devices=2") == 2
+  summary = json.loads((run / "summary.json").read_text())
+  assert (summary["step"], summary["run"]["devices"]["count"]) == (4, 2)
