@@ -447,7 +447,11 @@ def main(argv: list[str] | None = None) -> dict:
       plot_history(records, args.results_dir / "history.png")
       print(f"history: {args.results_dir / 'history.png'}")
     if args.update_readme:
-      full = [r for r in records if not r.get("quick")] or records
+      # the newest run of every group (an --only record holds a few rows; older records lack "groups")
+      complete = [
+        r for r in records if not r.get("quick") and len(r.get("groups", GROUPS[1:])) >= len(GROUPS) - 1
+      ]
+      full = complete or [r for r in records if not r.get("quick")] or records
       if not full:
         raise SystemExit(f"no records in {args.results_dir}")
       update_readme(args.readme, full[-1])
