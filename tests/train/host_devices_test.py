@@ -133,3 +133,23 @@ def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path
   assert _train(run, "num_steps=4", "batch_size=8", "cpu_devices=2") == 2
   summary = json.loads((run / "summary.json").read_text())
   assert (summary["step"], summary["run"]["devices"]["count"]) == (4, 2)
+
+
+def test_the_memory_check_counts_the_state_once_per_cpu_device_that_replicates_it(monkeypatch):
+  """The CPU devices of a split share the host's memory and each holds a replica of the state: a run
+  whose state fits once but not twice is refused on 2 devices of the default mesh (naming
+  cpu_devices=1), not OOM-killed, and passes on 1 device or with the state split over fsdp."""
+  import jax
+
+  from jaxpe.train import memory_check
+
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  params = int(0.6 * ram) // memory_check.STATE_BYTES_PER_PARAM
+  monkeypatch.setattr(
+    memory_check, "memory_floor_bytes", lambda cfg: (params, params * memory_check.STATE_BYTES_PER_PARAM)
+  )
+  cpus = jax.devices("cpu")[:2]
+  memory_check.check_fits_memory(TrainConfig(), cpus[:1])
+  memory_check.check_fits_memory(TrainConfig(mesh_shape=(1, -1, 1, 1)), cpus)
+  with pytest.raises(ValueError, match=r"held 2 times: .*\(cpu_devices=1 keeps one\)"):
+    memory_check.check_fits_memory(TrainConfig(), cpus)
