@@ -9,8 +9,9 @@ across the devices in memory. On the 2-core CPU of issue 21 the train step took 
 B 8 x T 512) and 0.81x (D 128, L 4, B 32 x T 256) of its one-device time (``benchmarks/train_bench.py``).
 
 The split must be made before JAX starts its CPU backend (``jax_num_cpu_devices``), so
-``jaxpe.train.cli`` applies it first thing; a library caller that already ran JAX keeps the devices it
-has. Results differ from a one-device run's by float32 rounding (the batch's gradient is summed in
+``jaxpe.train.cli`` applies it first thing; ``jaxpe-study`` and ``trainer.train`` apply an explicit
+count only (refused when JAX already started with another), so a library caller on ``auto`` keeps the
+devices it has. Results differ from a one-device run's by float32 rounding (the batch's gradient is summed in
 another order); a resumed run uses the same split, so kill -9 resumes stay bit-exact.
 """
 

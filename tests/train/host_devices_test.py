@@ -153,3 +153,36 @@ def test_the_memory_check_counts_the_state_once_per_cpu_device_that_replicates_i
   memory_check.check_fits_memory(TrainConfig(mesh_shape=(1, -1, 1, 1)), cpus)
   with pytest.raises(ValueError, match=r"held 2 times: .*\(cpu_devices=1 keeps one\)"):
     memory_check.check_fits_memory(TrainConfig(), cpus)
+
+
+def test_the_library_trainer_refuses_an_explicit_count_it_cannot_have(tmp_path):
+  """``trainer.train`` (a library caller, the study) applies an explicit ``cpu_devices`` as the command
+  line does: here JAX already started with other devices, so it refuses before any work instead of
+  training on devices the config did not ask for; ``auto`` keeps what the caller has."""
+  import jax
+
+  from jaxpe.train import trainer
+
+  have = len(jax.devices("cpu"))
+  cfg = TrainConfig(workdir=str(tmp_path / "run"), cpu_devices=have + 1, num_steps=1, sample_len=0)
+  with pytest.raises(ValueError, match=rf"cpu_devices={have + 1} cannot apply"):
+    trainer.train(cfg, progress=False)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value, applied", [("2", [2]), ("auto", [])])
+def test_the_study_applies_an_explicit_count_before_jax_starts(monkeypatch, tmp_path, value, applied):
+  """``jaxpe-study train.cpu_devices=N`` splits the host before its memory check starts JAX (its
+  ``trainer.train`` would otherwise refuse the count); ``auto`` leaves the study on the devices it has."""
+  from jaxpe.study import cli as study_cli
+
+  calls = []
+  monkeypatch.setattr(host_devices, "apply", lambda cfg: calls.append(cfg.cpu_devices))
+  monkeypatch.setattr(study_cli.memory_check, "check_fits_memory", lambda cfg: calls.append("memory"))
+
+  def stop(study):
+    raise study_cli.StudyInterrupted("stopped")
+
+  monkeypatch.setattr(study_cli, "run_study", stop)
+  assert study_cli.main(["--quick", f"workdir={tmp_path}", f"train.cpu_devices={value}"]) == 1
+  assert calls[: len(applied) + 1] == [*applied, "memory"]
