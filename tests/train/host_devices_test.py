@@ -119,7 +119,7 @@ def _train(workdir, *args, xla_flags=None):
 
 def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path):
   cfg = TrainConfig(batch_size=8)  # tiny's batch
-  expected = host_devices.auto_count(cfg, len(os.sched_getaffinity(0)))
+  expected = host_devices.auto_count(cfg, host_devices.cores())
   assert _train(tmp_path / "a", "num_steps=2", "batch_size=8") == expected
   assert (
     _train(
@@ -186,3 +186,28 @@ def test_the_study_applies_an_explicit_count_before_jax_starts(monkeypatch, tmp_
   monkeypatch.setattr(study_cli, "run_study", stop)
   assert study_cli.main(["--quick", f"workdir={tmp_path}", f"train.cpu_devices={value}"]) == 1
   assert calls[: len(applied) + 1] == [*applied, "memory"]
+
+
+@pytest.mark.parametrize(
+  "files, expected",
+  [
+    (
+      {"cpu.max": "100000 100000\n"},
+      1,
+    ),  # docker --cpus=1 on a host of more cores: 1 device, not one per core
+    ({"cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs: rounded up
+    ({"cpu.max": "max 100000\n"}, None),  # no limit: the affinity mask
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+  ],
+)
+def test_cores_respects_a_cgroup_cpu_limit(monkeypatch, tmp_path, files, expected):
+  """A container's CPU quota caps the cores ``auto`` splits into: the affinity mask there lists every
+  host core, and 16 devices on 2 CPUs of time run the tiny step ~2.7x slower than 2 devices."""
+  for name, text in files.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text)
+  monkeypatch.setattr(host_devices, "_CGROUP", tmp_path)
+  monkeypatch.setattr(host_devices.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+  assert host_devices.cores() == (64 if expected is None else expected)
