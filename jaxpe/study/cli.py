@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from jaxpe.study import StudyInterrupted, load_study_config, model_train_config, run_study
-from jaxpe.train import memory_check, run_guard, sharding
+from jaxpe.train import host_devices, memory_check, run_guard, sharding
 from jaxpe.train.cli import builtin_configs, resolve_config
 
 
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None, *, prog: str = "study.py") -> int:
   def body() -> int:
     path = resolve_config(args.config or ("study_quick" if args.quick else "study"))
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
+    if study.train.cpu_devices != "auto":  # an explicit split before anything starts JAX (auto: jaxpe-train)
+      host_devices.apply(study.train)
     sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
 
     # A model too large for memory is one line before any training; the encodings share the

@@ -9,15 +9,18 @@ across the devices in memory. On the 2-core CPU of issue 21 the train step took 
 B 8 x T 512) and 0.81x (D 128, L 4, B 32 x T 256) of its one-device time (``benchmarks/train_bench.py``).
 
 The split must be made before JAX starts its CPU backend (``jax_num_cpu_devices``), so
-``jaxpe.train.cli`` applies it first thing; a library caller that already ran JAX keeps the devices it
-has. Results differ from a one-device run's by float32 rounding (the batch's gradient is summed in
+``jaxpe.train.cli`` applies it first thing; ``jaxpe-study`` and ``trainer.train`` apply an explicit
+count only (refused when JAX already started with another), so a library caller on ``auto`` keeps the
+devices it has. Results differ from a one-device run's by float32 rounding (the batch's gradient is summed in
 another order); a resumed run uses the same split, so kill -9 resumes stay bit-exact.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from pathlib import Path
 
 import jax
 
@@ -29,9 +32,31 @@ __all__ = ["apply", "auto_count", "cores"]
 _FLAG = re.compile(r"--xla_force_host_platform_device_count")
 
 
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def _quota_cores() -> int | None:
+  """The CPUs a cgroup CPU limit allows (``docker --cpus``, Kubernetes limits), rounded up: v2's
+  ``cpu.max`` or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; None without a limit."""
+  try:
+    if (_CGROUP / "cpu.max").is_file():
+      quota, period = (_CGROUP / "cpu.max").read_text().split()[:2]
+    else:
+      quota = (_CGROUP / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+      period = (_CGROUP / "cpu" / "cpu.cfs_period_us").read_text().strip()
+    if quota == "max" or int(quota) <= 0 or int(period) <= 0:
+      return None
+    return max(1, math.ceil(int(quota) / int(period)))
+  except (OSError, ValueError):
+    return None
+
+
 def cores() -> int:
-  """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  """The CPU cores this process may run on: its affinity mask (``os.cpu_count()`` where there is
+  none), capped by a cgroup CPU limit, under which the mask still lists every host core."""
+  mask = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  quota = _quota_cores()
+  return mask if quota is None else min(mask, quota)
 
 
 def auto_count(cfg: TrainConfig, num_cores: int) -> int:

@@ -12,6 +12,7 @@ import jax
 from flax import nnx
 
 from jaxpe.model.decoder import Decoder
+from jaxpe.train import sharding
 from jaxpe.train.config import TrainConfig
 
 STATE_BYTES_PER_PARAM = 16
@@ -46,7 +47,8 @@ def memory_floor_bytes(cfg: TrainConfig) -> tuple[int, int]:
 def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> None:
   """Refuses a run whose ``memory_floor_bytes`` exceed the memory of all ``devices`` together
   (default ``jax.devices()``; an accelerator's ``bytes_limit``, the machine's physical memory for
-  CPU devices, counted once), so a huge ``model.*``, ``seq_len``, ``batch_size`` or ``sample_len``
+  CPU devices, counted once; the state then counts once per copy the mesh keeps on them,
+  ``_state_copies``), so a huge ``model.*``, ``seq_len``, ``batch_size`` or ``sample_len``
   is one error instead of an out-of-memory crash (or the kernel's OOM killer) minutes later. A
   run that passes can still run out of memory (activations, XLA buffers): the check is a floor.
 
@@ -57,7 +59,7 @@ def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> Non
     ValueError: naming the keys to shrink, the bytes needed at least and the bytes available.
   """
   devices = list(jax.devices() if devices is None else devices)  # after jax.distributed.initialize, if any
-  available, host_counted = 0, False
+  available, host_devices = 0, 0
   for d in devices:
     stats = None
     try:
@@ -66,15 +68,39 @@ def check_fits_memory(cfg: TrainConfig, devices: list[Any] | None = None) -> Non
       stats = None
     if stats and stats.get("bytes_limit"):
       available += int(stats["bytes_limit"])
-    elif not host_counted:
-      available += os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-      host_counted = True
+    else:
+      available += 0 if host_devices else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+      host_devices += 1
   params, need = memory_floor_bytes(cfg)
+  copies = _state_copies(cfg, host_devices) if host_devices == len(devices) else 1
+  need += (copies - 1) * STATE_BYTES_PER_PARAM * params
+  held = (
+    f", held {copies} times: the mesh replicates them over devices that share the host's memory "
+    "(cpu_devices=1 keeps one)"
+    if copies > 1
+    else ""
+  )
   if need > available:
     raise ValueError(
       f"this run needs at least {need / 2**30:,.1f} GiB ({params:,} parameters x {STATE_BYTES_PER_PARAM} B for "
-      f"parameters, gradients and AdamW moments, plus logits of batch_size / grad_accum_steps x seq_len x "
+      f"parameters, gradients and AdamW moments{held}, plus logits of batch_size / grad_accum_steps x seq_len x "
       f"model.vocab_size and the sample's cache) but the {len(devices)} device(s) have "
       f"{available / 2**30:,.1f} GiB in all: make model.d_model, model.num_layers, model.mlp_dim, "
       "model.vocab_size, batch_size, seq_len or sample_len smaller"
     )
+
+
+def _state_copies(cfg: TrainConfig, num_devices: int) -> int:
+  """The copies of the training state that ``num_devices`` devices sharing one memory (the host's
+  CPU devices, ``cpu_devices``) hold at the least: the product of the mesh axes that no parameter's
+  logical rule splits over (``data`` and ``context`` with the default rules); 1 for a mesh that does
+  not fit (the mesh check names it later)."""
+  try:
+    dims = dict(zip(("data", "fsdp", "tensor", "context"), sharding.mesh_dims(cfg.mesh_shape, num_devices)))
+  except ValueError:
+    return 1
+  split: set[str] = set()
+  for name, axes in cfg.logical_rules.as_tuple():
+    if name not in ("batch", "length") and axes is not None:
+      split.update((axes,) if isinstance(axes, str) else axes)
+  return math.prod(size for axis, size in dims.items() if axis not in split)

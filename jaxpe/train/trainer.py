@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jax
 
-from jaxpe.train import checkpoint, data, loop, run_checks, run_files, run_guard, sharding
+from jaxpe.train import checkpoint, data, host_devices, loop, run_checks, run_files, run_guard, sharding
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import decay_mask, make_optimizer
 from jaxpe.train.run_log import TrainResult
@@ -49,7 +49,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   the end and when a signal stops the run.
 
   Raises:
-    ValueError: resuming with changed run-defining keys (``run_checks.check_resume_config``, against
+    ValueError: an explicit ``cpu_devices`` that JAX's already started CPU backend does not have
+      (``host_devices.apply``; in a fresh process the count is set); resuming with changed run-defining keys (``run_checks.check_resume_config``, against
       ``config.json`` and the checkpoint's metadata) or on changed data (``run_checks.check_resume_data``,
       unless ``data.allow_changed``), data too small for ``seq_len``/``batch_size``, sizes that do
       not divide the mesh; distributed settings that cannot form a job
@@ -66,6 +67,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start = time.time()
+  if cfg.cpu_devices != "auto":  # an explicit count is honoured or refused, never ignored (auto: jaxpe-train)
+    host_devices.apply(cfg)
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   run_checks.check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)

@@ -119,7 +119,7 @@ def _train(workdir, *args, xla_flags=None):
 
 def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path):
   cfg = TrainConfig(batch_size=8)  # tiny's batch
-  expected = host_devices.auto_count(cfg, len(os.sched_getaffinity(0)))
+  expected = host_devices.auto_count(cfg, host_devices.cores())
   assert _train(tmp_path / "a", "num_steps=2", "batch_size=8") == expected
   assert (
     _train(
@@ -133,3 +133,81 @@ def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path
   assert _train(run, "num_steps=4", "batch_size=8", "cpu_devices=2") == 2
   summary = json.loads((run / "summary.json").read_text())
   assert (summary["step"], summary["run"]["devices"]["count"]) == (4, 2)
+
+
+def test_the_memory_check_counts_the_state_once_per_cpu_device_that_replicates_it(monkeypatch):
+  """The CPU devices of a split share the host's memory and each holds a replica of the state: a run
+  whose state fits once but not twice is refused on 2 devices of the default mesh (naming
+  cpu_devices=1), not OOM-killed, and passes on 1 device or with the state split over fsdp."""
+  import jax
+
+  from jaxpe.train import memory_check
+
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  params = int(0.6 * ram) // memory_check.STATE_BYTES_PER_PARAM
+  monkeypatch.setattr(
+    memory_check, "memory_floor_bytes", lambda cfg: (params, params * memory_check.STATE_BYTES_PER_PARAM)
+  )
+  cpus = jax.devices("cpu")[:2]
+  memory_check.check_fits_memory(TrainConfig(), cpus[:1])
+  memory_check.check_fits_memory(TrainConfig(mesh_shape=(1, -1, 1, 1)), cpus)
+  with pytest.raises(ValueError, match=r"held 2 times: .*\(cpu_devices=1 keeps one\)"):
+    memory_check.check_fits_memory(TrainConfig(), cpus)
+
+
+def test_the_library_trainer_refuses_an_explicit_count_it_cannot_have(tmp_path):
+  """``trainer.train`` (a library caller, the study) applies an explicit ``cpu_devices`` as the command
+  line does: here JAX already started with other devices, so it refuses before any work instead of
+  training on devices the config did not ask for; ``auto`` keeps what the caller has."""
+  import jax
+
+  from jaxpe.train import trainer
+
+  have = len(jax.devices("cpu"))
+  cfg = TrainConfig(workdir=str(tmp_path / "run"), cpu_devices=have + 1, num_steps=1, sample_len=0)
+  with pytest.raises(ValueError, match=rf"cpu_devices={have + 1} cannot apply"):
+    trainer.train(cfg, progress=False)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value, applied", [("2", [2]), ("auto", [])])
+def test_the_study_applies_an_explicit_count_before_jax_starts(monkeypatch, tmp_path, value, applied):
+  """``jaxpe-study train.cpu_devices=N`` splits the host before its memory check starts JAX (its
+  ``trainer.train`` would otherwise refuse the count); ``auto`` leaves the study on the devices it has."""
+  from jaxpe.study import cli as study_cli
+
+  calls = []
+  monkeypatch.setattr(host_devices, "apply", lambda cfg: calls.append(cfg.cpu_devices))
+  monkeypatch.setattr(study_cli.memory_check, "check_fits_memory", lambda cfg: calls.append("memory"))
+
+  def stop(study):
+    raise study_cli.StudyInterrupted("stopped")
+
+  monkeypatch.setattr(study_cli, "run_study", stop)
+  assert study_cli.main(["--quick", f"workdir={tmp_path}", f"train.cpu_devices={value}"]) == 1
+  assert calls[: len(applied) + 1] == [*applied, "memory"]
+
+
+@pytest.mark.parametrize(
+  "files, expected",
+  [
+    (
+      {"cpu.max": "100000 100000\n"},
+      1,
+    ),  # docker --cpus=1 on a host of more cores: 1 device, not one per core
+    ({"cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs: rounded up
+    ({"cpu.max": "max 100000\n"}, None),  # no limit: the affinity mask
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+  ],
+)
+def test_cores_respects_a_cgroup_cpu_limit(monkeypatch, tmp_path, files, expected):
+  """A container's CPU quota caps the cores ``auto`` splits into: the affinity mask there lists every
+  host core, and 16 devices on 2 CPUs of time run the tiny step ~2.7x slower than 2 devices."""
+  for name, text in files.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text)
+  monkeypatch.setattr(host_devices, "_CGROUP", tmp_path)
+  monkeypatch.setattr(host_devices.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+  assert host_devices.cores() == (64 if expected is None else expected)
