@@ -107,7 +107,7 @@ class TrainConfig(StrictConfig):
   cpu_devices: Annotated[int, pydantic.Field(ge=1)] | Literal["auto"] = pydantic.Field(
     "auto",
     description="jaxpe-train on CPU: XLA devices the host's cores become, run in parallel by the mesh "
-    "(jaxpe.train.host_devices); auto = the cores that divide the micro-batch, with the default mesh only",
+    "(jaxpe.train.host_devices); auto = the cores that divide the micro-batch (default mesh) or the mesh's sizes",
   )
   logical_rules: LogicalRules = LogicalRules()
   grad_accum_steps: int = pydantic.Field(

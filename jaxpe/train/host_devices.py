@@ -60,10 +60,14 @@ def cores() -> int:
 
 
 def auto_count(cfg: TrainConfig, num_cores: int) -> int:
-  """The devices ``cpu_devices="auto"`` makes of ``num_cores`` cores: the largest count <= the cores
-  that divides the micro-batch (``batch_size / grad_accum_steps`` rows) with the default mesh
-  ``[-1, 1, 1, 1]`` (all devices on ``data``); 1 with any other mesh (its sizes are the user's)."""
-  if tuple(cfg.mesh_shape) != (-1, 1, 1, 1):
+  """The devices ``cpu_devices="auto"`` makes of ``num_cores`` cores: with the default mesh
+  ``[-1, 1, 1, 1]`` (all devices on ``data``) the largest count <= the cores that divides the
+  micro-batch (``batch_size / grad_accum_steps`` rows); with a mesh of fixed sizes (no -1, e.g.
+  ``[2, 1, 1, 4]``) its product, the devices it names; 1 with a -1 on another axis."""
+  shape = tuple(cfg.mesh_shape)
+  if -1 not in shape:
+    return math.prod(shape)
+  if shape != (-1, 1, 1, 1):
     return 1
   micro = cfg.batch_size // cfg.grad_accum_steps
   return max(d for d in range(1, max(1, num_cores) + 1) if micro % d == 0)

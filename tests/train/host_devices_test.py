@@ -31,8 +31,10 @@ TRAIN = str(ROOT / "train" / "train.py")
     (12, 1, (-1, 1, 1, 1), 8, 6),  # the largest divisor of 12 that is <= 8
     (32, 4, (-1, 1, 1, 1), 3, 2),  # micro-batch 8 rows: 3 does not divide it, 2 does
     (30, 1, (-1, 1, 1, 1), 16, 15),
-    (32, 1, (2, 1, 1, 1), 8, 1),  # the user's own mesh sizes: no split
-    (32, 1, (-1, 2, 1, 1), 8, 1),
+    (32, 1, (2, 1, 1, 1), 8, 2),  # a mesh of fixed sizes: the devices it names, whatever the cores
+    (32, 1, (2, 1, 1, 4), 2, 8),
+    (32, 1, (1, 1, 1, 1), 8, 1),
+    (32, 1, (-1, 2, 1, 1), 8, 1),  # a -1 on another axis: no split
     (32, 1, (1, 1, 1, -1), 8, 1),
   ],
 )
@@ -127,6 +129,8 @@ def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path
     )
     == 1
   )
+  # a mesh of fixed sizes gets its devices on any host (it failed on one CPU device before)
+  assert _train(tmp_path / "d", "num_steps=1", "batch_size=8", "mesh_shape=[2,1,1]") == 2
   # a run saved on 1 device resumes on 2 (and its step count goes on)
   run = tmp_path / "c"
   assert _train(run, "num_steps=4", "stop_at=2", "batch_size=8", "cpu_devices=1") == 1
