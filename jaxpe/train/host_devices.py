@@ -5,8 +5,8 @@ XLA:CPU runs a small operation on one thread: a block pair's batched matmuls in 
 103), the LayerNorms, GELU and loss fusions. A one-device train step therefore leaves the other cores
 idle for much of its time. Split into one device per core, the default mesh's ``data`` axis gives each
 core its share of the batch and every operation runs on all cores at once; the gradients are summed
-across the devices in memory. On the 2-core CPU of issue 21 the train step took 0.79x (D 512, L 8,
-B 8 x T 512) and 0.81x (D 128, L 4, B 32 x T 256) of its one-device time (``benchmarks/train_bench.py``).
+across the devices in memory. On the 2-core CPU of issue 21 the train step took 0.81x (D 512, L 8,
+B 8 x T 512) and 0.80x (D 128, L 4, B 32 x T 256) of its one-device time (record 20261202T071954Z).
 
 The split must be made before JAX starts its CPU backend (``jax_num_cpu_devices``), so
 ``jaxpe.train.cli`` applies it first thing; ``jaxpe-study`` and ``trainer.train`` apply an explicit
