@@ -151,18 +151,19 @@ def compare_rows(label: str, cfg: ModelConfig, *, batch: int, seq: int, rounds: 
   # what jaxpe-train runs on this host (cpu_devices=auto): one device per core on the data axis
   split = host_devices.auto_count(tcfg.model_copy(update={"mesh_shape": (-1, 1, 1, 1)}), len(jax.devices()))
   jax_runs = {"jaxpe": trainer.run}
+  # the goal rows time the cpu_devices=auto split where there is one
+  main_run = label_main = "jaxpe"
   if split > 1 and jax.devices()[0].platform == "cpu":
-    jax_runs[f"jaxpe, {split} CPU devices"] = trainer_step(cfg, batch=batch, seq=seq, devices=split).run
+    main_run, label_main = f"jaxpe, {split} CPU devices", f"jaxpe ({split} CPU devices)"
+    jax_runs[main_run] = trainer_step(cfg, batch=batch, seq=seq, devices=split).run
   torch_runs, skipped = torch_steps(cfg, tcfg, compile_model=compile_model)
   matmuls = decoder_matmuls(cfg, batch, seq)
   mm_fns = matmul_fns(matmuls)
   times = alternate({**jax_runs, **torch_runs, **mm_fns}, rounds=rounds)
-  main_run = list(jax_runs)[-1]  # the cpu_devices=auto step where it splits, else the one device
   t_jax = median(times[main_run])
   t_one = median(times["jaxpe"])
   flops = useful_flops(matmuls)
   t_ceil = ceiling_seconds(matmuls, best_by_shape(times))
-  label_main = main_run.replace("jaxpe, ", "jaxpe (") + ")" if main_run != "jaxpe" else "jaxpe"
   name = f"train step {label}, B {batch} x T {seq}"
   rows = []
   extra = {

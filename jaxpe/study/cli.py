@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None, *, prog: str = "study.py") -> int:
   def body() -> int:
     path = resolve_config(args.config or ("study_quick" if args.quick else "study"))
     study = load_study_config(path, args.overrides, data_path=args.data, unique_overrides=True)
-    if study.train.cpu_devices != "auto":  # an explicit split before anything starts JAX (auto: jaxpe-train)
-      host_devices.apply(study.train)
+    host_devices.apply(study.train, auto=False)  # an explicit split, before anything starts JAX
     sharding.initialize_distributed(study.train.distributed)  # before the memory check lists devices
 
     # A model too large for memory is one line before any training; the encodings share the

@@ -79,9 +79,10 @@ def _backend_started() -> bool:
   return xla_bridge.backends_are_initialized()
 
 
-def apply(cfg: TrainConfig) -> int | None:
+def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
   """Splits the host CPU into ``cfg.cpu_devices`` XLA devices (``"auto"``: ``auto_count`` of
   ``cores()``) before JAX's backend starts; returns the count set, or None when nothing was set.
+  ``auto=False`` (``trainer.train``, ``jaxpe-study``): an explicit count only, ``"auto"`` sets nothing.
 
   ``"auto"`` sets nothing when the count is 1, when the environment already chose (``XLA_FLAGS`` with
   ``--xla_force_host_platform_device_count``, or ``JAX_NUM_CPU_DEVICES``), in a multi-process run
@@ -95,6 +96,8 @@ def apply(cfg: TrainConfig) -> int | None:
   """
   wanted = cfg.cpu_devices
   if wanted == "auto":
+    if not auto:
+      return None
     env_chose = _FLAG.search(os.environ.get("XLA_FLAGS", "")) or os.environ.get("JAX_NUM_CPU_DEVICES")
     if env_chose or multi_process(cfg.distributed) or _backend_started():
       return None

@@ -96,7 +96,7 @@ def _state_copies(cfg: TrainConfig, num_devices: int) -> int:
   logical rule splits over (``data`` and ``context`` with the default rules); 1 for a mesh that does
   not fit (the mesh check names it later)."""
   try:
-    dims = dict(zip(("data", "fsdp", "tensor", "context"), sharding.mesh_dims(cfg.mesh_shape, num_devices)))
+    dims = dict(zip(sharding.MESH_AXES, sharding.mesh_dims(cfg.mesh_shape, num_devices), strict=True))
   except ValueError:
     return 1
   split: set[str] = set()

@@ -67,8 +67,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start = time.time()
-  if cfg.cpu_devices != "auto":  # an explicit count is honoured or refused, never ignored (auto: jaxpe-train)
-    host_devices.apply(cfg)
+  host_devices.apply(cfg, auto=False)  # an explicit count is honoured or refused, never ignored
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   run_checks.check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)

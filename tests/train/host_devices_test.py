@@ -181,7 +181,12 @@ def test_the_study_applies_an_explicit_count_before_jax_starts(monkeypatch, tmp_
   from jaxpe.study import cli as study_cli
 
   calls = []
-  monkeypatch.setattr(host_devices, "apply", lambda cfg: calls.append(cfg.cpu_devices))
+
+  def apply(cfg, *, auto=True):  # records what the real apply would set
+    if auto or cfg.cpu_devices != "auto":
+      calls.append(cfg.cpu_devices)
+
+  monkeypatch.setattr(host_devices, "apply", apply)
   monkeypatch.setattr(study_cli.memory_check, "check_fits_memory", lambda cfg: calls.append("memory"))
 
   def stop(study):
