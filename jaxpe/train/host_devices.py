@@ -24,10 +24,10 @@ from pathlib import Path
 
 import jax
 
+from jaxpe.train import sharding
 from jaxpe.train.config import TrainConfig
-from jaxpe.train.sharding import multi_process
 
-__all__ = ["apply", "auto_count", "cores"]
+__all__ = ["apply", "auto_count", "check_fits", "cores"]
 
 _FLAG = re.compile(r"--xla_force_host_platform_device_count")
 
@@ -99,7 +99,7 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
     if not auto:
       return None
     env_chose = _FLAG.search(os.environ.get("XLA_FLAGS", "")) or os.environ.get("JAX_NUM_CPU_DEVICES")
-    if env_chose or multi_process(cfg.distributed) or _backend_started():
+    if env_chose or sharding.multi_process(cfg.distributed) or _backend_started():
       return None
     wanted = auto_count(cfg, cores())
     if wanted == 1:
@@ -114,3 +114,29 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
     return None
   jax.config.update("jax_num_cpu_devices", wanted)
   return wanted
+
+
+def check_fits(cfg: TrainConfig) -> None:
+  """Refuses, in one line naming ``cpu_devices``, an explicit count that the run's mesh or batch
+  cannot use (``mesh_shape``, ``batch_size / grad_accum_steps``, ``logical_rules``), before the
+  memory check or the trainer would report it as a mesh problem. Nothing is checked for ``"auto"``
+  (its count fits by construction), in a multi-process run, or when the devices are not CPUs.
+
+  Raises:
+    ValueError: the mesh does not fit the ``cpu_devices`` CPU devices, or an axis the batch, heads or
+      sequence are split over does not divide them; the message carries the mesh check's own.
+  """
+  if (
+    cfg.cpu_devices == "auto" or sharding.multi_process(cfg.distributed) or jax.devices()[0].platform != "cpu"
+  ):
+    return
+  micro = cfg.batch_size // cfg.grad_accum_steps
+  try:
+    mesh = sharding.make_mesh(cfg.mesh_shape)
+    sharding.check_divisible(cfg.model, mesh, micro, seq_len=cfg.seq_len, rules=cfg.logical_rules)
+  except ValueError as err:
+    raise ValueError(
+      f"cpu_devices={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose a count that "
+      f"mesh_shape can hold and the micro-batch ({micro} rows) "
+      "divides by, or cpu_devices=auto"
+    ) from err

@@ -69,6 +69,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   start = time.time()
   host_devices.apply(cfg, auto=False)  # an explicit count is honoured or refused, never ignored
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
+  host_devices.check_fits(cfg)
   run_checks.check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   if progress and jax.process_index() == 0:

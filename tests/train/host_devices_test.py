@@ -108,6 +108,36 @@ def test_after_the_backend_started_only_the_count_it_has_passes():
     host_devices.apply(TrainConfig(cpu_devices=have + 1))
 
 
+@pytest.mark.parametrize(
+  "fields, mesh_words",
+  [
+    ({"batch_size": 12}, r"grad_accum_steps \(12\) must be divisible"),  # the default mesh's data axis
+    ({"batch_size": 16, "grad_accum_steps": 4}, r"grad_accum_steps \(4\) must be divisible"),  # micro-batch
+    ({"mesh_shape": (2, 1, 1, 1), "batch_size": 16}, r"does not fit 8 devices"),  # a fixed mesh
+    ({"mesh_shape": (1, 1, -1, 1), "batch_size": 16}, r"num_heads \(4\) must be divisible"),  # tensor
+    ({"mesh_shape": (1, 1, 1, -1), "batch_size": 16, "seq_len": 24}, r"seq_len \(24\) must be divisible"),
+  ],
+)
+def test_an_explicit_count_the_run_cannot_use_is_named(fields, mesh_words):
+  """An explicit ``cpu_devices`` whose devices the mesh or batch cannot use is refused naming
+  ``cpu_devices`` (and carrying the mesh check's words), not as a bare mesh_shape problem; a count
+  that fits, and ``auto``, pass. The tests' backend has 8 CPU devices (conftest)."""
+  import jax
+
+  from jaxpe.model.config import ModelConfig
+
+  have = len(jax.devices("cpu"))
+  assert have == 8
+  model = ModelConfig(d_model=32, num_heads=4, num_layers=1, max_len=64)
+  cfg = TrainConfig(model=model, cpu_devices=have, **fields)
+  with pytest.raises(
+    ValueError, match=rf"^cpu_devices={have} does not fit .*{mesh_words}.*cpu_devices=auto$"
+  ):
+    host_devices.check_fits(cfg)
+  host_devices.check_fits(cfg.model_copy(update={"cpu_devices": "auto"}))  # auto fits by construction
+  host_devices.check_fits(TrainConfig(model=model, cpu_devices=have, batch_size=16))
+
+
 def _train(workdir, *args, xla_flags=None):
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
   env["JAX_PLATFORMS"] = "cpu"
@@ -137,6 +167,15 @@ def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path
   assert _train(run, "num_steps=4", "batch_size=8", "cpu_devices=2") == 2
   summary = json.loads((run / "summary.json").read_text())
   assert (summary["step"], summary["run"]["devices"]["count"]) == (4, 2)
+
+
+def test_the_command_line_names_an_explicit_count_the_batch_cannot_use(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+  argv = [sys.executable, TRAIN, "--config", "tiny", f"workdir={tmp_path / 'run'}", "batch_size=8"]
+  proc = subprocess.run([*argv, "cpu_devices=3"], env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "cpu_devices=3 does not fit" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_the_memory_check_counts_the_state_once_per_cpu_device_that_replicates_it(monkeypatch):
