@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import types
 from pathlib import Path
 
 import jax
 
+from jaxpe.model.config import MESH_AXES
 from jaxpe.train import sharding
 from jaxpe.train.config import TrainConfig
 
@@ -92,7 +94,7 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
 
   Raises:
     ValueError: an explicit ``cpu_devices`` that JAX's already started CPU backend cannot have (it
-      has another number of devices), naming both counts.
+      has another number of devices in this process), naming both counts.
   """
   wanted = cfg.cpu_devices
   if wanted == "auto":
@@ -105,7 +107,7 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
     if wanted == 1:
       return None
   if _backend_started():
-    have = len(jax.devices("cpu"))
+    have = len(jax.local_devices(backend="cpu"))  # this process's: jax.devices lists every process's
     if have != wanted:
       raise ValueError(
         f"cpu_devices={wanted} cannot apply: JAX's CPU backend already started with {have} devices "
@@ -116,11 +118,29 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
   return wanted
 
 
+def _mesh_error(cfg: TrainConfig, num_devices: int) -> ValueError | None:
+  """The mesh check's error for ``cfg`` on ``num_devices`` devices (``mesh_shape`` resolved against
+  them, then every sharded size by its axes), or None when the run fits; builds no mesh."""
+  try:
+    dims = sharding.mesh_dims(cfg.mesh_shape, num_devices)
+    mesh = types.SimpleNamespace(shape=dict(zip(MESH_AXES, dims, strict=True)))
+    micro = cfg.batch_size // cfg.grad_accum_steps
+    sharding.check_divisible(cfg.model, mesh, micro, seq_len=cfg.seq_len, rules=cfg.logical_rules)
+  except ValueError as err:
+    return err
+  return None
+
+
 def check_fits(cfg: TrainConfig) -> None:
   """Refuses, in one line naming ``cpu_devices``, an explicit count that the run's mesh or batch
   cannot use (``mesh_shape``, ``batch_size / grad_accum_steps``, ``logical_rules``), before the
-  memory check or the trainer would report it as a mesh problem. Nothing is checked for ``"auto"``
-  (its count fits by construction), in a multi-process run, or when the devices are not CPUs.
+  memory check or the trainer would report it as a mesh problem; the line lists the counts that fit
+  (up to the cores, or the fixed mesh's size). Nothing is checked for ``"auto"`` (its count fits by
+  construction), in a multi-process run, or when the devices are not CPUs.
+
+  The count is named only when another count would fit: a mesh that fails on its fewest devices (the
+  product of its fixed sizes, e.g. ``[1, 1, 3, 1]`` with 4 heads, or ``[3, 1, 1, 1]`` with a 16-row
+  micro-batch) fails on every count, so the mesh check's own error is raised instead.
 
   Raises:
     ValueError: the mesh does not fit the ``cpu_devices`` CPU devices, or an axis the batch, heads or
@@ -130,13 +150,24 @@ def check_fits(cfg: TrainConfig) -> None:
     cfg.cpu_devices == "auto" or sharding.multi_process(cfg.distributed) or jax.devices()[0].platform != "cpu"
   ):
     return
+  err = _mesh_error(cfg, len(jax.devices()))
+  if err is None:
+    return
+  # Growing the -1 axis only multiplies the sizes each check divides by: a mesh that fails with the
+  # -1 axis at 1 fails on every count, and the count is not what to change.
+  fewest = math.prod(s for s in cfg.mesh_shape if s != -1)
+  if _mesh_error(cfg, fewest) is not None:
+    raise err
   micro = cfg.batch_size // cfg.grad_accum_steps
-  try:
-    mesh = sharding.make_mesh(cfg.mesh_shape)
-    sharding.check_divisible(cfg.model, mesh, micro, seq_len=cfg.seq_len, rules=cfg.logical_rules)
-  except ValueError as err:
-    raise ValueError(
-      f"cpu_devices={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose a count that "
-      f"mesh_shape can hold and the micro-batch ({micro} rows) "
-      "divides by, or cpu_devices=auto"
-    ) from err
+  if -1 in cfg.mesh_shape:
+    most = max(cores(), fewest)
+    fitting = [d for d in range(fewest, most + 1, fewest) if _mesh_error(cfg, d) is None]
+    counts = ", ".join(map(str, fitting))
+    fit = f"a count up to {most} that mesh_shape {list(cfg.mesh_shape)} and the micro-batch ({micro} rows) "
+    fit += f"fit: {counts}"
+  else:
+    fit = f"the count that fixed mesh_shape {list(cfg.mesh_shape)} names: {fewest}"
+  raise ValueError(
+    f"cpu_devices={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose {fit}; "
+    "or cpu_devices=auto"
+  )

@@ -108,6 +108,19 @@ def test_after_the_backend_started_only_the_count_it_has_passes():
     host_devices.apply(TrainConfig(cpu_devices=have + 1))
 
 
+def test_a_multi_process_run_compares_the_count_with_this_process_s_devices(monkeypatch):
+  """``jax.devices`` lists every process's devices once a multi-process backend started (2 processes
+  of 8 CPU devices: 16); ``cpu_devices`` is one process's split, so trainer.train's second ``apply``
+  after jaxpe-train's first compares it with the local devices, not refuses 8 against 16."""
+  import jax
+
+  local = jax.local_devices(backend="cpu")
+  monkeypatch.setattr(jax, "devices", lambda backend=None: local * 2)
+  assert host_devices.apply(TrainConfig(cpu_devices=len(local))) is None
+  with pytest.raises(ValueError, match=rf"started with {len(local)} devices"):
+    host_devices.apply(TrainConfig(cpu_devices=2 * len(local)))
+
+
 @pytest.mark.parametrize(
   "fields, mesh_words",
   [
@@ -136,6 +149,37 @@ def test_an_explicit_count_the_run_cannot_use_is_named(fields, mesh_words):
     host_devices.check_fits(cfg)
   host_devices.check_fits(cfg.model_copy(update={"cpu_devices": "auto"}))  # auto fits by construction
   host_devices.check_fits(TrainConfig(model=model, cpu_devices=have, batch_size=16))
+
+
+@pytest.mark.parametrize(
+  "fields, mesh_words",
+  [
+    ({"mesh_shape": (1, 1, 8, 1), "batch_size": 16}, r"^num_heads \(4\) must be divisible"),  # 8 heads
+    ({"mesh_shape": (8, 1, 1, 1), "batch_size": 12}, r"^batch_size / grad_accum_steps \(12\) must"),
+    ({"mesh_shape": (-1, 1, 8, 1), "batch_size": 16}, r"^num_heads \(4\) must be divisible"),
+  ],
+)
+def test_a_mesh_no_count_fits_is_named_as_the_mesh_not_cpu_devices(fields, mesh_words):
+  """A mesh that fails on every count (its fixed sizes alone do not divide the heads or the
+  micro-batch) is the mesh check's own error: naming ``cpu_devices`` would send the user to a count
+  that cannot help. The tests' backend has 8 CPU devices (conftest)."""
+  from jaxpe.model.config import ModelConfig
+
+  model = ModelConfig(d_model=32, num_heads=4, num_layers=1, max_len=64)
+  with pytest.raises(ValueError, match=mesh_words):
+    host_devices.check_fits(TrainConfig(model=model, cpu_devices=8, **fields))
+
+
+def test_the_refusal_lists_the_counts_that_fit(monkeypatch):
+  from jaxpe.model.config import ModelConfig
+
+  monkeypatch.setattr(host_devices, "cores", lambda: 8)
+  model = ModelConfig(d_model=32, num_heads=4, num_layers=1, max_len=64)
+  cfg = TrainConfig(model=model, cpu_devices=8, batch_size=12)  # the default mesh, 8 devices
+  with pytest.raises(ValueError, match=r"micro-batch \(12 rows\) fit: 1, 2, 3, 4, 6; or cpu_devices=auto$"):
+    host_devices.check_fits(cfg)
+  with pytest.raises(ValueError, match=r"fixed mesh_shape \[2, 1, 1, 1\] names: 2; or cpu_devices=auto$"):
+    host_devices.check_fits(cfg.model_copy(update={"mesh_shape": (2, 1, 1, 1)}))
 
 
 def _train(workdir, *args, xla_flags=None):
