@@ -135,8 +135,9 @@ def check_fits(cfg: TrainConfig) -> None:
   """Refuses, in one line naming ``cpu_devices``, an explicit count that the run's mesh or batch
   cannot use (``mesh_shape``, ``batch_size / grad_accum_steps``, ``logical_rules``), before the
   memory check or the trainer would report it as a mesh problem; the line lists the counts that fit
-  (up to the cores, or the fixed mesh's size). Nothing is checked for ``"auto"`` (its count fits by
-  construction), in a multi-process run, or when the devices are not CPUs.
+  (up to the cores, or the fixed mesh's size; per process in a multi-process run, whose mesh holds
+  every process's devices). Nothing is checked for ``"auto"`` (its count fits by construction) or
+  when the devices are not CPUs.
 
   The count is named only when another count would fit: a mesh that fails on its fewest devices (the
   product of its fixed sizes, e.g. ``[1, 1, 3, 1]`` with 4 heads, or ``[3, 1, 1, 1]`` with a 16-row
@@ -146,10 +147,9 @@ def check_fits(cfg: TrainConfig) -> None:
     ValueError: the mesh does not fit the ``cpu_devices`` CPU devices, or an axis the batch, heads or
       sequence are split over does not divide them; the message carries the mesh check's own.
   """
-  if (
-    cfg.cpu_devices == "auto" or sharding.multi_process(cfg.distributed) or jax.devices()[0].platform != "cpu"
-  ):
+  if cfg.cpu_devices == "auto" or jax.devices()[0].platform != "cpu":
     return
+  procs = jax.process_count()  # each process has cpu_devices of the mesh's devices
   err = _mesh_error(cfg, len(jax.devices()))
   if err is None:
     return
@@ -159,14 +159,17 @@ def check_fits(cfg: TrainConfig) -> None:
   if _mesh_error(cfg, fewest) is not None:
     raise err
   micro = cfg.batch_size // cfg.grad_accum_steps
+  each = f" per process ({procs} processes)" if procs > 1 else ""
   if -1 in cfg.mesh_shape:
     most = max(cores(), fewest)
-    fitting = [d for d in range(fewest, most + 1, fewest) if _mesh_error(cfg, d) is None]
-    counts = ", ".join(map(str, fitting))
-    fit = f"a count up to {most} that mesh_shape {list(cfg.mesh_shape)} and the micro-batch ({micro} rows) "
-    fit += f"fit: {counts}"
+    fitting = [c for c in range(1, most + 1) if _mesh_error(cfg, c * procs) is None]
+    counts = ", ".join(map(str, fitting)) or "none"
+    fit = f"a count{each} up to {most} that mesh_shape {list(cfg.mesh_shape)} and the micro-batch "
+    fit += f"({micro} rows) fit: {counts}"
+  elif fewest % procs:
+    raise err  # a fixed mesh whose size the processes cannot share equally: no count fits
   else:
-    fit = f"the count that fixed mesh_shape {list(cfg.mesh_shape)} names: {fewest}"
+    fit = f"the count{each} that fixed mesh_shape {list(cfg.mesh_shape)} names: {fewest // procs}"
   raise ValueError(
     f"cpu_devices={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose {fit}; "
     "or cpu_devices=auto"

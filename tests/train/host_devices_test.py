@@ -182,6 +182,28 @@ def test_the_refusal_lists_the_counts_that_fit(monkeypatch):
     host_devices.check_fits(cfg.model_copy(update={"mesh_shape": (2, 1, 1, 1)}))
 
 
+def test_a_multi_process_refusal_counts_per_process(monkeypatch):
+  """With several processes the mesh holds every process's devices: the counts listed are per
+  process, and a fixed mesh the processes cannot share equally is named as the mesh."""
+  import jax
+
+  from jaxpe.model.config import ModelConfig
+
+  monkeypatch.setattr(host_devices, "cores", lambda: 4)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)  # the tests' 8 devices as 2 processes x 4
+  model = ModelConfig(d_model=32, num_heads=4, num_layers=1, max_len=64)
+  cfg = TrainConfig(model=model, cpu_devices=4, batch_size=12)
+  with pytest.raises(
+    ValueError,
+    match=r"^cpu_devices=4 does not fit .*a count per process \(2 processes\) up to 4 .*fit: 1, 2, 3;",
+  ):
+    host_devices.check_fits(cfg)
+  with pytest.raises(ValueError, match=r"names: 1; or cpu_devices=auto$"):
+    host_devices.check_fits(cfg.model_copy(update={"mesh_shape": (2, 1, 1, 1)}))
+  with pytest.raises(ValueError, match=r"^mesh_shape \[3, 1, 1, 1\] does not fit 8 devices"):
+    host_devices.check_fits(cfg.model_copy(update={"mesh_shape": (3, 1, 1, 1)}))
+
+
 def _train(workdir, *args, xla_flags=None):
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
   env["JAX_PLATFORMS"] = "cpu"
