@@ -27,8 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention.reference import precise_einsum
-
 _LOWEST = float(jnp.finfo(jnp.float32).min)
 _INT_MAX = int(np.iinfo(np.int32).max)
 # Block pairs up to this count run as straight-line code, more in loops (XLA CPU compiled 36 unrolled
@@ -146,7 +144,11 @@ def _scores(
   """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j
   (``off_diagonal``: a pair of ``_triangular`` blocks with j < i, where every key precedes every
   query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed)."""
-  s = precise_einsum("BKGQH,BKSH->BKGQS", b.q[i], b.k[j], precise_dims=cfg.precise_dims, split="both")
+  q, k = b.q[i], b.k[j]
+  split = q.shape[-1] - cfg.precise_dims
+  s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
+  if cfg.precise_dims:
+    s = s + _precise("BKGQH,BKSH->BKGQS", q[..., split:], k[..., split:])
   s = s * jnp.float32(cfg.scale)
   if slopes is not None:
     distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
@@ -166,6 +168,16 @@ def _scores(
   if visible is not None:
     s = jnp.where(visible[:, None, None], s, _LOWEST)
   return s
+
+
+def _precise(eq: str, a, b):
+  return jnp.einsum(
+    eq,
+    a.astype(jnp.float32),
+    b.astype(jnp.float32),
+    precision=jax.lax.Precision.HIGHEST,
+    preferred_element_type=jnp.float32,
+  )
 
 
 def _guarded(step, static, need, i, j, carry):
@@ -251,6 +263,7 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
   # d(loss)/d(score) = P * (dP - delta) with delta = rowsum(dO * O) - d_lse (the lse's own gradient).
   delta = jnp.sum(d_out * out, axis=-1) - d_lse  # [nq, B, K, G, bq]
   lse_safe = jnp.where(lse == -jnp.inf, jnp.inf, lse)[..., None]  # empty rows: P = 0
+  split = b.q.shape[-1] - cfg.precise_dims
   f32 = dict(preferred_element_type=jnp.float32)
   scale = jnp.float32(cfg.scale)
 
@@ -265,8 +278,11 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
     dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
     ds = p * (dp - delta[i][..., None])
     q, k = b.q[i], b.k[j]
-    dq_i = precise_einsum("BKGQS,BKSH->BKGQH", ds, k, precise_dims=cfg.precise_dims, split="b")
-    dk_j = precise_einsum("BKGQS,BKGQH->BKSH", ds, q, precise_dims=cfg.precise_dims, split="b")
+    dq_i = jnp.einsum("BKGQS,BKSH->BKGQH", ds.astype(k.dtype), k[..., :split], **f32)
+    dk_j = jnp.einsum("BKGQS,BKGQH->BKSH", ds.astype(q.dtype), q[..., :split], **f32)
+    if cfg.precise_dims:
+      dq_i = jnp.concatenate([dq_i, _precise("BKGQS,BKSH->BKGQH", ds, k[..., split:])], axis=-1)
+      dk_j = jnp.concatenate([dk_j, _precise("BKGQS,BKGQH->BKSH", ds, q[..., split:])], axis=-1)
     dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i * scale, i, 0)
     if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled
       d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])

@@ -73,8 +73,7 @@ def dot_product_attention(
   products cancel down to the ALiBi bias) are contracted in float32 with ``precision=HIGHEST``,
   whatever ``jax.default_matmul_precision`` says (TF32 on recent NVIDIA GPUs, one bf16 pass on TPU
   would cost whole logits there), in the forward and the backward pass; the other dims use the
-  default precision like every other score. On the CPU with float32 q and k (float32 products at
-  any precision) all dims go into one ``HIGHEST`` product (``precise_einsum``).
+  default precision like every other score.
 
   Execution (results equal the textbook formula to float32 rounding): one softmax pass structure
   over the ``[B, N, T, S]`` scores (the row max, reused for the no-visible-key rule; unnormalised
@@ -233,42 +232,13 @@ def _precise(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
   )
 
 
-def precise_einsum(eq: str, a: jax.Array, b: jax.Array, *, precise_dims: int, split: str) -> jax.Array:
-  """``einsum(eq, a, b)`` in float32 with the trailing ``precise_dims`` of the last dim of ``a``,
-  ``b`` or both (``split``: "a", "b", "both") contracted at float32 ``HIGHEST``: "both" when that dim
-  is contracted (q.k), "a" / "b" when it is kept in the output (dk = q dS, dq = dS k: the precise
-  part is concatenated after the rest), the other dims at the default precision. With "a" / "b" the
-  other operand (dS, float32) is cast to the split one's dtype for the default-precision part only.
-
-  On the CPU with float32 operands the default precision is already float32, so the split (two
-  products, and slices of q and k) buys nothing: one ``HIGHEST`` product over all dims runs instead
-  (``jax.lax.platform_dependent``; equal to float32 rounding). The RoPE-emulated ALiBi's attention
-  then costs its 2 extra dims, not a second product and copies of q and k."""
-  f32 = jnp.float32
-  wide = b if split == "b" else a  # the operand whose last dim holds the precise dims
-
-  def parts(a, b):
-    cut = wide.shape[-1] - precise_dims
-    if split == "both":
-      rest = jnp.einsum(eq, a[..., :cut], b[..., :cut], preferred_element_type=f32)
-      return rest if not precise_dims else rest + _precise(eq, a[..., cut:], b[..., cut:])
-    if split == "a":
-      rest = jnp.einsum(eq, a[..., :cut], b.astype(a.dtype), preferred_element_type=f32)
-      tail = _precise(eq, a[..., cut:], b) if precise_dims else None
-    else:
-      rest = jnp.einsum(eq, a.astype(b.dtype), b[..., :cut], preferred_element_type=f32)
-      tail = _precise(eq, a, b[..., cut:]) if precise_dims else None
-    return rest if tail is None else jnp.concatenate([rest, tail], axis=-1)
-
-  if precise_dims and a.dtype == b.dtype == f32:
-    return jax.lax.platform_dependent(a, b, cpu=lambda a, b: _precise(eq, a, b), default=parts)
-  return parts(a, b)
-
-
 def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
   """(output ``[B, K, Q, H]`` float32, unnormalised probabilities ``e`` ``[B, K, Q, S]`` float32,
   ``1 / row sum`` ``[B, K, Q, 1]``, 0 on rows with no visible key)."""
-  logits = precise_einsum("BKQH,BSKH->BKQS", q, k, precise_dims=precise_dims, split="both")
+  split = q.shape[-1] - precise_dims
+  logits = jnp.einsum("BKQH,BSKH->BKQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
+  if precise_dims:
+    logits = logits + _precise("BKQH,BSKH->BKQS", q[..., split:], k[..., split:])
   logits = logits * jnp.float32(scale)
   if bias is not None:
     logits = jnp.maximum(logits + bias.astype(jnp.float32), _LOWEST)  # a -inf bias hides a key like the mask
@@ -307,8 +277,12 @@ def _attend_bwd(scale, precise_dims, residuals, d_out):
   d_p = jnp.einsum("BKQH,BSKH->BKQS", d_out.astype(v.dtype), v, **f32)
   delta = jnp.sum(d_out * out, axis=-1, keepdims=True)
   d_x = e * inv_sum * (d_p - delta)  # d(loss) / d(scaled logits + bias)
-  d_q = precise_einsum("BKQS,BSKH->BKQH", d_x, k, precise_dims=precise_dims, split="b")
-  d_k = precise_einsum("BKQH,BKQS->BSKH", q, d_x, precise_dims=precise_dims, split="a")
+  split = q.shape[-1] - precise_dims
+  d_q = jnp.einsum("BKQS,BSKH->BKQH", d_x.astype(k.dtype), k[..., :split], **f32)
+  d_k = jnp.einsum("BKQH,BKQS->BSKH", q[..., :split], d_x.astype(q.dtype), **f32)
+  if precise_dims:
+    d_q = jnp.concatenate([d_q, _precise("BKQS,BSKH->BKQH", d_x, k[..., split:])], axis=-1)
+    d_k = jnp.concatenate([d_k, _precise("BKQH,BKQS->BSKH", q[..., split:], d_x)], axis=-1)
   d_bias = None
   if bias is not None:
     summed = tuple(i for i, (a, b) in enumerate(zip(bias.shape, d_x.shape)) if a == 1 and b != 1)

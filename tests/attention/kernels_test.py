@@ -116,24 +116,14 @@ def test_native_bias_on_a_bias_free_kernel_says_to_use_the_emulation():
     )
 
 
-def _dot_general_eqns(jaxpr, platform: str = "accelerator") -> list:
-  """Every ``dot_general`` equation of ``jaxpr``, inner jaxprs (custom_vjp, cond, loops) included;
-  of a ``jax.lax.platform_dependent`` choice only the branch ``platform`` runs ("cpu", or
-  "accelerator": the default branch)."""
+def _dot_general_eqns(jaxpr) -> list:
+  """Every ``dot_general`` equation of ``jaxpr``, inner jaxprs (custom_vjp, cond, loops) included."""
   dots = []
   for e in jaxpr.eqns:
     if e.primitive.name == "dot_general":
       dots.append(e)
-    subs = jax.extend.core.jaxprs_in_params(e.params)
-    if e.primitive.name == "cond" and e.params.get("branches_platforms"):
-      chosen = [
-        i
-        for i, names in enumerate(e.params["branches_platforms"])
-        if (names is None) == (platform != "cpu") and (names is None or platform in names)
-      ]
-      subs = [e.params["branches"][chosen[0]].jaxpr]
-    for sub in subs:
-      dots += _dot_general_eqns(sub, platform)
+    for sub in jax.extend.core.jaxprs_in_params(e.params):
+      dots += _dot_general_eqns(sub)
   return dots
 
 
@@ -174,26 +164,6 @@ def test_emulation_dims_are_contracted_at_highest_precision_on_xla(entry, given)
     assert all(v.aval.dtype == jnp.float32 for v in e.invars)
     assert e.params["preferred_element_type"] == jnp.float32
   assert all(e.params["precision"] != highest for e in content)
-
-
-@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
-def test_on_the_cpu_float32_q_and_k_are_contracted_whole_at_highest(entry):
-  # On the CPU float32 products are float32 at any precision, so the emulation dims need no product
-  # of their own: q.k, dq and dk are each one float32 HIGHEST dot over all H + 2 dims (no operand
-  # holds the 2 emulation dims alone), and the results equal the accelerator branch's (checked
-  # against the dense float64 reference elsewhere).
-  q = jnp.zeros((1, 8, 2, 8), jnp.float32)
-
-  def loss(q, k):
-    return _ENTRY_POINTS[entry](q, k, q[..., :6], precise_dims=2).sum()
-
-  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(q, q)
-  dots = _dot_general_eqns(jaxpr.jaxpr, "cpu")
-  highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
-  assert not [e for e in dots if any(v.aval.shape[-1] == 2 for v in e.invars)]
-  whole = [e for e in dots if e.params["precision"] == highest]
-  assert len(whole) >= 3  # forward logits, dq, dk
-  assert all(v.aval.dtype == jnp.float32 for e in whole for v in e.invars)
 
 
 def test_precise_dims_zero_opts_out_of_highest_precision():
