@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxpe import emulation
-from jaxpe.attention import backends, emulated, masks
+from jaxpe.attention import backends, emulated, kernels, masks
 from jaxpe.attention import reference as attention
 
 
@@ -82,3 +82,27 @@ def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
   native = attention.dot_product_attention(q, k, v, scale=1 / math.sqrt(h), bias=bias, mask=mask)
   chex.assert_shape(out, (2, t, n, h))
   np.testing.assert_allclose(out, native, atol=3e-2)  # bf16 content dims
+
+
+@pytest.mark.parametrize("path", ["dense", "blockwise"])
+def test_exact_form_keeps_float32_accuracy_at_long_positions(path):
+  # The augmented form has no truncation error; its emulation products m sqrt(H) i (~3e5 here)
+  # cancel to -m sqrt(H) (i - j). Summed in one product with the content, they would round the
+  # content to their ulp first (output error ~5e-4 at 65536); contracted apart it stays ~1e-6.
+  n, kv, h, t = 4, 2, 64, 64
+  slopes = paper_slopes(n)
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, t, m, h)) for i, m in ((5, n), (6, kv), (7, kv)))
+  pos = jnp.arange(t, dtype=jnp.int32)[None] + 65536 - t
+  if path == "dense":
+    out = emulated.emulated_alibi_attention(q, k, v, pos, pos, slopes=slopes, order=None, is_causal=True)
+  else:
+    q_aug, k_aug = emulation.apply_augmented_alibi(q, k, pos, pos, slopes=slopes)
+    mask = masks.AttentionMask(causal=True)
+    out = kernels.attention(q_aug, k_aug, v, scale=1 / math.sqrt(h), mask=mask, precise_dims=2)
+  q64, k64, v64 = (np.repeat(np.asarray(x, np.float64), n // x.shape[2], 2) for x in (q, k, v))
+  logits = np.einsum("btnh,bsnh->bnts", q64, k64) / math.sqrt(h)
+  logits -= slopes[:, None, None] * (np.arange(t)[:, None] - np.arange(t)[None, :])
+  logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  want = np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v64)
+  assert np.abs(np.asarray(out, np.float64) - want).max() < 2e-5
