@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None, *, prog: str = "study.py") -> int:
     # A model too large for memory is one line before any training; the encodings share the
     # architecture, and learned positions add a table: the first and "learned" are the largest.
     for name in dict.fromkeys(n for n in study.encodings if n in (study.encodings[0], "learned")):
-      host_devices.check_fits(model_train_config(study, name))
+      host_devices.check_fits(model_train_config(study, name), key="train.cpu_devices")
       memory_check.check_fits_memory(model_train_config(study, name))
     try:
       run_study(study)

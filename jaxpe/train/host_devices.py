@@ -131,7 +131,7 @@ def _mesh_error(cfg: TrainConfig, num_devices: int) -> ValueError | None:
   return None
 
 
-def check_fits(cfg: TrainConfig) -> None:
+def check_fits(cfg: TrainConfig, *, key: str = "cpu_devices") -> None:
   """Refuses, in one line naming ``cpu_devices``, an explicit count that the run's mesh or batch
   cannot use (``mesh_shape``, ``batch_size / grad_accum_steps``, ``logical_rules``), before the
   memory check or the trainer would report it as a mesh problem; the line lists the counts that fit
@@ -142,6 +142,8 @@ def check_fits(cfg: TrainConfig) -> None:
   The count is named only when another count would fit: a mesh that fails on its fewest devices (the
   product of its fixed sizes, e.g. ``[1, 1, 3, 1]`` with 4 heads, or ``[3, 1, 1, 1]`` with a 16-row
   micro-batch) fails on every count, so the mesh check's own error is raised instead.
+
+  ``key``: the name the message gives the setting (``jaxpe-study``: ``train.cpu_devices``).
 
   Raises:
     ValueError: the mesh does not fit the ``cpu_devices`` CPU devices, or an axis the batch, heads or
@@ -171,6 +173,5 @@ def check_fits(cfg: TrainConfig) -> None:
   else:
     fit = f"the count{each} that fixed mesh_shape {list(cfg.mesh_shape)} names: {fewest // procs}"
   raise ValueError(
-    f"cpu_devices={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose {fit}; "
-    "or cpu_devices=auto"
+    f"{key}={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose {fit}; or {key}=auto"
   )

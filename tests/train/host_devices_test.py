@@ -302,6 +302,21 @@ def test_the_study_applies_an_explicit_count_before_jax_starts(monkeypatch, tmp_
   assert calls[: len(applied) + 1] == [*applied, "memory"]
 
 
+def test_the_study_names_its_own_key_for_a_count_the_batch_cannot_use(tmp_path, capsys):
+  """``jaxpe-study`` refuses an explicit count its batch cannot use under the key the user typed
+  (``train.cpu_devices``), before any model trains or anything is written."""
+  from jaxpe.study import cli as study_cli
+
+  have = 8  # the tests' CPU devices (conftest), which apply accepts as the explicit count
+  argv = ["--quick", f"workdir={tmp_path / 'study'}", f"train.cpu_devices={have}", "train.batch_size=12"]
+  assert study_cli.main(argv) != 0
+  err = capsys.readouterr().err
+  assert f"train.cpu_devices={have} does not fit" in err and err.rstrip().endswith(
+    "or train.cpu_devices=auto"
+  )
+  assert not (tmp_path / "study").exists()
+
+
 @pytest.mark.parametrize(
   "files, expected",
   [
