@@ -42,6 +42,11 @@ def _rules(rules) -> tuple[tuple[str, Any], ...]:
   return rules.as_tuple() if isinstance(rules, LogicalRules) else tuple(rules)
 
 
+def rule_axes(axes) -> tuple[str, ...]:
+  """A logical rule's mesh axes as a tuple: None -> (), "data" -> ("data",), a sequence as is."""
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 def logical_to_spec(names: Sequence[str | None], rules=DEFAULT_RULES) -> P:
   """``PartitionSpec`` for an array whose dimensions have the logical ``names`` (None = no name).
 
@@ -53,8 +58,7 @@ def logical_to_spec(names: Sequence[str | None], rules=DEFAULT_RULES) -> P:
   used: set[str] = set()
   spec = []
   for name in names:
-    axes = table.get(name) if name is not None else None
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = rule_axes(table.get(name) if name is not None else None)
     free = tuple(a for a in axes if a not in used)
     used.update(free)
     spec.append(None if not free else free[0] if len(free) == 1 else free)

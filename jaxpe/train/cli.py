@@ -83,7 +83,6 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
     # Multi-process runs start JAX's runtime before any other JAX use (the memory check lists the
     # devices); trainer.train's own call is then a no-op.
     sharding.initialize_distributed(cfg.distributed)
-    host_devices.check_fits(cfg)  # an explicit count the mesh or batch cannot use: named, not a mesh error
     # A huge model, batch or sample is one line, not an out-of-memory crash.
     memory_check.check_fits_memory(cfg)
     result = trainer.train(cfg)

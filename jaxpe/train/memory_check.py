@@ -101,6 +101,6 @@ def _state_copies(cfg: TrainConfig, num_devices: int) -> int:
     return 1
   split: set[str] = set()
   for name, axes in cfg.logical_rules.as_tuple():
-    if name not in ("batch", "length") and axes is not None:
-      split.update((axes,) if isinstance(axes, str) else axes)
+    if name not in ("batch", "length"):
+      split.update(sharding.rule_axes(axes))
   return math.prod(size for axis, size in dims.items() if axis not in split)

@@ -40,6 +40,7 @@ from jaxpe.model.partitioning import (  # noqa: F401  (re-exported: the trainer'
   activation_sharding,
   constrain,
   logical_to_spec,
+  rule_axes,
   sequence_shards,
   sequence_split,
   zigzag_inputs,
@@ -204,7 +205,7 @@ def check_divisible(
   for name, axes in _rules(rules):
     if axes is None or name not in sizes:
       continue
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = rule_axes(axes)
     ways = math.prod(mesh.shape[a] for a in axes)
     if name == "length" and ways > 1 and sizes[name] % (2 * ways):
       raise ValueError(

@@ -50,7 +50,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
 
   Raises:
     ValueError: an explicit ``cpu_devices`` that JAX's already started CPU backend does not have
-      (``host_devices.apply``; in a fresh process the count is set); resuming with changed run-defining keys (``run_checks.check_resume_config``, against
+      (``host_devices.apply``; in a fresh process the count is set) or that the mesh or batch cannot
+      use (``host_devices.check_fits``, before anything is written); resuming with changed run-defining keys (``run_checks.check_resume_config``, against
       ``config.json`` and the checkpoint's metadata) or on changed data (``run_checks.check_resume_data``,
       unless ``data.allow_changed``), data too small for ``seq_len``/``batch_size``, sizes that do
       not divide the mesh; distributed settings that cannot form a job
@@ -69,7 +70,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   start = time.time()
   host_devices.apply(cfg, auto=False)  # an explicit count is honoured or refused, never ignored
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
-  host_devices.check_fits(cfg)
+  host_devices.check_fits(cfg)  # an explicit count the mesh or batch cannot use: named, not a mesh error
   run_checks.check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
   corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
   if progress and jax.process_index() == 0:
