@@ -141,7 +141,8 @@ def check_fits(cfg: TrainConfig, *, key: str = "cpu_devices") -> None:
 
   The count is named only when another count would fit: a mesh that fails on its fewest devices (the
   product of its fixed sizes, e.g. ``[1, 1, 3, 1]`` with 4 heads, or ``[3, 1, 1, 1]`` with a 16-row
-  micro-batch) fails on every count, so the mesh check's own error is raised instead.
+  micro-batch) fails on every count, so the mesh check's own error is raised instead; so does a
+  multi-process run no per-process count fits.
 
   ``key``: the name the message gives the setting (``jaxpe-study``: ``train.cpu_devices``).
 
@@ -165,7 +166,9 @@ def check_fits(cfg: TrainConfig, *, key: str = "cpu_devices") -> None:
   if -1 in cfg.mesh_shape:
     most = max(cores(), fewest)
     fitting = [c for c in range(1, most + 1) if _mesh_error(cfg, c * procs) is None]
-    counts = ", ".join(map(str, fitting)) or "none"
+    if not fitting:
+      raise err  # no count fits with this many processes: the batch or mesh is what to change
+    counts = ", ".join(map(str, fitting))
     fit = f"a count{each} up to {most} that mesh_shape {list(cfg.mesh_shape)} and the micro-batch "
     fit += f"({micro} rows) fit: {counts}"
   elif fewest % procs:

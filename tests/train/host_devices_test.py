@@ -202,6 +202,11 @@ def test_a_multi_process_refusal_counts_per_process(monkeypatch):
     host_devices.check_fits(cfg.model_copy(update={"mesh_shape": (2, 1, 1, 1)}))
   with pytest.raises(ValueError, match=r"^mesh_shape \[3, 1, 1, 1\] does not fit 8 devices"):
     host_devices.check_fits(cfg.model_copy(update={"mesh_shape": (3, 1, 1, 1)}))
+  # 8 processes of one device each: no per-process count makes 12 rows divide by 8 x c, so the
+  # batch, not cpu_devices, is what to change
+  monkeypatch.setattr(jax, "process_count", lambda: 8)
+  with pytest.raises(ValueError, match=r"^batch_size / grad_accum_steps \(12\) must be divisible"):
+    host_devices.check_fits(cfg.model_copy(update={"cpu_devices": 1}))
 
 
 def _train(workdir, *args, xla_flags=None):
