@@ -10,6 +10,9 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``sinks``: attention sinks (a learned logit per head in the softmax denominator), from the lse or
   as one more key slot.
 - ``position_bias``: ``PositionBias``, a learned bias from positions (T5, Kerple, FIRE; ``xla`` only).
+- ``native``: building and loading jaxpe's C++ kernels for XLA's FFI (compiled on first use, cached).
+- ``cpu_flash``: ``cpu_flash_attention``, a fused float32 attention kernel for the CPU (C++
+  through XLA's FFI, built on first use); ``blockwise`` runs it on the CPU where it applies.
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
@@ -36,6 +39,7 @@ from jaxpe.attention.backends import (
   resolve_backend,
 )
 from jaxpe.attention.blockwise import blockwise_attention, combine_partials
+from jaxpe.attention.cpu_flash import cpu_flash_attention
 from jaxpe.attention.emulated import emulated_alibi_attention
 from jaxpe.attention.kernels import attention
 from jaxpe.attention.masks import (
@@ -74,6 +78,7 @@ __all__ = [
   "check_segment_ids",
   "check_valid",
   "combine_partials",
+  "cpu_flash_attention",
   "dense_attention_mask",
   "dense_segment_ids",
   "document_mask",

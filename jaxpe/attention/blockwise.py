@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.attention import cpu_flash
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
@@ -130,6 +131,7 @@ def blockwise_attention(
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, num_heads)
+  explicit_blocks = block_q is not None or block_k is not None
   block_q = _check_block("block_q", block_q, t_len)
   # few queries (KV-cache decoding, short chunks): large key blocks, fewer loop steps
   block_k = _check_block("block_k", block_k, LARGE_FROM + 1 if t_len <= SMALL_BLOCK else s_len)
@@ -188,7 +190,16 @@ def blockwise_attention(
     qi, ki, k_valid = mask.q_index.astype(jnp.int32), mask.k_index.astype(jnp.int32), mask.k_valid
     q_seg, k_seg = _exact_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     k_valid = None if k_valid is None else k_valid.astype(bool)
-  out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
+  if _cpu_kernel_applies(
+    q, k, v, natural or mask is None, explicit_blocks, position_bias, q_seg, k_seg, q_pos, k_pos
+  ):
+    out, lse = cpu_flash.cpu_flash_attention(
+      q, k, v, scale=scale, causal=causal, precise_dims=precise_dims, k_valid=k_valid,
+      q_segment_ids=q_seg, k_segment_ids=k_seg, slopes=None if alibi is None else alibi.slopes,
+      q_positions=q_pos, k_positions=k_pos, return_lse=True,
+    )  # fmt: skip
+  else:
+    out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
   if sinks is not None:
     out, lse = sink_lib.apply_sinks(out, lse, sinks)
   return (out, lse) if return_lse else out
@@ -239,6 +250,24 @@ def _exact_segment_ids(q_seg, k_seg):
     return q_seg, k_seg
   ranked = dense_segment_ids(np.concatenate([q_np, k_np], axis=1))
   return ranked[:, : q_np.shape[1]], ranked[:, q_np.shape[1] :]
+
+
+def _cpu_kernel_applies(q, k, v, natural, explicit_blocks, position_bias, *side) -> bool:
+  """Whether ``blockwise_attention`` runs the fused CPU kernel (``cpu_flash``) rather than its XLA
+  loops: JAX's default backend is the CPU, q, k, v are float32, the mask is an ``AttentionMask``
+  or none, no block size was asked for, no learned position bias, the side arrays are integers of
+  at most 32 bits, and the kernel is available (it builds on first use)."""
+  if explicit_blocks or position_bias is not None or not natural or jax.default_backend() != "cpu":
+    return False
+  if any(jnp.result_type(x) != jnp.float32 for x in (q, k, v)):
+    return False
+  for x in side:
+    dtype = None if x is None else jnp.result_type(x)
+    if dtype is not None and not (jnp.issubdtype(dtype, jnp.integer) and jnp.iinfo(dtype).bits <= 32):
+      return False
+    if dtype == jnp.uint32:
+      return False
+  return cpu_flash.available()
 
 
 def _check_block(name: str, block, length: int) -> int:

@@ -140,12 +140,15 @@ _ENTRY_POINTS = {
 
 @pytest.mark.parametrize("given", [{"precise_dims": 2}, {}], ids=["precise_dims=2", "default"])
 @pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
-def test_emulation_dims_are_contracted_at_highest_precision_on_xla(entry, given):
+def test_emulation_dims_are_contracted_at_highest_precision_on_xla(entry, given, monkeypatch):
   # CPU ignores jax.default_matmul_precision, so check what the jaxpr asks for: under a bf16 default
   # every dot over the emulation dims (the q.k logits, and dq, dk in the backward pass) is a float32
   # dot with precision HIGHEST, the content dots are not. By default (precise_dims=None) the dims
   # q/k carry beyond v's width are the precise ones, so a raw-ops user who forgets the argument
   # still gets them at HIGHEST.
+  # the XLA loops (the fused CPU kernel, which blockwise takes where it applies, has no jaxpr dots: it
+  # contracts every dim in float32; tests/attention/cpu_flash_test.py checks its emulation dims)
+  monkeypatch.setattr(blockwise, "_cpu_kernel_applies", lambda *a: False)
   q = jnp.zeros((1, 8, 2, 8), jnp.float32)  # H = 6 content dims + 2 emulation dims
 
   def loss(q, k):

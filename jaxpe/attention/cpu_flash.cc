@@ -1,0 +1,510 @@
+// Fused float32 attention for the CPU: the kernel of jaxpe.attention.cpu_flash, called from XLA
+// through its FFI (jax.ffi.ffi_call); compiled on first use by cpu_flash.py.
+//
+// Per (batch row, kv head) and query block of BQ rows, the forward pass computes the block's scores
+// against every key it may see (the causal prefix), the exact row softmax (max, exp, sum over the
+// whole row: no online rescaling) and P.V; it writes the output and the row log-sum-exp. The
+// backward pass recomputes P from the saved log-sum-exp and accumulates dq, dk, dv
+// (FlashAttention-2's recurrence, Dao 2023, arXiv 2307.08691). Memory: O(BQ x S) per thread.
+//
+// Layouts (row-major): q [B, T, K, G, Hq], k [B, S, K, Hq], v [B, S, K, H], slopes [K, G] (or
+// empty), positions and segment ids int32 [B, T] / [B, S] (or empty), valid bool [B, S] (or empty);
+// out [B, T, K, G, H], lse [B, T, K, G]. The query head n = kh * G + g uses kv head kh. Scores: s = (q_c.k_c + q_p.k_p) * scale - slope_n (pos_t -
+// pos_s), clamped at -FLT_MAX, where _c are the first Hq - P dims and _p the last P ("precise")
+// dims, summed apart (the RoPE-emulated ALiBi's position-sized dims would round the content to
+// their ulp in one sum). A key is visible when (not causal or s <= t) and valid[b, s] and
+// qseg[b, t] == kseg[b, s]; a row with no visible key gives zeros and lse = -inf.
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int VL = 16;  // floats per vector
+constexpr int NV = 4;   // vectors per micro-tile row
+#else
+constexpr int VL = 8;
+constexpr int NV = 2;
+#endif
+constexpr int MR = 4;   // rows per micro-tile
+constexpr int PAD = 16; // packed widths are multiples of this (>= VL)
+constexpr int BQ = 64;  // query rows per block
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int vi __attribute__((vector_size(VL * 4)));
+
+inline vf load(const float* p) {
+  vf r;
+  std::memcpy(&r, p, sizeof(vf));
+  return r;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(vf)); }
+inline vf splat(float x) { return vf{} + x; }
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// exp(x) for a vector (Cephes' single-precision polynomial, ~1 ulp); x below -87.3 gives 0.
+inline vf vexp(vf x) {
+  const vf lo = splat(-87.33654f), hi = splat(88.0f);
+  vf xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  vf fx = xc * 1.44269504088896341f + 0.5f;
+  vi ti = __builtin_convertvector(fx, vi);
+  vf tf = __builtin_convertvector(ti, vf);
+  tf = tf > fx ? tf - 1.0f : tf;
+  ti = __builtin_convertvector(tf, vi);
+  vf r = xc - tf * 0.693359375f + tf * 2.12194440e-4f;
+  vf p = splat(1.9875691500E-4f);
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  vf y = p * r * r + r + 1.0f;
+  vi bits = (ti + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(vf));
+  y = y * scale;
+  return x < lo ? splat(0.0f) : y;
+}
+
+// C[i][j] (+)= sum_p A(i, p) B[p][j] for i < m, j < n (n a multiple of VL), p < kk, with
+// A(i, p) = a[i * ars + p * acs], B rows ldb apart, C rows ldc apart.
+template <int R, int V>
+inline void micro(int64_t kk, const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb,
+                  float* c, int64_t ldc, bool acc) {
+  vf sum[R][V];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v) sum[i][v] = acc ? load(c + i * ldc + v * VL) : splat(0.0f);
+  for (int64_t p = 0; p < kk; ++p) {
+    vf bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = load(b + p * ldb + v * VL);
+    for (int i = 0; i < R; ++i) {
+      vf av = splat(a[i * ars + p * acs]);
+      for (int v = 0; v < V; ++v) sum[i][v] += av * bv[v];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < V; ++v) store(c + i * ldc + v * VL, sum[i][v]);
+}
+
+template <int R>
+inline void micro_rows(int v, int64_t kk, const float* a, int64_t ars, int64_t acs, const float* b,
+                       int64_t ldb, float* c, int64_t ldc, bool acc) {
+  switch (v) {
+    case 1: micro<R, 1>(kk, a, ars, acs, b, ldb, c, ldc, acc); break;
+    case 2: micro<R, 2>(kk, a, ars, acs, b, ldb, c, ldc, acc); break;
+#if defined(__AVX512F__)
+    case 3: micro<R, 3>(kk, a, ars, acs, b, ldb, c, ldc, acc); break;
+    case 4: micro<R, 4>(kk, a, ars, acs, b, ldb, c, ldc, acc); break;
+#endif
+  }
+}
+
+void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t acs, const float* b,
+          int64_t ldb, float* c, int64_t ldc, bool acc) {
+  if (kk == 0) {
+    if (!acc)
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, n * sizeof(float));
+    return;
+  }
+  for (int64_t j = 0; j < n; j += NV * VL) {
+    int v = static_cast<int>(std::min<int64_t>(NV, (n - j) / VL));
+    int64_t i = 0;
+    if (v * VL <= 16)  // a narrow panel (head dim 16): taller tiles, more FMAs per load of B
+      for (; i + 2 * MR <= m; i += 2 * MR) {
+        if (v == 1) micro<2 * MR, 1>(kk, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc);
+        else micro<2 * MR, 2>(kk, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc);
+      }
+    for (; i + MR <= m; i += MR) micro_rows<MR>(v, kk, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc);
+    for (; i < m; ++i) micro_rows<1>(v, kk, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc);
+  }
+}
+
+struct Problem {
+  int64_t B, T, S, N, K, G, Hq, H, P;  // P: precise dims
+  float scale;
+  bool causal;
+  const float *q, *k, *v, *slopes;
+  const int32_t *qpos, *kpos, *qseg, *kseg;
+  const bool* valid;
+  int64_t Hqp, Hp, Sp;  // padded widths
+};
+
+// Scaled, biased, masked scores of query rows [t0, t0 + rows) of head n (batch row b) against keys
+// [0, s_end): sc [rows][ld] (ld >= width = round_up(s_end, PAD)); columns s_end..width hold -FLT_MAX.
+// kt: the kv head's keys transposed, [Hq][Sp]; tmp: rows x ld scratch when P > 0.
+void scores(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, int64_t s_end,
+            const float* kt, float* sc, float* tmp, int64_t ld) {
+  const int64_t qrs = pr.N * pr.Hq;
+  const float* qb = pr.q + ((b * pr.T + t0) * pr.N + n) * pr.Hq;
+  const int64_t split = pr.Hq - pr.P, width = round_up(s_end, PAD);
+  gemm(rows, width, split, qb, qrs, 1, kt, pr.Sp, sc, ld, false);
+  if (pr.P > 0) {
+    gemm(rows, width, pr.P, qb + split, qrs, 1, kt + split * pr.Sp, pr.Sp, tmp, ld, false);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t s = 0; s < width; ++s) sc[r * ld + s] += tmp[r * ld + s];
+  }
+  const float slope = pr.slopes ? pr.slopes[n] : 0.0f;
+  const int32_t* kpos = pr.kpos ? pr.kpos + b * pr.S : nullptr;
+  const int32_t* kseg = pr.kseg ? pr.kseg + b * pr.S : nullptr;
+  const bool* valid = pr.valid ? pr.valid + b * pr.S : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = t0 + r;
+    float* row = sc + r * ld;
+    // one branch-free (vectorizable) pass per option
+    const int64_t vis_end = pr.causal ? std::min(s_end, t + 1) : s_end;
+    for (int64_t s = 0; s < vis_end; ++s) row[s] *= pr.scale;
+    for (int64_t s = vis_end; s < width; ++s) row[s] = -FLT_MAX;
+    if (kpos) {
+      const int32_t qp = pr.qpos[b * pr.T + t];
+      for (int64_t s = 0; s < vis_end; ++s)
+        row[s] = std::max(row[s] - slope * static_cast<float>(qp - kpos[s]), -FLT_MAX);
+    }
+    if (valid)
+      for (int64_t s = 0; s < vis_end; ++s) row[s] = valid[s] ? row[s] : -FLT_MAX;
+    if (kseg) {
+      const int32_t qs = pr.qseg[b * pr.T + t];
+      for (int64_t s = 0; s < vis_end; ++s) row[s] = kseg[s] == qs ? row[s] : -FLT_MAX;
+    }
+  }
+}
+
+inline float row_max(const float* row, int64_t width) {
+  vf m = splat(-FLT_MAX);
+  for (int64_t s = 0; s < width; s += VL) {
+    vf x = load(row + s);
+    m = x > m ? x : m;
+  }
+  float out = -FLT_MAX;
+  for (int i = 0; i < VL; ++i) out = std::max(out, m[i]);
+  return out;
+}
+
+int64_t key_end(const Problem& pr, int64_t t0, int64_t rows) {
+  return pr.causal ? std::min(pr.S, t0 + rows) : pr.S;
+}
+
+// Packs kv head kh of batch row b: kt [Hq][Sp] (transposed keys), vp [S][Hp] (values, zero padded).
+void pack_kv(const Problem& pr, int64_t b, int64_t kh, float* kt, float* vp) {
+  std::memset(kt, 0, sizeof(float) * pr.Hq * pr.Sp);
+  std::memset(vp, 0, sizeof(float) * pr.S * pr.Hp);
+  for (int64_t s = 0; s < pr.S; ++s) {
+    const float* kr = pr.k + ((b * pr.S + s) * pr.K + kh) * pr.Hq;
+    const float* vr = pr.v + ((b * pr.S + s) * pr.K + kh) * pr.H;
+    for (int64_t h = 0; h < pr.Hq; ++h) kt[h * pr.Sp + s] = kr[h];
+    std::memcpy(vp + s * pr.Hp, vr, sizeof(float) * pr.H);
+  }
+}
+
+struct Scratch {
+  std::vector<float> kt, vp, sc, tmp, o;
+  explicit Scratch(const Problem& pr)
+      : kt(pr.Hq * pr.Sp), vp(pr.S * pr.Hp), sc(BQ * pr.Sp), tmp(pr.P ? BQ * pr.Sp : 0), o(BQ * pr.Hp) {}
+};
+
+void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* out, float* lse) {
+  pack_kv(pr, b, kh, w.kt.data(), w.vp.data());
+  const int64_t ld = pr.Sp;
+  for (int64_t g = 0; g < pr.G; ++g) {
+    const int64_t n = kh * pr.G + g;
+    for (int64_t t0 = 0; t0 < pr.T; t0 += BQ) {
+      const int64_t rows = std::min<int64_t>(BQ, pr.T - t0), s_end = key_end(pr, t0, rows);
+      const int64_t width = round_up(s_end, PAD);
+      float* sc = w.sc.data();
+      scores(pr, b, n, t0, rows, s_end, w.kt.data(), sc, w.tmp.data(), ld);
+      float m[BQ], l[BQ];
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = sc + r * ld;
+        const float mx = row_max(row, width);
+        m[r] = mx;
+        if (mx == -FLT_MAX) {  // no visible key: P = 0
+          std::memset(row, 0, sizeof(float) * width);
+          l[r] = 0.0f;
+          continue;
+        }
+        vf sum = splat(0.0f);
+        for (int64_t s = 0; s < width; s += VL) {
+          vf x = load(row + s);
+          vf p = vexp(x - mx);
+          p = x == splat(-FLT_MAX) ? splat(0.0f) : p;
+          store(row + s, p);
+          sum += p;
+        }
+        float total = 0.0f;
+        for (int i = 0; i < VL; ++i) total += sum[i];
+        l[r] = total;
+      }
+      gemm(rows, pr.Hp, s_end, sc, ld, 1, w.vp.data(), pr.Hp, w.o.data(), pr.Hp, false);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = t0 + r;
+        float* dst = out + ((b * pr.T + t) * pr.N + n) * pr.H;
+        const bool seen = m[r] > -FLT_MAX;
+        const float inv = seen ? 1.0f / l[r] : 0.0f;
+        for (int64_t h = 0; h < pr.H; ++h) dst[h] = w.o[r * pr.Hp + h] * inv;
+        lse[(b * pr.T + t) * pr.N + n] = seen ? m[r] + std::log(l[r]) : -INFINITY;
+      }
+    }
+  }
+}
+
+struct BwdProblem {
+  const float *out, *lse, *dout, *dlse;
+  float *dq, *dk, *dv;
+};
+
+struct BwdScratch : Scratch {
+  std::vector<float> kp, vt, dkp, dvp, dsc, dop, qp, dqb;
+  BwdScratch(const Problem& pr)
+      : Scratch(pr), kp(pr.S * pr.Hqp), vt(pr.H * pr.Sp), dkp(pr.S * pr.Hqp), dvp(pr.S * pr.Hp),
+        dsc(BQ * pr.Sp), dop(BQ * pr.Hp), qp(BQ * pr.Hqp), dqb(BQ * pr.Hqp) {}
+};
+
+void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t kh, BwdScratch& w) {
+  pack_kv(pr, b, kh, w.kt.data(), w.vp.data());
+  std::fill(w.kp.begin(), w.kp.end(), 0.0f);
+  std::fill(w.vt.begin(), w.vt.end(), 0.0f);
+  std::fill(w.dkp.begin(), w.dkp.end(), 0.0f);
+  std::fill(w.dvp.begin(), w.dvp.end(), 0.0f);
+  for (int64_t s = 0; s < pr.S; ++s) {
+    std::memcpy(w.kp.data() + s * pr.Hqp, pr.k + ((b * pr.S + s) * pr.K + kh) * pr.Hq, sizeof(float) * pr.Hq);
+    for (int64_t h = 0; h < pr.H; ++h) w.vt[h * pr.Sp + s] = w.vp[s * pr.Hp + h];
+  }
+  const int64_t ld = pr.Sp;
+  for (int64_t g = 0; g < pr.G; ++g) {
+    const int64_t n = kh * pr.G + g;
+    for (int64_t t0 = 0; t0 < pr.T; t0 += BQ) {
+      const int64_t rows = std::min<int64_t>(BQ, pr.T - t0), s_end = key_end(pr, t0, rows);
+      const int64_t width = round_up(s_end, PAD);
+      float* sc = w.sc.data();
+      float* ds = w.dsc.data();
+      scores(pr, b, n, t0, rows, s_end, w.kt.data(), sc, w.tmp.data(), ld);
+      float delta[BQ];
+      std::fill(w.dop.begin(), w.dop.end(), 0.0f);
+      std::fill(w.qp.begin(), w.qp.end(), 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row_id = (b * pr.T + t0 + r) * pr.N + n;
+        const float* o = bp.out + row_id * pr.H;
+        const float* d = bp.dout + row_id * pr.H;
+        float dot = 0.0f;
+        for (int64_t h = 0; h < pr.H; ++h) dot += o[h] * d[h];
+        delta[r] = dot - (bp.dlse ? bp.dlse[row_id] : 0.0f);
+        std::memcpy(w.dop.data() + r * pr.Hp, d, sizeof(float) * pr.H);
+        std::memcpy(w.qp.data() + r * pr.Hqp, pr.q + row_id * pr.Hq, sizeof(float) * pr.Hq);
+        const float l = bp.lse[row_id];
+        float* row = sc + r * ld;
+        if (l == -INFINITY) {
+          std::memset(row, 0, sizeof(float) * width);
+          continue;
+        }
+        for (int64_t s = 0; s < width; s += VL) {
+          vf x = load(row + s);
+          vf p = vexp(x - l);
+          store(row + s, x == splat(-FLT_MAX) ? splat(0.0f) : p);
+        }
+      }
+      // dv[s] += sum_r P[r][s] dO[r]
+      gemm(s_end, pr.Hp, rows, sc, 1, ld, w.dop.data(), pr.Hp, w.dvp.data(), pr.Hp, true);
+      // dP = dO . V^T
+      gemm(rows, width, pr.H, w.dop.data(), pr.Hp, 1, w.vt.data(), pr.Sp, ds, ld, false);
+      for (int64_t r = 0; r < rows; ++r) {
+        const vf dl = splat(delta[r]);
+        for (int64_t s = 0; s < width; s += VL) {
+          vf p = load(sc + r * ld + s);
+          store(ds + r * ld + s, p * (load(ds + r * ld + s) - dl) * pr.scale);
+        }
+      }
+      // dq = dS . K, dk[s] += sum_r dS[r][s] q[r]
+      gemm(rows, pr.Hqp, s_end, ds, ld, 1, w.kp.data(), pr.Hqp, w.dqb.data(), pr.Hqp, false);
+      gemm(s_end, pr.Hqp, rows, ds, 1, ld, w.qp.data(), pr.Hqp, w.dkp.data(), pr.Hqp, true);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(bp.dq + ((b * pr.T + t0 + r) * pr.N + n) * pr.Hq, w.dqb.data() + r * pr.Hqp,
+                    sizeof(float) * pr.Hq);
+    }
+  }
+  for (int64_t s = 0; s < pr.S; ++s) {
+    std::memcpy(bp.dk + ((b * pr.S + s) * pr.K + kh) * pr.Hq, w.dkp.data() + s * pr.Hqp, sizeof(float) * pr.Hq);
+    std::memcpy(bp.dv + ((b * pr.S + s) * pr.K + kh) * pr.H, w.dvp.data() + s * pr.Hp, sizeof(float) * pr.H);
+  }
+}
+
+// Runs task(index) for index in [0, count) on the caller and on pool workers that start before the
+// caller has run out of work (a worker queued behind busy threads finds the loop closed and returns:
+// the caller never waits for a task that has not started, so a busy or one-thread pool cannot
+// deadlock).
+struct Loop {
+  std::atomic<int64_t> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int active = 0;
+  bool closed = false;
+};
+
+template <typename F>
+void parallel_for(ffi::ThreadPool& pool, int64_t count, const F& task) {
+  auto loop = std::make_shared<Loop>();
+  auto run = [loop, count, &task]() {
+    for (int64_t i = loop->next.fetch_add(1); i < count; i = loop->next.fetch_add(1)) task(i);
+  };
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), count));
+  for (int64_t w = 1; w < workers; ++w) {
+    pool.Schedule([loop, run]() {
+      {
+        std::lock_guard<std::mutex> lock(loop->mu);
+        if (loop->closed) return;
+        ++loop->active;
+      }
+      run();
+      std::lock_guard<std::mutex> lock(loop->mu);
+      --loop->active;
+      loop->cv.notify_all();
+    });
+  }
+  run();
+  std::unique_lock<std::mutex> lock(loop->mu);
+  loop->closed = true;
+  loop->cv.wait(lock, [&] { return loop->active == 0; });
+}
+
+Problem make_problem(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                     ffi::Buffer<ffi::S32> qpos, ffi::Buffer<ffi::S32> kpos, ffi::Buffer<ffi::S32> qseg,
+                     ffi::Buffer<ffi::S32> kseg, ffi::Buffer<ffi::PRED> valid, ffi::Buffer<ffi::F32> slopes,
+                     float scale, bool causal, int64_t precise) {
+  Problem pr{};
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  pr.B = qd[0];
+  pr.T = qd[1];
+  pr.K = qd[2];
+  pr.G = qd[3];
+  pr.N = pr.K * pr.G;
+  pr.Hq = qd[4];
+  pr.S = kd[1];
+  pr.H = vd[3];
+  pr.P = precise;
+  pr.scale = scale;
+  pr.causal = causal;
+  pr.q = q.typed_data();
+  pr.k = k.typed_data();
+  pr.v = v.typed_data();
+  pr.slopes = slopes.element_count() ? slopes.typed_data() : nullptr;
+  pr.qpos = qpos.element_count() ? qpos.typed_data() : nullptr;
+  pr.kpos = kpos.element_count() ? kpos.typed_data() : nullptr;
+  pr.qseg = qseg.element_count() ? qseg.typed_data() : nullptr;
+  pr.kseg = kseg.element_count() ? kseg.typed_data() : nullptr;
+  pr.valid = valid.element_count() ? valid.typed_data() : nullptr;
+  pr.Hqp = round_up(pr.Hq, PAD);
+  pr.Hp = round_up(pr.H, PAD);
+  pr.Sp = round_up(pr.S, PAD);
+  return pr;
+}
+
+// The shapes the kernel reads (the Python side checks the user's arguments; this guards the call).
+ffi::Error check(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::F32>& v,
+                 ffi::Buffer<ffi::S32>& qpos, ffi::Buffer<ffi::S32>& kpos, ffi::Buffer<ffi::S32>& qseg,
+                 ffi::Buffer<ffi::S32>& kseg, ffi::Buffer<ffi::PRED>& valid, ffi::Buffer<ffi::F32>& slopes,
+                 int64_t precise) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 5 || kd.size() != 4 || vd.size() != 4)
+    return ffi::Error::InvalidArgument("cpu_flash: q, k, v must have ranks 5, 4, 4");
+  const int64_t B = qd[0], T = qd[1], K = qd[2], G = qd[3], Hq = qd[4], S = kd[1];
+  if (kd[0] != B || kd[2] != K || kd[3] != Hq || vd[0] != B || vd[1] != S || vd[2] != K)
+    return ffi::Error::InvalidArgument("cpu_flash: q [B,T,K,G,Hq], k [B,S,K,Hq], v [B,S,K,H] do not fit");
+  if (precise < 0 || precise > Hq) return ffi::Error::InvalidArgument("cpu_flash: precise_dims outside 0..Hq");
+  auto side = [](int64_t count, int64_t a, int64_t b) { return count == 0 || count == a * b; };
+  if (!side(qpos.element_count(), B, T) || !side(kpos.element_count(), B, S) || !side(qseg.element_count(), B, T) ||
+      !side(kseg.element_count(), B, S) || !side(valid.element_count(), B, S) ||
+      !side(slopes.element_count(), K, G) || (qpos.element_count() == 0) != (kpos.element_count() == 0) ||
+      (qpos.element_count() == 0) != (slopes.element_count() == 0) ||
+      (qseg.element_count() == 0) != (kseg.element_count() == 0))
+    return ffi::Error::InvalidArgument("cpu_flash: side arrays do not fit q and k");
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                   ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> qpos, ffi::Buffer<ffi::S32> kpos,
+                   ffi::Buffer<ffi::S32> qseg, ffi::Buffer<ffi::S32> kseg, ffi::Buffer<ffi::PRED> valid,
+                   ffi::Buffer<ffi::F32> slopes, ffi::ResultBuffer<ffi::F32> out,
+                   ffi::ResultBuffer<ffi::F32> lse, float scale, bool causal, int64_t precise) {
+  if (auto err = check(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, precise); !err.success()) return err;
+  Problem pr = make_problem(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise);
+  if (pr.B * pr.T * pr.N == 0) return ffi::Error::Success();
+  if (pr.S == 0) {
+    std::memset(out->typed_data(), 0, out->size_bytes());
+    std::fill(lse->typed_data(), lse->typed_data() + lse->element_count(), -INFINITY);
+    return ffi::Error::Success();
+  }
+  float* o = out->typed_data();
+  float* l = lse->typed_data();
+  parallel_for(pool, pr.B * pr.K, [&](int64_t i) {
+    Scratch w(pr);
+    forward_task(pr, i / pr.K, i % pr.K, w, o, l);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                    ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> qpos, ffi::Buffer<ffi::S32> kpos,
+                    ffi::Buffer<ffi::S32> qseg, ffi::Buffer<ffi::S32> kseg, ffi::Buffer<ffi::PRED> valid,
+                    ffi::Buffer<ffi::F32> slopes, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
+                    ffi::Buffer<ffi::F32> dout, ffi::Buffer<ffi::F32> dlse, ffi::ResultBuffer<ffi::F32> dq,
+                    ffi::ResultBuffer<ffi::F32> dk, ffi::ResultBuffer<ffi::F32> dv, float scale, bool causal,
+                    int64_t precise) {
+  if (auto err = check(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, precise); !err.success()) return err;
+  Problem pr = make_problem(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise);
+  BwdProblem bp{out.typed_data(), lse.typed_data(), dout.typed_data(),
+                dlse.element_count() ? dlse.typed_data() : nullptr, dq->typed_data(), dk->typed_data(),
+                dv->typed_data()};
+  if (pr.T == 0 || pr.S == 0) {
+    std::memset(dq->typed_data(), 0, dq->size_bytes());
+    std::memset(dk->typed_data(), 0, dk->size_bytes());
+    std::memset(dv->typed_data(), 0, dv->size_bytes());
+    return ffi::Error::Success();
+  }
+  parallel_for(pool, pr.B * pr.K, [&](int64_t i) {
+    BwdScratch w(pr);
+    backward_task(pr, bp, i / pr.K, i % pr.K, w);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+#define JAXPE_ARGS                                                                              \
+  .Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()     \
+      .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::S32>>() \
+      .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::PRED>>().Arg<ffi::Buffer<ffi::F32>>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpeCpuFlashForward, Forward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>() JAXPE_ARGS
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("precise_dims"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpeCpuFlashBackward, Backward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>() JAXPE_ARGS
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("precise_dims"));

@@ -1,0 +1,389 @@
+"""A fused float32 attention kernel for the CPU (C++ through XLA's FFI), built on first use.
+
+``cpu_flash_attention`` computes self-attention with an optional causal mask, key validity,
+segment ids (packing) and ALiBi in one C++ call per pass, where the plain-XLA blockwise path runs a
+loop of small operations per block pair: per batch row and kv head, blocks of 64 queries against
+their causal prefix of keys, the exact row softmax, and ``P.V``; the backward pass recomputes ``P``
+from the saved log-sum-exp and accumulates dq, dk, dv (FlashAttention-2's backward, Dao 2023, arXiv
+2307.08691). It is the ``xla`` backend's path on the CPU wherever it applies
+(``jaxpe.attention.blockwise.blockwise_attention``); the plain-XLA loops stay the path everywhere
+else and its test reference beside the dense ``dot_product_attention``.
+
+The kernel (``cpu_flash.cc``) is compiled on first use by ``jaxpe.attention.native`` (the system
+C++ compiler, ``-O3 -march=native``, cached under ``~/.cache/jaxpe``); it uses vectors of 16 floats
+where the target has AVX-512 and of 8 elsewhere. Where it cannot be built, ``available()`` is False,
+``unavailable_reason()`` says why, and the ``xla`` backend keeps its plain-XLA path (the same
+results to float32 rounding). ``JAXPE_CPU_FLASH=0`` in the environment turns it off.
+
+Sharding: the calls are ``custom_partitioning`` ops whose batch and head dims follow the operands'
+shardings (each device computes its own batch rows and heads); the sequence and head-dim axes are
+gathered if sharded (context parallelism has its own path, ``jaxpe.attention.context``).
+
+Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, G = N / K query
+heads per kv head, Hq q/k head dim, H v head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+
+from jaxpe.attention import native, online_softmax
+from jaxpe.attention.reference import check_scale, default_precise_dims
+from jaxpe.ops import checks as _checks
+
+SOURCE = Path(__file__).with_name("cpu_flash.cc")
+"""The kernel's C++ source."""
+BLOCK_Q = 64
+"""Query rows per block (``BQ`` in the source): each thread holds ``[BLOCK_Q, S]`` float32 scores."""
+_FORWARD, _BACKWARD = "jaxpe_cpu_flash_forward", "jaxpe_cpu_flash_backward"
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _load() -> bool:
+  with _lock:
+    if "ok" not in _state:
+      if os.environ.get("JAXPE_CPU_FLASH", "1") == "0":
+        _state.update(ok=False, reason="turned off by JAXPE_CPU_FLASH=0")
+      else:
+        try:
+          native.register(SOURCE, {_FORWARD: "JaxpeCpuFlashForward", _BACKWARD: "JaxpeCpuFlashBackward"})
+          _state.update(ok=True, reason=None)
+        except RuntimeError as err:
+          _state.update(ok=False, reason=str(err))
+    return bool(_state["ok"])
+
+
+def workspace_bytes(t_len: int, s_len: int, qk_dim: int, v_dim: int, precise_dims: int = 0) -> int:
+  """Bytes of the kernel's own scratch per thread in the backward pass (the larger pass), which
+  XLA's ``memory_analysis`` does not see: the kv head's keys and values packed three ways and their
+  gradient accumulators (``~6 S H`` floats) and two ``[BLOCK_Q, S]`` score blocks; O(S), not O(T S).
+  Each of the CPU's threads holds one at a time. (``t_len`` does not enter: queries go by blocks.)"""
+  del t_len
+  pad = lambda x: -(-x // 16) * 16  # noqa: E731  (PAD in the source)
+  s_pad, hq_pad, h_pad = pad(s_len), pad(qk_dim), pad(v_dim)
+  forward = qk_dim * s_pad + s_len * h_pad + BLOCK_Q * s_pad * (2 if precise_dims else 1) + BLOCK_Q * h_pad
+  backward = 2 * s_len * hq_pad + v_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad + h_pad + 2 * hq_pad)
+  return 4 * (forward + backward)
+
+
+def available() -> bool:
+  """Whether the kernel is built and registered with XLA (building it on the first call, a few
+  seconds; later calls and processes use the cached library)."""
+  return _load()
+
+
+def unavailable_reason() -> str | None:
+  """Why ``available()`` is False: no compiler, a failed build (the compiler's message), or
+  ``JAXPE_CPU_FLASH=0``; None when it is True."""
+  _load()
+  return None if _state["ok"] else str(_state["reason"])
+
+
+def cpu_flash_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  scale: float,
+  causal: bool = False,
+  precise_dims: int | None = None,
+  k_valid: jax.Array | None = None,
+  q_segment_ids: jax.Array | None = None,
+  k_segment_ids: jax.Array | None = None,
+  slopes=None,
+  q_positions: jax.Array | None = None,
+  k_positions: jax.Array | None = None,
+  return_lse: bool = False,
+):
+  """``softmax(q.k * scale - ALiBi, masked) . v`` in the fused CPU kernel, float32.
+
+  Equal to ``jaxpe.attention.dot_product_attention`` with the same mask and ALiBi bias to float32
+  rounding (the tests hold it to 1e-5 with gradients), including its rules: a row with no visible
+  key gives zeros (and zero gradients); the last ``precise_dims`` dims of q and k are contracted
+  apart from the others (in float32) and the two sums added, as the RoPE-emulated ALiBi needs;
+  grouped-query heads share their kv head without repeating it. Key slot s is visible to query
+  slot t when ``s <= t`` (``causal``), ``k_valid[b, s]``, and ``q_segment_ids[b, t] ==
+  k_segment_ids[b, s]``.
+
+  Args:
+    q: ``[B, T, N, Hq]`` float32 queries.
+    k: ``[B, S, K, Hq]`` float32 keys; ``N % K == 0``.
+    v: ``[B, S, K, H]`` float32 values.
+    scale: multiplies q.k, a concrete number > 0 (usually ``1/sqrt(H)``).
+    causal: mask keys after the query (slot order, T == S).
+    precise_dims: trailing dims of q and k summed apart, 0..Hq; default None: ``Hq - H``.
+    k_valid: optional ``[B, S]`` bool, False for padding keys.
+    q_segment_ids, k_segment_ids: optional ``[B, T]`` / ``[B, S]`` int32 document ids (both or
+      neither); a query sees keys of its own document.
+    slopes: optional ``[N]`` ALiBi slopes, concrete (numpy or a list): the score gets
+      ``-slopes[n] * (q_positions[b, t] - k_positions[b, s])`` after scaling (Press et al. 2022,
+      arXiv 2108.12409).
+    q_positions, k_positions: ``[B, T]`` / ``[B, S]`` int32 token indices, with ``slopes`` only.
+    return_lse: also return the log-sum-exp of each row's scaled, biased scores.
+
+  Returns:
+    ``[B, T, N, H]`` float32; with ``return_lse`` also ``[B, T, N]`` float32 (``-inf`` on rows with
+    no visible key). Differentiable in q, k, v (reverse mode: ``jax.grad``, ``jax.vjp``; not
+    twice: the backward pass is a kernel too).
+
+  Raises:
+    RuntimeError: the kernel is not available (``unavailable_reason()`` says why).
+    TypeError: q, k or v not float32; a traced ``scale`` or ``slopes``.
+    ValueError: ranks or sizes that do not fit; ``scale`` not a finite number > 0; ``precise_dims``
+      outside 0..Hq; ``causal`` with T != S; side arrays not ``[B, T]`` / ``[B, S]``; slopes not
+      ``[N]`` or without both position arrays; one segment array without the other.
+  """
+  for name, arr, hint in (("q", q, "[B, T, N, Hq]"), ("k", k, "[B, S, K, Hq]"), ("v", v, "[B, S, K, H]")):
+    _checks.check_rank(name, arr, 4, hint)
+    if jnp.result_type(arr) != jnp.float32:
+      raise TypeError(f"{name} must be float32 for the CPU kernel, got {jnp.result_type(arr)}")
+  scale = check_scale("scale", scale)
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
+  if num_heads == 0 or num_kv == 0 or num_heads % num_kv:
+    raise ValueError(
+      f"q and k need N >= 1 heads and K >= 1 kv heads with N % K == 0, got N={num_heads}, K={num_kv}"
+    )
+  if k.shape[0] != batch or k.shape[3] != qk_dim or v.shape[:3] != k.shape[:3]:
+    raise ValueError(
+      f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H], got {q.shape}, {k.shape}, {v.shape}"
+    )
+  precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
+  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int | np.integer):
+    raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if not 0 <= precise_dims <= qk_dim:
+    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if causal and t_len != s_len:
+    raise ValueError(f"causal needs T == S (self-attention in slot order), got T={t_len}, S={s_len}")
+  if (q_segment_ids is None) != (k_segment_ids is None):
+    raise ValueError("give q_segment_ids and k_segment_ids together, or neither")
+  if (slopes is None) != (q_positions is None) or (slopes is None) != (k_positions is None):
+    raise ValueError("ALiBi needs slopes, q_positions and k_positions together")
+  side = []
+  for name, arr, length, dtype in (
+    ("q_positions", q_positions, t_len, jnp.int32),
+    ("k_positions", k_positions, s_len, jnp.int32),
+    ("q_segment_ids", q_segment_ids, t_len, jnp.int32),
+    ("k_segment_ids", k_segment_ids, s_len, jnp.int32),
+    ("k_valid", k_valid, s_len, jnp.bool_),
+  ):
+    if arr is None:
+      side.append(jnp.zeros((0,), dtype))
+      continue
+    arr = jnp.asarray(arr)
+    if arr.shape != (batch, length):
+      raise ValueError(
+        f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {[batch, length]}, got {arr.shape}"
+      )
+    side.append(arr.astype(dtype))
+  if slopes is None:
+    slope_arr = jnp.zeros((0,), jnp.float32)
+  else:
+    if isinstance(slopes, jax.core.Tracer):
+      raise TypeError("slopes must be concrete (numpy or a list), not traced")
+    slope_np = np.asarray(slopes, np.float32)
+    if slope_np.shape != (num_heads,):
+      raise ValueError(f"slopes must be [N] = [{num_heads}], got {slope_np.shape}")
+    slope_arr = jnp.asarray(slope_np.reshape(num_kv, num_heads // num_kv))
+  if not available():
+    raise RuntimeError(f"the CPU attention kernel is not available: {unavailable_reason()}")
+  q5 = q.reshape(batch, t_len, num_kv, num_heads // num_kv, qk_dim)
+  attrs = (float(scale), bool(causal), int(precise_dims))
+  out, lse = _attention(q5, k, v, (*side, slope_arr), attrs)
+  out = out.reshape(batch, t_len, num_heads, v.shape[-1])
+  lse = lse.reshape(batch, t_len, num_heads)
+  return (out, lse) if return_lse else out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q5, k, v, side, attrs):
+  """(out, lse) by the forward kernel, the gradients by the backward kernel."""
+  return _forward_kernel(q5, k, v, side, attrs)
+
+
+def _attention_fwd(q5, k, v, side, attrs):
+  out, lse = _forward_kernel(q5, k, v, side, attrs)
+  return (out, lse), (q5, k, v, side, out, lse)
+
+
+def _attention_bwd(attrs, residuals, cotangents):
+  q5, k, v, side, out, lse = residuals
+  d_out, d_lse = cotangents
+  d_lse = jnp.zeros(lse.shape, jnp.float32) if d_lse is None else d_lse.astype(jnp.float32)
+  dq, dk, dv = _backward_kernel(q5, k, v, side, out, lse, d_out.astype(jnp.float32), d_lse, attrs)
+  return dq, dk, dv, jax.tree.map(lambda _: None, side)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+# Second derivatives (grad of grad, and jax.hessian: forward over reverse) differentiate the two
+# kernel calls above; their derivatives come from the same computations in plain XLA
+# (``online_softmax``'s forward and backward, which jax differentiates in either mode): the kernels
+# give the values, XLA the tangents.
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _forward_kernel(q5, k, v, side, attrs):
+  return _batchable("forward", attrs, _present(side))(q5, k, v, *side)
+
+
+@_forward_kernel.defjvp
+def _forward_kernel_jvp(attrs, primals, tangents):
+  q5, k, v, side = primals
+  xla = lambda q5, k, v: _xla_forward(q5, k, v, side, attrs)  # noqa: E731
+  return _forward_kernel(*primals, attrs), jax.jvp(xla, (q5, k, v), tuple(tangents[:3]))[1]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8,))
+def _backward_kernel(q5, k, v, side, out, lse, d_out, d_lse, attrs):
+  return _batchable("backward", attrs, _present(side))(q5, k, v, *side, out, lse, d_out, d_lse)
+
+
+@_backward_kernel.defjvp
+def _backward_kernel_jvp(attrs, primals, tangents):
+  q5, k, v, side, out, lse, d_out, d_lse = primals
+  dense = (0, 1, 2, 4, 5, 6, 7)  # the float arguments (side holds integers and the slopes)
+  xla = lambda q5, k, v, out, lse, d_out, d_lse: _xla_grads(q5, k, v, side, out, lse, d_out, d_lse, attrs)  # noqa: E731
+  tangent = jax.jvp(xla, tuple(primals[i] for i in dense), tuple(tangents[i] for i in dense))[1]
+  return _backward_kernel(*primals, attrs), tangent
+
+
+def _xla_args(q5, k, v, side, attrs):
+  """(q ``[B, T, N, Hq]``, ``online_softmax`` residual arguments, its Config, [B, T, N, ...] view)."""
+  scale, causal, precise = attrs
+  batch, t_len, num_kv, group, _ = q5.shape
+  q_pos, k_pos, q_seg, k_seg, valid, slopes = (None if x.shape == (0,) else x for x in side)
+  qi = ki = None
+  if causal:
+    qi = ki = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+  cfg = online_softmax.Config(scale, precise, 32, 32, causal, causal, None)
+  flat = lambda x: x.reshape(batch, t_len, num_kv * group, *x.shape[4:])  # noqa: E731
+  return flat(q5), (k, v, qi, ki, valid, q_seg, k_seg, q_pos, k_pos, slopes, None), cfg, flat
+
+
+def _xla_forward(q5, k, v, side, attrs):
+  """The forward kernel's (out, lse) in plain XLA (``online_softmax.flash_fwd``)."""
+  q, args, cfg, _ = _xla_args(q5, k, v, side, attrs)
+  out, lse = online_softmax.flash_fwd(q, *args, cfg)[0]
+  return out.reshape(*q5.shape[:4], -1), lse.reshape(q5.shape[:4])
+
+
+def _xla_grads(q5, k, v, side, out, lse, d_out, d_lse, attrs):
+  """The backward kernel's (dq, dk, dv) in plain XLA (``online_softmax.flash_bwd``)."""
+  q, args, cfg, flat = _xla_args(q5, k, v, side, attrs)
+  residuals = (q, *args, flat(out), flat(lse))
+  dq, dk, dv = online_softmax.flash_bwd(cfg, residuals, (flat(d_out), flat(d_lse)))[:3]
+  return dq.reshape(q5.shape), dk, dv
+
+
+# Factors of the operands (custom_partitioning's einsum-like rules): batch and heads follow their
+# sharding, the sequence and head dims are gathered (need replication).
+_Q, _K, _V, _O, _L = "b t kh g hq", "b s kh hq", "b s kh d", "b t kh g d", "b t kh g"
+_SIDE = ("b t", "b s", "b t", "b s", "b s", "kh g")
+_REPLICATED = ("t", "hq", "s", "d")  # in the order the factors first appear (sdy wants it sorted)
+
+
+def _present(side) -> tuple[bool, ...]:
+  return tuple(x.shape != (0,) for x in side)  # absent options are passed as shape (0,)
+
+
+def _rule(operands: tuple[str, ...], results: tuple[str, ...], present: tuple[bool, ...]) -> str:
+  """The sharding rule, absent side arrays (empty) given factors of their own."""
+  side = [rule if there else f"e{i}" for i, (rule, there) in enumerate(zip(_SIDE, present))]
+  return f"{', '.join([*operands[:3], *side, *operands[3:]])} -> {', '.join(results)}"
+
+
+def _partitioned(body, operands, results, n_after: int):
+  """``body`` (an FFI call on whole or per-device arrays) as a ``custom_partitioning`` op that keeps
+  each operand's and result's batch and head sharding and lowers ``body`` on the shards. Its last
+  four arguments are static: scale, causal, precise_dims and which side arrays are present."""
+  first = 9 + n_after
+  op = custom_partitioning(body, static_argnums=tuple(range(first, first + 4)))
+
+  def partition(scale, causal, precise, present, mesh, arg_shapes, result_shape):
+    arg_shardings = jax.tree.map(lambda x: x.sharding, arg_shapes)
+    result_shardings = jax.tree.map(lambda x: x.sharding, result_shape)
+    on_shards = lambda *args: body(*args, scale, causal, precise, present)  # noqa: E731
+    return mesh, on_shards, result_shardings, arg_shardings
+
+  def rule(scale, causal, precise, present, mesh, value_types, result_types):
+    del scale, causal, precise, mesh, value_types, result_types
+    return _rule(operands, results, present), {"need_replication_factors": _REPLICATED}
+
+  op.def_partition(partition=partition, sharding_rule=rule)
+  return op
+
+
+def _forward_body(q5, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise, present):
+  del present  # the sharding rule's
+  b, t, kh, g, _ = q5.shape
+  types = (
+    jax.ShapeDtypeStruct((b, t, kh, g, v.shape[-1]), jnp.float32),
+    jax.ShapeDtypeStruct((b, t, kh, g), jnp.float32),
+  )
+  return jax.ffi.ffi_call(_FORWARD, types, vmap_method="sequential")(
+    q5, k, v, qpos, kpos, qseg, kseg, valid, slopes,
+    scale=np.float32(scale), causal=causal, precise_dims=np.int64(precise),
+  )  # fmt: skip
+
+
+def _backward_body(
+  q5, k, v, qpos, kpos, qseg, kseg, valid, slopes, out, lse, d_out, d_lse, scale, causal, precise, present
+):
+  del present
+  types = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q5, k, v))
+  return jax.ffi.ffi_call(_BACKWARD, types, vmap_method="sequential")(
+    q5, k, v, qpos, kpos, qseg, kseg, valid, slopes, out, lse, d_out, d_lse,
+    scale=np.float32(scale), causal=causal, precise_dims=np.int64(precise),
+  )  # fmt: skip
+
+
+@functools.cache
+def _batchable(kind: str, attrs: tuple, present: tuple[bool, ...]):
+  """The forward or backward op for fixed static arguments, under ``jax.vmap`` too: a mapped axis
+  is folded into the batch axis B (every operand but the slopes and the absent side arrays has B
+  first; unmapped ones are broadcast), and split off the results again."""
+  op = _forward_op if kind == "forward" else _backward_op
+
+  @jax.custom_batching.custom_vmap
+  def call(*args):
+    return op(*args, *attrs, present)
+
+  @call.def_vmap
+  def call_vmap(axis_size, in_batched, *args):
+    merged = []
+    for i, (arg, batched) in enumerate(zip(args, in_batched)):
+      per_row = i < 3 or i > 8 or (i < 8 and present[i - 3])  # q, k, v, side [B, ...], out/lse/cotangents
+      if not per_row:
+        if batched:
+          raise NotImplementedError("the CPU attention kernel's ALiBi slopes cannot be mapped by jax.vmap")
+        merged.append(arg)
+        continue
+      arg = arg if batched else jnp.broadcast_to(arg, (axis_size, *arg.shape))
+      merged.append(arg.reshape(axis_size * arg.shape[1], *arg.shape[2:]))
+    outs = call(*merged)
+    return tuple(o.reshape(axis_size, -1, *o.shape[1:]) for o in outs), (True,) * len(outs)
+
+  return call
+
+
+_forward_op = _partitioned(_forward_body, (_Q, _K, _V), (_O, _L), 0)
+_backward_op = _partitioned(_backward_body, (_Q, _K, _V, _O, _L, _O, _L), (_Q, _K, _V), 4)
+
+__all__ = [
+  "BLOCK_Q",
+  "SOURCE",
+  "available",
+  "cpu_flash_attention",
+  "unavailable_reason",
+  "workspace_bytes",
+]
