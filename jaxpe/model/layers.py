@@ -160,7 +160,33 @@ def dense(
     kernel_init=initializers.normal(std, names),
     bias_init=initializers.zeros(names[-len(bias_shape) :]),
     rngs=rngs,
+    einsum_op=activation_first_einsum,
   )
+
+
+def activation_first_einsum(eq: str, x, w, *, precision=None, preferred_element_type=None, **kw):
+  return _act_einsum(eq, precision, preferred_element_type, x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _act_einsum(eq, precision, pet, x, w):
+  return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=pet)
+
+
+def _act_einsum_fwd(eq, precision, pet, x, w):
+  return _act_einsum(eq, precision, pet, x, w), (x, w)
+
+
+def _act_einsum_bwd(eq, precision, pet, res, g):
+  x, w = res
+  ins, out = eq.split("->")
+  a, b = ins.split(",")
+  dx = jnp.einsum(f"{out},{b}->{a}", g, w, precision=precision)
+  dw = jnp.einsum(f"{a},{out}->{b}", x, g, precision=precision)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_act_einsum.defvjp(_act_einsum_fwd, _act_einsum_bwd)
 
 
 class Attention(nnx.Module):
