@@ -146,14 +146,13 @@ struct Problem {
 // Scaled, biased, masked scores of query rows [t0, t0 + rows) of head n (batch row b) against keys
 // [0, s_end): sc [rows][ld] (ld >= width = round_up(s_end, PAD)); columns s_end..width hold -FLT_MAX.
 // kt: the kv head's keys transposed, [Hq][Sp]; tmp: rows x ld scratch when P > 0.
+// qs: the block's queries times the scale, packed [rows][Hqp] (pack_scaled_q).
 void scores(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, int64_t s_end,
-            const float* kt, float* sc, float* tmp, int64_t ld) {
-  const int64_t qrs = pr.N * pr.Hq;
-  const float* qb = pr.q + ((b * pr.T + t0) * pr.N + n) * pr.Hq;
+            const float* qs, const float* kt, float* sc, float* tmp, int64_t ld) {
   const int64_t split = pr.Hq - pr.P, width = round_up(s_end, PAD);
-  gemm(rows, width, split, qb, qrs, 1, kt, pr.Sp, sc, ld, false);
+  gemm(rows, width, split, qs, pr.Hqp, 1, kt, pr.Sp, sc, ld, false);
   if (pr.P > 0) {
-    gemm(rows, width, pr.P, qb + split, qrs, 1, kt + split * pr.Sp, pr.Sp, tmp, ld, false);
+    gemm(rows, width, pr.P, qs + split, pr.Hqp, 1, kt + split * pr.Sp, pr.Sp, tmp, ld, false);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t s = 0; s < width; ++s) sc[r * ld + s] += tmp[r * ld + s];
   }
@@ -166,7 +165,6 @@ void scores(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, i
     float* row = sc + r * ld;
     // one branch-free (vectorizable) pass per option
     const int64_t vis_end = pr.causal ? std::min(s_end, t + 1) : s_end;
-    for (int64_t s = 0; s < vis_end; ++s) row[s] *= pr.scale;
     for (int64_t s = vis_end; s < width; ++s) row[s] = -FLT_MAX;
     if (kpos) {
       const int32_t qp = pr.qpos[b * pr.T + t];
@@ -179,6 +177,16 @@ void scores(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, i
       const int32_t qs = pr.qseg[b * pr.T + t];
       for (int64_t s = 0; s < vis_end; ++s) row[s] = kseg[s] == qs ? row[s] : -FLT_MAX;
     }
+  }
+}
+
+// Packs the queries t0..t0+rows of head n (batch row b) times the scale: qs [rows][Hqp]. (The
+// scale multiplies q before the product rather than the scores after it: one pass over rows x Hq
+// values instead of rows x S; the two round differently, within float32 rounding of each other.)
+void pack_scaled_q(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, float* qs) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = pr.q + ((b * pr.T + t0 + r) * pr.N + n) * pr.Hq;
+    for (int64_t h = 0; h < pr.Hq; ++h) qs[r * pr.Hqp + h] = src[h] * pr.scale;
   }
 }
 
@@ -210,9 +218,10 @@ void pack_kv(const Problem& pr, int64_t b, int64_t kh, float* kt, float* vp) {
 }
 
 struct Scratch {
-  std::vector<float> kt, vp, sc, tmp, o;
+  std::vector<float> kt, vp, sc, tmp, o, qs;
   explicit Scratch(const Problem& pr)
-      : kt(pr.Hq * pr.Sp), vp(pr.S * pr.Hp), sc(BQ * pr.Sp), tmp(pr.P ? BQ * pr.Sp : 0), o(BQ * pr.Hp) {}
+      : kt(pr.Hq * pr.Sp), vp(pr.S * pr.Hp), sc(BQ * pr.Sp), tmp(pr.P ? BQ * pr.Sp : 0), o(BQ * pr.Hp),
+        qs(BQ * pr.Hqp) {}
 };
 
 void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* out, float* lse) {
@@ -224,7 +233,8 @@ void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* o
       const int64_t rows = std::min<int64_t>(BQ, pr.T - t0), s_end = key_end(pr, t0, rows);
       const int64_t width = round_up(s_end, PAD);
       float* sc = w.sc.data();
-      scores(pr, b, n, t0, rows, s_end, w.kt.data(), sc, w.tmp.data(), ld);
+      pack_scaled_q(pr, b, n, t0, rows, w.qs.data());
+      scores(pr, b, n, t0, rows, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld);
       float m[BQ], l[BQ];
       for (int64_t r = 0; r < rows; ++r) {
         float* row = sc + r * ld;
@@ -290,7 +300,8 @@ void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t k
       const int64_t width = round_up(s_end, PAD);
       float* sc = w.sc.data();
       float* ds = w.dsc.data();
-      scores(pr, b, n, t0, rows, s_end, w.kt.data(), sc, w.tmp.data(), ld);
+      pack_scaled_q(pr, b, n, t0, rows, w.qs.data());
+      scores(pr, b, n, t0, rows, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld);
       float delta[BQ];
       std::fill(w.dop.begin(), w.dop.end(), 0.0f);
       std::fill(w.qp.begin(), w.qp.end(), 0.0f);

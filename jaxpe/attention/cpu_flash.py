@@ -70,7 +70,7 @@ def workspace_bytes(t_len: int, s_len: int, qk_dim: int, v_dim: int, precise_dim
   del t_len
   pad = lambda x: -(-x // 16) * 16  # noqa: E731  (PAD in the source)
   s_pad, hq_pad, h_pad = pad(s_len), pad(qk_dim), pad(v_dim)
-  forward = qk_dim * s_pad + s_len * h_pad + BLOCK_Q * s_pad * (2 if precise_dims else 1) + BLOCK_Q * h_pad
+  forward = qk_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad * (2 if precise_dims else 1) + h_pad + hq_pad)
   backward = 2 * s_len * hq_pad + v_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad + h_pad + 2 * hq_pad)
   return 4 * (forward + backward)
 
