@@ -151,7 +151,7 @@ def dense(
 ) -> nnx.Einsum:
   """A projection ``nnx.Einsum(eq)`` in ``cfg.dtype``: kernel ``kernel_shape`` initialised
   Normal(0, ``std``) with logical ``names``; bias ``bias_shape`` (zeros, the last names) only with
-  ``cfg.use_bias``."""
+  ``cfg.use_bias``; its einsum is ``_activation_first_einsum`` (the weight gradient's operand order)."""
   return nnx.Einsum(
     eq,
     kernel_shape,
@@ -160,11 +160,17 @@ def dense(
     kernel_init=initializers.normal(std, names),
     bias_init=initializers.zeros(names[-len(bias_shape) :]),
     rngs=rngs,
-    einsum_op=activation_first_einsum,
+    einsum_op=_activation_first_einsum,
   )
 
 
-def activation_first_einsum(eq: str, x, w, *, precision=None, preferred_element_type=None, **kw):
+def _activation_first_einsum(eq: str, x, w, *, precision=None, preferred_element_type=None, **_):
+  """``jnp.einsum(eq, x, w)`` (``nnx.Einsum``'s ``einsum_op``) whose weight gradient is written
+  ``einsum("<x>,<out>-><w>", x, g)``: the activation is the dot's first operand, so XLA:CPU lays
+  out (transposes) the activation, once per layer input, rather than each projection's cotangent
+  (which it fused with the cotangent's producer, RoPE's backward or attention's, into a slow
+  strided copy). Values and gradients are the same einsums as autodiff's. Train step D 512 /
+  L 8, B 8 x T 512 on 2 CPU devices: 4.41 -> 4.05 s."""
   return _act_einsum(eq, precision, preferred_element_type, x, w)
 
 
@@ -174,10 +180,12 @@ def _act_einsum(eq, precision, pet, x, w):
 
 
 def _act_einsum_fwd(eq, precision, pet, x, w):
-  return _act_einsum(eq, precision, pet, x, w), (x, w)
+  # plain einsum (not _act_einsum): forward over reverse (jax.hessian) differentiates this rule
+  return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=pet), (x, w)
 
 
 def _act_einsum_bwd(eq, precision, pet, res, g):
+  del pet
   x, w = res
   ins, out = eq.split("->")
   a, b = ins.split(",")
