@@ -12,7 +12,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``position_bias``: ``PositionBias``, a learned bias from positions (T5, Kerple, FIRE; ``xla`` only).
 - ``native``: building and loading jaxpe's C++ kernels for XLA's FFI (compiled on first use, cached).
 - ``cpu_flash``: ``cpu_flash_attention``, a fused float32 attention kernel for the CPU (C++
-  through XLA's FFI, built on first use); ``blockwise`` runs it on the CPU where it applies.
+  through XLA's FFI, built on first use); ``blockwise`` runs it on the CPU where it applies. Its
+  two XLA calls, sharded and batchable, are ``cpu_flash_call``.
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.

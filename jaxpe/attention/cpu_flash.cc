@@ -7,9 +7,9 @@
 // backward pass recomputes P from the saved log-sum-exp and accumulates dq, dk, dv
 // (FlashAttention-2's recurrence, Dao 2023, arXiv 2307.08691). Memory: O(BQ x S) per thread.
 //
-// Layouts (row-major): q [B, T, K, G, Hq], k [B, S, K, Hq], v [B, S, K, H], slopes [K, G] (or
-// empty), positions and segment ids int32 [B, T] / [B, S] (or empty), valid bool [B, S] (or empty);
-// out [B, T, K, G, H], lse [B, T, K, G]. The query head n = kh * G + g uses kv head kh. Scores: s = (q_c.k_c + q_p.k_p) * scale - slope_n (pos_t -
+// Layouts (row-major): q [B, T, N, Hq], k [B, S, K, Hq], v [B, S, K, H], slopes [N] (or empty),
+// positions and segment ids int32 [B, T] / [B, S] (or empty), valid bool [B, S] (or empty);
+// out [B, T, N, H], lse [B, T, N]. The query head n = kh * G + g (G = N / K) uses kv head kh. Scores: s = (q_c.k_c + q_p.k_p) * scale - slope_n (pos_t -
 // pos_s), clamped at -FLT_MAX, where _c are the first Hq - P dims and _p the last P ("precise")
 // dims, summed apart (the RoPE-emulated ALiBi's position-sized dims would round the content to
 // their ulp in one sum). A key is visible when (not causal or s <= t) and valid[b, s] and
@@ -190,14 +190,15 @@ void pack_scaled_q(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t 
   }
 }
 
+// The row's max; NaN if any score is NaN (so the row's output and lse are NaN, as the reference's).
 inline float row_max(const float* row, int64_t width) {
   vf m = splat(-FLT_MAX);
   for (int64_t s = 0; s < width; s += VL) {
     vf x = load(row + s);
-    m = x > m ? x : m;
+    m = ((x > m) | (x != x)) ? x : m;  // a NaN lane stays NaN: x > NaN is false
   }
   float out = -FLT_MAX;
-  for (int i = 0; i < VL; ++i) out = std::max(out, m[i]);
+  for (int i = 0; i < VL; ++i) out = (m[i] > out || m[i] != m[i]) ? m[i] : out;
   return out;
 }
 
@@ -261,7 +262,7 @@ void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* o
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = t0 + r;
         float* dst = out + ((b * pr.T + t) * pr.N + n) * pr.H;
-        const bool seen = m[r] > -FLT_MAX;
+        const bool seen = m[r] != -FLT_MAX;  // NaN scores: seen, NaN output and lse
         const float inv = seen ? 1.0f / l[r] : 0.0f;
         for (int64_t h = 0; h < pr.H; ++h) dst[h] = w.o[r * pr.Hp + h] * inv;
         lse[(b * pr.T + t) * pr.N + n] = seen ? m[r] + std::log(l[r]) : -INFINITY;
@@ -397,11 +398,11 @@ Problem make_problem(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   pr.B = qd[0];
   pr.T = qd[1];
-  pr.K = qd[2];
-  pr.G = qd[3];
-  pr.N = pr.K * pr.G;
-  pr.Hq = qd[4];
+  pr.N = qd[2];
+  pr.Hq = qd[3];
   pr.S = kd[1];
+  pr.K = kd[2];
+  pr.G = pr.N / pr.K;
   pr.H = vd[3];
   pr.P = precise;
   pr.scale = scale;
@@ -427,11 +428,12 @@ ffi::Error check(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer
                  ffi::Buffer<ffi::S32>& kseg, ffi::Buffer<ffi::PRED>& valid, ffi::Buffer<ffi::F32>& slopes,
                  int64_t precise) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  if (qd.size() != 5 || kd.size() != 4 || vd.size() != 4)
-    return ffi::Error::InvalidArgument("cpu_flash: q, k, v must have ranks 5, 4, 4");
-  const int64_t B = qd[0], T = qd[1], K = qd[2], G = qd[3], Hq = qd[4], S = kd[1];
-  if (kd[0] != B || kd[2] != K || kd[3] != Hq || vd[0] != B || vd[1] != S || vd[2] != K)
-    return ffi::Error::InvalidArgument("cpu_flash: q [B,T,K,G,Hq], k [B,S,K,Hq], v [B,S,K,H] do not fit");
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4)
+    return ffi::Error::InvalidArgument("cpu_flash: q, k, v must have rank 4");
+  const int64_t B = qd[0], T = qd[1], N = qd[2], Hq = qd[3], S = kd[1], K = kd[2];
+  if (K == 0 || N % K != 0 || kd[0] != B || kd[3] != Hq || vd[0] != B || vd[1] != S || vd[2] != K)
+    return ffi::Error::InvalidArgument("cpu_flash: q [B,T,N,Hq], k [B,S,K,Hq], v [B,S,K,H] do not fit");
+  const int64_t G = N / K;
   if (precise < 0 || precise > Hq) return ffi::Error::InvalidArgument("cpu_flash: precise_dims outside 0..Hq");
   auto side = [](int64_t count, int64_t a, int64_t b) { return count == 0 || count == a * b; };
   if (!side(qpos.element_count(), B, T) || !side(kpos.element_count(), B, S) || !side(qseg.element_count(), B, T) ||

@@ -13,7 +13,7 @@ The kernel (``cpu_flash.cc``) is compiled on first use by ``jaxpe.attention.nati
 C++ compiler, ``-O3 -march=native``, cached under ``~/.cache/jaxpe``); it uses vectors of 16 floats
 where the target has AVX-512 and of 8 elsewhere. Where it cannot be built, ``available()`` is False,
 ``unavailable_reason()`` says why, and the ``xla`` backend keeps its plain-XLA path (the same
-results to float32 rounding). ``JAXPE_CPU_FLASH=0`` in the environment turns it off.
+results to float32 rounding). ``JAXPE_CPU_FLASH=0`` (or ``false``, ``no``, ``off``) in the environment turns it off.
 
 Sharding: the calls are ``custom_partitioning`` ops whose batch and head dims follow the operands'
 shardings (each device computes its own batch rows and heads); the sequence and head-dim axes are
@@ -33,9 +33,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.custom_partitioning import custom_partitioning
 
-from jaxpe.attention import native, online_softmax
+from jaxpe.attention import cpu_flash_call as call
+from jaxpe.attention import masks, native, online_softmax
 from jaxpe.attention.reference import check_scale, default_precise_dims
 from jaxpe.ops import checks as _checks
 
@@ -43,7 +43,6 @@ SOURCE = Path(__file__).with_name("cpu_flash.cc")
 """The kernel's C++ source."""
 BLOCK_Q = 64
 """Query rows per block (``BQ`` in the source): each thread holds ``[BLOCK_Q, S]`` float32 scores."""
-_FORWARD, _BACKWARD = "jaxpe_cpu_flash_forward", "jaxpe_cpu_flash_backward"
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -51,11 +50,14 @@ _state: dict[str, object] = {}
 def _load() -> bool:
   with _lock:
     if "ok" not in _state:
-      if os.environ.get("JAXPE_CPU_FLASH", "1") == "0":
-        _state.update(ok=False, reason="turned off by JAXPE_CPU_FLASH=0")
+      setting = os.environ.get("JAXPE_CPU_FLASH", "1").strip().lower()
+      if setting in ("0", "false", "no", "off"):
+        _state.update(ok=False, reason=f"turned off by JAXPE_CPU_FLASH={os.environ['JAXPE_CPU_FLASH']}")
       else:
         try:
-          native.register(SOURCE, {_FORWARD: "JaxpeCpuFlashForward", _BACKWARD: "JaxpeCpuFlashBackward"})
+          native.register(
+            SOURCE, {call.FORWARD: "JaxpeCpuFlashForward", call.BACKWARD: "JaxpeCpuFlashBackward"}
+          )
           _state.update(ok=True, reason=None)
         except RuntimeError as err:
           _state.update(ok=False, reason=str(err))
@@ -132,8 +134,10 @@ def cpu_flash_attention(
 
   Returns:
     ``[B, T, N, H]`` float32; with ``return_lse`` also ``[B, T, N]`` float32 (``-inf`` on rows with
-    no visible key). Differentiable in q, k, v (reverse mode: ``jax.grad``, ``jax.vjp``; not
-    twice: the backward pass is a kernel too).
+    no visible key; NaN on rows whose visible scores hold a NaN). Differentiable in q, k, v in
+    reverse mode (``jax.grad``, ``jax.vjp``) and twice (grad of grad, ``jax.hessian``: the
+    second derivatives are the XLA loops' at the kernel's values); ``jax.jvp`` raises jax's
+    custom_vjp TypeError.
 
   Raises:
     RuntimeError: the kernel is not available (``unavailable_reason()`` says why).
@@ -169,22 +173,27 @@ def cpu_flash_attention(
   if (slopes is None) != (q_positions is None) or (slopes is None) != (k_positions is None):
     raise ValueError("ALiBi needs slopes, q_positions and k_positions together")
   side = []
-  for name, arr, length, dtype in (
-    ("q_positions", q_positions, t_len, jnp.int32),
-    ("k_positions", k_positions, s_len, jnp.int32),
-    ("q_segment_ids", q_segment_ids, t_len, jnp.int32),
-    ("k_segment_ids", k_segment_ids, s_len, jnp.int32),
-    ("k_valid", k_valid, s_len, jnp.bool_),
+  for name, arr, length in (
+    ("q_positions", q_positions, t_len),
+    ("k_positions", k_positions, s_len),
+    ("q_segment_ids", q_segment_ids, t_len),
+    ("k_segment_ids", k_segment_ids, s_len),
+    ("k_valid", k_valid, s_len),
   ):
-    if arr is None:
-      side.append(jnp.zeros((0,), dtype))
-      continue
-    arr = jnp.asarray(arr)
-    if arr.shape != (batch, length):
-      raise ValueError(
-        f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {[batch, length]}, got {arr.shape}"
-      )
-    side.append(arr.astype(dtype))
+    side.append(_check_side(name, arr, (batch, length)))
+  q_pos, k_pos, q_seg, k_seg, valid = side
+  if q_seg is not None and any(_wide(x) for x in (q_seg, k_seg)):  # ranked jointly, exactly
+    ranked = masks.dense_segment_ids(_joined(q_seg, k_seg))
+    q_seg, k_seg = ranked[:, :t_len], ranked[:, t_len:]
+  for name, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
+    if isinstance(pos, np.ndarray) and pos.size and (pos.min() < 0 or pos.max() >= 2**31):
+      raise ValueError(f"{name} must be token indices in [0, 2^31), got values in [{pos.min()}, {pos.max()}]")
+  side = [
+    jnp.zeros((0,), jnp.bool_ if i == 4 else jnp.int32)
+    if x is None
+    else jnp.asarray(x, jnp.bool_ if i == 4 else jnp.int32)
+    for i, x in enumerate((q_pos, k_pos, q_seg, k_seg, valid))
+  ]
   if slopes is None:
     slope_arr = jnp.zeros((0,), jnp.float32)
   else:
@@ -193,33 +202,63 @@ def cpu_flash_attention(
     slope_np = np.asarray(slopes, np.float32)
     if slope_np.shape != (num_heads,):
       raise ValueError(f"slopes must be [N] = [{num_heads}], got {slope_np.shape}")
-    slope_arr = jnp.asarray(slope_np.reshape(num_kv, num_heads // num_kv))
+    if not np.all(np.isfinite(slope_np)):
+      raise ValueError(f"slopes must be finite, got {slope_np}")
+    slope_arr = jnp.asarray(slope_np)
   if not available():
     raise RuntimeError(f"the CPU attention kernel is not available: {unavailable_reason()}")
-  q5 = q.reshape(batch, t_len, num_kv, num_heads // num_kv, qk_dim)
   attrs = (float(scale), bool(causal), int(precise_dims))
-  out, lse = _attention(q5, k, v, (*side, slope_arr), attrs)
-  out = out.reshape(batch, t_len, num_heads, v.shape[-1])
-  lse = lse.reshape(batch, t_len, num_heads)
+  out, lse = _attention(q, k, v, (*side, slope_arr), attrs)
   return (out, lse) if return_lse else out
 
 
+def _check_side(name: str, arr, shape):
+  """A side array as given (numpy stays numpy), checked: shape ``[B, T]`` / ``[B, S]``, integers
+  (``k_valid``: bool or integers)."""
+  if arr is None:
+    return None
+  if not isinstance(arr, np.ndarray | jax.Array):
+    arr = np.asarray(arr)
+  dtype = np.dtype(arr.dtype)
+  ok = np.issubdtype(dtype, np.integer) or (name == "k_valid" and dtype == np.bool_)
+  if not ok:
+    kind = "a bool or integer" if name == "k_valid" else "an integer"
+    raise TypeError(f"{name} must be {kind} array, got {dtype}")
+  if tuple(arr.shape) != shape:
+    raise ValueError(
+      f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {list(shape)}, got {tuple(arr.shape)}"
+    )
+  return arr
+
+
+def _wide(ids) -> bool:
+  """Whether integer ids could hold values int32 cannot (they are then ranked, never cast)."""
+  dtype = np.dtype(ids.dtype)
+  return dtype.itemsize > 4 or dtype == np.uint32
+
+
+def _joined(a, b):
+  if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+    return np.concatenate([a, b], axis=1)
+  return jnp.concatenate([jnp.asarray(a), jnp.asarray(b)], axis=1)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q5, k, v, side, attrs):
+def _attention(q, k, v, side, attrs):
   """(out, lse) by the forward kernel, the gradients by the backward kernel."""
-  return _forward_kernel(q5, k, v, side, attrs)
+  return _forward_kernel(q, k, v, side, attrs)
 
 
-def _attention_fwd(q5, k, v, side, attrs):
-  out, lse = _forward_kernel(q5, k, v, side, attrs)
-  return (out, lse), (q5, k, v, side, out, lse)
+def _attention_fwd(q, k, v, side, attrs):
+  out, lse = _forward_kernel(q, k, v, side, attrs)
+  return (out, lse), (q, k, v, side, out, lse)
 
 
 def _attention_bwd(attrs, residuals, cotangents):
-  q5, k, v, side, out, lse = residuals
+  q, k, v, side, out, lse = residuals
   d_out, d_lse = cotangents
   d_lse = jnp.zeros(lse.shape, jnp.float32) if d_lse is None else d_lse.astype(jnp.float32)
-  dq, dk, dv = _backward_kernel(q5, k, v, side, out, lse, d_out.astype(jnp.float32), d_lse, attrs)
+  dq, dk, dv = _backward_kernel(q, k, v, side, out, lse, d_out.astype(jnp.float32), d_lse, attrs)
   return dq, dk, dv, jax.tree.map(lambda _: None, side)
 
 
@@ -232,152 +271,55 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
-def _forward_kernel(q5, k, v, side, attrs):
-  return _batchable("forward", attrs, _present(side))(q5, k, v, *side)
+def _forward_kernel(q, k, v, side, attrs):
+  return call.batchable("forward", attrs, call.layout(q, k, side))(q, k, v, *side)
 
 
 @_forward_kernel.defjvp
 def _forward_kernel_jvp(attrs, primals, tangents):
-  q5, k, v, side = primals
-  xla = lambda q5, k, v: _xla_forward(q5, k, v, side, attrs)  # noqa: E731
-  return _forward_kernel(*primals, attrs), jax.jvp(xla, (q5, k, v), tuple(tangents[:3]))[1]
+  q, k, v, side = primals
+  xla = lambda q, k, v: _xla_forward(q, k, v, side, attrs)  # noqa: E731
+  return _forward_kernel(*primals, attrs), jax.jvp(xla, (q, k, v), tuple(tangents[:3]))[1]
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(8,))
-def _backward_kernel(q5, k, v, side, out, lse, d_out, d_lse, attrs):
-  return _batchable("backward", attrs, _present(side))(q5, k, v, *side, out, lse, d_out, d_lse)
+def _backward_kernel(q, k, v, side, out, lse, d_out, d_lse, attrs):
+  return call.batchable("backward", attrs, call.layout(q, k, side))(q, k, v, *side, out, lse, d_out, d_lse)
 
 
 @_backward_kernel.defjvp
 def _backward_kernel_jvp(attrs, primals, tangents):
-  q5, k, v, side, out, lse, d_out, d_lse = primals
+  q, k, v, side, out, lse, d_out, d_lse = primals
   dense = (0, 1, 2, 4, 5, 6, 7)  # the float arguments (side holds integers and the slopes)
-  xla = lambda q5, k, v, out, lse, d_out, d_lse: _xla_grads(q5, k, v, side, out, lse, d_out, d_lse, attrs)  # noqa: E731
+  xla = lambda q, k, v, out, lse, d_out, d_lse: _xla_grads(q, k, v, side, out, lse, d_out, d_lse, attrs)  # noqa: E731
   tangent = jax.jvp(xla, tuple(primals[i] for i in dense), tuple(tangents[i] for i in dense))[1]
   return _backward_kernel(*primals, attrs), tangent
 
 
-def _xla_args(q5, k, v, side, attrs):
-  """(q ``[B, T, N, Hq]``, ``online_softmax`` residual arguments, its Config, [B, T, N, ...] view)."""
+def _xla_args(q, k, v, side, attrs):
+  """``online_softmax``'s arguments after q (its Config last) for the kernel's arguments."""
   scale, causal, precise = attrs
-  batch, t_len, num_kv, group, _ = q5.shape
+  batch, t_len = q.shape[:2]
   q_pos, k_pos, q_seg, k_seg, valid, slopes = (None if x.shape == (0,) else x for x in side)
+  if slopes is not None:  # online_softmax takes them per kv head: [K, G]
+    slopes = slopes.reshape(k.shape[2], q.shape[2] // k.shape[2])
   qi = ki = None
   if causal:
     qi = ki = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
   cfg = online_softmax.Config(scale, precise, 32, 32, causal, causal, None)
-  flat = lambda x: x.reshape(batch, t_len, num_kv * group, *x.shape[4:])  # noqa: E731
-  return flat(q5), (k, v, qi, ki, valid, q_seg, k_seg, q_pos, k_pos, slopes, None), cfg, flat
+  return (k, v, qi, ki, valid, q_seg, k_seg, q_pos, k_pos, slopes, None, cfg)
 
 
-def _xla_forward(q5, k, v, side, attrs):
+def _xla_forward(q, k, v, side, attrs):
   """The forward kernel's (out, lse) in plain XLA (``online_softmax.flash_fwd``)."""
-  q, args, cfg, _ = _xla_args(q5, k, v, side, attrs)
-  out, lse = online_softmax.flash_fwd(q, *args, cfg)[0]
-  return out.reshape(*q5.shape[:4], -1), lse.reshape(q5.shape[:4])
+  return online_softmax.flash_fwd(q, *_xla_args(q, k, v, side, attrs))[0]
 
 
-def _xla_grads(q5, k, v, side, out, lse, d_out, d_lse, attrs):
+def _xla_grads(q, k, v, side, out, lse, d_out, d_lse, attrs):
   """The backward kernel's (dq, dk, dv) in plain XLA (``online_softmax.flash_bwd``)."""
-  q, args, cfg, flat = _xla_args(q5, k, v, side, attrs)
-  residuals = (q, *args, flat(out), flat(lse))
-  dq, dk, dv = online_softmax.flash_bwd(cfg, residuals, (flat(d_out), flat(d_lse)))[:3]
-  return dq.reshape(q5.shape), dk, dv
+  *args, cfg = _xla_args(q, k, v, side, attrs)
+  return online_softmax.flash_bwd(cfg, (q, *args, out, lse), (d_out, d_lse))[:3]
 
-
-# Factors of the operands (custom_partitioning's einsum-like rules): batch and heads follow their
-# sharding, the sequence and head dims are gathered (need replication).
-_Q, _K, _V, _O, _L = "b t kh g hq", "b s kh hq", "b s kh d", "b t kh g d", "b t kh g"
-_SIDE = ("b t", "b s", "b t", "b s", "b s", "kh g")
-_REPLICATED = ("t", "hq", "s", "d")  # in the order the factors first appear (sdy wants it sorted)
-
-
-def _present(side) -> tuple[bool, ...]:
-  return tuple(x.shape != (0,) for x in side)  # absent options are passed as shape (0,)
-
-
-def _rule(operands: tuple[str, ...], results: tuple[str, ...], present: tuple[bool, ...]) -> str:
-  """The sharding rule, absent side arrays (empty) given factors of their own."""
-  side = [rule if there else f"e{i}" for i, (rule, there) in enumerate(zip(_SIDE, present))]
-  return f"{', '.join([*operands[:3], *side, *operands[3:]])} -> {', '.join(results)}"
-
-
-def _partitioned(body, operands, results, n_after: int):
-  """``body`` (an FFI call on whole or per-device arrays) as a ``custom_partitioning`` op that keeps
-  each operand's and result's batch and head sharding and lowers ``body`` on the shards. Its last
-  four arguments are static: scale, causal, precise_dims and which side arrays are present."""
-  first = 9 + n_after
-  op = custom_partitioning(body, static_argnums=tuple(range(first, first + 4)))
-
-  def partition(scale, causal, precise, present, mesh, arg_shapes, result_shape):
-    arg_shardings = jax.tree.map(lambda x: x.sharding, arg_shapes)
-    result_shardings = jax.tree.map(lambda x: x.sharding, result_shape)
-    on_shards = lambda *args: body(*args, scale, causal, precise, present)  # noqa: E731
-    return mesh, on_shards, result_shardings, arg_shardings
-
-  def rule(scale, causal, precise, present, mesh, value_types, result_types):
-    del scale, causal, precise, mesh, value_types, result_types
-    return _rule(operands, results, present), {"need_replication_factors": _REPLICATED}
-
-  op.def_partition(partition=partition, sharding_rule=rule)
-  return op
-
-
-def _forward_body(q5, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise, present):
-  del present  # the sharding rule's
-  b, t, kh, g, _ = q5.shape
-  types = (
-    jax.ShapeDtypeStruct((b, t, kh, g, v.shape[-1]), jnp.float32),
-    jax.ShapeDtypeStruct((b, t, kh, g), jnp.float32),
-  )
-  return jax.ffi.ffi_call(_FORWARD, types, vmap_method="sequential")(
-    q5, k, v, qpos, kpos, qseg, kseg, valid, slopes,
-    scale=np.float32(scale), causal=causal, precise_dims=np.int64(precise),
-  )  # fmt: skip
-
-
-def _backward_body(
-  q5, k, v, qpos, kpos, qseg, kseg, valid, slopes, out, lse, d_out, d_lse, scale, causal, precise, present
-):
-  del present
-  types = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q5, k, v))
-  return jax.ffi.ffi_call(_BACKWARD, types, vmap_method="sequential")(
-    q5, k, v, qpos, kpos, qseg, kseg, valid, slopes, out, lse, d_out, d_lse,
-    scale=np.float32(scale), causal=causal, precise_dims=np.int64(precise),
-  )  # fmt: skip
-
-
-@functools.cache
-def _batchable(kind: str, attrs: tuple, present: tuple[bool, ...]):
-  """The forward or backward op for fixed static arguments, under ``jax.vmap`` too: a mapped axis
-  is folded into the batch axis B (every operand but the slopes and the absent side arrays has B
-  first; unmapped ones are broadcast), and split off the results again."""
-  op = _forward_op if kind == "forward" else _backward_op
-
-  @jax.custom_batching.custom_vmap
-  def call(*args):
-    return op(*args, *attrs, present)
-
-  @call.def_vmap
-  def call_vmap(axis_size, in_batched, *args):
-    merged = []
-    for i, (arg, batched) in enumerate(zip(args, in_batched)):
-      per_row = i < 3 or i > 8 or (i < 8 and present[i - 3])  # q, k, v, side [B, ...], out/lse/cotangents
-      if not per_row:
-        if batched:
-          raise NotImplementedError("the CPU attention kernel's ALiBi slopes cannot be mapped by jax.vmap")
-        merged.append(arg)
-        continue
-      arg = arg if batched else jnp.broadcast_to(arg, (axis_size, *arg.shape))
-      merged.append(arg.reshape(axis_size * arg.shape[1], *arg.shape[2:]))
-    outs = call(*merged)
-    return tuple(o.reshape(axis_size, -1, *o.shape[1:]) for o in outs), (True,) * len(outs)
-
-  return call
-
-
-_forward_op = _partitioned(_forward_body, (_Q, _K, _V), (_O, _L), 0)
-_backward_op = _partitioned(_backward_body, (_Q, _K, _V, _O, _L, _O, _L), (_Q, _K, _V), 4)
 
 __all__ = [
   "BLOCK_Q",

@@ -7,7 +7,8 @@ installed jaxlib's FFI headers (``jax.ffi.include_dir()``), caches the shared li
 registers its handlers with ``jax.ffi.register_ffi_target`` on the CPU. ``$JAXPE_CPU_FLASH_MARCH``
 names another ``-march`` target (``x86-64-v3`` for a cluster of mixed CPUs). Several processes may
 build at once: each compiles into a private folder and renames its library into place (atomic), so
-none loads a half-written file.
+none loads a half-written file; a library whose bytes do not match the digest written beside it
+(damaged, truncated) is rebuilt, never loaded.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ def cache_dir() -> Path:
 
 
 def compiler() -> str | None:
-  """The C++ compiler ``build`` uses: ``$CXX``, else the first of ``c++``, ``g++``, ``clang++`` on
-  the PATH; None when there is none."""
-  for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-    found = shutil.which(name) if name else None
+  """The C++ compiler ``build`` uses: ``$CXX`` when set (None if it is not found), else the first
+  of ``c++``, ``g++``, ``clang++`` on the PATH; None when there is none."""
+  if os.environ.get("CXX"):
+    return shutil.which(os.environ["CXX"])  # the one asked for, or none
+  for name in ("c++", "g++", "clang++"):
+    found = shutil.which(name)
     if found:
       return found
   return None
@@ -61,13 +64,16 @@ def build(source: Path) -> Path:
   """
   cxx = compiler()
   if cxx is None:
-    raise RuntimeError("no C++ compiler found ($CXX, c++, g++, clang++)")
+    asked = os.environ.get("CXX")
+    raise RuntimeError(
+      f"CXX={asked} is not found" if asked else "no C++ compiler found ($CXX, c++, g++, clang++)"
+    )
   flags = (*FLAGS, f"-march={os.environ.get('JAXPE_CPU_FLASH_MARCH') or 'native'}")
   key = hashlib.sha256()
   for part in (source.read_bytes(), importlib.metadata.version("jaxlib"), _cpu_tag(), cxx, " ".join(flags)):
     key.update(part if isinstance(part, bytes) else part.encode())
   target = cache_dir() / f"{source.stem}_{key.hexdigest()[:16]}.so"
-  if target.exists():
+  if _intact(target):
     return target
   try:
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,10 +83,23 @@ def build(source: Path) -> Path:
       done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
       if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
-      os.replace(built, target)
+      digest = Path(tmp) / (target.name + ".sha256")
+      digest.write_text(hashlib.sha256(built.read_bytes()).hexdigest())
+      os.replace(built, target)  # the library, then its digest: a reader that sees a digest
+      os.replace(digest, target.with_name(target.name + ".sha256"))  # sees its library whole
   except (OSError, subprocess.SubprocessError) as err:
     raise RuntimeError(f"could not build {source.name} in {target.parent}: {err}") from err
   return target
+
+
+def _intact(target: Path) -> bool:
+  """Whether ``target`` exists and matches the digest written beside it (a truncated or damaged
+  library would crash the process that loads it; it is rebuilt instead)."""
+  try:
+    want = target.with_name(target.name + ".sha256").read_text().strip()
+    return hashlib.sha256(target.read_bytes()).hexdigest() == want
+  except OSError:
+    return False
 
 
 def register(source: Path, handlers: dict[str, str]) -> None:

@@ -225,6 +225,83 @@ def test_sharded_over_batch_and_heads_matches_one_device_without_gathers(mesh_sh
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
 
 
+def _mesh(shape, names):
+  if len(jax.devices()) < int(np.prod(shape)):
+    pytest.skip("needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set by conftest)")
+  return jax.make_mesh(
+    shape, names, axis_types=(AxisType.Auto,) * len(names), devices=jax.devices()[: int(np.prod(shape))]
+  )
+
+
+@pytest.mark.parametrize(
+  "case",
+  [
+    ("sequence", (4,), P(None, "x"), P(None, "x"), 4, 4),  # T split: gathered before the kernel
+    ("q sequence only", (4,), P(None, "x"), P(), 4, 4),
+    ("head dim", (4,), P(None, None, None, "x"), P(None, None, None, "x"), 4, 4),
+    ("gqa, 8 heads over 8, K 1", (8,), P(None, None, "x"), P(), 8, 1),  # dk, dv: no partial sums
+    ("gqa, 4 heads over 2, K 1", (2,), P(None, None, "x"), P(), 4, 1),
+    ("gqa, 8 heads over 4, K 2", (4,), P(None, None, "x"), P(), 8, 2),  # 4 does not divide K
+    ("gqa, 8 heads over 2, K 2", (2,), P(None, None, "x"), P(None, None, "x"), 8, 2),  # whole groups
+  ],
+  ids=lambda c: c[0],
+)
+def test_any_sharding_gives_the_unsharded_values_and_gradients(case):
+  _, mesh_shape, q_spec, kv_spec, n, kv = case
+  mesh = _mesh(mesh_shape, ("x",))
+  q, k, v, kw = _case(9, b=2, t=16, n=n, kv=kv, h=8, seg=True)
+  kw.pop("precise_dims")
+
+  def loss(q, k, v):
+    return jnp.sum(jnp.sin(cpu_flash.cpu_flash_attention(q, k, v, **kw)))
+
+  want = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+  args = [
+    jax.device_put(x, NamedSharding(mesh, spec)) for x, spec in ((q, q_spec), (k, kv_spec), (v, kv_spec))
+  ]
+  got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(*args)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+  for name, g, w in zip("qkv", got[1], want[1]):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, err_msg=f"d{name}")
+
+
+def test_nan_reaches_the_rows_it_touches_as_in_the_reference():
+  q, k, v, _ = _case(10, b=1, t=6, n=2, kv=2, h=4)
+  q[0, 2, 0, 0] = np.nan  # one query row
+  k[0, 4, 1, 1] = np.nan  # one key of head 1: rows 4 and 5 of that head
+  mask = masks.AttentionMask(causal=True)
+  want = np.asarray(reference.dot_product_attention(q, k, v, scale=0.5, mask=mask.dense(1, 6)))
+  out, lse = cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, causal=True, return_lse=True)
+  np.testing.assert_array_equal(np.isnan(np.asarray(out)), np.isnan(want))
+  assert np.isnan(np.asarray(out)).any()
+  np.testing.assert_array_equal(np.isnan(np.asarray(lse)), np.isnan(want).any(-1))
+  np.testing.assert_allclose(np.asarray(out)[~np.isnan(want)], want[~np.isnan(want)], atol=1e-6)
+
+
+def test_side_arrays_are_checked_and_never_cast_into_each_other():
+  q, k, v, _ = _case(11, b=1, t=4, n=1, kv=1, h=4)
+  two_docs = np.array([[0, 1, 0, 1]], np.int32)
+  want = cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, q_segment_ids=two_docs, k_segment_ids=two_docs)
+  for ids in (np.array([[0, 2**32, 0, 2**32]], np.int64), np.array([[7, 2**40, 7, 2**40]], np.uint64)):
+    got = cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, q_segment_ids=ids, k_segment_ids=ids)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # ranked, not wrapped into one
+  with pytest.raises(TypeError, match="q_segment_ids must be an integer array"):
+    cpu_flash.cpu_flash_attention(
+      q, k, v, scale=0.5, q_segment_ids=two_docs * 0.5, k_segment_ids=two_docs * 0.5
+    )
+  with pytest.raises(TypeError, match="k_valid must be a bool or integer array"):
+    cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, k_valid=np.ones((1, 4), np.float32))
+  pos = np.arange(4, dtype=np.int32)[None]
+  with pytest.raises(TypeError, match="q_positions must be an integer array"):
+    cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, slopes=[0.5], q_positions=pos * 1.0, k_positions=pos)
+  with pytest.raises(ValueError, match=r"k_positions must be token indices in \[0, 2\^31\)"):
+    cpu_flash.cpu_flash_attention(
+      q, k, v, scale=0.5, slopes=[0.5], q_positions=pos, k_positions=pos.astype(np.int64) + 2**31
+    )
+  with pytest.raises(ValueError, match="slopes must be finite"):
+    cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, slopes=[np.nan], q_positions=pos, k_positions=pos)
+
+
 def test_bad_arguments_name_the_argument():
   q, k, v, kw = _case(7, t=10)
   with pytest.raises(TypeError, match="q must be float32"):
@@ -306,9 +383,11 @@ def test_unavailable_kernel_falls_back(tmp_path):
   )
   for env, reason in (
     ({"JAXPE_CPU_FLASH": "0"}, "JAXPE_CPU_FLASH=0"),
-    ({"CXX": "false", "PATH": "/nonexistent"}, "no C++ compiler"),
+    ({"PATH": "/nonexistent"}, "no C++ compiler"),
   ):
     full = {**os.environ, "JAXPE_CACHE_DIR": str(tmp_path / "cache"), "XLA_FLAGS": "", **env}
+    if "CXX" not in env:
+      full.pop("CXX", None)
     done = subprocess.run(
       [sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=300
     )
@@ -359,3 +438,34 @@ def test_other_vector_widths_compute_the_same(march, tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   assert float(done.stdout.split()[-1]) < 2e-5, done.stdout
   assert len(list(tmp_path.glob("cpu_flash_*.so"))) == 1
+
+
+def test_a_damaged_cached_library_is_rebuilt_and_the_switch_takes_words(tmp_path):
+  script = (
+    "from jaxpe.attention import cpu_flash; print(cpu_flash.available(), cpu_flash.unavailable_reason())"
+  )
+  env = {**os.environ, "JAXPE_CACHE_DIR": str(tmp_path), "XLA_FLAGS": ""}
+  first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+  assert first.stdout.startswith("True"), first.stderr[-2000:]
+  (lib,) = tmp_path.glob("cpu_flash_*.so")
+  lib.write_bytes(lib.read_bytes()[:4096])  # truncated: loading it would crash the process (SIGBUS)
+  again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0 and again.stdout.startswith("True"), (again.returncode, again.stderr[-2000:])
+  assert lib.stat().st_size > 4096
+  for word in ("false", "Off", "no"):
+    off = subprocess.run(
+      [sys.executable, "-c", script],
+      env={**env, "JAXPE_CPU_FLASH": word},
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert off.stdout.startswith(f"False turned off by JAXPE_CPU_FLASH={word}"), off.stdout
+  missing = subprocess.run(
+    [sys.executable, "-c", script],
+    env={**env, "CXX": "no-such-compiler", "JAXPE_CACHE_DIR": str(tmp_path / "empty")},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert missing.stdout.startswith("False CXX=no-such-compiler is not found"), missing.stdout
