@@ -42,9 +42,10 @@ def _rule(operands, results, layout, mesh) -> tuple[str, dict]:
   """The sharding rule of a call: ``custom_partitioning``'s string and keyword arguments.
 
   The query heads n are ``(kh g)`` (``kh`` alone when G = 1, ``g`` alone when K = 1); absent side
-  arrays get factors of their own. Replicated: the sequence, the head dims, ``g`` (split, each
-  device would hold a partial sum of dk and dv), and ``kh`` unless every mesh axis divides K (one
-  that does not would split it into sub-axes, which jax cannot hand to ``partition``)."""
+  arrays get factors of their own. Replicated: the sequence, the head dims and ``g`` (split, each
+  device would hold a partial sum of dk and dv). ``partition`` has the last word: it keeps a split
+  of the batch or the kv heads only over whole mesh axes (``_dim_axes``)."""
+  del mesh
   present, group, num_kv = layout
   heads = "kh" if group == 1 else "g" if num_kv == 1 else "(kh g)"
   side = [rule if there else f"e{i}" for i, (rule, there) in enumerate(zip(_SIDE, present))]
@@ -52,8 +53,6 @@ def _rule(operands, results, layout, mesh) -> tuple[str, dict]:
   text = re.sub(r"\bn\b", heads, text)
   order = list(dict.fromkeys(re.findall(r"[a-z]\w*", text)))  # first appearance (sdy wants it sorted)
   replicated = {"t", "s", "hq", "d", "g"}
-  if not _kv_splittable(mesh, num_kv):
-    replicated.add("kh")
   kwargs = {"need_replication_factors": tuple(f for f in order if f in replicated)}
   if heads == "(kh g)":
     kwargs["g"] = group  # a factor only inside a compound one needs its size
@@ -61,30 +60,30 @@ def _rule(operands, results, layout, mesh) -> tuple[str, dict]:
 
 
 def _dim_axes(sharding, shape, dim: int, mesh, whole: int | None = None):
-  """The mesh axes (a tuple, in mesh order, or None) that split dim ``dim`` of an array of
-  ``shape`` under ``sharding`` exactly as ``PartitionSpec`` would; None where no subset of the
-  mesh's axes does (the dim is then gathered). ``whole``: the count of parts must divide it."""
+  """The mesh axes (a tuple, or None) that split dim ``dim`` of an array of ``shape`` under
+  ``sharding`` exactly as ``PartitionSpec`` would, in any order; None where the dim is whole, or no
+  set of whole mesh axes splits it so (a split into sub-axes: the dim is then gathered).
+  ``whole``: the count of parts must also divide it."""
   try:
     want = {d: idx[dim] for d, idx in sharding.devices_indices_map(tuple(shape)).items()}
-  except (ValueError, TypeError, AttributeError):
+  except Exception:  # noqa: BLE001  shardings jax cannot map to devices here: gather
     return None
-  names = tuple(mesh.axis_names)
+  if len({(s.start, s.stop) for s in want.values()}) == 1:
+    return None  # not split (size-1 axes match it too, and would repeat in a spec)
+  names = [a for a in mesh.axis_names if mesh.shape[a] > 1]
   for size in range(1, len(names) + 1):
-    for combo in itertools.combinations(names, size):
+    for combo in itertools.permutations(names, size):
       count = int(np.prod([mesh.shape[a] for a in combo]))
       if shape[dim] % count or (whole is not None and whole % count):
         continue
       spec = [None] * len(shape)
       spec[dim] = combo
-      candidate = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
-      got = candidate.devices_indices_map(tuple(shape))
+      got = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)).devices_indices_map(
+        tuple(shape)
+      )
       if all(got[d][dim] == want[d] for d in want):
         return combo
   return None
-
-
-def _kv_splittable(mesh, num_kv: int) -> bool:
-  return all(size == 1 or num_kv % size == 0 for size in mesh.shape.values())
 
 
 def _factors(operands: tuple[str, ...], present: tuple[bool, ...]) -> list[list[str]]:
@@ -103,9 +102,10 @@ def _partitioned(body, operands, results, n_after: int):
     # the shardings the kernel needs (the partitioner reshards to them), whatever was propagated:
     # only the batch and the heads stay split, the heads in whole kv groups
     q, k = arg_shapes[0], arg_shapes[1]
-    axes = {"b": _dim_axes(q.sharding, q.shape, 0, mesh), "kh": None}
-    if _kv_splittable(mesh, k.shape[2]):
-      axes["kh"] = _dim_axes(q.sharding, q.shape, 2, mesh, whole=k.shape[2])
+    axes = {"b": _dim_axes(q.sharding, q.shape, 0, mesh)}
+    axes["kh"] = _dim_axes(q.sharding, q.shape, 2, mesh, whole=k.shape[2])
+    if axes["kh"] is not None and axes["b"] is not None and set(axes["kh"]) & set(axes["b"]):
+      axes["kh"] = None
     axes["n"] = axes["kh"]  # N / count heads per device: whole groups of G
 
     def sharding(factors):
@@ -150,6 +150,13 @@ def _backward_body(
   )  # fmt: skip
 
 
+def _inside_manual_axes() -> bool:
+  """Whether this is traced inside a ``shard_map`` (some mesh axes manual), where
+  ``custom_partitioning`` cannot map shardings to devices."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return bool(getattr(mesh, "manual_axes", ()))
+
+
 @functools.cache
 def batchable(kind: str, attrs: tuple, layout: tuple):
   """The forward or backward op for fixed static arguments, under ``jax.vmap`` too: a mapped axis
@@ -159,6 +166,9 @@ def batchable(kind: str, attrs: tuple, layout: tuple):
 
   @jax.custom_batching.custom_vmap
   def call(*args):
+    if _inside_manual_axes():  # in a shard_map: the per-shard call (auto axes are gathered for it)
+      body = _forward_body if kind == "forward" else _backward_body
+      return body(*args, *attrs, layout)
     return op(*args, *attrs, layout)
 
   @call.def_vmap

@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpe.attention import blockwise, cpu_flash, masks, reference
+from jaxpe.attention import blockwise, context, cpu_flash, masks, reference
 from jaxpe.attention.backends import AlibiSpec
 
 pytestmark = pytest.mark.skipif(not cpu_flash.available(), reason="no C++ compiler: the kernel is not built")
@@ -265,6 +265,58 @@ def test_any_sharding_gives_the_unsharded_values_and_gradients(case):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, err_msg=f"d{name}")
 
 
+@pytest.mark.parametrize(
+  "mesh_shape,names,spec,kv,n,batch",
+  [
+    ((1, 8), ("data", "tensor"), P(None, "tensor"), 8, 8, 2),  # a size-1 axis, neither dim split
+    ((4, 2), ("data", "tensor"), P("data", None, "tensor"), 2, 8, 4),  # 4 does not divide K, unused for heads
+    ((2, 4), ("data", "tensor"), P(("tensor", "data")), 8, 8, 8),  # batch over axes out of mesh order
+    ((2, 4), ("data", "tensor"), P(("data", "tensor")), 8, 8, 8),
+  ],
+  ids=[
+    "size-1 axis",
+    "kv heads over tensor, data 4",
+    "batch over (tensor, data)",
+    "batch over (data, tensor)",
+  ],
+)
+def test_splits_over_whole_axes_stay_local(mesh_shape, names, spec, kv, n, batch):
+  # values as unsharded; where batch and heads are split over whole mesh axes, no gather
+  mesh = _mesh(mesh_shape, names)
+  q, k, v, kw = _case(12, b=batch, t=32, n=n, kv=kv, h=8)
+  kw.pop("precise_dims")
+  fn = jax.jit(lambda q, k, v: cpu_flash.cpu_flash_attention(q, k, v, **kw))
+  want = fn(q, k, v)
+  kv_spec = P(*(spec[:2] + (spec[2] if len(spec) > 2 and kv % mesh.shape["tensor"] == 0 else None,)))
+  args = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in ((q, spec), (k, kv_spec), (v, kv_spec))]
+  np.testing.assert_allclose(np.asarray(fn(*args)), np.asarray(want), atol=1e-6)
+  if mesh_shape[0] > 1:
+    assert "all-gather" not in fn.lower(*args).compile().as_text()
+
+
+def test_inside_a_partly_manual_shard_map_and_context_attention_without_mask():
+  mesh = _mesh((2, 2, 2), ("data", "tensor", "context"))
+  q, k, v, _ = _case(13, b=2, t=32, n=4, kv=4, h=8)
+  want = reference.dot_product_attention(q, k, v, scale=0.35)
+  spec = NamedSharding(mesh, P("data", "context", "tensor"))
+  args = [jax.device_put(x, spec) for x in (q, k, v)]
+  for strategy in ("all_gather", "ring"):
+    got = jax.jit(
+      lambda q, k, v, strategy=strategy: context.context_attention(
+        q, k, v, scale=0.35, mesh=mesh, strategy=strategy
+      )
+    )(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, err_msg=strategy)
+
+  def local(q, k, v):
+    return cpu_flash.cpu_flash_attention(q, k, v, scale=0.35, causal=True)
+
+  mapped = jax.shard_map(
+    local, mesh=mesh, in_specs=(P("data"),) * 3, out_specs=P("data"), axis_names={"data"}, check_vma=False
+  )
+  np.testing.assert_allclose(np.asarray(jax.jit(mapped)(*args)), np.asarray(local(q, k, v)), atol=1e-6)
+
+
 def test_nan_reaches_the_rows_it_touches_as_in_the_reference():
   q, k, v, _ = _case(10, b=1, t=6, n=2, kv=2, h=4)
   q[0, 2, 0, 0] = np.nan  # one query row
@@ -368,7 +420,7 @@ def test_unavailable_kernel_falls_back(tmp_path):
   script = textwrap.dedent(
     """
     import numpy as np, jax, jax.numpy as jnp
-    from jaxpe.attention import blockwise, cpu_flash, masks, reference
+    from jaxpe.attention import blockwise, context, cpu_flash, masks, reference
     print(cpu_flash.available(), "|", cpu_flash.unavailable_reason().splitlines()[0])
     q = jnp.asarray(np.random.default_rng(0).normal(size=(1, 20, 2, 8)), jnp.float32)
     mask = masks.AttentionMask(causal=True)
