@@ -15,9 +15,11 @@ where the target has AVX-512 and of 8 elsewhere. Where it cannot be built, ``ava
 ``unavailable_reason()`` says why, and the ``xla`` backend keeps its plain-XLA path (the same
 results to float32 rounding). ``JAXPE_CPU_FLASH=0`` (or ``false``, ``no``, ``off``) in the environment turns it off.
 
-Sharding: the calls are ``custom_partitioning`` ops whose batch and head dims follow the operands'
-shardings (each device computes its own batch rows and heads); the sequence and head-dim axes are
-gathered if sharded (context parallelism has its own path, ``jaxpe.attention.context``).
+Sharding (``cpu_flash_call``): any sharding of the inputs gives the unsharded values. Each device
+computes its own batch rows and kv heads where q splits them over whole mesh axes (in any order;
+the heads only in whole groups of G); everything else (the sequence, the head dims, a split inside
+a kv group or into sub-axes) is gathered first. Context parallelism has its own path
+(``jaxpe.attention.context``), inside whose ``shard_map`` the kernel runs per shard.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, G = N / K query
 heads per kv head, Hq q/k head dim, H v head dim.
