@@ -30,7 +30,7 @@ from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
 from jaxpe.attention.online_softmax import Config, flash
 from jaxpe.attention.position_bias import PositionBias
-from jaxpe.attention.reference import check_scale, default_precise_dims
+from jaxpe.attention.reference import check_precise_dims, check_scale
 from jaxpe.ops import checks as _checks
 
 # Query and key block sizes when the caller gives none: 32 up to T = 2048, 512 above. Measured on the
@@ -124,11 +124,7 @@ def blockwise_attention(
     raise ValueError(
       f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H] with N % K == 0, got {q.shape}, {k.shape}, {v.shape}"
     )
-  precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
-  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int | np.integer):
-    raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
-  if not 0 <= precise_dims <= qk_dim:
-    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  precise_dims = check_precise_dims(precise_dims, qk_dim, v.shape[-1])
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, num_heads)
   explicit_blocks = block_q is not None or block_k is not None

@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxpe.attention import cpu_flash_call as call
 from jaxpe.attention import masks, native, online_softmax
-from jaxpe.attention.reference import check_scale, default_precise_dims
+from jaxpe.attention.reference import check_precise_dims, check_scale
 from jaxpe.ops import checks as _checks
 
 SOURCE = Path(__file__).with_name("cpu_flash.cc")
@@ -163,11 +163,7 @@ def cpu_flash_attention(
     raise ValueError(
       f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H], got {q.shape}, {k.shape}, {v.shape}"
     )
-  precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
-  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int | np.integer):
-    raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
-  if not 0 <= precise_dims <= qk_dim:
-    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  precise_dims = check_precise_dims(precise_dims, qk_dim, v.shape[-1])
   if causal and t_len != s_len:
     raise ValueError(f"causal needs T == S (self-attention in slot order), got T={t_len}, S={s_len}")
   if (q_segment_ids is None) != (k_segment_ids is None):

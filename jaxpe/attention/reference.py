@@ -31,6 +31,21 @@ def default_precise_dims(precise_dims, qk_dim: int, v_dim: int):
   return precise_dims
 
 
+def check_precise_dims(precise_dims, qk_dim: int, v_dim: int) -> int:
+  """``default_precise_dims``, then checked: an int in ``0..Hq``.
+
+  Raises:
+    TypeError: not an int (a bool, a float, a string).
+    ValueError: outside ``0..Hq``.
+  """
+  precise_dims = default_precise_dims(precise_dims, qk_dim, v_dim)
+  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int | np.integer):
+    raise TypeError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if not 0 <= precise_dims <= qk_dim:
+    raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  return precise_dims
+
+
 def check_scale(name: str, scale, *, traced_ok: bool = False):
   """A score scale: a real number, finite and > 0 (a Python bool is refused); under jit a traced
   scale passes when ``traced_ok`` (its value cannot be checked: NaN gives NaN outputs).
