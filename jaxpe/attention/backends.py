@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.attention import platforms
 from jaxpe.emulation import bf16_exact, lean
 from jaxpe.ops import checks as _checks
 
@@ -186,54 +187,101 @@ def check_alibi_spec(spec, batch: int, t_len: int, s_len: int, num_heads: int, *
   )
 
 
-def platform_backends() -> tuple[str, ...]:
-  """Backends that run natively on the default JAX platform (``xla`` always)."""
-  platform = jax.default_backend()
-  if platform == "gpu":
-    return ("xla", "cudnn", "pallas_gpu", "flash")
-  if platform == "tpu":
-    return ("xla", "splash", "flash")
-  return ("xla",)
+PLATFORM_BACKENDS: dict[str, tuple[str, ...]] = {
+  "cpu": ("xla",),
+  "cuda": ("xla", "cudnn", "pallas_gpu", "flash"),
+  "rocm": ("xla", "pallas_gpu", "flash"),
+  "tpu": ("xla", "splash", "flash"),
+}
+"""Lowering platform (``platforms.PLATFORMS``) -> the backends that run there natively (``xla``
+everywhere; cuDNN on NVIDIA only; the Pallas kernels through Triton on GPUs and Mosaic on TPUs)."""
+AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
+  "cpu": ("xla",),
+  "cuda": ("cudnn", "flash", "xla"),
+  "rocm": ("flash", "xla"),
+  "tpu": ("splash", "flash", "xla"),
+}
+"""What ``implementation="auto"`` tries on each lowering platform, in order: the first backend that
+accepts the call (a kernel that refuses its arguments, or cannot be traced here, as cuDNN on a host
+without it, passes to the next); ``xla`` takes everything."""
 
 
-def available_backends(*, interpret: bool = False) -> tuple[str, ...]:
-  """Backends usable here: the platform's, plus the Pallas ones in interpret mode when asked, plus
-  the installed optional ones (``tokamax``: every platform, its XLA implementation off GPU/TPU)."""
-  names = list(platform_backends())
+def platform_backends(platform: str | None = None) -> tuple[str, ...]:
+  """Backends that run natively on lowering platform ``platform`` (``xla`` always).
+
+  Args:
+    platform: one of ``platforms.PLATFORMS``, or None for the host's (JAX's default backend).
+
+  Raises:
+    ValueError: an unknown ``platform``.
+  """
+  if platform is None:
+    platform = platforms.host_platform()
+    return PLATFORM_BACKENDS.get(platform, ("xla",))
+  return PLATFORM_BACKENDS[platforms.check_platform("platform", platform)]
+
+
+def available_backends(*, interpret: bool = False, platform: str | None = None) -> tuple[str, ...]:
+  """Backends usable on ``platform`` (None: the host's): the platform's, plus the Pallas ones in
+  interpret mode when asked, plus the installed optional ones (``tokamax``: every platform, its XLA
+  implementation off GPU/TPU)."""
+  names = list(platform_backends(platform))
   if interpret:
     names += [b for b in ("splash", "pallas_gpu", "flash") if b not in names]
   names += [b for b in OPTIONAL_BACKENDS if b in BACKENDS and b not in names]
   return tuple(names)
 
 
-@accepts_impl
-def resolve_backend(implementation: str, *, interpret: bool = False) -> str:
-  """The backend ``implementation`` names here (``auto``: splash on TPU, cudnn on GPU, else xla).
+def check_implementation(implementation) -> str:
+  """``implementation`` if it names a backend of this install or ``auto`` (any platform).
 
   Raises:
-    ValueError: unknown name, an optional backend whose package is not installed (``tokamax``), or
-      a backend this platform cannot run; the message lists what is available (and that the Pallas kernels run on CPU with ``interpret=True``).
+    ValueError: an unknown name, or an optional backend whose package is not installed (``tokamax``).
   """
   impl = implementation
   if impl in OPTIONAL_BACKENDS and impl not in IMPLEMENTATIONS:
     raise ValueError(
       f"attention implementation {impl!r} needs the optional package {OPTIONAL_BACKENDS[impl]!r}, which is "
-      f"not installed here; available: {available_backends(interpret=interpret)}"
+      f"not installed here; available: {available_backends()}"
     )
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
+  return impl
+
+
+def unavailable_message(implementation: str, *, interpret: bool, platform: str) -> str:
+  """The refusal of backend ``implementation`` on lowering platform ``platform``."""
+  available = available_backends(interpret=interpret, platform=platform)
+  hint = (
+    "" if interpret else "; the Pallas kernels (splash, pallas_gpu, flash) run on CPU with interpret=True"
+  )
+  return (
+    f"attention implementation {implementation!r} is not available on platform {platform!r} "
+    f"(interpret={interpret}); available: {available}{hint}"
+  )
+
+
+@accepts_impl
+def resolve_backend(implementation: str, *, interpret: bool = False, platform: str | None = None) -> str:
+  """The backend ``implementation`` names on lowering platform ``platform`` (None: the host's).
+
+  ``auto``: the first of ``AUTO_PREFERENCE[platform]`` that runs there (splash on TPU, cudnn on
+  NVIDIA GPUs, flash on ROCm, xla on CPU); ``jaxpe.attention.attention`` also passes over a kernel
+  that refuses the call's arguments. ``attention`` resolves per platform when the program is lowered
+  (``jaxpe.attention.platforms``), so one jitted function lowers for every platform.
+
+  Raises:
+    ValueError: an unknown name, an optional backend whose package is not installed (``tokamax``), or
+      a backend ``platform`` cannot run; the message lists what is available (and that the Pallas
+      kernels run on CPU with ``interpret=True``).
+  """
+  impl = check_implementation(implementation)
+  platform = platforms.host_platform() if platform is None else platforms.check_platform("platform", platform)
+  native = platform_backends(platform) if platform in PLATFORM_BACKENDS else ("xla",)
   if impl == "auto":
-    native = platform_backends()
-    return "splash" if "splash" in native else "cudnn" if "cudnn" in native else "xla"
-  available = available_backends(interpret=interpret)
-  if impl not in available:
-    hint = (
-      "" if interpret else "; the Pallas kernels (splash, pallas_gpu, flash) run on CPU with interpret=True"
-    )
-    raise ValueError(
-      f"attention implementation {impl!r} is not available on platform {jax.default_backend()!r} "
-      f"(interpret={interpret}); available: {available}{hint}"
-    )
+    return next(b for b in AUTO_PREFERENCE.get(platform, ("xla",)) if b in native)
+  if impl not in available_backends(interpret=interpret, platform=platform):
+    raise ValueError(unavailable_message(impl, interpret=interpret, platform=platform))
   return impl
 
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import cpu_flash
+from jaxpe.attention import cpu_flash, platforms
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
@@ -186,16 +186,25 @@ def blockwise_attention(
     qi, ki, k_valid = mask.q_index.astype(jnp.int32), mask.k_index.astype(jnp.int32), mask.k_valid
     q_seg, k_seg = _exact_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     k_valid = None if k_valid is None else k_valid.astype(bool)
+
+  def loops():
+    return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
+
   if _cpu_kernel_applies(
     q, k, v, natural or mask is None, explicit_blocks, position_bias, q_seg, k_seg, q_pos, k_pos
   ):
-    out, lse = cpu_flash.cpu_flash_attention(
-      q, k, v, scale=scale, causal=causal, precise_dims=precise_dims, k_valid=k_valid,
-      q_segment_ids=q_seg, k_segment_ids=k_seg, slopes=None if alibi is None else alibi.slopes,
-      q_positions=q_pos, k_positions=k_pos, return_lse=True,
-    )  # fmt: skip
+
+    def kernel():
+      return cpu_flash.cpu_flash_attention(
+        q, k, v, scale=scale, causal=causal, precise_dims=precise_dims, k_valid=k_valid,
+        q_segment_ids=q_seg, k_segment_ids=k_seg, slopes=None if alibi is None else alibi.slopes,
+        q_positions=q_pos, k_positions=k_pos, return_lse=True,
+      )  # fmt: skip
+
+    # the CPU kernel in a program lowered for the CPU, the XLA loops for any other platform
+    out, lse = platforms.per_platform({"cpu": kernel}, default=loops)
   else:
-    out, lse = flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
+    out, lse = loops()
   if sinks is not None:
     out, lse = sink_lib.apply_sinks(out, lse, sinks)
   return (out, lse) if return_lse else out
@@ -249,11 +258,12 @@ def _exact_segment_ids(q_seg, k_seg):
 
 
 def _cpu_kernel_applies(q, k, v, natural, explicit_blocks, position_bias, *side) -> bool:
-  """Whether ``blockwise_attention`` runs the fused CPU kernel (``cpu_flash``) rather than its XLA
-  loops: JAX's default backend is the CPU, q, k, v are float32, the mask is an ``AttentionMask``
-  or none, no block size was asked for, no learned position bias, the side arrays are integers of
-  at most 32 bits, and the kernel is available (it builds on first use)."""
-  if explicit_blocks or position_bias is not None or not natural or jax.default_backend() != "cpu":
+  """Whether ``blockwise_attention`` runs the fused CPU kernel (``cpu_flash``) where the program is
+  lowered for the CPU (``platforms.per_platform``; its XLA loops on any other platform): q, k, v are
+  float32, the mask is an ``AttentionMask`` or none, no block size was asked for, no learned
+  position bias, the side arrays are integers of at most 32 bits, and the kernel is available (it
+  builds on first use)."""
+  if explicit_blocks or position_bias is not None or not natural:
     return False
   if any(jnp.result_type(x) != jnp.float32 for x in (q, k, v)):
     return False

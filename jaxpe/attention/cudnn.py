@@ -13,6 +13,25 @@ import jax
 
 from jaxpe.attention.masks import AttentionMask, kernel_segment_ids
 
+NOT_DETECTED = (
+  "attention implementation 'cudnn' cannot be traced on this host: jax finds no cuDNN here (it reads "
+  "the version from the jax CUDA plugin, pip install 'jax[cuda12]'), so a program for 'cuda' cannot be "
+  "lowered with it; lower with implementation='flash' or 'auto' (which then uses flash on cuda)"
+)
+"""The refusal of ``cudnn`` on ``cuda`` from a host whose jax has no CUDA plugin."""
+
+
+def detected() -> bool:
+  """Whether jax can trace cuDNN attention here: ``jax.nn.dot_product_attention(implementation="cudnn")``
+  reads the cuDNN version at trace time from the jax CUDA plugin and raises without it (a CPU-only host)."""
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo  # noqa: PLC0415  (private: the version check)
+
+    fused_attention_stablehlo.check_cudnn_version()
+  except (ImportError, RuntimeError, AttributeError):
+    return False
+  return True
+
 
 def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool = False) -> jax.Array:
   """Self-attention ``[B, T, N, D]`` of q ``[B, T, N, D]``, k, v ``[B, T, K, D]`` (cuDNN; no interpret mode).

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention.backends import AlibiSpec, accepts_impl, resolve_backend
+from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_implementation
 from jaxpe.attention.kernels import attention
 from jaxpe.attention.masks import AttentionMask
 from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi
@@ -83,7 +83,7 @@ def emulated_alibi_attention(
     raise ValueError(f"v must have the shape of k, [B, S, K, H] = {k.shape}, got {v.shape}")
   if order is not None and theta is None:
     raise ValueError("theta (radians per token) is required for the rotated form (order >= 1)")
-  impl = resolve_backend(implementation or "xla", interpret=interpret)
+  impl = check_implementation(implementation or "xla")  # the platform decides when lowering (attention)
   head_dim = q.shape[-1]
   scale = 1.0 / math.sqrt(head_dim)
   if impl != "xla":

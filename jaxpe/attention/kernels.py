@@ -22,10 +22,19 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxpe.attention import flash, fused, xla
+from jaxpe.attention import cudnn, flash, fused, platforms, xla
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention import tokamax as tokamax_backend
-from jaxpe.attention.backends import AlibiSpec, accepts_impl, check_alibi_spec, resolve_backend
+from jaxpe.attention.backends import (
+  AUTO_PREFERENCE,
+  AlibiSpec,
+  accepts_impl,
+  available_backends,
+  check_alibi_spec,
+  check_implementation,
+  resolve_backend,
+  unavailable_message,
+)
 from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.position_bias import PositionBias, check_position_bias, refuse_on_fused
 from jaxpe.attention.reference import check_scale, default_precise_dims
@@ -108,22 +117,109 @@ def attention(
   """
   if not isinstance(interpret, bool | np.bool_):
     raise TypeError(f"interpret must be a bool, got {interpret!r}")
-  impl = resolve_backend(implementation, interpret=bool(interpret))
+  interpret = bool(interpret)
+  name = check_implementation(implementation)
   if precise_dims is None and all(getattr(x, "ndim", 0) == 4 for x in (q, v)):
     precise_dims = default_precise_dims(None, q.shape[-1], v.shape[-1])
-  q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl)
+  q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims)
   if rope_spec is not None:
     rope_spec = check_rope_spec(rope_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[-1] - precise_dims)
-    if impl != "flash":
-      q, k = apply_rope_spec(rope_spec, q, k, q.shape[-1] - precise_dims)
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, q.shape[2])
   if position_bias is not None:
-    if impl != "xla":
-      refuse_on_fused(impl)
     if alibi_spec is not None:
       raise ValueError("give alibi_spec or position_bias, not both (one position bias per attention)")
     position_bias = check_position_bias(position_bias, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+  call = dict(
+    scale=scale,
+    mask=mask,
+    bias=bias,
+    alibi_spec=alibi_spec,
+    precise_dims=precise_dims,
+    sinks=sinks,
+    position_bias=position_bias,
+    rope_spec=rope_spec,
+    interpret=interpret,
+  )
+  run = lambda impl, target="gpu": lambda: _run(impl, target, q, k, v, **call)  # noqa: E731
+  if interpret:  # interpret mode runs anywhere: the host decides, as before
+    return run(resolve_backend(name, interpret=True))()
+  out_like = jax.ShapeDtypeStruct((*q.shape[:3], v.shape[-1]), v.dtype)
+  branches, memo = {}, {}
+  for platform in platforms.PLATFORMS:
+    key = _platform_plan(name, platform)
+    if key not in memo:
+      if key[0] == "refused":
+        memo[key] = lambda message=key[1]: platforms.refused(message, out_like, q, k, v)
+      elif key[0] == "auto":
+        memo[key] = _auto_branch([run(b, t) for b, t in key[1]])
+      else:
+        memo[key] = run(*key)
+    branches[platform] = memo[key]
+  return platforms.per_platform(branches)
+
+
+FLASH_TARGETS: dict[str, str] = {"cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+"""Lowering platform -> ``flash.attend(target=)``: Triton on GPUs, the k/v-blocked Mosaic kernel on TPUs."""
+
+
+def _platform_plan(name: str, platform: str) -> tuple:
+  """What ``attention`` runs for backend ``name`` when lowered for ``platform``: ``(backend, target)``,
+  ``("refused", message)``, or ``("auto", ((backend, target), ...))`` (tried in order)."""
+  target = FLASH_TARGETS.get(platform, "gpu")
+  available = available_backends(platform=platform)
+  if name == "auto":
+    tried = tuple(
+      (b, target)
+      for b in AUTO_PREFERENCE[platform]
+      if b in available and b != "xla" and (b != "cudnn" or cudnn.detected())
+    )
+    return ("auto", (*tried, ("xla", "gpu"))) if tried else ("xla", "gpu")
+  if name not in available:
+    return ("refused", unavailable_message(name, interpret=False, platform=platform))
+  if name == "cudnn" and not cudnn.detected():  # jax traces cuDNN only where it finds it
+    return ("refused", cudnn.NOT_DETECTED)
+  return (name, target if name == "flash" else "gpu")
+
+
+def _auto_branch(candidates):
+  """The first candidate (a branch of no arguments) that traces; the last (``xla``) always runs."""
+
+  def branch():
+    for candidate in candidates[:-1]:
+      try:
+        return candidate()
+      except (ValueError, TypeError, NotImplementedError, RuntimeError):
+        continue  # this kernel refuses the call (or cannot be traced on this host): the next one
+    return candidates[-1]()
+
+  return branch
+
+
+def _run(
+  impl,
+  target,
+  q,
+  k,
+  v,
+  *,
+  scale,
+  mask,
+  bias,
+  alibi_spec,
+  precise_dims,
+  sinks,
+  position_bias,
+  rope_spec,
+  interpret,
+):
+  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
+  if rope_spec is not None and impl != "flash":
+    q, k = apply_rope_spec(rope_spec, q, k, q.shape[-1] - precise_dims)
+  if position_bias is not None and impl != "xla":
+    refuse_on_fused(impl)
+  if alibi_spec is not None and impl not in NATIVE_ALIBI:  # the bias-free emulation's own checks
+    alibi_spec = check_alibi_spec(alibi_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[2], fused=True)
   if impl == "xla":
     return xla.attend(
       q,
@@ -148,8 +244,9 @@ def attention(
       alibi_spec=alibi_spec,
       rope_spec=rope_spec,
       precise_dims=precise_dims,
-      interpret=bool(interpret),
+      interpret=interpret,
       sinks=sinks,
+      target=target,
     )
   if impl == "tokamax":  # native broadcast bias: ALiBi as BLOOM's key-only bias, no emulation
     return tokamax_backend.attend(
@@ -158,7 +255,7 @@ def attention(
       v,
       mask,
       scale=scale,
-      interpret=bool(interpret),
+      interpret=interpret,
       bias=bias,
       alibi_spec=alibi_spec,
       precise_dims=precise_dims,
@@ -174,12 +271,16 @@ def attention(
     alibi_spec=alibi_spec,
     precise_dims=precise_dims,
     implementation=impl,
-    interpret=bool(interpret),
+    interpret=interpret,
     sinks=sinks,
   )
 
 
-def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl: str):
+NATIVE_ALIBI: tuple[str, ...] = ("xla", "flash", "tokamax")
+"""Backends that take ALiBi as a bias (flash: inside the kernel); the others get its emulation."""
+
+
+def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims):
   """The checks every backend shares (the same errors on xla and on the fused kernels)."""
   for name, arr in (("q", q), ("k", k), ("v", v)):
     _checks.check_rank(name, arr, 4, "[B, T, N, Hq]" if name == "q" else "[B, S, K, Hq]")
@@ -212,11 +313,6 @@ def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims, impl: str):
     raise TypeError(
       f"mask must be an AttentionMask, an IndexMask, a bool array [B, 1|N, T, S] or None, got {mask!r}"
     )
-  if alibi_spec is not None:
-    native = impl in (
-      "xla",
-      "flash",
-      "tokamax",
-    )  # ALiBi as a bias (flash: inside the kernel), not an emulation
-    alibi_spec = check_alibi_spec(alibi_spec, batch, t_len, s_len, num_heads, fused=not native)
+  if alibi_spec is not None:  # the fields every backend needs; the emulation's own checks in _run
+    alibi_spec = check_alibi_spec(alibi_spec, batch, t_len, s_len, num_heads, fused=False)
   return q, k, v, scale, mask, alibi_spec

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jaxpe.attention import backends
-
 if TYPE_CHECKING:  # the config imports this module
   from jaxpe.model.config import ModelConfig
 
 XLA_ONLY_ENCODINGS: tuple[str, ...] = ("cope", "t5", "kerple_log", "kerple_power", "fire")
 """Encodings that are additive biases only the ``xla`` backend computes (docs/attention.md): a config
-with a fused ``attn_implementation`` is refused (``auto`` is checked when it resolves, at the call)."""
+with a fused ``attn_implementation`` is refused (``auto`` runs them on ``xla`` on every platform:
+``jaxpe.attention.attention`` passes over the kernels that take no bias)."""
 
 
 def check_bias_options(cfg: ModelConfig) -> None:
@@ -38,24 +37,4 @@ def check_bias_options(cfg: ModelConfig) -> None:
     raise ValueError(
       f"relative_attention_max_distance ({cfg.relative_attention_max_distance}) must be > "
       f"relative_attention_num_buckets // 2 = {cfg.relative_attention_num_buckets // 2} (the exact buckets)"
-    )
-
-
-def check_resolved_backend(cfg: ModelConfig) -> None:
-  """At the model's call, for ``attn_implementation='auto'`` (which ``ModelConfig`` cannot resolve:
-  the platform decides): raises ValueError naming ``attn_implementation`` and the backend ``auto``
-  resolves to when that backend cannot run the config: an ``XLA_ONLY_ENCODINGS`` encoding on any
-  fused kernel, ``attention_sinks`` on ``cudnn`` or ``pallas_gpu``."""
-  if cfg.attn_implementation != "auto":
-    return
-  backend = backends.resolve_backend("auto", interpret=cfg.attention_interpret)
-  if backend != "xla" and cfg.pos_encoding in XLA_ONLY_ENCODINGS:
-    raise ValueError(
-      f"pos_encoding={cfg.pos_encoding!r} is an additive bias that only the xla backend computes, but "
-      f"attn_implementation='auto' resolves to {backend!r} here; set attn_implementation='xla'"
-    )
-  if cfg.attention_sinks and backend in ("cudnn", "pallas_gpu"):
-    raise ValueError(
-      f"attention_sinks runs on the xla and splash backends, but attn_implementation='auto' resolves to "
-      f"{backend!r} here; set attn_implementation='xla'"
     )

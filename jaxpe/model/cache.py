@@ -10,6 +10,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxpe.attention import platforms
 from jaxpe.model import encodings
 from jaxpe.model.config import ModelConfig
 from jaxpe.ops import checks as _checks
@@ -110,12 +111,17 @@ def check_cache(cfg: ModelConfig, cache, batch: int, t_len: int) -> None:
       f"the KV cache has {slots} slots; {t_len} new tokens do not fit (init_cache with a larger max_len)"
     )
   if isinstance(cache.end, jax.core.Tracer):
-    # traced: checked when the call runs (a host callback, run only on overflow)
-    jax.lax.cond(
-      (cache.end < 0) | (cache.end > slots - t_len),
-      lambda: jax.debug.callback(_raise_overflow, cache.end, t_len, slots),
-      lambda: None,
-    )
+    # traced: checked when the call runs (a host callback, run only on overflow), in a program
+    # lowered for this host's platform; a host callback cannot be lowered for another platform (a
+    # CPU host exporting for cuda or tpu), so a program lowered for another platform has no check
+    def check():
+      jax.lax.cond(
+        (cache.end < 0) | (cache.end > slots - t_len),
+        lambda: jax.debug.callback(_raise_overflow, cache.end, t_len, slots),
+        lambda: None,
+      )
+
+    platforms.per_platform({platforms.host_platform(): check}, default=lambda: None)
     return
   end = int(cache.end)
   if end < 0 or end + t_len > slots:

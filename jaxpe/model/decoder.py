@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe.attention import kernels, masks
-from jaxpe.model import bias_options, encodings, initializers, partitioning
+from jaxpe.attention import masks
+from jaxpe.model import encodings, initializers, partitioning
 from jaxpe.model.cache import KVCache, check_cache
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
@@ -92,14 +92,14 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
       f"{list(split[1])} the sequence is split over (logical_rules.length)"
     )
   if cache is None and (slot_index is not None or split is not None):
-    backend = kernels.resolve_backend(cfg.attn_implementation, interpret=cfg.attention_interpret)
-    if backend != "xla":
+    # auto runs these on xla (an IndexMask); an explicit fused backend is refused
+    if cfg.attn_implementation not in ("xla", "auto"):
       what = (
         "slot_index (reordered tokens)" if split is None else f"a sequence split over mesh axes {split[1]}"
       )
       raise ValueError(
-        f"{what} runs attention on the xla backend; set attn_implementation='xla', got "
-        f"{cfg.attn_implementation!r} (resolved to {backend!r})"
+        f"{what} runs attention on the xla backend; set attn_implementation='xla' (or 'auto'), got "
+        f"{cfg.attn_implementation!r}"
       )
 
   def to_jax(x):
@@ -243,7 +243,6 @@ class Decoder(nnx.Module):
     encodings.for_config(cfg).check_call(
       t_len if cache is None else cache.positions.shape[1], positions, cache
     )
-    bias_options.check_resolved_backend(cfg)
     valid = jnp.ones((batch, t_len), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       if slot_index is not None:

@@ -302,21 +302,36 @@ class Attention(nnx.Module):
       )
       return self.o(out), None
     fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
-    out = kernels.attention(
-      q,
-      k,
-      v,
-      scale=scale,
-      mask=mask,
-      bias=bias,
-      sinks=sinks,
-      alibi_spec=enc.alibi_spec(positions, kv_positions),
-      precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
-      implementation=cfg.attn_implementation if fused else "xla",
-      interpret=cfg.attention_interpret,
-      position_bias=position_bias,
-      rope_spec=rope_spec,
-    )
+    implementation = cfg.attn_implementation if fused else "xla"
+
+    def attend(q, k, v, positions, kv_positions, valid, segment_ids, bias, sinks):
+      local_mask = (
+        mask if not fused else masks.AttentionMask(valid=valid, segment_ids=segment_ids, causal=mask.causal)
+      )
+      return kernels.attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=local_mask,
+        bias=bias,
+        sinks=sinks,
+        alibi_spec=enc.alibi_spec(positions, kv_positions),
+        precise_dims=q.shape[-1] - cfg.head_size,  # the rope_alibi emulation dims (float32)
+        implementation=implementation,
+        interpret=cfg.attention_interpret,
+        position_bias=position_bias,
+        rope_spec=None if rope_spec is None else enc.rope_spec(positions, kv_positions),
+      )
+
+    rows = (q, k, v, positions, kv_positions)
+    rows += (mask.valid, mask.segment_ids) if fused else (None, None)
+    if fused and implementation != "xla" and position_bias is None:
+      # a fused kernel on a mesh runs on each device's batch rows (XLA cannot partition a Mosaic
+      # kernel, nor cuDNN's on an abstract mesh); the heads are gathered to each device
+      out = partitioning.batch_local(attend, (*rows, bias), (sinks,))
+    else:
+      out = attend(*rows, bias, sinks)
     return self.o(out), (k, v) if cache_kv is not None else None
 
 

@@ -105,6 +105,56 @@ def sequence_split() -> tuple[jax.sharding.Mesh, tuple[str, ...]] | None:
   return mesh, axes
 
 
+def batch_split() -> tuple[jax.sharding.Mesh, tuple[str, ...]] | None:
+  """``(mesh, axes)``: the mesh axes the batch B of activations is split over (the ``batch`` entry
+  of ``ACTIVATION``'s spec under the innermost ``activation_sharding``), or None outside one and
+  when those axes multiply to 1 device."""
+  active = getattr(_ACTIVATIONS, "value", None)
+  if active is None:
+    return None
+  mesh, rules = active
+  axes = rule_axes(logical_to_spec(ACTIVATION, rules)[0])
+  if math.prod(mesh.shape[a] for a in axes) <= 1:
+    return None
+  return mesh, axes
+
+
+def batch_local(fn, batched: Sequence[Any], replicated: Sequence[Any] = ()):
+  """``fn(*batched, *replicated)`` computed on each device's own batch rows.
+
+  Under an ``activation_sharding`` whose batch is split (``batch_split``): a ``jax.shard_map`` over
+  the batch's mesh axes, every leaf of ``batched`` split along its leading dim B, ``replicated``
+  whole on every device, the result (leading dim B) split the same way. Fused attention kernels
+  need it: XLA cannot partition a Mosaic (TPU) kernel or, on an abstract mesh, cuDNN's custom
+  partitioning by itself. Outside such a context ``fn`` runs as it is. Leaves that are None stay
+  None.
+  """
+  split = batch_split()
+  if split is None:
+    return fn(*batched, *replicated)
+  mesh, axes = split
+  entry = axes[0] if len(axes) == 1 else axes
+  batched, replicated = list(batched), list(replicated)
+  rows = [i for i, x in enumerate(batched) if x is not None]
+  whole = [i for i, x in enumerate(replicated) if x is not None]
+
+  def body(row_args, whole_args):
+    b, r = list(batched), list(replicated)
+    for i, x in zip(rows, row_args, strict=True):
+      b[i] = x
+    for i, x in zip(whole, whole_args, strict=True):
+      r[i] = x
+    return fn(*b, *r)
+
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P(entry), P()),  # prefixes: dim 0 of every row argument split, the rest whole
+    out_specs=P(entry),
+    check_vma=False,
+  )(tuple(batched[i] for i in rows), tuple(replicated[i] for i in whole))
+
+
 def sequence_split_size(mesh_shape: Sequence[int], rules=DEFAULT_RULES) -> int:
   """Devices the sequence would be split over on a mesh of ``mesh_shape`` sizes (``MESH_AXES``
   order, before it is built): the product of the sizes of the ``length`` entry of ``ACTIVATION``'s

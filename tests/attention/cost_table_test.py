@@ -50,7 +50,7 @@ def _traced_kernel_operands(impl, form, head_dim, monkeypatch):
       return jnp.zeros((*q.shape[:3], v.shape[3]), q.dtype)
 
     monkeypatch.setitem(fused.KERNELS, "cudnn", stand_in)
-    monkeypatch.setattr(backends, "platform_backends", lambda: ("xla", "cudnn"))
+    monkeypatch.setattr(backends, "platform_backends", lambda platform=None: ("xla", "cudnn"))
 
   def fn(q, k, v):
     kw = dict(

@@ -60,7 +60,7 @@ def test_emulated_alibi_attention_on_cudnn_feeds_it_bf16(order, monkeypatch):
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731  exact products of bf16 inputs
     return real(f32(q), f32(k), f32(v), *args, implementation="xla", **kw).astype(q.dtype)
 
-  monkeypatch.setattr(backends, "platform_backends", lambda: ("xla", "cudnn", "pallas_gpu"))
+  monkeypatch.setattr(backends, "platform_backends", lambda platform=None: ("xla", "cudnn", "pallas_gpu"))
   monkeypatch.setattr(jax.nn, "dot_product_attention", fake_cudnn)
   n, kv, h, t = 4, 2, 8, 16
   slopes = paper_slopes(4)

@@ -170,7 +170,7 @@ def test_auto_resolving_to_a_kernel_that_cannot_run_the_config_is_refused_by_nam
   from jaxpe.attention import backends
   from jaxpe.model import bias_options
 
-  monkeypatch.setattr(backends, "platform_backends", lambda: platform)
+  monkeypatch.setattr(backends, "platform_backends", lambda platform=None: platform)
   cfg = ModelConfig(**{**TINY, "attn_implementation": "auto", **overrides})
   if refused is None:
     bias_options.check_resolved_backend(cfg)

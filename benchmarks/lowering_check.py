@@ -1,0 +1,310 @@
+r"""Lower every attention backend and the whole model for GPU and TPU from any host (no device needed).
+
+  python benchmarks/lowering_check.py              # the full table (attention and model), both platforms
+  python benchmarks/lowering_check.py --quick      # one dtype, fewer encodings
+  python benchmarks/accelerator_check.py --lower   # the same command
+
+``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))`` (what ``jax.export.export(...,
+platforms=...)`` runs) lowers a program for ``cuda`` or ``tpu`` on a CPU-only machine: every Pallas
+lowering rule (Triton, Mosaic TPU), jax's cuDNN attention rule and the sharding of a mesh of
+abstract devices (``jax.sharding.AbstractMesh`` with an ``AbstractDevice`` of the platform) run; the
+Triton / Mosaic / cuDNN compilers themselves do not (only a device compiles and runs the kernels:
+their speed and numerics on the matmul units). Each row prints ``lowered`` and the custom calls the
+program holds (``triton``, ``mosaic_tpu``, ``cudnn_fmha``, ``cpu_flash``: the CPU kernel, never in a
+GPU or TPU program), or the first line of the error (``refused``: a backend the platform cannot run,
+refused with its message).
+
+cuDNN: jax reads the cuDNN version from its CUDA plugin when it traces ``implementation="cudnn"``; on a
+host without the plugin ``assumed_cudnn`` stands in a version (``CUDNN_VERSION``) while lowering, so
+the rule is checked for the shapes as a pre-Hopper GPU would be (head dims <= 128).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxpe  # noqa: E402
+from jaxpe.attention import AlibiSpec, AttentionMask, RopeSpec, attention, backends  # noqa: E402
+
+PLATFORMS = ("cuda", "tpu")
+DEVICE_KINDS = {"cuda": "NVIDIA H100 80GB HBM3", "tpu": "TPU v5 lite", "cpu": "cpu"}
+"""The abstract device of each platform's mesh (``jax.sharding.AbstractMesh``)."""
+CUDNN_VERSION = 90800
+KINDS = {
+  "triton": r"triton",
+  "mosaic_tpu": r"^tpu_custom_call$",
+  "mosaic_gpu": r"mosaic_gpu",
+  "cudnn_fmha": r"cudnn\$fmha",
+  "cpu_flash": r"^jaxpe_cpu_flash",
+}
+"""Custom-call kind -> the pattern of its ``call_target_name``."""
+ENCODINGS = ("none", "rope", "alibi", "rope_alibi")
+EXPECTED = {  # backend -> platform -> the custom-call kind its program must hold (None: refused)
+  "xla": {"cuda": (), "tpu": ()},
+  "auto": {"cuda": ("cudnn_fmha",), "tpu": ("mosaic_tpu",)},
+  "cudnn": {"cuda": ("cudnn_fmha",), "tpu": None},
+  "pallas_gpu": {"cuda": ("triton",), "tpu": None},
+  "splash": {"cuda": None, "tpu": ("mosaic_tpu",)},
+  "flash": {"cuda": ("triton",), "tpu": ("mosaic_tpu",)},
+}
+
+
+def custom_calls(text: str) -> tuple[str, ...]:
+  """The distinct custom-call targets of a lowered module's text, sorted."""
+  names = re.findall(r'call_target_name = "([^"]+)"', text)
+  names += re.findall(r"stablehlo\.custom_call @([\w$.]+)", text)
+  return tuple(sorted(set(names)))
+
+
+def call_kinds(text: str) -> tuple[str, ...]:
+  """The ``KINDS`` present in a lowered module's text."""
+  calls = custom_calls(text)
+  return tuple(kind for kind, pat in KINDS.items() if any(re.search(pat, c) for c in calls))
+
+
+@contextlib.contextmanager
+def assumed_cudnn(version: int = CUDNN_VERSION):
+  """While active, jax's cuDNN attention traces on a host without its CUDA plugin (the version check
+  answers ``version``); a host with cuDNN keeps its own."""
+  from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
+
+  real = fa.check_cudnn_version
+  try:
+    real()
+    yield
+    return
+  except RuntimeError:
+    pass
+  fa.check_cudnn_version = lambda: version
+  try:
+    yield
+  finally:
+    fa.check_cudnn_version = real
+
+
+def lower(fn, args, platforms=PLATFORMS) -> dict[str, str | Exception]:
+  """``{platform: lowered module text or the exception}``: ``fn`` traced once, lowered per platform."""
+  out: dict[str, str | Exception] = {}
+  with assumed_cudnn():
+    try:
+      traced = jax.jit(fn).trace(*args)
+    except Exception as err:  # noqa: BLE001  (reported in the table)
+      return dict.fromkeys(platforms, err)
+    for platform in platforms:
+      try:
+        out[platform] = traced.lower(lowering_platforms=(platform,)).as_text()
+      except Exception as err:  # noqa: BLE001
+        out[platform] = err
+  return out
+
+
+# ---------------------------------------------------------------- attention
+
+
+def attention_case(
+  backend: str, encoding: str, dtype, *, grad: bool, batch=2, length=200, heads=4, kv=2, dim=64
+):
+  """``(fn, args)``: ``attention(implementation=backend)`` with ``encoding`` (none, rope: a RopeSpec,
+  alibi: an AlibiSpec, rope_alibi: 2 float32 emulation dims), causal with a left-padded row,
+  grouped-query heads, T not a multiple of the kernels' blocks; ``grad``: the gradient of a scalar
+  of it in q, k and v."""
+  positions = np.maximum(np.arange(length)[None, :] - np.array([[0], [7]]), 0).astype(np.int32)
+  valid = np.arange(length)[None, :] >= np.array([[0], [7]])
+  mask = AttentionMask(valid=jnp.asarray(valid), causal=True)
+  slopes = np.asarray(jaxpe.alibi_slopes(heads), np.float64)
+  extra = 2 if encoding == "rope_alibi" else 0
+  q = jax.ShapeDtypeStruct((batch, length, heads, dim + extra), dtype)
+  k = jax.ShapeDtypeStruct((batch, length, kv, dim + extra), dtype)
+  v = jax.ShapeDtypeStruct((batch, length, kv, dim), dtype)
+
+  def fwd(q, k, v):
+    pos = jnp.asarray(positions)
+    kw = dict(scale=dim**-0.5, mask=mask, implementation=backend, precise_dims=extra)
+    if encoding == "rope":
+      kw["rope_spec"] = RopeSpec(jaxpe.rope_inv_freq(dim), pos, pos, layout="half")
+    elif encoding == "alibi":
+      kw["alibi_spec"] = AlibiSpec(slopes, pos, pos, max_position=65536)
+    return attention(q, k, v, **kw)
+
+  if not grad:
+    return fwd, (q, k, v)
+  return jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)), (q, k, v)
+
+
+def attention_backends() -> tuple[str, ...]:
+  """The backends of the table: ``EXPECTED``'s, and the optional ones installed here (``tokamax``)."""
+  return (*EXPECTED, *(b for b in backends.OPTIONAL_BACKENDS if b in backends.BACKENDS))
+
+
+# ---------------------------------------------------------------- the model
+
+
+def model_programs(model_cfg, platform: str, *, mesh_shape=(2, 2, 2, 1), batch=8, seq=32, generate=True):
+  """``{"forward" | "train step" | "generate": (fn, args)}`` of a decoder on ``platform``: the train
+  step (loss, grad, AdamW) as ``jaxpe.train`` builds it, sharded over an abstract mesh of
+  ``mesh_shape`` (data, fsdp, tensor, context) devices of that platform; the forward and KV-cache
+  generation unsharded."""
+  from flax import nnx  # noqa: PLC0415
+
+  from jaxpe.model import Decoder  # noqa: PLC0415
+  from jaxpe.model.generate import generate as generate_fn
+  from jaxpe.train import sharding, steps  # noqa: PLC0415
+  from jaxpe.train import state as state_lib
+  from jaxpe.train.config import TrainConfig
+
+  device = jax.sharding.AbstractDevice(device_kind=DEVICE_KINDS[platform], num_cores=None, platform=platform)
+  mesh = jax.sharding.AbstractMesh(
+    tuple(mesh_shape), ("data", "fsdp", "tensor", "context"), abstract_device=device
+  )
+  tcfg = TrainConfig(model=model_cfg, batch_size=batch, seq_len=seq, mesh_shape=tuple(mesh_shape))
+  graphdef, abstract = state_lib.abstract_state(tcfg, mesh)
+  shardings = jax.tree.map(lambda x: x.sharding, abstract)
+  batch_sharding = sharding.batch_sharding(mesh, tcfg.logical_rules)
+  step = steps.make_train_step(
+    graphdef, mesh=mesh, rules=tcfg.logical_rules, state_shardings=shardings, batch_sharding=batch_sharding
+  )
+  tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32, sharding=batch_sharding)
+  programs = {"train step": (step, (abstract, tokens))}
+  model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0)))
+  mgraph, mstate = nnx.split(model)
+  prompt = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+  programs["forward"] = (lambda s, t: nnx.merge(mgraph, s)(t), (mstate, prompt))
+  if generate:
+    programs["generate"] = (
+      lambda s, t: generate_fn(nnx.merge(mgraph, s), t, max_new_tokens=4),
+      (mstate, prompt),
+    )
+  return programs
+
+
+def model_lowering(model_cfg, platform: str, **kw) -> dict[str, str | Exception]:
+  """``{program: lowered text or exception}`` of ``model_programs`` for ``platform``."""
+  out = {}
+  for name, (fn, args) in model_programs(model_cfg, platform, **kw).items():
+    if name == "train step":  # already jitted with its shardings
+      with assumed_cudnn():
+        try:
+          with jax.sharding.use_abstract_mesh(_mesh_of(args)):
+            traced = fn.trace(*args)
+          out[name] = traced.lower(lowering_platforms=(platform,)).as_text()
+        except ValueError as err:
+          if "AbstractMesh cannot be used" not in str(err):
+            out[name] = err
+            continue
+          # jax's cuDNN attention partitions itself (custom_partitioning), which needs real devices
+          # to lower: on an abstract mesh only the unsharded step can be checked
+          step, step_args = unsharded_train_step(model_cfg, **kw)
+          out[name + " (unsharded: cuDNN's own partitioning needs devices)"] = lower(
+            step, step_args, (platform,)
+          )[platform]
+        except Exception as err:  # noqa: BLE001
+          out[name] = err
+    else:
+      out[name] = lower(fn, args, (platform,))[platform]
+  return out
+
+
+def unsharded_train_step(model_cfg, *, batch=8, seq=32, **_):
+  """``(step, args)``: the train step of ``model_programs`` with no mesh (one device)."""
+  from jaxpe.train import state as state_lib  # noqa: PLC0415
+  from jaxpe.train import steps  # noqa: PLC0415
+  from jaxpe.train.config import TrainConfig  # noqa: PLC0415
+
+  tcfg = TrainConfig(model=model_cfg, batch_size=batch, seq_len=seq, mesh_shape=(1, 1, 1, 1))
+  mesh = jax.sharding.AbstractMesh((1, 1, 1, 1), ("data", "fsdp", "tensor", "context"))
+  graphdef, abstract = state_lib.abstract_state(tcfg, mesh)
+  plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+  step = steps.make_train_step(graphdef)
+  return step, (plain, jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32))
+
+
+def _mesh_of(args):
+  """The abstract mesh of the first sharded leaf of ``args``."""
+  for x in jax.tree.leaves(args):
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None and hasattr(sharding, "mesh"):
+      return sharding.mesh
+  raise ValueError("no sharded argument")
+
+
+def model_backends(encoding: str) -> tuple[str, ...]:
+  """The backends a config of ``encoding`` allows (``jaxpe.model.bias_options``): xla, auto, and flash
+  unless the encoding is a bias only xla computes."""
+  from jaxpe.model import bias_options  # noqa: PLC0415
+
+  return ("xla", "auto") if encoding in bias_options.XLA_ONLY_ENCODINGS else ("xla", "auto", "flash")
+
+
+def tiny_model(encoding: str, backend: str):
+  from jaxpe.model.config import ModelConfig  # noqa: PLC0415
+
+  kw = dict(vocab_size=256, d_model=64, num_layers=1, num_heads=2, max_len=64, pos_encoding=encoding)
+  kw["attn_implementation"] = backend
+  if encoding == "rope_alibi":
+    kw["rope_alibi_context"] = 64
+  return ModelConfig(**kw)
+
+
+# ---------------------------------------------------------------- the table
+
+
+def describe(result) -> str:
+  if isinstance(result, Exception):
+    first = (str(result).strip().splitlines() or [type(result).__name__])[0]
+    word = "refused" if "is not available on platform" in first else "error"
+    return f"{word}: {type(result).__name__}: {first[:160]}"
+  kinds = call_kinds(result)
+  return "lowered" + (f" ({', '.join(kinds)})" if kinds else "")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="float32 only, two encodings, no model rows")
+  parser.add_argument("--no-model", action="store_true", help="attention rows only")
+  args = parser.parse_args(argv)
+  start = time.time()
+  dtypes = (jnp.float32,) if args.quick else (jnp.bfloat16, jnp.float32)
+  encs = ("none", "alibi") if args.quick else ENCODINGS
+  print("| backend | encoding | pass | dtype | " + " | ".join(PLATFORMS) + " |")
+  print("| --- | --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
+  for backend in attention_backends():
+    for enc in encs:
+      for grad in (False, True):
+        for dtype in dtypes:
+          fn, fargs = attention_case(backend, enc, dtype, grad=grad)
+          got = lower(fn, fargs)
+          cells = " | ".join(describe(got[p]) for p in PLATFORMS)
+          print(f"| {backend} | {enc} | {'grad' if grad else 'fwd'} | {jnp.dtype(dtype).name} | {cells} |")
+  if not (args.quick or args.no_model):
+    from jaxpe.model import encodings as registry  # noqa: PLC0415
+
+    print()
+    print("| encoding | backend | program | " + " | ".join(PLATFORMS) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
+    for enc in sorted(registry.REGISTRY):
+      for backend in model_backends(enc):
+        cfg = tiny_model(enc, backend)
+        per = {p: model_lowering(cfg, p) for p in PLATFORMS}
+        for program in per[PLATFORMS[0]]:
+          cells = " | ".join(describe(per[p][program]) for p in PLATFORMS)
+          print(f"| {enc} | {backend} | {program} | {cells} |")
+  print(f"\n{time.time() - start:.0f} s on {jax.devices()[0].platform}, jax {jax.__version__}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
