@@ -4,6 +4,8 @@ transformers, in one command that keeps to a time budget (default 450 s: under 8
 
   python benchmarks/accelerator_check.py                       # on the GPU (or TPU)
   python benchmarks/accelerator_check.py --smoke               # CPU, tiny sizes, Pallas in interpret mode
+  python benchmarks/accelerator_check.py --lower               # any host: lower everything for cuda and tpu
+                                                               # (benchmarks/lowering_check.py; --quick)
   python benchmarks/accelerator_check.py --results-dir DIR --budget 450 --parts a b c d e
 
 On the device machine of this workplace (no pydantic in its image; wheels carried as ``.whl/``,
@@ -125,6 +127,12 @@ def _cell(x) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--lower" in argv:  # no device needed: lower every backend and the model for cuda and tpu
+    import lowering_check  # noqa: PLC0415
+
+    argv.remove("--lower")
+    return {"kind": "lowering_check", "status": lowering_check.main(argv)}
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument(
     "--smoke", action="store_true", help="CPU, tiny sizes, Pallas kernels in interpret mode"
