@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import flash_kernels
+from jaxpe.attention import flash_kernels, flash_tpu
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
 from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
@@ -54,6 +54,9 @@ from jaxpe.attention.rope_spec import RopeSpec, kernel_tables
 
 MAX_BLOCK = 128
 """Rows per q and k block (T up to 128 runs as one block of the next power of two >= 16)."""
+
+TARGETS = ("gpu", "tpu")
+"""``attend``'s kernel families: Triton (``flash_kernels``) and Mosaic (``flash_tpu``)."""
 
 
 def attend(
@@ -70,6 +73,7 @@ def attend(
   interpret: bool = False,
   sinks: jax.Array | None = None,
   block: int | None = None,
+  target: str = "gpu",
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``flash``, its shared checks done: ``[B, T, N, H]`` of v's dtype.
 
@@ -92,6 +96,8 @@ def attend(
     ValueError: a bias, a dense mask or an IndexMask, sinks, T != S, H = 0, q/k not H + E dims,
       concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``.
   """
+  if target not in TARGETS:
+    raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
   if sinks is not None:
     raise ValueError(
       "attention implementation 'flash' takes no attention sinks; sinks run on 'xla' and 'splash'"
@@ -143,13 +149,18 @@ def attend(
     qe = layout(q[..., head_dim:].astype(jnp.float32), precise_dims)
     ke = layout(k[..., head_dim:].astype(jnp.float32), precise_dims)
   cfg = flash_kernels.Config(
-    scale=float(scale), causal=mask.causal, block=block, groups=num_heads // num_kv, interpret=interpret
+    scale=float(scale),
+    causal=mask.causal,
+    block=block,
+    groups=num_heads // num_kv,
+    interpret=interpret,
+    target=target,
   )
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
     aux.update(rq=column(rope_spec.q_positions), rk=column(rope_spec.k_positions))
     exact = rope_spec.phase_precision == "exact"
-    split = rope_split(rope_spec.layout, rope_spec.inv_freq.shape[0], dim)
+    split = rope_split(rope_spec.layout, rope_spec.inv_freq.shape[0], dim) if target == "gpu" else 0
     aux["amp"] = tables["amp"]
     if not split:
       aux["perm"] = tables["perm"]
@@ -209,6 +220,9 @@ def rope_split(layout: str, half: int, dim: int) -> int:
   return half if layout == "half" and pow2(half) and (rest == 0 or pow2(rest)) else 0
 
 
+_KERNELS = {"gpu": flash_kernels, "tpu": flash_tpu}
+
+
 def _kernel_aux(qe, ke, aux):
   extra = dict(aux)
   if qe is not None:
@@ -219,17 +233,17 @@ def _kernel_aux(qe, ke, aux):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(cfg, q, k, v, qe, ke, aux):
   """``o [B, N, T, Dv]`` of the kernel layouts (differentiable in q, k, v, qe, ke)."""
-  return flash_kernels.forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)[0]
+  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)[0]
 
 
 def _flash_fwd(cfg, q, k, v, qe, ke, aux):
-  o, lse = flash_kernels.forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)
+  o, lse = _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)
   return o, (q, k, v, qe, ke, aux, o, lse)
 
 
 def _flash_bwd(cfg, res, do):
   q, k, v, qe, ke, aux, o, lse = res
-  dq, dk, dv, dqe, dke = flash_kernels.backward(q, k, v, _kernel_aux(qe, ke, aux), o, lse, do, cfg)
+  dq, dk, dv, dqe, dke = _KERNELS[cfg.target].backward(q, k, v, _kernel_aux(qe, ke, aux), o, lse, do, cfg)
   zeros = jax.tree.map(jnp.zeros_like, aux)  # positions, tables, slopes, ids: constants
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqe, dke, zeros
 

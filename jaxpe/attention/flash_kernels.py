@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked block gives no NaN
 _HI = lax.Precision.HIGHEST
@@ -52,17 +53,18 @@ class Config:
   scale_base: float = 512.0
   interpret: bool = False
   split: int = 0  # rotate-half width h (elementwise rotation of lane ranges); 0: the perm matmul
+  target: str = "gpu"  # "gpu": these Triton kernels; "tpu": jaxpe.attention.flash_tpu (Mosaic)
 
 
-def _dot(a, b):  # [m, k] @ [k, n]
+def dot(a, b):  # [m, k] @ [k, n]
   return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
 
 
-def _dot_nt(a, b):  # [m, k] @ [n, k]^T
+def dot_nt(a, b):  # [m, k] @ [n, k]^T
   return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
 
 
-def _dot_tn(a, b):  # [k, m]^T @ [k, n]
+def dot_tn(a, b):  # [k, m]^T @ [k, n]
   return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
 
 
@@ -70,12 +72,13 @@ def _centred(x):
   return x - jnp.floor(x + 0.5)  # x minus the nearest integer: exact for float32 x
 
 
-def _exact_phase(pos, turns):
+def _exact_phase(pos, chunk):
   """``2 pi frac(p U / 2^64)`` for integer-valued float32 ``p < 2^24`` ``[rows, 1]`` and the 12-bit
-  chunks ``c0..c4`` of U (``turns [8, D]``): ``p = a 2^12 + b``; every product ``a c_j``, ``b c_j`` is
+  chunks ``c0..c4`` of U (``chunk(j)``: row j of ``turns [8, D]``, read from the ref: no value slice,
+  which Triton does not lower): ``p = a 2^12 + b``; every product ``a c_j``, ``b c_j`` is
   an exact float32 integer, its scaled fraction exact; three roundings of at most 2^-25 turn remain
   (``jaxpe.ops.exact_phases`` reduces the same U in uint32)."""
-  c = [turns[j : j + 1, :] for j in range(5)]
+  c = [chunk(j) for j in range(5)]
   a = jnp.floor(pos * jnp.float32(2.0**-12))
   b = pos - a * jnp.float32(2.0**12)
   s12, s24, s36, s48 = (jnp.float32(2.0**-e) for e in (12, 24, 36, 48))
@@ -85,15 +88,17 @@ def _exact_phase(pos, turns):
   return t * jnp.float32(2 * np.pi)
 
 
-def _table(r, cfg: Config, name):
-  """A per-dim table ``[., D]``, or its first h lanes (the frequencies of the h pairs) when split."""
-  return r[name][...] if not cfg.split else r[name][:, pl.ds(0, cfg.split)]
+def _table(r, cfg: Config, name, row=None):
+  """A per-dim table ``[1, D]`` (row ``row`` of a ``[., D]`` table), or its first h lanes (the
+  frequencies of the h pairs) when split."""
+  rows = slice(None) if row is None else pl.ds(row, 1)
+  return r[name][rows, :] if not cfg.split else r[name][rows, pl.ds(0, cfg.split)]
 
 
 def _cos_sin(r, cfg: Config, pos, delta, sign: float):
   """Per-dim ``(cos * amp, sin * amp)`` ``[rows, D]`` (``[rows, h]`` when split) for ``pos`` ``[rows, 1]``."""
   if cfg.exact:
-    phase = _exact_phase(pos, _table(r, cfg, "turns"))
+    phase = _exact_phase(pos, lambda j: _table(r, cfg, "turns", j))
   else:
     phase = pos * _table(r, cfg, "freq")  # float32(p) * float32(inv_freq): rope_phases
   cos, sin = jnp.cos(phase), jnp.sin(phase)
@@ -104,19 +109,21 @@ def _cos_sin(r, cfg: Config, pos, delta, sign: float):
   return cos, sin
 
 
-def _parts(cfg: Config, ref, rows):
+def _parts(cfg: Config, ref, rows, lead=()):
   """A block's q/k dims as a tuple of parts: ``(x [rows, D],)``; split (rotate-half, h = ``cfg.split``):
-  ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D)."""
+  ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D).
+  ``lead``: leading indices (a head of a ``[G, T, D]`` block) in the same indexer (Triton lowers one
+  indexer per load, not ``ref.at[g][rows]``)."""
   if not cfg.split:
-    return (ref[rows, :],)
+    return (ref[(*lead, rows, slice(None))],)
   h, width = cfg.split, ref.shape[-1]
-  parts = [ref[rows, pl.ds(0, h)], ref[rows, pl.ds(h, h)]]
+  parts = [ref[(*lead, rows, pl.ds(0, h))], ref[(*lead, rows, pl.ds(h, h))]]
   if width > 2 * h:
-    parts.append(ref[rows, pl.ds(2 * h, width - 2 * h)])
+    parts.append(ref[(*lead, rows, pl.ds(2 * h, width - 2 * h))])
   return tuple(parts)
 
 
-def _store(ref, parts):
+def store(ref, parts):
   """Write a tuple of parts (``_parts``) to the lane ranges of ``ref``."""
   if len(parts) == 1:
     ref[...] = parts[0].astype(ref.dtype)
@@ -134,33 +141,33 @@ def _rotate(r, cfg: Config, parts, cs):
   ``r2 = x2 cos + x1 sin`` elementwise, the rest of the dims unchanged (no matmul)."""
   if not cfg.split:
     x = parts[0].astype(jnp.float32)
-    return (x * cs[0] + _dot(x, r["perm"][...]) * cs[1],)
+    return (x * cs[0] + dot(x, r["perm"][...]) * cs[1],)
   (cos, sin), (x1, x2) = cs, (x.astype(jnp.float32) for x in parts[:2])
   return (x1 * cos - x2 * sin, x2 * cos + x1 * sin, *parts[2:])
 
 
-def _rotate_t(r, cfg: Config, g, cs):
+def rotate_t(r, cfg: Config, g, cs):
   """The transpose of ``_rotate`` applied to a gradient: ``g cos - ((g sin) @ perm)`` (perm^T = -perm);
   split: ``g1 cos + g2 sin``, ``g2 cos - g1 sin``, the rest unchanged."""
   if not cfg.split:
-    return (g[0] * cs[0] - _dot(g[0] * cs[1], r["perm"][...]),)
+    return (g[0] * cs[0] - dot(g[0] * cs[1], r["perm"][...]),)
   (cos, sin), (g1, g2) = cs, g[:2]
   return (g1 * cos + g2 * sin, g2 * cos - g1 * sin, *g[2:])
 
 
-def _q_cs(r, cfg, rows):
+def q_cs(r, cfg, rows):
   return _cos_sin(r, cfg, r["rq"][rows, :], r["xq"][rows, :] if cfg.xpos else None, 1.0)
 
 
-def _k_cs(r, cfg, rows):
+def k_cs(r, cfg, rows):
   return _cos_sin(r, cfg, r["rk"][rows, :], r["xk"][rows, :] if cfg.xpos else None, -1.0)
 
 
-def _scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
+def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
   """Masked float32 scores ``[bq, bk]`` of a q block and a k block (parts, rotated, with ALiBi)."""
-  s = sum(_dot_nt(a, b) for a, b in zip(qr, kr, strict=True))
+  s = sum(dot_nt(a, b) for a, b in zip(qr, kr, strict=True))
   if qe is not None:
-    s = s + _dot_nt(qe, ke)
+    s = s + dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
   if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
     s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols]).astype(jnp.float32)
@@ -176,18 +183,19 @@ def _scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
   return s, mask
 
 
-def _load_q_side(r, cfg, q_ref, qe_ref, rows):
-  """A q block rotated (parts of ``[bq, D]`` in q's dtype) and its float32 emulation dims (or None)."""
-  q = _parts(cfg, q_ref, rows)
-  cs = _q_cs(r, cfg, rows) if cfg.rope else None
+def load_q_side(r, cfg, rows, lead=()):
+  """A q block rotated (parts of ``[bq, D]`` in q's dtype) and its float32 emulation dims (or None);
+  ``lead``: the head index of a ``[G, T, .]`` q block (dk/dv)."""
+  q = _parts(cfg, r["q"], rows, lead)
+  cs = q_cs(r, cfg, rows) if cfg.rope else None
   qr = tuple(x.astype(q[0].dtype) for x in _rotate(r, cfg, q, cs)) if cfg.rope else q
-  qe = None if qe_ref is None else qe_ref[rows, :]
+  qe = r["qe"][(*lead, rows, slice(None))] if "qe" in r else None
   return qr, qe, cs
 
 
-def _load_k_side(r, cfg, rows):
+def load_k_side(r, cfg, rows):
   k = _parts(cfg, r["k"], rows)
-  cs = _k_cs(r, cfg, rows) if cfg.rope else None
+  cs = k_cs(r, cfg, rows) if cfg.rope else None
   kr = tuple(x.astype(k[0].dtype) for x in _rotate(r, cfg, k, cs)) if cfg.rope else k
   ke = r["ke"][rows, :] if "ke" in r else None
   return kr, ke, cs
@@ -198,22 +206,22 @@ def _forward_kernel(*refs, names, cfg: Config):
   i = pl.program_id(2)
   bq = bk = cfg.block
   local = pl.ds(0, bq)  # the q-side refs are blocks of bq rows, the k side whole sequences
-  qr, qe, _ = _load_q_side(r, cfg, r["q"], r.get("qe"), local)
+  qr, qe, _ = load_q_side(r, cfg, local)
   slope = r["slopes"][...] if "slopes" in r else None
   dv = r["v"].shape[-1]
 
   def body(j, carry):
     o, m, denom = carry
     k_rows = pl.ds(j * bk, bk)
-    kr, ke, _ = _load_k_side(r, cfg, k_rows)
-    s, mask = _scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    kr, ke, _ = load_k_side(r, cfg, k_rows)
+    s, mask = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
     if mask is not None:
       s = jnp.where(mask, s, MASK_VALUE)
     m_next = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
     corr = jnp.exp(m - m_next)
     p = jnp.exp(s - m_next)
     v = r["v"][k_rows, :]
-    o = o * corr + _dot(p.astype(v.dtype), v)
+    o = o * corr + dot(p.astype(v.dtype), v)
     return o, m_next, denom * corr + jnp.sum(p, axis=-1, keepdims=True)
 
   n_k = r["k"].shape[0] // bk
@@ -233,23 +241,23 @@ def _dq_kernel(*refs, names, cfg: Config):
   i = pl.program_id(2)
   bq = bk = cfg.block
   local = pl.ds(0, bq)
-  qr, qe, q_cs = _load_q_side(r, cfg, r["q"], r.get("qe"), local)
+  qr, qe, q_cs = load_q_side(r, cfg, local)
   slope = r["slopes"][...] if "slopes" in r else None
   do, lse, delta = r["do"][...], r["lse"][...], r["delta"][...]
 
   def body(j, carry):
     dq, dqe = carry
     k_rows = pl.ds(j * bk, bk)
-    kr, ke, _ = _load_k_side(r, cfg, k_rows)
-    s, mask = _scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    kr, ke, _ = load_k_side(r, cfg, k_rows)
+    s, mask = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
     p = jnp.exp(s - lse)
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
     v = r["v"][k_rows, :]
-    ds = p * (_dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
-    dq = tuple(a + _dot(ds.astype(b.dtype), b) for a, b in zip(dq, kr, strict=True))
+    ds = p * (dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
+    dq = tuple(a + dot(ds.astype(b.dtype), b) for a, b in zip(dq, kr, strict=True))
     if dqe is not None:
-      dqe = dqe + _dot(ds, ke)
+      dqe = dqe + dot(ds, ke)
     return dq, dqe
 
   n_k = r["k"].shape[0] // bk
@@ -258,8 +266,8 @@ def _dq_kernel(*refs, names, cfg: Config):
   init = (zeros, None if qe is None else jnp.zeros(qe.shape, jnp.float32))
   dq, dqe = lax.fori_loop(0, upper, body, init)
   if cfg.rope:
-    dq = _rotate_t(r, cfg, dq, q_cs)
-  _store(r["dq"], dq)
+    dq = rotate_t(r, cfg, dq, q_cs)
+  store(r["dq"], dq)
   if dqe is not None:
     r["dqe"][...] = dqe
 
@@ -269,29 +277,28 @@ def _dkv_kernel(*refs, names, cfg: Config):
   j = pl.program_id(2)
   bq = bk = cfg.block
   local = pl.ds(0, bk)
-  kr, ke, k_cs = _load_k_side(r, cfg, local)
+  kr, ke, k_cs = load_k_side(r, cfg, local)
   v = r["v"][...]
   n_q = r["q"].shape[1] // bq
   lower = j if cfg.causal else 0
 
   def head(g, carry):
     slope = r["slopes"][g] if "slopes" in r else None
-    q_ref, qe_ref = r["q"].at[g], r["qe"].at[g] if "qe" in r else None
 
     def body(i, carry):
       dk, dke, dv = carry
       q_rows = pl.ds(i * bq, bq)
-      qr, qe, _ = _load_q_side(r, cfg, q_ref, qe_ref, q_rows)
-      s, mask = _scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
+      qr, qe, _ = load_q_side(r, cfg, q_rows, (g,))
+      s, mask = scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
       p = jnp.exp(s - r["lse"][g, q_rows, :])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
       do = r["do"][g, q_rows, :]
-      dv = dv + _dot_tn(p.astype(do.dtype), do)
-      ds = p * (_dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
-      dk = tuple(a + _dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
+      dv = dv + dot_tn(p.astype(do.dtype), do)
+      ds = p * (dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
+      dk = tuple(a + dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
       if dke is not None:
-        dke = dke + _dot_tn(ds, qe)
+        dke = dke + dot_tn(ds, qe)
       return dk, dke, dv
 
     return lax.fori_loop(lower, n_q, body, carry)
@@ -303,8 +310,8 @@ def _dkv_kernel(*refs, names, cfg: Config):
   )
   dk, dke, dv = lax.fori_loop(0, cfg.groups, head, init)
   if cfg.rope:
-    dk = _rotate_t(r, cfg, dk, k_cs)
-  _store(r["dk"], dk)
+    dk = rotate_t(r, cfg, dk, k_cs)
+  store(r["dk"], dk)
   r["dv"][...] = dv.astype(r["dv"].dtype)
   if dke is not None:
     r["dke"][...] = dke
@@ -341,6 +348,12 @@ def _spec(name, x, cfg: Config, rows_of: str):
   return pl.BlockSpec((None, g, x.shape[2], width), lambda b, h, i: (b, h, 0, 0))  # the G q heads
 
 
+def triton_params(block: int, width: int) -> plgpu.CompilerParams:
+  """Triton's launch settings for a block of ``block`` rows and ``width`` lanes (jax's Triton
+  attention: 4 warps up to 64 rows, else 8; two pipeline stages)."""
+  return plgpu.CompilerParams(num_warps=4 if block * width <= 64 * 64 else 8, num_stages=2)
+
+
 def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
   names = tuple(ins) + tuple(outs)
   in_specs = [_spec(n, x, cfg, rows_of) for n, x in ins.items()]
@@ -352,6 +365,7 @@ def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
     out_specs=out_specs,
     out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in outs.values()],
     interpret=cfg.interpret,
+    compiler_params=triton_params(cfg.block, max(x.shape[-1] for x in ins.values())),
     name=f"jaxpe_flash_{kernel.__name__.strip('_')}",
   )(*ins.values())
   return dict(zip(outs, out, strict=True))

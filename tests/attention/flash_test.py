@@ -2,6 +2,8 @@
 written here from the formulas (RoFormer's rotation, xPos's decay, ALiBi's bias), forward and
 gradients; ``RopeSpec`` on the other backends; bad inputs."""
 
+import functools
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -22,6 +24,16 @@ HI = jax.lax.Precision.HIGHEST
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
   monkeypatch.setattr(flash, "MAX_BLOCK", 8)  # several q and k blocks at a small T
+
+
+@pytest.fixture(params=["gpu", "tpu"])
+def target(request, monkeypatch):
+  """Each kernel family in interpret mode: ``attention(implementation="flash")`` calls ``flash.attend``
+  with its default target ("gpu", the Triton kernels); "tpu" runs the Mosaic kernels (flash_tpu:
+  blocked over k/v, VMEM scratch) through the same public path."""
+  if request.param != "gpu":
+    monkeypatch.setattr(flash, "attend", functools.partial(flash.attend, target=request.param))
+  return request.param
 
 
 def _data(seed=0, qk_extra=0):
@@ -139,7 +151,7 @@ def _run(impl, mask, rope_spec=None, alibi_spec=None, precise_dims=None):
   return fn
 
 
-def test_masks_and_grouped_heads_match_the_reference():
+def test_masks_and_grouped_heads_match_the_reference(target):
   # no position encoding, causal (non-causal: the xPos + ALiBi test): padding (left, row 1), packed
   # segments (row 0), GQA N 4 / K 2, odd T (two q and k blocks of 8, the second padded)
   causal = True
@@ -201,7 +213,7 @@ def test_every_rope_scaling_in_the_kernel_matches_the_reference():
     ("interleaved", H, True, dict(rope_type="yarn", factor=4.0)),
   ],
 )
-def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, causal, scaling):
+def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, causal, scaling, target):
   # partial rotary_dim 4 of H 8 with LongRoPE's long factors (T 13 > 8) and attention_factor;
   # interleaved pairs with YaRN's attention_factor
   inv_freq, factor = rope_frequencies(
@@ -220,7 +232,7 @@ def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, ca
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout):
+def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout, target):
   # xPos and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query get a positive
   # bias too); one head without ALiBi; interleaved (perm matmul) and rotate-half (elementwise)
   xpos = (16.0, 0.4, 4)  # scale_base, gamma, offset: a strong decay at T 13
@@ -240,7 +252,7 @@ def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout):
   _assert_close(got, want, f"xpos + alibi ({layout})")
 
 
-def test_rope_alibi_emulation_dims_are_contracted_in_float32():
+def test_rope_alibi_emulation_dims_are_contracted_in_float32(target):
   # apply_rope_alibi's q/k: H content dims and 2k float32 dims (precise_dims) of large amplitude
   q, k, v, ct = _data(5)
   mask, pos = _mask(True), _positions()

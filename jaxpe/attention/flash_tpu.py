@@ -1,0 +1,293 @@
+"""The Mosaic (TPU) kernels of the ``flash`` backend: forward, dq and dk/dv, blocked over both sides.
+
+The layout and the block arithmetic are ``flash_kernels``' (RoPE of each block as it is loaded, ALiBi
+from the position blocks, the emulation dims in float32, the same masks); what differs is the
+schedule, as in jax's own TPU flash attention (``jax/experimental/pallas/ops/tpu/flash_attention.py``):
+each program sees one q block and one k/v block, the grid's last axis walks the other side's
+blocks (``"arbitrary"``: sequential), and the online-softmax state (running max, sum, output) or the
+gradient sums live in VMEM scratch between the steps of that axis. VMEM then holds a few blocks
+whatever T is (no whole k/v sequence per program). Causal blocks past the diagonal are skipped
+(``pl.when``) and their index maps clamped to the last needed block, so no DMA fetches them.
+
+Grids: forward and dq ``(B, N, T / bq, T / bk)``; dk/dv ``(B, K, T / bk, G, T / bq)`` (the G query
+heads of a kv head and their q blocks summed in scratch). Block shapes: ``(bq or bk, D)`` with D the
+whole (padded) head dim, per-token columns ``(b, 1)``, key rows ``(1, bk)``, slopes ``(1, 1)``, whole
+tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every block meets Mosaic's
+(8, 128) rule (last two dims divisible by 8 / 128 or equal to the array's) for bf16 and float32.
+The rotation is the ``[D, D]`` permutation matmul for both layouts (``Config.split`` is 0 on TPU:
+no sub-128 lane slices). The kernels use no op whose Mosaic lowering asks for the chip (jax's
+``sign`` lowering does, and ``//`` of int32 uses it: ``lax.div`` here), and their block sizes do
+not depend on the chip (a few 128-row blocks fit every generation's scoped VMEM), so they lower on
+any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
+
+Lowering (``jax.export`` for ``"tpu"`` on a CPU) proves the Pallas rules accept every block shape and
+op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, VMEM limits), speed and the
+matmul units' numerics are proven only on a TPU. ``interpret=True`` runs these kernels on CPU (tests).
+
+Shape alphabet: B batch, T tokens, N heads, K kv heads, G = N / K, D q/k dims, Dv v dims, E emulation
+dims; bq = bk = ``Config.block``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxpe.attention import flash_kernels as fk
+
+CHIPS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 lite"}
+"""Generations ``tpu_chip`` names, with the device kind jax's ``tpu_info`` knows them by."""
+
+
+@contextlib.contextmanager
+def tpu_chip(name: str):
+  """Trace and lower inside as for one TPU of generation ``name`` (a key of ``CHIPS``) on any host:
+  an abstract one-device mesh whose ``AbstractDevice`` is that chip, which is where jax's Mosaic
+  lowering reads the chip (``pallas.mosaic.tpu_info.get_device_kind``). The kernels here do not need it.
+
+  Raises:
+    ValueError: ``name`` not a key of ``CHIPS``.
+  """
+  if name not in CHIPS:
+    raise ValueError(f"tpu_chip name must be one of {sorted(CHIPS)}, got {name!r}")
+  from jax._src import mesh as mesh_lib  # AbstractDevice is not exported by jax.sharding
+
+  device = mesh_lib.AbstractDevice(device_kind=CHIPS[name], num_cores=1, platform="tpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("chip",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    yield
+
+
+def _when(condition):
+  """``pl.when(condition)``, or the body run unconditionally when ``condition`` is None."""
+  return (lambda body: body()) if condition is None else pl.when(condition)
+
+
+def _online_softmax_step(r, cfg, s, mask, v):
+  if mask is not None:
+    s = jnp.where(mask, s, fk.MASK_VALUE)
+  m = r["m_scr"][...]
+  m_next = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+  corr = jnp.exp(m - m_next)
+  p = jnp.exp(s - m_next)
+  r["acc_scr"][...] = r["acc_scr"][...] * corr + fk.dot(p.astype(v.dtype), v)
+  r["l_scr"][...] = r["l_scr"][...] * corr + jnp.sum(p, axis=-1, keepdims=True)
+  r["m_scr"][...] = m_next
+
+
+def _forward_kernel(*refs, names, cfg: fk.Config):
+  r = dict(zip(names, refs, strict=True))
+  i, j, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
+  rows = pl.ds(0, cfg.block)  # every ref is one block
+
+  @pl.when(j == 0)
+  def _():
+    r["m_scr"][...] = jnp.full(r["m_scr"].shape, -jnp.inf, jnp.float32)
+    r["l_scr"][...] = jnp.zeros(r["l_scr"].shape, jnp.float32)
+    r["acc_scr"][...] = jnp.zeros(r["acc_scr"].shape, jnp.float32)
+    r["qr_scr"][...] = fk.load_q_side(r, cfg, rows)[0][0]  # the rotated q block, once per row block
+
+  @_when(j <= i if cfg.causal else None)
+  def _():
+    kr, ke, _ = fk.load_k_side(r, cfg, rows)
+    qe = r["qe"][...] if "qe" in r else None
+    slope = r["slopes"][...] if "slopes" in r else None
+    s, mask = fk.scores(
+      r, cfg, (r["qr_scr"][...],), qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block
+    )
+    _online_softmax_step(r, cfg, s, mask, r["v"][...])
+
+  @pl.when(j == n_k - 1)
+  def _():
+    denom = r["l_scr"][...]
+    r["o"][...] = (r["acc_scr"][...] / denom).astype(r["o"].dtype)
+    r["lse"][...] = r["m_scr"][...] + jnp.log(denom)
+
+
+def _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j):
+  """Probabilities ``[bq, bk]`` from the saved log-sum-exp and ``ds`` (the scores' gradient)."""
+  s, mask = fk.scores(r, cfg, qr, qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block)
+  p = jnp.exp(s - r["lse"][...])
+  if mask is not None:
+    p = jnp.where(mask, p, 0.0)
+  ds = p * (fk.dot_nt(r["do"][...], r["v"][...]) - r["delta"][...]) * jnp.float32(cfg.scale)
+  return p, ds
+
+
+def _dq_kernel(*refs, names, cfg: fk.Config):
+  r = dict(zip(names, refs, strict=True))
+  i, j, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
+  rows = pl.ds(0, cfg.block)
+
+  @pl.when(j == 0)
+  def _():
+    r["dq_scr"][...] = jnp.zeros(r["dq_scr"].shape, jnp.float32)
+    if "dqe_scr" in r:
+      r["dqe_scr"][...] = jnp.zeros(r["dqe_scr"].shape, jnp.float32)
+    r["qr_scr"][...] = fk.load_q_side(r, cfg, rows)[0][0]
+
+  @_when(j <= i if cfg.causal else None)
+  def _():
+    kr, ke, _ = fk.load_k_side(r, cfg, rows)
+    qe = r["qe"][...] if "qe" in r else None
+    slope = r["slopes"][...] if "slopes" in r else None
+    _, ds = _probs(r, cfg, (r["qr_scr"][...],), qe, kr, ke, rows, slope, i, j)
+    r["dq_scr"][...] += fk.dot(ds.astype(kr[0].dtype), kr[0])
+    if ke is not None:
+      r["dqe_scr"][...] += fk.dot(ds, ke)
+
+  @pl.when(j == n_k - 1)
+  def _():
+    dq = (r["dq_scr"][...],)
+    if cfg.rope:
+      dq = fk.rotate_t(r, cfg, dq, fk.q_cs(r, cfg, rows))
+    fk.store(r["dq"], dq)
+    if "dqe_scr" in r:
+      r["dqe"][...] = r["dqe_scr"][...]
+
+
+def _dkv_kernel(*refs, names, cfg: fk.Config):
+  r = dict(zip(names, refs, strict=True))
+  j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
+  first = jnp.logical_and(g == 0, i == 0)
+  last = jnp.logical_and(g == pl.num_programs(3) - 1, i == pl.num_programs(4) - 1)
+  rows = pl.ds(0, cfg.block)
+
+  @pl.when(first)
+  def _():
+    for name in ("dk_scr", "dv_scr", "dke_scr"):
+      if name in r:
+        r[name][...] = jnp.zeros(r[name].shape, jnp.float32)
+    r["kr_scr"][...] = fk.load_k_side(r, cfg, rows)[0][0]  # the rotated k block, once per k block
+
+  @_when(i >= j if cfg.causal else None)
+  def _():
+    kr = (r["kr_scr"][...],)
+    ke = r["ke"][...] if "ke" in r else None
+    qr, qe, _ = fk.load_q_side(r, cfg, rows)
+    slope = r["slopes"][...] if "slopes" in r else None
+    p, ds = _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j)
+    do = r["do"][...]
+    r["dv_scr"][...] += fk.dot_tn(p.astype(do.dtype), do)
+    r["dk_scr"][...] += fk.dot_tn(ds.astype(qr[0].dtype), qr[0])
+    if ke is not None:
+      r["dke_scr"][...] += fk.dot_tn(ds, qe)
+
+  @pl.when(last)
+  def _():
+    dk = (r["dk_scr"][...],)
+    if cfg.rope:
+      dk = fk.rotate_t(r, cfg, dk, fk.k_cs(r, cfg, rows))
+    fk.store(r["dk"], dk)
+    r["dv"][...] = r["dv_scr"][...].astype(r["dv"].dtype)
+    if "dke_scr" in r:
+      r["dke"][...] = r["dke_scr"][...]
+
+
+# ---------------------------------------------------------------- pallas_call builders
+
+_Q_HEAD = ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe")
+_Q_TOKEN, _K_TOKEN, _K_ROW = ("rq", "xq", "aq", "sq"), ("rk", "xk"), ("ak", "sk")
+
+
+def _spec(name, x, cfg: fk.Config, coords):
+  """BlockSpec of operand ``name``; ``coords(*grid) -> (b, q head, q block, kv head, k block)``."""
+  bl = cfg.block
+  if name in ("freq", "amp", "logz", "perm", "turns"):
+    return pl.BlockSpec(x.shape, lambda *idx: (0, 0))
+  if name == "slopes":
+    return pl.BlockSpec((None, 1, 1), lambda *idx: (coords(*idx)[1], 0, 0))
+  if name in _Q_TOKEN:
+    return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[2], 0))
+  if name in _K_TOKEN:
+    return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[4], 0))
+  if name in _K_ROW:
+    return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[4]))
+  if name in _Q_HEAD:
+    return pl.BlockSpec((None, None, bl, x.shape[-1]), lambda *idx: (*_pick(coords(*idx), 0, 1, 2), 0))
+  return pl.BlockSpec((None, None, bl, x.shape[-1]), lambda *idx: (*_pick(coords(*idx), 0, 3, 4), 0))
+
+
+def _pick(c, *which):
+  return tuple(c[w] for w in which)
+
+
+def _call(kernel, ins: dict, outs: dict, scratch: dict, cfg: fk.Config, grid, coords, semantics):
+  names = tuple(ins) + tuple(outs) + tuple(scratch)
+  out = pl.pallas_call(
+    functools.partial(kernel, names=names, cfg=cfg),
+    grid=grid,
+    in_specs=[_spec(n, x, cfg, coords) for n, x in ins.items()],
+    out_specs=[_spec(n, x, cfg, coords) for n, x in outs.items()],
+    out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in outs.values()],
+    scratch_shapes=[pltpu.VMEM(shape, dtype) for shape, dtype in scratch.values()],
+    compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+    interpret=cfg.interpret,
+    name=f"jaxpe_flash_tpu_{kernel.__name__.strip('_')}",
+  )(*ins.values())
+  return dict(zip(outs, out, strict=True))
+
+
+def _q_major(cfg: fk.Config):
+  """Coordinates of the (b, h, i, j) grid: a causal k block past the diagonal maps to the last one
+  needed (fetched already: no DMA for skipped steps)."""
+
+  def coords(b, h, i, j):
+    return b, h, i, lax.div(h, cfg.groups), jnp.minimum(j, i) if cfg.causal else j  # no //: sign
+
+  return coords
+
+
+def forward(q, k, v, aux: dict, cfg: fk.Config):
+  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``, as ``flash_kernels.forward``."""
+  batch, heads, length, dim = q.shape
+  n, bl = length // cfg.block, cfg.block
+  ins = {"q": q, "k": k, "v": v, **aux}
+  outs = {
+    "o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype),
+    "lse": jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32),
+  }
+  f32 = jnp.float32
+  scratch = {
+    "m_scr": ((bl, 1), f32),
+    "l_scr": ((bl, 1), f32),
+    "acc_scr": ((bl, v.shape[-1]), f32),
+    "qr_scr": ((bl, dim), q.dtype),
+  }
+  semantics = ("parallel", "parallel", "parallel", "arbitrary")
+  got = _call(_forward_kernel, ins, outs, scratch, cfg, (batch, heads, n, n), _q_major(cfg), semantics)
+  return got["o"], got["lse"]
+
+
+def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
+  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims), as ``flash_kernels.backward``."""
+  batch, heads, length, dim = q.shape
+  n, bl, f32 = length // cfg.block, cfg.block, jnp.float32
+  delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1, keepdims=True)
+  ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
+  outs = {"dq": jax.ShapeDtypeStruct(q.shape, f32)}
+  scratch = {"dq_scr": ((bl, dim), f32), "qr_scr": ((bl, dim), q.dtype)}
+  if "qe" in aux:
+    outs["dqe"] = jax.ShapeDtypeStruct(aux["qe"].shape, f32)
+    scratch["dqe_scr"] = ((bl, aux["qe"].shape[-1]), f32)
+  semantics = ("parallel", "parallel", "parallel", "arbitrary")
+  dq = _call(_dq_kernel, ins, outs, scratch, cfg, (batch, heads, n, n), _q_major(cfg), semantics)
+
+  def coords(b, h, j, g, i):  # a causal q block before the diagonal maps to the first one needed
+    return b, h * cfg.groups + g, jnp.maximum(i, j) if cfg.causal else i, h, j
+
+  outs = {"dk": jax.ShapeDtypeStruct(k.shape, f32), "dv": jax.ShapeDtypeStruct(v.shape, f32)}
+  scratch = {"dk_scr": ((bl, dim), f32), "dv_scr": ((bl, v.shape[-1]), f32), "kr_scr": ((bl, dim), k.dtype)}
+  if "ke" in aux:
+    outs["dke"] = jax.ShapeDtypeStruct(aux["ke"].shape, f32)
+    scratch["dke_scr"] = ((bl, aux["ke"].shape[-1]), f32)
+  semantics = ("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
+  grid = (batch, k.shape[1], n, cfg.groups, n)
+  dkv = _call(_dkv_kernel, ins, outs, scratch, cfg, grid, coords, semantics)
+  return dq["dq"], dkv["dk"], dkv["dv"], dq.get("dqe"), dkv.get("dke")
