@@ -265,10 +265,15 @@ def tiny_model(encoding: str, backend: str):
 def describe(result) -> str:
   if isinstance(result, Exception):
     first = (str(result).strip().splitlines() or [type(result).__name__])[0]
-    word = "refused" if "is not available on platform" in first else "error"
-    return f"{word}: {type(result).__name__}: {first[:160]}"
+    if "is not available on platform" in first:
+      return "refused (" + first.split(" (interpret", 1)[0].removeprefix("attention implementation ") + ")"
+    return f"error: {type(result).__name__}: {first[:160]}"
   kinds = call_kinds(result)
   return "lowered" + (f" ({', '.join(kinds)})" if kinds else "")
+
+
+def _short(dtype) -> str:
+  return {"bfloat16": "bf16", "float32": "f32"}.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
 
 
 def main(argv=None) -> int:
@@ -279,29 +284,46 @@ def main(argv=None) -> int:
   start = time.time()
   dtypes = (jnp.float32,) if args.quick else (jnp.bfloat16, jnp.float32)
   encs = ("none", "alibi") if args.quick else ENCODINGS
-  print("| backend | encoding | pass | dtype | " + " | ".join(PLATFORMS) + " |")
-  print("| --- | --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
+  print("| backend | encoding | pass, dtype | " + " | ".join(PLATFORMS) + " |")
+  print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
   for backend in attention_backends():
     for enc in encs:
+      rows: dict[str, list[str]] = {}  # cells -> the (pass, dtype) pairs that gave them
       for grad in (False, True):
         for dtype in dtypes:
           fn, fargs = attention_case(backend, enc, dtype, grad=grad)
           got = lower(fn, fargs)
           cells = " | ".join(describe(got[p]) for p in PLATFORMS)
-          print(f"| {backend} | {enc} | {'grad' if grad else 'fwd'} | {jnp.dtype(dtype).name} | {cells} |")
+          label = f"{'grad' if grad else 'fwd'} {_short(dtype)}"
+          rows.setdefault(cells, []).append(label)
+      for cells, labels in rows.items():
+        every = len(labels) == 2 * len(dtypes)
+        print(f"| {backend} | {enc} | {'all' if every else ', '.join(labels)} | {cells} |")
   if not (args.quick or args.no_model):
     from jaxpe.model import encodings as registry  # noqa: PLC0415
 
     print()
-    print("| encoding | backend | program | " + " | ".join(PLATFORMS) + " |")
+    print("| backend | program | encodings | " + " | ".join(PLATFORMS) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
+    rows: dict[tuple[str, str, str], list[str]] = {}  # (backend, program, cells) -> encodings
     for enc in sorted(registry.REGISTRY):
       for backend in model_backends(enc):
         cfg = tiny_model(enc, backend)
         per = {p: model_lowering(cfg, p) for p in PLATFORMS}
-        for program in per[PLATFORMS[0]]:
-          cells = " | ".join(describe(per[p][program]) for p in PLATFORMS)
-          print(f"| {enc} | {backend} | {program} | {cells} |")
+        programs = {name.split(" (", 1)[0]: name for p in PLATFORMS for name in per[p]}
+        for program in programs:
+          cells = " | ".join(
+            describe(next(v for k, v in per[p].items() if k.split(" (", 1)[0] == program))
+            + (
+              ""
+              if program in per[p]
+              else " " + next(k for k in per[p] if k.startswith(program + " ("))[len(program) :]
+            )
+            for p in PLATFORMS
+          )
+          rows.setdefault((backend, program, cells), []).append(enc)
+    for (backend, program, cells), encs_ in sorted(rows.items()):
+      print(f"| {backend} | {program} | {', '.join(encs_)} | {cells} |")
   print(f"\n{time.time() - start:.0f} s on {jax.devices()[0].platform}, jax {jax.__version__}")
   return 0
 

@@ -172,12 +172,14 @@ def _platform_plan(name: str, platform: str) -> tuple:
     tried = tuple(
       (b, target)
       for b in AUTO_PREFERENCE[platform]
-      if b in available and b != "xla" and (b != "cudnn" or cudnn.detected())
+      if b in available and b != "xla" and (b != "cudnn" or platform != "cuda" or cudnn.detected())
     )
     return ("auto", (*tried, ("xla", "gpu"))) if tried else ("xla", "gpu")
   if name not in available:
     return ("refused", unavailable_message(name, interpret=False, platform=platform))
-  if name == "cudnn" and not cudnn.detected():  # jax traces cuDNN only where it finds it
+  if (
+    name == "cudnn" and platform == "cuda" and not cudnn.detected()
+  ):  # jax traces cuDNN only where it finds it
     return ("refused", cudnn.NOT_DETECTED)
   return (name, target if name == "flash" else "gpu")
 

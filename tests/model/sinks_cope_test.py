@@ -150,33 +150,29 @@ def test_context_parallelism_refuses_sinks_and_cope(overrides):
 
 
 @pytest.mark.parametrize(
-  "platform, overrides, refused",
+  "overrides, tpu_kernel",
   [
-    (("xla", "cudnn"), {"attention_sinks": True}, "attention_sinks runs on the xla and splash backends"),
-    (("xla", "splash"), {"attention_sinks": True}, None),
-    (("xla", "splash"), {"pos_encoding": "cope"}, "pos_encoding='cope' is an additive bias"),
-    (("xla", "cudnn"), {"pos_encoding": "t5"}, "pos_encoding='t5' is an additive bias"),
-    (("xla", "cudnn"), {"pos_encoding": "fire"}, "pos_encoding='fire' is an additive bias"),
-    (("xla", "cudnn"), {"pos_encoding": "rope"}, None),
-    (("xla",), {"pos_encoding": "kerple_log", "attention_sinks": True}, None),
+    ({"attention_sinks": True}, True),  # splash takes sinks; cuDNN and flash do not
+    ({"pos_encoding": "cope"}, False),  # additive biases: xla on every platform
+    ({"pos_encoding": "t5"}, False),
+    ({"pos_encoding": "fire"}, False),
+    ({"pos_encoding": "rope"}, True),
   ],
 )
-def test_auto_resolving_to_a_kernel_that_cannot_run_the_config_is_refused_by_name(
-  monkeypatch, platform, overrides, refused
-):
-  """``attn_implementation='auto'`` is resolved where the model runs (the config cannot know the
-  platform): on a GPU or TPU (simulated by the platform's backends) an xla-only encoding or sinks
-  on cudnn are refused at the call, naming attn_implementation and what auto resolves to."""
-  from jaxpe.attention import backends
-  from jaxpe.model import bias_options
-
-  monkeypatch.setattr(backends, "platform_backends", lambda platform=None: platform)
+def test_auto_runs_what_a_kernel_refuses_on_xla_on_every_platform(overrides, tpu_kernel):
+  """``attn_implementation='auto'`` is resolved per platform when the model is lowered: an xla-only
+  encoding or sinks (which cuDNN refuses) run on xla there instead of being refused, here with the
+  logits of ``attn_implementation='xla'``; lowered for tpu, the kernel only where it takes the call."""
   cfg = ModelConfig(**{**TINY, "attn_implementation": "auto", **overrides})
-  if refused is None:
-    bias_options.check_resolved_backend(cfg)
-    return
-  with pytest.raises(ValueError, match=rf"{refused}.*attn_implementation='auto' resolves to '{platform[1]}'"):
-    bias_options.check_resolved_backend(cfg)
-  if overrides.get("pos_encoding") == "cope":  # the decoder's call runs the check before any kernel
-    with pytest.raises(ValueError, match="attn_implementation='auto' resolves to 'splash'"):
-      Decoder(cfg, rngs=nnx.Rngs(0))(jnp.ones((1, 4), jnp.int32))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, 8)), jnp.int32)
+  got = Decoder(cfg, rngs=nnx.Rngs(0))(tokens)
+  want = Decoder(cfg.model_copy(update={"attn_implementation": "xla"}), rngs=nnx.Rngs(0))(tokens)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+  traced = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)).trace(state, tokens)
+  tpu = traced.lower(lowering_platforms=("tpu",)).as_text()
+  cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+  assert ("tpu_custom_call" in tpu) == tpu_kernel
+  assert "jaxpe_cpu_flash" not in tpu + cuda
+  if not tpu_kernel or overrides.get("attention_sinks"):  # no fused kernel on cuda for these
+    assert "triton" not in cuda and "cudnn" not in cuda
