@@ -16,7 +16,12 @@ Backends (the ``implementation`` argument of ``jaxpe.attention.attention``; one 
   ``tokamax`` is installed; elsewhere ``resolve_backend`` refuses it, naming what is available.
 - ``flash`` (``jaxpe.attention.flash``): jaxpe's own Pallas flash attention (Triton on GPU, Mosaic
   on TPU, ``interpret=True`` on CPU) with RoPE (``RopeSpec``) and native ALiBi inside the kernel.
-- ``auto``: splash on TPU, cudnn on NVIDIA GPU, else xla.
+- ``auto``: per lowering platform (``AUTO_PREFERENCE``) the first backend that accepts the call:
+  splash, then flash on TPU; cudnn, then flash on NVIDIA GPUs; flash on ROCm; xla on the CPU and
+  for what every kernel refuses.
+
+Which backend runs is decided for the platform a program is lowered for (``jaxpe.attention.platforms``):
+``PLATFORM_BACKENDS`` says what runs where; ``resolve_backend(..., platform=)`` answers for one platform.
 
 The keyword is ``implementation`` (``jax.nn.dot_product_attention``'s name); ``impl=`` is accepted
 for one release with a DeprecationWarning (``accepts_impl``).

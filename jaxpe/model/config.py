@@ -162,7 +162,8 @@ class ModelConfig(StrictConfig):
     description="attention backend (jaxpe.attention.kernels; HF's config word; the old key attention_impl is "
     "read with a DeprecationWarning): xla (einsum reference), cudnn (cuDNN flash attention, "
     "NVIDIA GPU), splash (TPU), pallas_gpu (Triton), flash (jaxpe's Pallas kernel, native ALiBi), auto "
-    "(splash on TPU, cudnn on GPU, else xla); "
+    "(chosen for the platform the program is lowered for: splash or flash on TPU, cudnn or flash on "
+    "GPU, xla on CPU and for what a kernel refuses); "
     "KV-cache decoding always runs on xla",
   )
   attention_interpret: bool = pydantic.Field(
