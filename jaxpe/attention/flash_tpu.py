@@ -56,9 +56,7 @@ def tpu_chip(name: str):
   """
   if name not in CHIPS:
     raise ValueError(f"tpu_chip name must be one of {sorted(CHIPS)}, got {name!r}")
-  from jax._src import mesh as mesh_lib  # AbstractDevice is not exported by jax.sharding
-
-  device = mesh_lib.AbstractDevice(device_kind=CHIPS[name], num_cores=1, platform="tpu")
+  device = jax.sharding.AbstractDevice(device_kind=CHIPS[name], num_cores=1, platform="tpu")
   mesh = jax.sharding.AbstractMesh((1,), ("chip",), abstract_device=device)
   with jax.sharding.use_abstract_mesh(mesh):
     yield
