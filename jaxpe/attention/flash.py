@@ -32,7 +32,7 @@ kernels compute per block from positions:
 - Masks: causal (key blocks past the diagonal are skipped), padding and packed documents as
   segment ids (``masks.kernel_segment_ids``); rows of padding queries return zeros, as on the
   other fused backends. Grouped-query heads read their kv head through the index map (no repeat).
-- T is padded to whole blocks (``backends.kernel_length``), q/k and v dims to a power of two.
+- T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two.
 
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
 probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients
@@ -172,8 +172,9 @@ def attend(
   aux: dict[str, jax.Array] = {}
   qe = ke = None
   if precise_dims:
-    qe = layout(q[..., head_dim:].astype(jnp.float32), precise_dims)
-    ke = layout(k[..., head_dim:].astype(jnp.float32), precise_dims)
+    width = padded_head_dim("flash", precise_dims)  # a power of two: Triton loads power-of-two blocks
+    qe = layout(q[..., head_dim:].astype(jnp.float32), width)
+    ke = layout(k[..., head_dim:].astype(jnp.float32), width)
   cfg = flash_kernels.Config(
     scale=float(scale),
     causal=mask.causal,
