@@ -172,10 +172,11 @@ def _dkv_kernel(*refs, names, cfg: fk.Config):
     slope = r["slopes"][...] if "slopes" in r else None
     p, ds = _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j)
     do = r["do"][...]
-    r["dv_scr"][...] += fk.dot_tn(p.astype(do.dtype), do)
-    r["dk_scr"][...] += fk.dot_tn(ds.astype(qr[0].dtype), qr[0])
+    # p^T @ do as jax's TPU kernel writes it (an explicit transpose, not dot_general's lhs dim 0)
+    r["dv_scr"][...] += fk.dot(p.T.astype(do.dtype), do)
+    r["dk_scr"][...] += fk.dot(ds.T.astype(qr[0].dtype), qr[0])
     if ke is not None:
-      r["dke_scr"][...] += fk.dot_tn(ds, qe)
+      r["dke_scr"][...] += fk.dot(ds.T, qe)
 
   @pl.when(last)
   def _():
