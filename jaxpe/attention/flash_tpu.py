@@ -17,8 +17,9 @@ tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every bl
 The rotation is the ``[D, D]`` permutation matmul for both layouts (``Config.split`` is 0 on TPU:
 no sub-128 lane slices). The kernels use no op whose Mosaic lowering asks for the chip (jax's
 ``sign`` lowering does, and ``//`` of int32 uses it: ``lax.div`` here), and their block sizes do
-not depend on the chip (a few 128-row blocks fit every generation's scoped VMEM), so they lower on
-any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
+not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered blocks, with the
+``(b, 1)`` columns padded to ``(b, 128)`` tiles, the ``[D, D]`` table and the scratch are about 2 MiB,
+by count, not measured; v5e's default scoped VMEM is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
 
 Lowering (``jax.export`` for ``"tpu"`` on a CPU) proves the Pallas rules accept every block shape and
 op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, VMEM limits), speed and the
