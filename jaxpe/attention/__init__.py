@@ -19,7 +19,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
 - ``rope_spec``: ``RopeSpec``, RoPE (any scaling, xPos) as arrays for ``attention(rope_spec=...)``.
 - ``xla``, ``cudnn``, ``splash``, ``pallas_gpu``: one module per backend.
-- ``flash`` (with ``flash_kernels``): jaxpe's own Pallas flash attention, RoPE and ALiBi inside.
+- ``flash`` (with ``flash_kernels``: Triton, ``flash_tpu``: Mosaic): jaxpe's own Pallas flash attention,
+  RoPE and ALiBi inside.
 - ``fused``: q, k, v prepared for a fused kernel (the bias-free ALiBi emulation, segment ids).
 - ``kernels``: ``attention``, the one entry point (checks, then a backend).
 - ``emulated``: ``emulated_alibi_attention``, RoPE-emulated ALiBi through ``attention``.

@@ -1,19 +1,29 @@
 """The ``flash`` backend: jaxpe's own Pallas flash attention, with RoPE and ALiBi inside the kernel.
 
-``pl.pallas_call`` kernels (``jaxpe.attention.flash_kernels``): GPU through Triton, TPU through
-Mosaic, CPU with ``interpret=True`` (the tests). What the other fused backends get as prepared
-arrays, this kernel computes per block from positions:
+``pl.pallas_call`` kernels in two families, chosen by ``attend``'s ``target``:
+
+- ``"gpu"`` (default), ``jaxpe.attention.flash_kernels``: Triton kernels (explicit
+  ``pallas.triton.CompilerParams``, warps per block size), a grid over (batch, head, row block) and
+  a loop over the other side's blocks, which each program reads from the whole sequence in HBM.
+- ``"tpu"``, ``jaxpe.attention.flash_tpu``: Mosaic kernels blocked over both sides, the other
+  side's blocks on a sequential grid axis and the online softmax (or the gradient sums) in VMEM
+  scratch, as jax's own TPU flash attention: VMEM holds a few blocks whatever T is.
+
+``interpret=True`` runs the chosen family in Pallas interpret mode on any host (the tests run both
+against the same float32 references). What the other fused backends get as prepared arrays, these
+kernels compute per block from positions:
 
 - RoPE (``RopeSpec``): q and k blocks are rotated as they are loaded, cos/sin from the positions
   and frequencies: ``float32(p) * float32(inv_freq)`` (``phase_precision="float32"``, HF / Meta's
   phases) or ``apply_rope``'s exact phases (``"exact"``: its fixed-point turns in 12-bit chunks,
   reduced with exact float32 products, within ~6e-7 rad for positions below 2^24), times
   ``attention_factor`` and xPos's scale; the q/k gradients are rotated back (the transpose) in the backward kernels. No rotated
-  q/k is written to memory. ``"half"`` layout (h = R / 2 and the unrotated rest D - R powers of
+  q/k is written to memory. GPU, ``"half"`` layout (h = R / 2 and the unrotated rest D - R powers of
   two or 0): the two halves are read as lane ranges and rotated elementwise (``x1 cos - x2 sin``,
   ``x2 cos + x1 sin``), ``q.k`` summed over the ranges (no matmul beyond attention's own).
-  ``"interleaved"`` (its pairs are adjacent lanes) and other widths: the partner is a matmul with a
-  constant signed permutation ``[D, D]``, ``2 block D^2`` FLOPs per block rotated.
+  ``"interleaved"`` (its pairs are adjacent lanes), other widths and every layout on TPU (no
+  sub-128 lane slices): the partner is a matmul with a constant signed permutation ``[D, D]``,
+  ``2 block D^2`` FLOPs per block rotated (TPU: once per q or k block, cached in VMEM).
 - ALiBi (``AlibiSpec``): the native bias ``-m_h (i - j)`` from the position blocks (no emulation
   dims, no ``[B, N, T, S]`` array); ``form`` / ``order`` / ``theta`` / ``max_position`` are not
   used (they describe the emulation of the other fused backends).
@@ -22,7 +32,7 @@ arrays, this kernel computes per block from positions:
 - Masks: causal (key blocks past the diagonal are skipped), padding and packed documents as
   segment ids (``masks.kernel_segment_ids``); rows of padding queries return zeros, as on the
   other fused backends. Grouped-query heads read their kv head through the index map (no repeat).
-- T is padded to whole blocks (``backends.kernel_length``), q/k and v dims to a power of two.
+- T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two.
 
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
 probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients
@@ -31,7 +41,14 @@ settings are constants (not differentiated). First-order gradients only: ``jax.g
 (or ``jax.hessian``) fails at trace time ("Linearization failed"), as for jax's own Pallas kernels;
 the ``xla`` backend (blockwise) has second derivatives.
 
-Not yet run on a GPU or TPU: every figure is interpret mode on CPU.
+What a CPU proves and what only a device does: ``jax.export`` for ``"cuda"`` (``target="gpu"``)
+or ``"tpu"`` (``target="tpu"``) runs every Pallas lowering rule, so each option above, forward and
+backward, bf16 and float32, is checked on CPU to use only ops, block shapes (Mosaic's (8, 128)
+rule) and compiler params the lowering accepts, and to emit ``__gpu$xla.gpu.triton`` /
+``tpu_custom_call`` (tests/attention/flash_lowering_test.py). Interpret mode proves the numerics of
+the kernels' arithmetic on CPU. Triton's and Mosaic's own compilation (register and VMEM limits,
+layouts), the speed, and the numerics of the GPU / TPU matmul units (HIGHEST float32, bf16
+inputs) are proven only on a device: not yet run on a GPU or TPU.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
 E emulation dims, D padded head dim.
@@ -87,14 +104,18 @@ def attend(
     bias: must be None (the kernel takes no dense bias).
     alibi_spec, rope_spec: checked specs (``check_alibi_spec`` / ``check_rope_spec``).
     precise_dims: E, trailing float32 dims of q and k (contracted in float32).
-    interpret: run the kernels in Pallas interpret mode (CPU).
+    interpret: run the kernels of ``target`` in Pallas interpret mode (CPU).
     sinks: must be None.
     block: rows per block, a power of two >= 8 (tests); default ``kernel_length`` (T up to 128
-      as one block, else 128).
+      as one block, else 128). ``target="tpu"`` outside interpret mode: a multiple of 128 or at
+      least the padded T (Mosaic's tiling of the key-row operands).
+    target: ``"gpu"`` (Triton kernels, ``flash_kernels``) or ``"tpu"`` (Mosaic kernels blocked
+      over k/v, ``flash_tpu``); lower them for ``"cuda"`` / ``"tpu"`` respectively.
 
   Raises:
     ValueError: a bias, a dense mask or an IndexMask, sinks, T != S, H = 0, q/k not H + E dims,
-      concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``.
+      concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``,
+      a ``target`` not in ``TARGETS``.
   """
   if target not in TARGETS:
     raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -124,6 +145,11 @@ def attend(
     if isinstance(block, bool) or not isinstance(block, int) or block < 8 or block & (block - 1):
       raise ValueError(f"block must be a power of two >= 8, got {block!r}")
     length = -(-t_len // block) * block
+    if target == "tpu" and not interpret and block % 128 and block < length:
+      raise ValueError(
+        f"block must be a multiple of 128 or at least the padded T ({length}) for target='tpu' "
+        f"outside interpret mode (Mosaic's (8, 128) tiling), got {block}"
+      )
   if batch == 0 or t_len == 0:
     return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
   mask = mask or AttentionMask(causal=False)
@@ -146,8 +172,9 @@ def attend(
   aux: dict[str, jax.Array] = {}
   qe = ke = None
   if precise_dims:
-    qe = layout(q[..., head_dim:].astype(jnp.float32), precise_dims)
-    ke = layout(k[..., head_dim:].astype(jnp.float32), precise_dims)
+    width = padded_head_dim("flash", precise_dims)  # a power of two: Triton loads power-of-two blocks
+    qe = layout(q[..., head_dim:].astype(jnp.float32), width)
+    ke = layout(k[..., head_dim:].astype(jnp.float32), width)
   cfg = flash_kernels.Config(
     scale=float(scale),
     causal=mask.causal,

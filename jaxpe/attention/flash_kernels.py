@@ -1,4 +1,5 @@
-"""The Pallas kernels of the ``flash`` backend: forward, dq, and dk/dv, with RoPE and ALiBi inside.
+"""The GPU (Triton) Pallas kernels of the ``flash`` backend: forward, dq, and dk/dv, with RoPE and
+ALiBi inside; the block arithmetic both targets share (``flash_tpu`` schedules it for Mosaic).
 
 FlashAttention-2 (Dao, arXiv 2307.08691): the grid runs over (batch, head, block of rows), a loop
 over the other side's blocks keeps the online softmax (running max and sum, float32 accumulation);
@@ -16,8 +17,16 @@ float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq``
 ``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
-two and full minor dims, as in jax's own Triton and Mosaic attention kernels; the kernels use only
-``jnp`` / ``lax`` ops both lower.
+two and full minor dims, as in jax's own Triton attention kernel.
+
+Triton (``target="gpu"``): ``triton_params`` gives explicit ``pallas.triton.CompilerParams`` (without
+them Pallas picks Mosaic GPU, which has no ``dot_general``); every load is one indexer (a head of a
+``[G, T, D]`` block and a row range in one index, not ``ref.at[g][rows]``) and tables are read by
+rows from their refs (no value ``slice``, which the Triton lowering lacks). Each program reads the
+other side's blocks from the whole sequence in HBM (GPU memory, so T is not bounded by the chip's
+SRAM). Lowered for ``"cuda"`` on CPU (tests/attention/flash_lowering_test.py) every option emits
+``__gpu$xla.gpu.triton``; Triton's compilation, speed and the numerics of the tensor cores are
+proven only on a GPU.
 
 Shape alphabet: B batch, T tokens, N heads, K kv heads, G = N / K, D q/k dims, Dv v dims,
 E emulation dims.

@@ -17,8 +17,9 @@ tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every bl
 The rotation is the ``[D, D]`` permutation matmul for both layouts (``Config.split`` is 0 on TPU:
 no sub-128 lane slices). The kernels use no op whose Mosaic lowering asks for the chip (jax's
 ``sign`` lowering does, and ``//`` of int32 uses it: ``lax.div`` here), and their block sizes do
-not depend on the chip (a few 128-row blocks fit every generation's scoped VMEM), so they lower on
-any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
+not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered blocks, with the
+``(b, 1)`` columns padded to ``(b, 128)`` tiles, the ``[D, D]`` table and the scratch are about 2 MiB,
+by count, not measured; v5e's default scoped VMEM is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
 
 Lowering (``jax.export`` for ``"tpu"`` on a CPU) proves the Pallas rules accept every block shape and
 op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, VMEM limits), speed and the
@@ -56,9 +57,7 @@ def tpu_chip(name: str):
   """
   if name not in CHIPS:
     raise ValueError(f"tpu_chip name must be one of {sorted(CHIPS)}, got {name!r}")
-  from jax._src import mesh as mesh_lib  # AbstractDevice is not exported by jax.sharding
-
-  device = mesh_lib.AbstractDevice(device_kind=CHIPS[name], num_cores=1, platform="tpu")
+  device = jax.sharding.AbstractDevice(device_kind=CHIPS[name], num_cores=1, platform="tpu")
   mesh = jax.sharding.AbstractMesh((1,), ("chip",), abstract_device=device)
   with jax.sharding.use_abstract_mesh(mesh):
     yield
@@ -174,10 +173,11 @@ def _dkv_kernel(*refs, names, cfg: fk.Config):
     slope = r["slopes"][...] if "slopes" in r else None
     p, ds = _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j)
     do = r["do"][...]
-    r["dv_scr"][...] += fk.dot_tn(p.astype(do.dtype), do)
-    r["dk_scr"][...] += fk.dot_tn(ds.astype(qr[0].dtype), qr[0])
+    # p^T @ do as jax's TPU kernel writes it (an explicit transpose, not dot_general's lhs dim 0)
+    r["dv_scr"][...] += fk.dot(p.T.astype(do.dtype), do)
+    r["dk_scr"][...] += fk.dot(ds.T.astype(qr[0].dtype), qr[0])
     if ke is not None:
-      r["dke_scr"][...] += fk.dot_tn(ds, qe)
+      r["dke_scr"][...] += fk.dot(ds.T, qe)
 
   @pl.when(last)
   def _():

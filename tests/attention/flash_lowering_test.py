@@ -48,7 +48,7 @@ OPTIONS = {  # option -> settings of one program (defaults: T, N, K above, no ma
     rotary_dim=H // 2,
   ),
   "xpos": dict(causal=True, rope=("interleaved", "exact"), xpos=True),
-  "precise_dims": dict(causal=True, precise=2),
+  "precise_dims": dict(causal=True, precise=6),  # E 6 (order 3): padded to 8 lanes
   "t200": dict(causal=True, valid=True, t_len=200, alibi=True, rope=("half", "exact")),
 }
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
@@ -181,6 +181,8 @@ def test_bad_target_and_chip_are_refused():
   q = jnp.zeros((B, 16, N, 8))
   with pytest.raises(ValueError, match=r"target must be one of \('gpu', 'tpu'\)"):
     flash.attend(q, q, q, scale=SCALE, mask=None, interpret=True, target="cuda")
+  with pytest.raises(ValueError, match="block must be a multiple of 128 or at least the padded T"):
+    flash.attend(q, q, q, scale=SCALE, mask=None, interpret=False, target="tpu", block=8)
   with pytest.raises(ValueError, match="tpu_chip name must be one of"):
     with flash_tpu.tpu_chip("v9"):
       pass

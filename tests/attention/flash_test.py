@@ -26,7 +26,7 @@ def _small_blocks(monkeypatch):
   monkeypatch.setattr(flash, "MAX_BLOCK", 8)  # several q and k blocks at a small T
 
 
-@pytest.fixture(params=["gpu", "tpu"])
+@pytest.fixture(params=flash.TARGETS)
 def target(request, monkeypatch):
   """Each kernel family in interpret mode: ``attention(implementation="flash")`` calls ``flash.attend``
   with its default target ("gpu", the Triton kernels); "tpu" runs the Mosaic kernels (flash_tpu:
@@ -206,12 +206,17 @@ def test_every_rope_scaling_in_the_kernel_matches_the_reference():
   assert len(freqs) == len(scalings)  # four different frequency sets
 
 
+LONGROPE = dict(rope_type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 5.0])
+
+
 @pytest.mark.parametrize(
-  "layout,rotary_dim,causal,scaling",
+  "layout,rotary_dim,causal,scaling,target",
   [
-    ("half", 4, False, dict(rope_type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 5.0])),
-    ("interleaved", H, True, dict(rope_type="yarn", factor=4.0)),
+    ("half", 4, False, LONGROPE, "gpu"),
+    ("interleaved", H, True, dict(rope_type="yarn", factor=4.0), "gpu"),
+    ("half", 4, False, LONGROPE, "tpu"),  # TPU: the perm matmul for both layouts
   ],
+  indirect=["target"],
 )
 def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, causal, scaling, target):
   # partial rotary_dim 4 of H 8 with LongRoPE's long factors (T 13 > 8) and attention_factor;
@@ -231,7 +236,9 @@ def test_rope_gradients_in_the_kernel_match_the_reference(layout, rotary_dim, ca
   _assert_close(got, want, f"{layout} R={rotary_dim}")
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize(
+  "layout,target", [("interleaved", "gpu"), ("half", "gpu"), ("interleaved", "tpu")], indirect=["target"]
+)
 def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout, target):
   # xPos and ALiBi's bias -m (i - j) in one kernel, non-causal (keys after the query get a positive
   # bias too); one head without ALiBi; interleaved (perm matmul) and rotate-half (elementwise)
@@ -252,14 +259,16 @@ def test_xpos_and_native_alibi_in_the_kernel_match_the_reference(layout, target)
   _assert_close(got, want, f"xpos + alibi ({layout})")
 
 
-def test_rope_alibi_emulation_dims_are_contracted_in_float32(target):
-  # apply_rope_alibi's q/k: H content dims and 2k float32 dims (precise_dims) of large amplitude
+@pytest.mark.parametrize("order,target", [(1, "gpu"), (3, "gpu"), (3, "tpu")], indirect=["target"])
+def test_rope_alibi_emulation_dims_are_contracted_in_float32(order, target):
+  # apply_rope_alibi's q/k: H content dims and 2k float32 dims (precise_dims) of large amplitude;
+  # order 3: 6 dims, padded to 8 in the kernel
   q, k, v, ct = _data(5)
   mask, pos = _mask(True), _positions()
   slopes = np.array([0.5, 0.25, 0.125, 0.0625])
-  qa, ka = apply_rope_alibi(jnp.asarray(q), jnp.asarray(k), pos, pos, slopes=slopes, theta=0.01, order=1)
+  qa, ka = apply_rope_alibi(jnp.asarray(q), jnp.asarray(k), pos, pos, slopes=slopes, theta=0.01, order=order)
   extra = qa.shape[-1] - H
-  assert extra == 2
+  assert extra == 2 * order
   got = _value_and_grads(_run("flash", mask, precise_dims=extra), qa, ka, v, ct)
   want = _value_and_grads(lambda q, k, v: _reference(q, k, v, mask), qa, ka, v, ct)
   _assert_close(got, want, "rope_alibi")
