@@ -227,11 +227,17 @@ def test_the_cycle_check_sees_imports_inside_functions_type_checking_and_import_
   assert ["p.a", "p.b"] not in import_cycles(without_type_checking)
 
 
-def test_each_package_imports_only_its_layer_and_below():
+def test_every_module_belongs_to_a_layer():
+  assert {layer(m) for m in MODULES} == set(THIRD_PARTY) == set(MAY_IMPORT), sorted(
+    {layer(m) for m in MODULES}
+  )
+
+
+@pytest.mark.parametrize("own", sorted(THIRD_PARTY))
+def test_each_package_imports_only_its_layer_and_below(own):
   bad = []
-  for m in MODULES:
-    own = layer(m)
-    for target, line, _ in imports(m):
+  for m in (m for m in MODULES if layer(m) == own):
+    for target, line, _ in imports(m, type_checking=True):
       if target.split(".")[0] != "jaxpe" or target not in MODULES:
         continue
       other = layer(target)
@@ -254,10 +260,11 @@ def test_ops_import_neither_flax_nor_anything_above_them():
   assert not bad, bad
 
 
-def test_third_party_imports_match_the_extras():
+@pytest.mark.parametrize("own", sorted(THIRD_PARTY))
+def test_third_party_imports_match_the_extras(own):
   bad = []
-  for m in MODULES:
-    allowed = THIRD_PARTY[layer(m)]
+  for m in (m for m in MODULES if layer(m) == own):
+    allowed = THIRD_PARTY[own]
     for target, line, top in imports(m):
       name = target.split(".")[0]
       if name in ("jaxpe", "__future__") or name in sys.stdlib_module_names:
@@ -298,3 +305,13 @@ def test_the_changelog_lists_the_old_module_paths():
 def test_old_path_is_removed_and_its_new_modules_exist(old):
   assert old not in MODULES and importlib.util.find_spec(old) is None, f"{old} still imports"
   assert all(target in MODULES for target in OLD_PATHS[old]), OLD_PATHS[old]
+
+
+@pytest.mark.parametrize("old", sorted(OLD_PATHS))
+def test_old_path_is_no_attribute_of_the_package(old):
+  # jaxpe.__getattr__ served ``jaxpe.rope`` etc. as attributes until issue 38.
+  import jaxpe
+
+  assert not hasattr(jaxpe, old.removeprefix("jaxpe.")), f"jaxpe still has {old}"
+  with pytest.raises(ModuleNotFoundError):
+    importlib.import_module(old)

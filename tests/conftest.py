@@ -60,6 +60,47 @@ if os.environ.get(_SHARED) or not jax.config.jax_compilation_cache_dir:
     jax.config.update(_name, _value)
 
 
+# The suite's profile (docs/architecture.md, "Tests"): with JAXPE_TEST_PROFILE=PREFIX each test
+# process appends one JSON line per test to PREFIX.<pid>.jsonl: its wall seconds (setup, call and
+# teardown), the programs it built (``backend_compile`` events: compiled by XLA, or loaded from the
+# persistent cache: ``cache_hits``) and the subprocesses it started (compiles inside a subprocess
+# are the subprocess's, not counted). Off by default: nothing is patched.
+_PROFILE = os.environ.get("JAXPE_TEST_PROFILE")
+if _PROFILE:
+  import json
+  import subprocess
+  import time
+
+  _COUNTS = {"programs": 0, "cache_hits": 0, "subprocesses": 0}
+
+  def _on_duration(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      _COUNTS["programs"] += 1
+
+  def _on_event(event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+      _COUNTS["cache_hits"] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(_on_duration)
+  jax.monitoring.register_event_listener(_on_event)
+  _popen_init = subprocess.Popen.__init__
+
+  def _counted_popen_init(self, *args, **kwargs):
+    _COUNTS["subprocesses"] += 1
+    _popen_init(self, *args, **kwargs)
+
+  subprocess.Popen.__init__ = _counted_popen_init
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    before, start = dict(_COUNTS), time.perf_counter()
+    yield
+    row = {"test": item.nodeid, "seconds": round(time.perf_counter() - start, 3)}
+    row.update({k: _COUNTS[k] - before[k] for k in _COUNTS})
+    with open(f"{_PROFILE}.{os.getpid()}.jsonl", "a") as f:
+      f.write(json.dumps(row) + "\n")
+
+
 @pytest.fixture
 def standard_promotion():
   """Standard dtype promotion for training tests: optax's Adam mixes Python floats with int32 step
