@@ -100,6 +100,26 @@ if _PROFILE:
     with open(f"{_PROFILE}.{os.getpid()}.jsonl", "a") as f:
       f.write(json.dumps(row) + "\n")
 
+  def pytest_sessionfinish(session):
+    """The per-file table, PREFIX.md, written by the main process once every worker is done."""
+    if hasattr(session.config, "workerinput"):
+      return
+    files: dict[str, list[float]] = {}
+    for part in Path(_PROFILE).parent.glob(Path(_PROFILE).name + ".*.jsonl"):
+      for line in part.read_text().splitlines():
+        row = json.loads(line)
+        total = files.setdefault(row["test"].split("::")[0], [0, 0.0, 0, 0, 0])
+        for i, key in enumerate(("seconds", "programs", "cache_hits", "subprocesses"), 1):
+          total[i] += row[key]
+        total[0] += 1
+    lines = [
+      "| file | tests | seconds | programs built | cache hits | subprocesses |",
+      "|---|---|---|---|---|---|",
+    ]
+    for name, (n, sec, progs, hits, subs) in sorted(files.items(), key=lambda kv: -kv[1][1]):
+      lines.append(f"| `{name}` | {n} | {sec:.1f} | {progs} | {hits} | {subs} |")
+    Path(f"{_PROFILE}.md").write_text("\n".join(lines) + "\n")
+
 
 @pytest.fixture
 def standard_promotion():
