@@ -2,7 +2,7 @@
 
 Pure-functional ops (no Flax): RoPE written with complex numbers, ALiBi, RoPE-emulated ALiBi,
 positions from masks and segment ids, and the attention function they all go through. A Flax NNX
-decoder (``jaxpe.model``) and a trainer (``jaxpe.trainer``) compose them.
+decoder (``jaxpe.model``) and a trainer (``jaxpe.train``) compose them.
 
 Shape alphabet, used in einsums, docstrings and tests:
   B batch, T query positions, S key positions, N query heads, K kv heads, H head dim,
@@ -11,7 +11,6 @@ Units: positions are token indices (integers >= 0); frequencies (inv_freq, theta
 per token.
 """
 
-from jaxpe import _compat
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.emulated import emulated_alibi_attention
 from jaxpe.attention.masks import AttentionMask, dense_attention_mask, document_mask, make_attention_mask
@@ -90,15 +89,3 @@ __all__ = [
   "xpos_scale",
   "xpos_zeta",
 ]
-
-_compat.install()
-
-
-def __getattr__(name: str):
-  """``jaxpe.rope``, ``jaxpe.kernels``, ...: the old flat modules as attributes, as before the
-  subpackages (``jaxpe._compat``; their names warn on use)."""
-  if f"jaxpe.{name}" in _compat.MOVED:
-    import importlib
-
-    return importlib.import_module(f"jaxpe.{name}")
-  raise AttributeError(f"module 'jaxpe' has no attribute {name!r}")

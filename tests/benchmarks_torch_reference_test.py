@@ -6,23 +6,19 @@ next loss (float32, within 1e-5)."""
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-torch = pytest.importorskip("torch")
+from jaxpe.model.config import ModelConfig
+from jaxpe.model.decoder import Decoder
+from jaxpe.train import steps
+from jaxpe.train.config import TrainConfig
+from jaxpe.train.optimizer import make_optimizer
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from jaxpe.model.config import ModelConfig  # noqa: E402
-from jaxpe.model.decoder import Decoder  # noqa: E402
-from jaxpe.train import steps  # noqa: E402
-from jaxpe.train.config import TrainConfig  # noqa: E402
-from jaxpe.train.optimizer import make_optimizer  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import torch_reference  # noqa: E402
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 # init_std 0.3: attention weights far from uniform, so positions and every layer move the loss
 # (at the default 0.02 every model's loss is log V to 1e-4).
@@ -31,19 +27,33 @@ TRAIN = TrainConfig(model=CFG, batch_size=3, seq_len=16, warmup_steps=0, num_ste
 
 
 @pytest.fixture(scope="module")
+def torch_reference():
+  """benchmarks/torch_reference.py, imported by the tests that use it (it imports torch: seconds
+  that collecting the suite does not pay)."""
+  sys.path.insert(0, str(BENCHMARKS))
+  try:
+    import torch_reference
+  finally:
+    sys.path.remove(str(BENCHMARKS))
+  return torch_reference
+
+
+@pytest.fixture(scope="module")
 def jaxpe_model():
   return Decoder(CFG, rngs=nnx.Rngs(0))
 
 
-def _models(model):
+def _models(torch_reference, model):
   reference = torch_reference.TorchDecoder.from_config(CFG, seed=1)
   torch_reference.load_jaxpe_params(reference, model)
   batch = np.random.default_rng(0).integers(0, CFG.vocab_size, (3, 17))
   return reference, batch
 
 
-def test_same_logits_and_loss_at_init(jaxpe_model):
-  reference, batch = _models(jaxpe_model)
+def test_same_logits_and_loss_at_init(torch_reference, jaxpe_model):
+  import torch
+
+  reference, batch = _models(torch_reference, jaxpe_model)
   graphdef, state = nnx.split(jaxpe_model)
 
   @jax.jit
@@ -69,8 +79,10 @@ def test_same_logits_and_loss_at_init(jaxpe_model):
 
 
 @pytest.mark.usefixtures("standard_promotion")  # optax's Adam mixes Python floats and int32 counts
-def test_one_optimizer_step_gives_the_same_next_loss(jaxpe_model):
-  reference, batch = _models(jaxpe_model)
+def test_one_optimizer_step_gives_the_same_next_loss(torch_reference, jaxpe_model):
+  import torch
+
+  reference, batch = _models(torch_reference, jaxpe_model)
   model = nnx.clone(jaxpe_model)
   graphdef, state = nnx.split((model, nnx.Optimizer(model, make_optimizer(TRAIN), wrt=nnx.Param)))
   train_step = steps.make_train_step(graphdef)

@@ -1,5 +1,5 @@
 """Test-wide JAX settings: 8 fake CPU devices, strict dtype promotion, no implicit rank promotion, a
-per-process compilation cache."""
+compilation cache per test session shared by its processes."""
 
 import atexit
 import os
@@ -17,18 +17,108 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
-# XLA's persistent compilation cache, in a fresh folder per test process, removed at exit: the
-# library builds a new jax.jit per call in places (the sharded init and the train step of every
-# trainer.train run, each study evaluation), so every test that trains or evaluates compiled the same
-# programs again (a repeated 4-step run: 30 s of CPU, 4.7 s with the cache). A hit loads the
-# executable XLA compiled for the same program in this process; nothing is shared between processes
-# (xdist workers, or the train.py subprocesses the fault tests start and signal) or between sessions.
-if not jax.config.jax_compilation_cache_dir:
-  _XLA_CACHE = tempfile.mkdtemp(prefix="jaxpe-tests-xla-cache-")
-  atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
-  jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)  # not the single eager ops
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# XLA's persistent compilation cache, one folder per test session, shared by every process of the
+# session: the xdist workers and the subprocesses tests start (train.py runs the fault tests signal,
+# the two-process runs, the command-line runs) inherit it through the environment. The library
+# builds a new jax.jit per call in places (the sharded init and the train step of every trainer.train
+# run, each study evaluation), so every test that trains or evaluates compiled the same programs
+# again (a repeated 4-step run: 30 s of CPU, 4.7 s with the cache), and every subprocess compiled
+# the tiny model's programs from nothing. A hit loads the executable XLA compiled for the same
+# program (the key covers the HLO, the devices, XLA_FLAGS and the jax version); tracing and every
+# trace-time check run as before. The process that makes the folder removes it at exit. Cross-process
+# use takes jax's file lock (jax_compilation_cache_max_size turns it on; it needs filelock), so no
+# process reads an entry half written; without filelock each process keeps a folder of its own.
+# A cache the user configured (JAX_COMPILATION_CACHE_DIR) is used as it is.
+_SHARED = "JAXPE_TEST_XLA_CACHE"  # the session's folder, set by the process that made it
+
+
+def _shared_cache() -> tuple[str, bool]:
+  """The session's cache folder, and whether it may be shared with other processes."""
+  try:
+    import filelock  # noqa: F401
+  except ImportError:
+    return tempfile.mkdtemp(prefix="jaxpe-tests-xla-cache-"), False
+  if os.environ.get(_SHARED) and os.path.isdir(os.environ[_SHARED]):
+    return os.environ[_SHARED], True
+  return tempfile.mkdtemp(prefix="jaxpe-tests-xla-cache-"), True
+
+
+if os.environ.get(_SHARED) or not jax.config.jax_compilation_cache_dir:
+  _XLA_CACHE, _shareable = _shared_cache()
+  if _XLA_CACHE != os.environ.get(_SHARED):
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+  _settings = {
+    "jax_compilation_cache_dir": _XLA_CACHE,
+    "jax_persistent_cache_min_compile_time_secs": 0.1,  # not the single eager ops
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+  }
+  if _shareable:
+    _settings["jax_compilation_cache_max_size"] = 1 << 40  # on, for the lock; nothing is evicted
+    os.environ[_SHARED] = _XLA_CACHE
+    os.environ.update({name.upper(): str(value) for name, value in _settings.items()})
+  for _name, _value in _settings.items():
+    jax.config.update(_name, _value)
+
+
+# The suite's profile (docs/architecture.md, "Tests"): with JAXPE_TEST_PROFILE=PREFIX each test
+# process appends one JSON line per test to PREFIX.<pid>.jsonl: its wall seconds (setup, call and
+# teardown), the programs it built (``backend_compile`` events: compiled by XLA, or loaded from the
+# persistent cache: ``cache_hits``) and the subprocesses it started (compiles inside a subprocess
+# are the subprocess's, not counted). Off by default: nothing is patched.
+_PROFILE = os.environ.get("JAXPE_TEST_PROFILE")
+if _PROFILE:
+  import json
+  import subprocess
+  import time
+
+  _COUNTS = {"programs": 0, "cache_hits": 0, "subprocesses": 0}
+
+  def _on_duration(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      _COUNTS["programs"] += 1
+
+  def _on_event(event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+      _COUNTS["cache_hits"] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(_on_duration)
+  jax.monitoring.register_event_listener(_on_event)
+  _popen_init = subprocess.Popen.__init__
+
+  def _counted_popen_init(self, *args, **kwargs):
+    _COUNTS["subprocesses"] += 1
+    _popen_init(self, *args, **kwargs)
+
+  subprocess.Popen.__init__ = _counted_popen_init
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    before, start = dict(_COUNTS), time.perf_counter()
+    yield
+    row = {"test": item.nodeid, "seconds": round(time.perf_counter() - start, 3)}
+    row.update({k: _COUNTS[k] - before[k] for k in _COUNTS})
+    with open(f"{_PROFILE}.{os.getpid()}.jsonl", "a") as f:
+      f.write(json.dumps(row) + "\n")
+
+  def pytest_sessionfinish(session):
+    """The per-file table, PREFIX.md, written by the main process once every worker is done."""
+    if hasattr(session.config, "workerinput"):
+      return
+    files: dict[str, list[float]] = {}
+    for part in Path(_PROFILE).parent.glob(Path(_PROFILE).name + ".*.jsonl"):
+      for line in part.read_text().splitlines():
+        row = json.loads(line)
+        total = files.setdefault(row["test"].split("::")[0], [0, 0.0, 0, 0, 0])
+        for i, key in enumerate(("seconds", "programs", "cache_hits", "subprocesses"), 1):
+          total[i] += row[key]
+        total[0] += 1
+    lines = [
+      "| file | tests | seconds | programs built | cache hits | subprocesses |",
+      "|---|---|---|---|---|---|",
+    ]
+    for name, (n, sec, progs, hits, subs) in sorted(files.items(), key=lambda kv: -kv[1][1]):
+      lines.append(f"| `{name}` | {n} | {sec:.1f} | {progs} | {hits} | {subs} |")
+    Path(f"{_PROFILE}.md").write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture

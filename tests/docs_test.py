@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 
 import jaxpe
-from jaxpe import _compat
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -245,12 +244,12 @@ def test_cited_paths_exist(path):
 def resolve(dotted: str):
   """The object a dotted ``jaxpe.`` name means: the longest importable module, then attributes.
 
-  Raises AssertionError for an old path of ``jaxpe._compat.MOVED`` or a name whose lookup warns
-  (deprecated), and AttributeError / ImportError for a name that does not exist."""
+  Raises DeprecationWarning for a name whose lookup warns (deprecated), and AttributeError /
+  ImportError for a name that does not exist (an old module path of docs/architecture.md's
+  changelog among them)."""
   parts = dotted.split(".")
   for cut in range(len(parts), 0, -1):
     module_name = ".".join(parts[:cut])
-    assert module_name not in _compat.MOVED, f"{dotted}: {module_name} is an old module path"
     try:
       if importlib.util.find_spec(module_name) is None:
         continue

@@ -24,9 +24,6 @@ forms are jaxpe's extensions (``docs/emulation.md``).
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim.
 """
 
-import importlib
-import warnings
-
 from jaxpe.emulation.base_constrained import BaseConstrainedPlan, base_constrained_qk, solve_base_constrained
 from jaxpe.emulation.bounds import (
   ROUNDING_CONSTANT,
@@ -62,23 +59,3 @@ __all__ = [
   "solve_emulation",
   "truncation_error_bound",
 ]
-
-
-# COMPATIBILITY SHIM, the one documented exception to "no import inside a function" in this package:
-# ``jaxpe.emulation.emulated_alibi_attention`` (the old flat module's name) moved to
-# ``jaxpe.attention.emulated_alibi_attention`` (it runs the attention kernels, a layer above this
-# one). The old name still resolves, lazily and with a DeprecationWarning; nothing in jaxpe uses it.
-# Remove together with the other deprecated paths (jaxpe._compat).
-_MOVED_UP = {"emulated_alibi_attention": "jaxpe.attention"}
-
-
-def __getattr__(name: str):
-  if name in _MOVED_UP:
-    target = _MOVED_UP[name]
-    warnings.warn(
-      f"jaxpe.emulation.{name} moved to {target}.{name}; the old path will be removed",
-      DeprecationWarning,
-      stacklevel=2,
-    )
-    return getattr(importlib.import_module(target), name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

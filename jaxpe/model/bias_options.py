@@ -4,10 +4,21 @@ buckets (``relative_attention_num_buckets`` / ``relative_attention_max_distance`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # the config imports this module
-  from jaxpe.model.config import ModelConfig
+
+class BiasKeys(Protocol):
+  """The keys of ``jaxpe.model.config.ModelConfig`` these checks read (a Protocol, not an import:
+  the config imports this module, and nothing here imports the config)."""
+
+  pos_encoding: str
+  attn_implementation: str
+  attention_interpret: bool
+  attention_sinks: bool
+  cope_npos_max: int | None
+  relative_attention_num_buckets: int
+  relative_attention_max_distance: int
+
 
 XLA_ONLY_ENCODINGS: tuple[str, ...] = ("cope", "t5", "kerple_log", "kerple_power", "fire")
 """Encodings that are additive biases only the ``xla`` backend computes (docs/attention.md): a config
@@ -15,7 +26,7 @@ with a fused ``attn_implementation`` is refused (``auto`` runs them on ``xla`` o
 ``jaxpe.attention.attention`` passes over the kernels that take no bias)."""
 
 
-def check_bias_options(cfg: ModelConfig) -> None:
+def check_bias_options(cfg: BiasKeys) -> None:
   """Raises ValueError naming the key: ``cope_npos_max`` without ``pos_encoding='cope'``; an
   ``XLA_ONLY_ENCODINGS`` encoding with a fused ``attn_implementation``; ``attention_sinks`` on
   ``cudnn``, ``pallas_gpu`` or ``flash``; T5's ``relative_attention_max_distance`` not above half the buckets."""

@@ -17,13 +17,17 @@ from typing import Any, Literal
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from jaxpe.model import bias_options, encodings, rope_options
+from jaxpe.model import bias_options, rope_options
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
-POS_ENCODINGS: tuple[str, ...] = tuple(encodings.REGISTRY)
-"""The positional encodings of ``jaxpe/model/encodings/`` (``none``, ``learned``, ``sinusoidal``,
-``rope``, ``xpos``, ``alibi``, ``rope_alibi``, then any module added there). ``ModelConfig`` also
-accepts an encoding registered later (``jaxpe.model.encodings.register``)."""
+POS_ENCODINGS: tuple[str, ...] = (
+  *("none", "learned", "sinusoidal", "rope", "xpos", "alibi", "rope_alibi"),
+  *("cope", "t5", "kerple_log", "kerple_power", "fire"),
+)
+"""The built-in encodings, in the order ``jaxpe/model/encodings/`` registers them (tests check it)."""
+ENCODINGS: dict[str, Any] = {}
+"""``pos_encoding`` name -> encoding class (``jaxpe.model.encodings.REGISTRY`` is this dict; its
+``register`` fills it, ``ModelConfig`` reads it: the registry imports the config, not the reverse)."""
 PosEncoding = Literal[POS_ENCODINGS]
 """The names in ``POS_ENCODINGS`` as a type."""
 DType = Literal["float32", "bfloat16", "float16"]
@@ -35,8 +39,7 @@ MESH_AXES: tuple[str, ...] = typing.get_args(MeshAxis)
 
 
 class StrictConfig(pydantic.BaseModel):
-  """Base of every jaxpe config: frozen, unknown keys forbidden, strict types (ints accepted for
-  floats), no inf or NaN."""
+  """Base of every jaxpe config: frozen, no unknown keys, strict types (ints for floats), no inf/NaN."""
 
   model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -228,10 +231,9 @@ class ModelConfig(StrictConfig):
   @pydantic.field_validator("pos_encoding", mode="before")
   @classmethod
   def _registered_encoding(cls, name: Any) -> Any:
-    """A name of ``jaxpe.model.encodings.REGISTRY`` (read when validating, so an encoding
-    registered after this import counts); else pydantic's literal error listing them."""
-    if not (isinstance(name, str) and name in encodings.REGISTRY):
-      names = [repr(n) for n in encodings.REGISTRY]
+    """A name of ``ENCODINGS`` (read now: a later registration counts); else a literal error."""
+    if not (isinstance(name, str) and name in ENCODINGS):
+      names = [repr(n) for n in ENCODINGS]
       expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
       raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
     return name
@@ -287,8 +289,7 @@ class ModelConfig(StrictConfig):
     )
 
   def rope_layers(self) -> tuple[bool, ...] | None:
-    """``[L]`` whether each layer rotates (``jaxpe.model.rope_options.rope_layers``); None without a
-    schedule (every layer rotates)."""
+    """``[L]`` whether each layer rotates (``rope_options.rope_layers``); None: every layer rotates."""
     return rope_options.rope_layers(self)
 
   @pydantic.model_validator(mode="after")

@@ -10,13 +10,28 @@ p-RoPE (Barbero et al., arXiv 2410.06205; gemma's ``rope_proportion``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the config imports this module
-  from jaxpe.model.config import ModelConfig
+from typing import Any, Protocol
 
 
-def rope_layers(cfg: ModelConfig) -> tuple[bool, ...] | None:
+class RopeKeys(Protocol):
+  """The keys of ``jaxpe.model.config.ModelConfig`` these checks read (a Protocol, not an import:
+  the config imports this module, and nothing here imports the config)."""
+
+  pos_encoding: str
+  num_layers: int
+  rotary_dim: int | None
+  rope_scaling: Any  # a RopeScalingConfig or None
+  rope_alibi_content_rope: bool
+  rope_alibi_in_projection: bool
+  no_rope_layers: tuple[int, ...] | None
+  no_rope_layer_interval: int | None
+  rope_proportion: float | None
+
+  @property
+  def rotates(self) -> bool: ...
+
+
+def rope_layers(cfg: RopeKeys) -> tuple[bool, ...] | None:
   """``[L]`` whether each layer rotates (``no_rope_layers``, or the ``no_rope_layer_interval``
   rule ``(i + 1) % n != 0`` of transformers' Llama4TextConfig and SmolLM3Config); None without a
   schedule (every layer rotates)."""
@@ -27,7 +42,7 @@ def rope_layers(cfg: ModelConfig) -> tuple[bool, ...] | None:
   return None
 
 
-def check_rope_options(cfg: ModelConfig) -> None:
+def check_rope_options(cfg: RopeKeys) -> None:
   """The per-layer schedule, p-RoPE and the hybrid (issue 20)."""
   pe = cfg.pos_encoding
   if cfg.rope_alibi_content_rope and (pe != "rope_alibi" or cfg.rope_alibi_in_projection):

@@ -2,9 +2,9 @@
 
 - ``make_attention_mask`` (Flax linen's name, other arguments) -> ``dense_attention_mask``.
 - the backend keyword ``impl=`` -> ``implementation=`` (``jax.nn.dot_product_attention``'s name).
-- ``jaxpe.emulation.emulated_alibi_attention`` -> ``jaxpe.attention.emulated_alibi_attention``.
 
-Each gives the same result as the new name; the new names do not warn.
+Each gives the same result as the new name; the new names do not warn. The old module path
+``jaxpe.emulation.emulated_alibi_attention`` is gone (issue 38).
 """
 
 import warnings
@@ -85,11 +85,11 @@ def test_backend_helpers_take_implementation_and_the_old_keyword():
   assert got == backends.emulation_dim_count("cudnn", alibi_form="exact", max_position=65536) == 18
 
 
-def test_emulated_alibi_attention_keeps_its_old_path_with_a_warning():
-  with pytest.warns(DeprecationWarning, match="moved to jaxpe.attention.emulated_alibi_attention"):
-    old = jaxpe.emulation.emulated_alibi_attention
-  assert old is emulated.emulated_alibi_attention is jaxpe.emulated_alibi_attention
-  with pytest.warns(DeprecationWarning):
+def test_emulated_alibi_attention_old_path_is_removed():
+  # jaxpe.emulation.emulated_alibi_attention (the old flat module's name) was removed with the other
+  # old paths (issue 38; docs/architecture.md's changelog): one name, in jaxpe.attention.
+  assert emulated.emulated_alibi_attention is jaxpe.emulated_alibi_attention
+  with pytest.raises(AttributeError, match="has no attribute 'emulated_alibi_attention'"):
+    jaxpe.emulation.emulated_alibi_attention  # noqa: B018
+  with pytest.raises(ImportError, match="cannot import name 'emulated_alibi_attention'"):
     from jaxpe.emulation import emulated_alibi_attention  # noqa: F401
-  with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-    jaxpe.emulation.no_such_name  # noqa: B018

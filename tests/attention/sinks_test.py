@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxpe.attention import blockwise, kernels, masks
 
@@ -34,7 +33,9 @@ def _numpy_sink_attention(q, k, v, sinks, allowed, bias=None):
 def eager_attention_forward(module, query, key, value, attention_mask, scaling):
   """HF transformers 5.x ``models/gpt_oss/modeling_gpt_oss.py`` ``eager_attention_forward``, copied
   (dropout left out; ``repeat_kv`` inlined as ``repeat_interleave``, as HF's ``repeat_kv`` does):
-  importing transformers costs ~20 s of this test's CPU."""
+  importing transformers costs ~20 s of this test's CPU; torch is imported here, not at collection)."""
+  import torch
+
   key_states = key.repeat_interleave(module.num_key_value_groups, dim=1)
   value_states = value.repeat_interleave(module.num_key_value_groups, dim=1)
   attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
@@ -52,6 +53,8 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling):
 def _hf_gpt_oss(q, k, v, sinks, allowed, bias=None):
   """HF gpt-oss ``eager_attention_forward`` in torch float64 with autograd: (out [B, T, N, H],
   grads of q, k, v, sinks of sum(out * w)) for the fixed weights w below."""
+  import torch
+
   tq, tk, tv, ts = (torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v, sinks))
   module = torch.nn.Module()
   module.sinks, module.num_key_value_groups, module.training = ts, q.shape[2] // k.shape[2], False

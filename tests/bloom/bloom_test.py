@@ -6,6 +6,7 @@ arithmetic for the weight placement, the small-angle bound for the emulated bias
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -17,8 +18,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")  # the `bloom` extra; installed in CI via jaxpe[test]
-transformers = pytest.importorskip("transformers")
+
+class _Imported:
+  """A module imported at its first attribute, by the test that uses it, not when the suite is
+  collected (torch and transformers take seconds); the `bloom` extra, installed by jaxpe[test]."""
+
+  def __init__(self, name: str):
+    self._name = name
+
+  def __getattr__(self, attr: str):
+    return getattr(importlib.import_module(self._name), attr)
+
+
+torch = _Imported("torch")
+transformers = _Imported("transformers")
 
 from flax import nnx  # noqa: E402
 

@@ -13,7 +13,6 @@ import numpy as np
 import optax
 import pydantic
 import pytest
-import transformers
 from flax import nnx
 
 from jaxpe.model import generate
@@ -39,6 +38,8 @@ def _logits(overrides):
 def test_interval_schedule_equals_transformers(layers, interval):
   """transformers 5.24: Llama4TextConfig and SmolLM3Config both default ``no_rope_layers`` to
   ``int((layer_idx + 1) % no_rope_layer_interval != 0)``."""
+  import transformers  # here, not when the file is collected
+
   cfg = ModelConfig(**{**TINY, "num_layers": layers, "no_rope_layer_interval": interval})
   for hf_cls in (transformers.Llama4TextConfig, transformers.SmolLM3Config):
     hf = hf_cls(num_hidden_layers=layers, no_rope_layer_interval=interval)

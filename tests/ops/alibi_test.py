@@ -7,9 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from absl.testing import parameterized
-from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
 from jaxpe.ops import alibi, positions
 
@@ -26,13 +24,22 @@ def paper_slopes(n):
   return pow2(c) + pow2(2 * c)[0::2][: n - c]
 
 
+def hf_build_alibi_tensor(mask, n):
+  """HF BLOOM's ``build_alibi_tensor(torch.tensor(mask), n, torch.float32)`` as numpy (torch and
+  transformers are imported at the call, not when the file is collected)."""
+  import torch
+  from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+  return build_alibi_tensor(torch.tensor(mask), n, torch.float32).numpy()
+
+
 @pytest.mark.parametrize("n", list(range(1, 41)) + [48, 64, 71, 96, 112, 128])
 def test_slopes_any_head_count(n):
   np.testing.assert_allclose(alibi.alibi_slopes(n), paper_slopes(n), rtol=1e-7)
   f64 = alibi.alibi_slopes(n, dtype=np.float64)  # for the float64 emulation solvers
   assert isinstance(f64, np.ndarray) and f64.dtype == np.float64
   np.testing.assert_allclose(f64, paper_slopes(n), rtol=1e-14)  # a few float64 ulps
-  hf = build_alibi_tensor(torch.ones(1, 2), n, torch.float32)[:, 0, 1].numpy()
+  hf = hf_build_alibi_tensor(np.ones((1, 2), np.float32), n)[:, 0, 1]
   np.testing.assert_allclose(alibi.alibi_slopes(n), hf, rtol=1e-6)
 
 
@@ -67,7 +74,7 @@ class AlibiFormsTest(chex.TestCase):
     mask = np.array([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]], np.int64)
     n = 6
     out = self.variant(alibi.alibi_bias_bloom)(alibi.alibi_slopes(n), jnp.asarray(mask, jnp.int32))
-    hf = build_alibi_tensor(torch.tensor(mask), n, torch.float32).numpy().reshape(3, n, 1, 7)
+    hf = hf_build_alibi_tensor(mask, n).reshape(3, n, 1, 7)
     chex.assert_shape(out, (3, n, 1, 7))
     np.testing.assert_allclose(out, hf, rtol=1e-6, atol=1e-6)
 

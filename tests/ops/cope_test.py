@@ -1,51 +1,60 @@
 """CoPE (jaxpe.ops.cope) against the paper's own torch code (arXiv 2405.18719, its CoPE module, in
 float64 with autograd) and a float64 numpy transcription of its formula; jitted, with gradients."""
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from jaxpe.ops import cope
 
 B, T, N, K, H, P = 2, 10, 4, 2, 8, 6
 
 
-class CoPE(nn.Module):
-  """The paper's reference code (Golovneva et al. 2024, arXiv 2405.18719, Section 3 / appendix;
-  facebookresearch/RAM projects/cope), unchanged but for the layout of this file."""
+@functools.cache
+def _paper_cope():
+  """The paper's CoPE module class (torch is imported at the first call, not at collection)."""
+  import torch
+  from torch import nn
 
-  def __init__(self, npos_max, head_dim):
-    super().__init__()
-    self.npos_max = npos_max
-    self.pos_emb = nn.parameter.Parameter(torch.zeros(1, head_dim, npos_max))
+  class CoPE(nn.Module):
+    """The paper's reference code (Golovneva et al. 2024, arXiv 2405.18719, Section 3 / appendix;
+    facebookresearch/RAM projects/cope), unchanged but for the layout of this file."""
 
-  def forward(self, query, attn_logits):
-    # compute positions
-    gates = torch.sigmoid(attn_logits)
-    pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
-    pos = pos.clamp(max=self.npos_max - 1)
-    # interpolate from integer positions
-    pos_ceil = pos.ceil().long()
-    pos_floor = pos.floor().long()
-    logits_int = torch.matmul(query, self.pos_emb)
-    logits_ceil = logits_int.gather(-1, pos_ceil)
-    logits_floor = logits_int.gather(-1, pos_floor)
-    w = pos - pos_floor
-    return logits_ceil * w + logits_floor * (1 - w)
+    def __init__(self, npos_max, head_dim):
+      super().__init__()
+      self.npos_max = npos_max
+      self.pos_emb = nn.parameter.Parameter(torch.zeros(1, head_dim, npos_max))
+
+    def forward(self, query, attn_logits):
+      # compute positions
+      gates = torch.sigmoid(attn_logits)
+      pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+      pos = pos.clamp(max=self.npos_max - 1)
+      # interpolate from integer positions
+      pos_ceil = pos.ceil().long()
+      pos_floor = pos.floor().long()
+      logits_int = torch.matmul(query, self.pos_emb)
+      logits_ceil = logits_int.gather(-1, pos_ceil)
+      logits_floor = logits_int.gather(-1, pos_floor)
+      w = pos - pos_floor
+      return logits_ceil * w + logits_floor * (1 - w)
+
+  return CoPE
 
 
 def _paper_bias(q, k, pos_emb, mask):
   """The paper's SelfAttn up to the CoPE term, per head (q [B, T, N, H] as [B*N, T, H]): returns
   (bias [B, N, T, S], grads of q, k, pos_emb of sum(bias * w) where visible)."""
+  import torch
+
   g = q.shape[2] // k.shape[2]
   tq = torch.tensor(np.asarray(q, np.float64), requires_grad=True)
   tk = torch.tensor(np.asarray(k, np.float64), requires_grad=True)
-  module = CoPE(pos_emb.shape[-1], pos_emb.shape[0]).double()
+  module = _paper_cope()(pos_emb.shape[-1], pos_emb.shape[0]).double()
   with torch.no_grad():
     module.pos_emb.copy_(torch.tensor(np.asarray(pos_emb, np.float64))[None])
   query = tq.permute(0, 2, 1, 3).reshape(-1, q.shape[1], q.shape[3])  # [B*N, T, H]

@@ -8,8 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-from transformers.models.t5.modeling_t5 import T5Attention
 
 from jaxpe.ops import fire, relative_bias
 
@@ -53,6 +51,9 @@ def test_t5_buckets_equal_transformers(bidirectional, num_buckets, max_distance)
     )
   )
   got = np.asarray(fn(rel))
+  import torch  # here, not at collection
+  from transformers.models.t5.modeling_t5 import T5Attention
+
   hf = T5Attention._relative_position_bucket(
     torch.tensor(rel, dtype=torch.long),
     bidirectional=bidirectional,

@@ -7,10 +7,6 @@ import pytest
 from jaxpe.ops import rope_parameters
 from jaxpe.ops.rope_scaling import ntk_aware_base, rope_frequencies
 
-transformers = pytest.importorskip("transformers")
-transformers.logging.set_verbosity_error()
-from transformers import LlamaConfig  # noqa: E402
-
 
 def test_legacy_su_reads_as_longrope():
   params = {"short_factor": [1.0 + i for i in range(8)], "long_factor": [2.0 + i for i in range(8)]}
@@ -227,7 +223,10 @@ VALIDATION_TABLE = [
 
 def _transformers_flags(params, max_pos, monkeypatch):
   """Whether transformers 5.24's config validation raises or warns for ``params`` (LlamaConfig)."""
-  from transformers import modeling_rope_utils
+  import transformers  # here, not when the file is collected
+  from transformers import LlamaConfig, modeling_rope_utils
+
+  transformers.logging.set_verbosity_error()
 
   messages = []
   record = lambda msg, *a, **k: messages.append(str(msg))  # noqa: E731

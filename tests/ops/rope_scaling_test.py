@@ -11,20 +11,27 @@ import pytest
 from jaxpe.ops import rope
 from jaxpe.ops.rope_scaling import rope_frequencies
 
-transformers = pytest.importorskip("transformers")
-transformers.logging.set_verbosity_error()
-from transformers import LlamaConfig  # noqa: E402
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
-
 MAX_POS = 16384
 HEAD_DIMS = (32, 64, 96, 128, 256)
 BASES = (10000.0, 500000.0, 1e6)
 PARTIAL = (1.0, 0.5, 0.25)
 
 
+def _hf():
+  """transformers' ``LlamaConfig``, ``ROPE_INIT_FUNCTIONS`` and ``LlamaRotaryEmbedding``, imported at
+  the first call (not when the file is collected: transformers and torch take seconds)."""
+  import transformers
+  from transformers import LlamaConfig
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+  from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+  transformers.logging.set_verbosity_error()
+  return LlamaConfig, ROPE_INIT_FUNCTIONS, LlamaRotaryEmbedding
+
+
 def hf_reference(params, head_dim, max_pos=MAX_POS, seq_len=None):
   """HF's (inv_freq, attention_factor) for the same dict, via a LlamaConfig."""
+  LlamaConfig, ROPE_INIT_FUNCTIONS, LlamaRotaryEmbedding = _hf()
   config = LlamaConfig(
     hidden_size=2 * head_dim,
     num_attention_heads=2,
@@ -333,6 +340,8 @@ def test_rotated_q_k_match_hf_llama_rotary_embedding(params):
   dynamic_rope_update sees), from a fresh HF module."""
   import torch
   from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+  LlamaConfig, _, LlamaRotaryEmbedding = _hf()
 
   head_dim, max_pos = 64, 1024
   config = LlamaConfig(

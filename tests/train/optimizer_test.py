@@ -73,7 +73,7 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
   assert 0.1 < float(schedule(7)) < 1.0
 
 
-# Old flat module -> the modules its public names live in now (jaxpe/_compat.py MOVED lists these).
+# Old flat module -> the modules its public names live in now (docs/architecture.md's changelog).
 OLD_NAMES = {
   "jaxpe.trainer": (
     ("jaxpe.train.trainer", "jaxpe.train.run_checks", "jaxpe.train.state", "jaxpe.train.evaluation")

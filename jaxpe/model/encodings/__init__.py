@@ -2,16 +2,16 @@
 (``PositionalEncoding``, see ``base``), found by name in ``REGISTRY``.
 
 To add an encoding: write ``jaxpe/model/encodings/<name>.py`` with a ``@register("<name>")``
-subclass of ``PositionalEncoding`` overriding the hooks it needs, and add its import line below.
-``ModelConfig(pos_encoding="<name>")`` then builds a decoder with it (the config accepts every
+subclass of ``PositionalEncoding`` overriding the hooks it needs, add its import line below and its
+name to ``jaxpe.model.config.POS_ENCODINGS`` (the built-in names). ``ModelConfig(pos_encoding="<name>")`` then builds a decoder with it (the config accepts every
 registered name; an encoding registered from outside the package, after ``import jaxpe.model``,
 is accepted as well).
 """
 
 from jaxpe.model.encodings.base import REGISTRY, PositionalEncoding, emulation_theta, for_config, register
 
-# The registration: importing a module registers its encoding. The order of these lines is the
-# order of jaxpe.model.config.POS_ENCODINGS.
+# The registration: importing a module registers its encoding (into jaxpe.model.config.ENCODINGS,
+# the table the config reads). The order of these lines is the order of config.POS_ENCODINGS.
 # isort: off
 from jaxpe.model.encodings import none  # noqa: F401
 from jaxpe.model.encodings import learned  # noqa: F401

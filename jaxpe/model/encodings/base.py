@@ -20,7 +20,8 @@ call checks           ``check_call``                           rope_alibi
 
 Every hook has a do-nothing default (NoPE), so an encoding overrides only what it changes. A new
 encoding is one module in ``jaxpe/model/encodings/`` holding a ``@register("name")`` subclass of
-``PositionalEncoding``, and its import line in ``jaxpe/model/encodings/__init__.py``;
+``PositionalEncoding``, its import line in ``jaxpe/model/encodings/__init__.py`` and its name in
+``jaxpe.model.config.POS_ENCODINGS``;
 ``ModelConfig.pos_encoding`` then accepts ``"name"``. An encoding is a plain object built from the
 config (no state): parameters it needs are created by ``params`` and live on the ``Decoder``.
 
@@ -30,7 +31,7 @@ D model dim.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -40,10 +41,16 @@ from jaxpe import emulation
 from jaxpe.attention.kernels import AlibiSpec
 from jaxpe.attention.position_bias import PositionBias
 from jaxpe.attention.rope_spec import RopeSpec
+from jaxpe.model import config
+from jaxpe.model.config import ModelConfig
 
-if TYPE_CHECKING:  # the config imports this registry for the names it accepts
-  from jaxpe.model.cache import KVCache
-  from jaxpe.model.config import ModelConfig
+
+class CachedSlots(Protocol):
+  """What an encoding reads of the call's KV cache (``jaxpe.model.cache.KVCache``, which imports
+  this registry): ``positions`` ``[B, S]`` int32 and ``valid`` ``[B, S]`` bool."""
+
+  positions: jax.Array
+  valid: jax.Array
 
 
 class PositionalEncoding:
@@ -181,7 +188,7 @@ class PositionalEncoding:
 
   # -- call checks --------------------------------------------------------------------------
 
-  def check_call(self, span: int, positions: jax.Array | None, cache: KVCache | None) -> None:
+  def check_call(self, span: int, positions: jax.Array | None, cache: CachedSlots | None) -> None:
     """Refuses inputs the encoding cannot encode, before the decoder runs.
 
     Args:
@@ -204,9 +211,9 @@ def emulation_theta(cfg: ModelConfig) -> float:
   )
 
 
-REGISTRY: dict[str, type[PositionalEncoding]] = {}
-"""``pos_encoding`` name -> encoding class, in registration order (``ModelConfig`` accepts these
-names, in this order: ``jaxpe.model.config.POS_ENCODINGS``)."""
+REGISTRY: dict[str, type[PositionalEncoding]] = config.ENCODINGS
+"""``pos_encoding`` name -> encoding class, in registration order: ``jaxpe.model.config.ENCODINGS``,
+the table ``ModelConfig.pos_encoding`` reads (the built-in names: ``config.POS_ENCODINGS``)."""
 
 
 def register(name: str):

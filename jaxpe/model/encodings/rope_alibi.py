@@ -7,19 +7,14 @@ the q/k projection biases.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxpe import emulation
-from jaxpe.model.encodings.base import PositionalEncoding, emulation_theta, register
+from jaxpe.model.encodings.base import CachedSlots, PositionalEncoding, emulation_theta, register
 from jaxpe.ops import alibi, rope
-
-if TYPE_CHECKING:
-  from jaxpe.model.cache import KVCache
 
 
 @register("rope_alibi")
@@ -82,7 +77,7 @@ class RopeAlibi(PositionalEncoding):
     """``(H + 2 k, float32)``: the augmented keys."""
     return self.cfg.head_size + 2 * self.cfg.rope_alibi_order, jnp.dtype(jnp.float32)
 
-  def check_call(self, span: int, positions: jax.Array | None, cache: KVCache | None) -> None:
+  def check_call(self, span: int, positions: jax.Array | None, cache: CachedSlots | None) -> None:
     """Refuses a sequence (or KV cache) longer than the context the emulation is tuned for: beyond
     it the emulated bias leaves ALiBi (it turns positive past the phase's quarter turn). Concrete
     positions must also keep every query-key distance (within the call, and against the cached

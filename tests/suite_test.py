@@ -1,0 +1,67 @@
+"""The test suite's own machinery (tests/conftest.py): one XLA compilation cache per session, shared
+by the processes of the session (xdist workers, the subprocesses tests start), so a program compiled
+once is loaded, not compiled, by the next process that builds it (docs/architecture.md, "Tests")."""
+
+import os
+import subprocess
+import sys
+import uuid
+
+import jax
+
+SHARED = "JAXPE_TEST_XLA_CACHE"
+# A program that takes XLA well over the cache's 0.1 s threshold to compile; SALT makes it new to
+# the cache (the constant is part of the program).
+PROGRAM = """
+import jax, jax.numpy as jnp
+
+def chain(x):
+  for i in range(400):
+    x = jnp.sin(x) * SALT + jnp.cos(x[::-1]) * i
+  return x
+
+compiled = jax.jit(chain).lower(jnp.ones(64, jnp.float32)).compile()
+"""
+
+
+def _run(code: str) -> None:
+  exec(compile(code, "<suite_test program>", "exec"), {})  # one file name: the same program's metadata
+
+
+def _child(code: str, then: str) -> str:
+  script = f"from suite_test import _run\n_run({code!r})\nimport jax\n{then}"
+  proc = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=os.path.dirname(__file__),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return proc.stdout.strip()
+
+
+def test_this_process_writes_programs_to_the_session_cache():
+  assert jax.config.jax_compilation_cache_dir and os.path.isdir(jax.config.jax_compilation_cache_dir)
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.1
+  assert jax.config.jax_persistent_cache_min_entry_size_bytes == 0
+
+
+def test_a_program_a_subprocess_compiled_is_loaded_here_not_compiled():
+  assert os.environ[SHARED] == jax.config.jax_compilation_cache_dir
+  salt = f"{1.0 + int(uuid.uuid4().hex[:6], 16) * 1e-9!r}"
+  code = PROGRAM.replace("SALT", salt)
+  settings = "print(jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size > 0)"
+  assert _child(code, settings) == f"{os.environ[SHARED]} True"  # the child shares it, locked
+  hits = []
+
+  def listen(event, **kwargs):
+    if event == "/jax/compilation_cache/cache_hits":
+      hits.append(event)
+
+  jax.monitoring.register_event_listener(listen)
+  try:
+    _run(code)  # the same program, in this process
+  finally:
+    jax.monitoring.unregister_event_listener(listen)
+  assert hits, "the program the subprocess compiled was compiled again here"
