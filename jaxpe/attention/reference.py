@@ -59,7 +59,7 @@ def check_scale(name: str, scale, *, traced_ok: bool = False):
   """
   if isinstance(scale, jax.core.Tracer):
     if not traced_ok:
-      raise TypeError(f"{name} must be a concrete Python number here, not a value traced under jit")
+      raise TypeError(_checks.traced_message(name, "a concrete Python number here"))
     if jnp.ndim(scale) != 0 or not jnp.issubdtype(scale.dtype, jnp.floating):
       raise TypeError(f"{name} must be a float scalar, got a traced {scale.dtype} of shape {scale.shape}")
     return scale
