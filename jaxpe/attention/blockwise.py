@@ -30,7 +30,7 @@ from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
 from jaxpe.attention.online_softmax import Config, flash
 from jaxpe.attention.position_bias import PositionBias
-from jaxpe.attention.reference import check_precise_dims, check_scale
+from jaxpe.attention.reference import check_not_forward_mode, check_precise_dims, check_scale
 from jaxpe.ops import checks as _checks
 
 # Query and key block sizes when the caller gives none: 32 up to T = 2048, 512 above. Measured on the
@@ -99,7 +99,8 @@ def blockwise_attention(
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``; with ``return_lse`` also ``[B, T, N]`` float32 log-sum-exp
     (``-inf`` on rows with no visible key). Both are differentiable in q, k, v and ``position_bias.params``
-    (reverse mode: ``jax.grad``, ``jax.vjp``; forward mode raises jax's custom_vjp TypeError;
+    (reverse mode: ``jax.grad``, ``jax.vjp``; forward mode, ``jax.jvp`` / ``jax.jacfwd``, raises a
+    TypeError naming ``dot_product_attention``, which has both;
     second derivatives are tested for q, k, v, not for ``position_bias.params``).
 
   Raises:
@@ -116,6 +117,7 @@ def blockwise_attention(
     _checks.check_rank(name, arr, 4, hint)
     _checks.check_float(name, arr)
   scale = check_scale("scale", scale)
+  check_not_forward_mode("blockwise_attention (the xla backend's path)", q, k, v, sinks)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   if num_heads == 0 or num_kv == 0:

@@ -4,7 +4,8 @@ checks of mask fields.
 - ``AttentionMask``: self-attention as causal + padding (``valid``) + packed documents
   (``segment_ids``); what fused kernels take instead of a dense mask.
 - ``IndexMask``: the mask from slot indices (KV cache, context-parallel shards), structured.
-- ``dense_attention_mask``: the dense ``[B, 1, T, S]`` bool mask from slot indices (KV cache too).
+- ``dense_attention_mask``: the dense ``[B, 1, T, S]`` bool mask from slot indices (KV cache too;
+  slots, not the token positions that padding and packing repeat).
 - ``document_mask``: the packed-documents mask (t5x / Flax lm1b).
 - ``dense_segment_ids`` / ``kernel_segment_ids``: segment ids as the fused kernels read them.
 
@@ -181,8 +182,8 @@ class IndexMask:
   Attributes:
     q_index: ``[B, T]`` integer slot of each query in the sequence buffer (for causality; with a
       KV cache the cache slot, after a context-parallel reordering the original slot; not the
-      position, which packed documents restart).
-    k_index: ``[B, S]`` integer slot of each key.
+      position, which packed documents restart and padding repeats); distinct along each row.
+    k_index: ``[B, S]`` integer slot of each key; distinct along each row.
     causal: static Python bool (a pytree meta field).
     k_valid: optional ``[B, S]`` bool (or integer, nonzero = valid), False for padding keys or empty
       cache slots.
@@ -203,8 +204,9 @@ class IndexMask:
     """This mask with its fields as checked arrays.
 
     Raises:
-      ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31,
-        or only one of the segment ids given.
+      ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31
+        or repeated along a row (token positions passed as slots), or only one of the segment ids
+        given.
       TypeError: non-integer indices or segment ids (bool and float ids too), segment ids of two
         dtypes, a float ``k_valid``, a non-bool ``causal``.
     """
@@ -239,6 +241,8 @@ class IndexMask:
     ):
       if arr is not None and arr.shape != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
+    check_distinct_slots("q_index", q_index)
+    check_distinct_slots("k_index", k_index)
     return IndexMask(q_index, k_index, causal, k_valid, q_segment_ids, k_segment_ids)
 
   def visible(self, q_rows=slice(None), k_cols=slice(None)) -> jax.Array:
@@ -262,6 +266,33 @@ class IndexMask:
     return self.check().visible()[:, None, :, :]
 
 
+SLOTS_NOT_POSITIONS = (
+  "slot indices are distinct along each row (0..S-1, or the cache slots); token positions are not: "
+  "positions_from_mask gives every padding token position 0 and positions_from_segment_ids restarts "
+  "each document at 0, so a mask from positions lets real tokens see padding and other documents. "
+  "For self-attention pass jaxpe.AttentionMask(valid=attention_mask, segment_ids=segment_ids) "
+  "(.dense(B, T) for a bool array), or slots = jnp.arange(T) with k_valid=attention_mask and the "
+  "segment ids"
+)
+
+
+def check_distinct_slots(name: str, index) -> None:
+  """When ``index`` is concrete: no value repeats along a row (slots are buffer indices, each token
+  has its own), else ValueError saying slots are not positions and what to pass instead
+  (``SLOTS_NOT_POSITIONS``). Traced indices cannot be checked."""
+  if isinstance(index, jax.core.Tracer):
+    return
+  arr = np.sort(np.asarray(index), axis=-1)
+  repeated = arr[:, 1:] == arr[:, :-1]
+  if repeated.any():
+    row = int(np.argmax(repeated.any(axis=-1)))
+    value = arr[row, 1:][repeated[row]][0]
+    raise ValueError(
+      f"{name} repeats slot {value} in row {row}: {name} holds slot indices, not token positions; "
+      + SLOTS_NOT_POSITIONS
+    )
+
+
 def dense_attention_mask(
   q_index: jax.Array,
   k_index: jax.Array,
@@ -279,10 +310,17 @@ def dense_attention_mask(
   with other arguments and meaning, and a Flax user reading the old name expected that one. Not
   ``position_mask``: it compares buffer slots (with a KV cache, cache slots), not token positions.
 
+  Slots, not positions: with padding or packed documents the positions that RoPE or ALiBi take
+  (``positions_from_mask``, ``positions_from_segment_ids``) repeat along a row (padding at 0, each
+  document from 0), and a mask built from them lets real tokens attend padding and other documents
+  without an error. Padding goes in ``k_valid``, documents in the segment ids, with the slots
+  ``jnp.arange(T)``; for self-attention ``AttentionMask(valid=..., segment_ids=...).dense(B, T)``
+  is this mask with no indices to get wrong. Concrete indices that repeat along a row are refused.
+
   Args:
     q_index: ``[B, T]`` integer slot index of each query in the sequence buffer (for causality;
-      with a KV cache this is the cache slot, not the position).
-    k_index: ``[B, S]`` integer slot index of each key.
+      with a KV cache this is the cache slot, not the position); distinct along each row.
+    k_index: ``[B, S]`` integer slot index of each key; distinct along each row.
     causal: static Python bool; if True, key slot ``s`` is visible to query slot ``t`` only when
       ``s <= t``.
     k_valid: optional ``[B, S]`` bool (or integer, nonzero = valid), False for padding keys (or
@@ -296,8 +334,9 @@ def dense_attention_mask(
     ``dot_product_attention`` returns zeros there.
 
   Raises:
-    ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31, or
-      only one of the segment ids given.
+    ValueError: wrong ranks or shapes, mismatched batch sizes, concrete indices < 0 or >= 2^31 or
+      repeated along a row (positions passed as slots: the message says what to pass), or only
+      one of the segment ids given.
     TypeError: non-integer indices or segment ids (bool and float ids too), segment ids of two
       dtypes, a float ``k_valid``,
       a non-bool ``causal``.

@@ -7,10 +7,13 @@ Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K,
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
+from jax.interpreters.ad import JVPTracer
 
 from jaxpe.attention.masks import AttentionMask
 from jaxpe.ops import checks as _checks
@@ -56,7 +59,7 @@ def check_scale(name: str, scale, *, traced_ok: bool = False):
   """
   if isinstance(scale, jax.core.Tracer):
     if not traced_ok:
-      raise TypeError(f"{name} must be a concrete Python number here, not a value traced under jit")
+      raise TypeError(_checks.traced_message(name, "a concrete Python number here"))
     if jnp.ndim(scale) != 0 or not jnp.issubdtype(scale.dtype, jnp.floating):
       raise TypeError(f"{name} must be a float scalar, got a traced {scale.dtype} of shape {scale.shape}")
     return scale
@@ -67,14 +70,30 @@ def check_scale(name: str, scale, *, traced_ok: bool = False):
   return _checks.check_positive_float(name, scale)
 
 
+def check_not_forward_mode(name: str, *arrays) -> None:
+  """TypeError naming the alternatives when any of ``arrays`` is differentiated in forward mode
+  (``jax.jvp``, ``jax.jacfwd``: a ``JVPTracer`` at the top of the trace), for the paths whose
+  derivative is a ``jax.custom_vjp`` (the blockwise online softmax, the CPU kernel), on which jax
+  would raise only "can't apply forward-mode autodiff (jvp) to a custom_vjp function". Reverse mode
+  (``jax.grad``, ``jax.vjp``, ``jax.jacrev``; ``jax.hessian``, forward over reverse) passes."""
+  if any(isinstance(x, JVPTracer) for x in arrays):
+    raise TypeError(
+      f"{name} has no forward-mode derivative (jax.jvp, jax.jacfwd): its backward pass is a "
+      "jax.custom_vjp. Use jaxpe.dot_product_attention (the dense reference, forward and reverse "
+      "mode) with mask=mask.dense(...) and ALiBi as bias=jaxpe.alibi_bias(...), or reverse mode "
+      "(jax.jacrev, jax.vjp, jax.grad), which gives the same derivatives"
+    )
+
+
 def dot_product_attention(
   q: jax.Array,
   k: jax.Array,
   v: jax.Array,
   *,
-  scale: float,
+  scale: float | None = None,
   bias: jax.Array | None = None,
   mask: jax.Array | None = None,
+  is_causal: bool = False,
   precise_dims: int | None = None,
   causal_block: int | None = None,
 ) -> jax.Array:
@@ -93,25 +112,33 @@ def dot_product_attention(
   Execution (results equal the textbook formula to float32 rounding): one softmax pass structure
   over the ``[B, N, T, S]`` scores (the row max, reused for the no-visible-key rule; unnormalised
   ``exp``; the row sum; the normalisation applied to the ``[B, T, N, H]`` output) and a hand-written
-  backward pass (``jax.custom_vjp``, FlashAttention's ``dS = P * (dP - rowsum(dO * O))``, Dao et al.
-  2022, arXiv 2205.14135) that keeps the unnormalised probabilities instead of autodiff's chain of
-  temporaries. With ``causal_block``, queries go in static blocks of that many tokens and each block
+  backward pass (FlashAttention's ``dS = P * (dP - rowsum(dO * O))``, Dao et al. 2022, arXiv
+  2205.14135, as the transpose of a hand-written ``jax.custom_jvp`` rule) that keeps the
+  unnormalised probabilities instead of autodiff's chain of temporaries. With ``causal_block``, queries go in static blocks of that many tokens and each block
   meets only the keys up to its own end (about half the score work and memory of a causal mask).
 
-  Differentiation: reverse mode (``jax.grad``, ``jax.vjp``, grad of grad, ``jax.hessian``, which is
-  forward over reverse) works, gradients of q, k, v and a float bias included. Pure forward mode
-  (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize`` of this function or of a model that calls it)
-  raises jax's ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``;
-  ``jax.jacrev`` gives the same Jacobians.
+  Differentiation: forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``) and reverse mode
+  (``jax.grad``, ``jax.vjp``, ``jax.jacrev``, grad of grad, ``jax.hessian``) in q, k, v and a float
+  bias; the mask carries no tangent.
 
   Args:
     q: ``[B, T, N, Hq]`` float queries.
     k: ``[B, S, K, Hq]`` float keys; ``N % K == 0``.
     v: ``[B, S, K, H]`` float values.
-    scale: multiplies q.k, usually ``1/sqrt(H)``; a traced scale is folded into q (float32).
+    scale: multiplies q.k; a traced scale is folded into q (float32). Default None:
+      ``1/sqrt(Hq - precise_dims)``, which is ``jax.nn.dot_product_attention``'s ``1/sqrt(Hq)``
+      when q, k and v have one width, and ``1/sqrt(H)`` of the original head dim when q and k carry
+      the emulation dims beyond v's width (the default ``precise_dims``). q/k wider than v for
+      another reason (MLA's ``[nope | rope]`` heads) take ``scale`` explicitly.
     bias: optional float bias broadcastable to ``[B, N, T, S]`` (ALiBi), added after scaling.
     mask: optional bool mask broadcastable to ``[B, N, T, S]``; True = may attend. A row with no
-      visible key (masked, a bias of -inf everywhere, or S = 0) returns zeros.
+      visible key (masked, a bias of -inf everywhere, or S = 0) returns zeros. For padding and
+      packed documents: ``AttentionMask(valid=..., segment_ids=...).dense(B, T)`` (not a mask from
+      positions, which padding and packing repeat).
+    is_causal: static bool, default False; True hides key ``s > t`` from query ``t`` (the
+      ``[T, S]`` lower triangle aligned at the top left, as ``jax.nn.dot_product_attention``),
+      combined with ``mask`` and ``bias``; with T == S the keys past each query block are skipped
+      (``causal_block``, default ``XLA_CAUSAL_BLOCK`` = 128 then).
     precise_dims: trailing dims of q and k contracted at float32 ``HIGHEST`` precision; 0..Hq.
       Default None: the dims beyond v's width, ``Hq - H`` (``default_precise_dims``).
     causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
@@ -127,7 +154,8 @@ def dot_product_attention(
       ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0, given with T != S, or given
       with neither ``mask`` nor ``bias``.
     TypeError: non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
-      ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array).
+      ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array),
+      a non-bool ``is_causal``.
 
   Under jit: a traced ``scale`` is not checked (NaN or inf give NaN outputs); a bias of -inf on a
   whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
@@ -138,7 +166,9 @@ def dot_product_attention(
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
   for name, arr in (("q", q), ("k", k), ("v", v)):
     _checks.check_float(name, arr)
-  scale = check_scale("scale", scale, traced_ok=True)
+  is_causal = _checks.check_bool("is_causal", is_causal)
+  if scale is not None:
+    scale = check_scale("scale", scale, traced_ok=True)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   if num_kv == 0 or num_heads == 0:
@@ -168,6 +198,13 @@ def dot_product_attention(
   precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
   if isinstance(precise_dims, bool) or not isinstance(precise_dims, int) or not 0 <= precise_dims <= qk_dim:
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  if scale is None:
+    scale = 1.0 / math.sqrt(max(qk_dim - precise_dims, 1))
+  if is_causal:
+    causal = jnp.tril(jnp.ones((t_len, s_len), bool))[None, None]
+    mask = causal if mask is None else mask & causal
+    if causal_block is None and t_len == s_len:
+      causal_block = DEFAULT_CAUSAL_BLOCK
   if causal_block is not None:
     if isinstance(causal_block, bool) or not isinstance(causal_block, int) or causal_block <= 0:
       raise ValueError(f"causal_block must be an int > 0 (query block size), got {causal_block!r}")
@@ -201,6 +238,7 @@ def dot_product_attention(
 
 
 _LOWEST = float(jnp.finfo(jnp.float32).min)
+DEFAULT_CAUSAL_BLOCK = 128  # the query block of is_causal (jaxpe.attention.xla.XLA_CAUSAL_BLOCK)
 
 
 def _grouped(x: jax.Array, num_kv: int, group: int) -> jax.Array:
@@ -269,47 +307,52 @@ def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
   return out * inv_sum, e, inv_sum
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6))
 def _attend(q, k, v, bias, mask, scale: float, precise_dims: int):
   """``q [B, K, Q, Hq], k [B, S, K, Hq], v [B, S, K, H] -> [B, K, Q, H]`` (``v.dtype``); bias and
   mask broadcastable to ``[B, K, Q, S]``."""
   return _attention_forward(q, k, v, bias, mask, scale, precise_dims)[0].astype(v.dtype)
 
 
-def _attend_fwd(q, k, v, bias, mask, scale, precise_dims):
+def _zero(tangent) -> bool:
+  return tangent is None or isinstance(tangent, SymbolicZero)
+
+
+@functools.partial(_attend.defjvp, symbolic_zeros=True)
+def _attend_jvp(scale, precise_dims, primals, tangents):
+  """The forward-mode rule, written so that its transpose is FlashAttention's backward pass.
+
+  With ``P = e * inv_sum`` and ``ds`` the tangent of the scaled logits plus bias,
+  ``d out = (P * ds) V - rowsum(P * ds) * out + P dV``. ``jax.jvp`` / ``jax.jacfwd`` evaluate it;
+  reverse mode (``jax.grad``, ``jax.vjp``) transposes it: ``dV = P^T dO``,
+  ``dS = P * (dO V^T - rowsum(dO * out))`` (Dao et al. 2022, arXiv 2205.14135), then
+  ``dq = dS k * scale``, ``dk = dS^T q * scale`` (the precise dims at ``HIGHEST`` both ways) and
+  ``d bias = dS`` summed over its broadcast axes, from the residuals ``e``, ``inv_sum``, ``out``,
+  q, k, v (what the earlier ``custom_vjp`` kept; gradients equal to it bit for bit on CPU). Tangents
+  that are symbolic zeros (the arguments not differentiated) cost nothing.
+  """
+  q, k, v, bias, mask = primals
+  d_q, d_k, d_v, d_bias, _ = tangents
   out, e, inv_sum = _attention_forward(q, k, v, bias, mask, scale, precise_dims)
-  return out.astype(v.dtype), (q, k, v, bias, mask, out, e, inv_sum)
-
-
-def _attend_bwd(scale, precise_dims, residuals, d_out):
-  q, k, v, bias, mask, out, e, inv_sum = residuals
-  d_out = d_out.astype(jnp.float32)
-  # P = e * inv_sum; dV = P^T dO = e^T (dO * inv_sum); dP = dO V^T; dX = P * (dP - rowsum(dO * O)).
-  # Products with a transposed [Q, S] operand are written as (small^T big)^T, so the big one is
-  # read row-major and never copied.
   f32 = dict(preferred_element_type=jnp.float32)
-  d_v = jnp.einsum("BKQH,BKQS->BSKH", (d_out * inv_sum).astype(v.dtype), e.astype(v.dtype), **f32)
-  d_p = jnp.einsum("BKQH,BSKH->BKQS", d_out.astype(v.dtype), v, **f32)
-  delta = jnp.sum(d_out * out, axis=-1, keepdims=True)
-  d_x = e * inv_sum * (d_p - delta)  # d(loss) / d(scaled logits + bias)
   split = q.shape[-1] - precise_dims
-  d_q = jnp.einsum("BKQS,BSKH->BKQH", d_x.astype(k.dtype), k[..., :split], **f32)
-  d_k = jnp.einsum("BKQH,BKQS->BSKH", q[..., :split], d_x.astype(q.dtype), **f32)
-  if precise_dims:
-    d_q = jnp.concatenate([d_q, _precise("BKQS,BSKH->BKQH", d_x, k[..., split:])], axis=-1)
-    d_k = jnp.concatenate([d_k, _precise("BKQH,BKQS->BSKH", q[..., split:], d_x)], axis=-1)
-  d_bias = None
-  if bias is not None:
-    summed = tuple(i for i, (a, b) in enumerate(zip(bias.shape, d_x.shape)) if a == 1 and b != 1)
-    d_bias = jnp.sum(d_x, axis=summed, keepdims=True).astype(bias.dtype)
-  scale = jnp.float32(scale)
-  return (
-    (d_q * scale).astype(q.dtype),
-    (d_k * scale).astype(k.dtype),
-    d_v.astype(v.dtype),
-    d_bias,
-    None,
-  )
-
-
-_attend.defvjp(_attend_fwd, _attend_bwd)
+  terms = []
+  for a, b in ((d_q, k), (q, d_k)):
+    if _zero(a) or _zero(b):
+      continue
+    term = jnp.einsum("BKQH,BSKH->BKQS", a[..., :split], b[..., :split], **f32)
+    if precise_dims:
+      term = term + _precise("BKQH,BSKH->BKQS", a[..., split:], b[..., split:])
+    terms.append(term)
+  d_s = sum(terms[1:], terms[0]) * jnp.float32(scale) if terms else None
+  if bias is not None and not _zero(d_bias):
+    d_bias = d_bias.astype(jnp.float32)
+    d_s = d_bias if d_s is None else d_s + d_bias
+  d_out = jnp.zeros(out.shape, jnp.float32)
+  if d_s is not None:
+    p_ds = e * inv_sum * d_s
+    d_out = jnp.einsum("BKQS,BSKH->BKQH", p_ds.astype(v.dtype), v, **f32)
+    d_out = d_out - jnp.sum(p_ds, axis=-1, keepdims=True) * out
+  if not _zero(d_v):
+    d_out = d_out + jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), d_v.astype(v.dtype), **f32) * inv_sum
+  return out.astype(v.dtype), d_out.astype(v.dtype)

@@ -26,7 +26,7 @@ HEAD_DIM_MULTIPLE: dict[str, int] = {"xla": 1, "cudnn": 8, "splash": 128, "palla
 # The dense reference's query block for causal self-attention (``dot_product_attention(causal_block=)``).
 # The ``xla`` backend itself now runs blockwise (``blockwise.default_block``); kept for callers of the
 # dense reference and old imports.
-XLA_CAUSAL_BLOCK = 128
+XLA_CAUSAL_BLOCK = reference.DEFAULT_CAUSAL_BLOCK
 
 
 def attend(

@@ -170,7 +170,7 @@ def exact_alibi_dims(
   ``jaxpe.emulation.apply_augmented_alibi``), split into error-free bf16 products.
   """
   if isinstance(slopes, jax.core.Tracer):
-    raise ValueError("slopes must be concrete (numpy or Python numbers), not traced under jit")
+    raise ValueError(_checks.traced_message("slopes"))
   slopes = np.asarray(slopes, np.float64)
   _checks.check_slopes("slopes", slopes, allow_zero=True)
   dot_scale = _checks.check_positive_float("dot_scale", dot_scale)

@@ -56,7 +56,7 @@ def check_real(name: str, value) -> None:
   if isinstance(value, bool | np.bool_ | str | bytes) or value is None or np.ndim(value) != 0:
     raise TypeError(f"{name} must be a real number, got {value!r}")
   if isinstance(value, jax.core.Tracer):
-    raise TypeError(f"{name} must be a concrete Python number, not a value traced under jit")
+    raise TypeError(_checks.traced_message(name, "a concrete Python number"))
 
 
 def check_max_phase(max_phase) -> float:
@@ -91,7 +91,7 @@ def slopes_or_heads(slopes, num_heads) -> np.ndarray:
 def slopes_array(slopes) -> np.ndarray:
   """Concrete slopes as float64 numpy; TypeError for traced, non-numeric or bool slopes."""
   if isinstance(slopes, jax.core.Tracer):
-    raise ValueError("slopes must be concrete (numpy or Python numbers), not traced under jit")
+    raise ValueError(_checks.traced_message("slopes"))
   try:
     arr = np.asarray(slopes)
   except Exception:  # noqa: BLE001  (ragged lists)

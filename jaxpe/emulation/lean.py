@@ -130,7 +130,7 @@ def lean_alibi_dims(
   bf16 products (jaxpe).
   """
   if isinstance(slopes, jax.core.Tracer):
-    raise ValueError("slopes must be concrete (numpy or Python numbers), not traced under jit")
+    raise ValueError(_checks.traced_message("slopes"))
   c_parts = lean_slope_parts(slopes, dot_scale)  # [P, N]
   num_kv_heads = _checks.check_positive_int("num_kv_heads", num_kv_heads)
   digits = lean_digit_count(max_position)

@@ -166,7 +166,7 @@ def apply_rope_alibi(
   weights = emulation_weights(order)
   for name, value in (("slopes", slopes), ("theta", theta)):
     if isinstance(value, jax.core.Tracer):
-      raise ValueError(f"{name} must be concrete (numpy or Python numbers), not traced under jit")
+      raise ValueError(_checks.traced_message(name))
   slopes = slopes_array(slopes)
   _checks.check_slopes("slopes", slopes)
   if slopes.shape[0] != num_heads:

@@ -44,6 +44,18 @@ def check_float(name: str, x) -> None:
     raise TypeError(f"{name} must be a float array, got dtype {jnp.result_type(x)}")
 
 
+def traced_message(name: str, what: str = "concrete (numpy or Python numbers)") -> str:
+  """The message for a value that must be concrete (slopes, theta, a scale) but is traced: what it
+  must be, and how to keep it concrete, the usual cause being a constant kept on a module."""
+  return (
+    f"{name} must be {what}, not traced under jit. Keep it a host constant: a Python number or tuple, "
+    "or a numpy array closed over or computed inside the function, not a jit argument. NNX modules "
+    "trace array attributes under nnx.jit (numpy arrays too): keep it as a tuple, e.g. "
+    f"self.{name} = tuple(np.asarray(...).tolist()); in Flax Linen, a module field or a constant in "
+    "__call__, not a param or variable"
+  )
+
+
 MAX_POSITION = 2**31  # int32 token indices; the exact RoPE phases hold below it
 
 

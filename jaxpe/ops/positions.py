@@ -18,6 +18,10 @@ def positions_from_mask(attention_mask: jax.Array, *, start: jax.Array | int | N
   Works for left and right padding; padding slots get position 0. This is BLOOM's rule
   (HF ``BloomModel``: ``(attention_mask.cumsum(-1) - 1) * attention_mask``).
 
+  These positions are for RoPE / ALiBi, not for the attention mask: they repeat (every padding
+  token is at 0), so a mask compared on them lets real tokens see padding. Mask with the padding
+  itself: ``jaxpe.AttentionMask(valid=attention_mask)`` (``.dense(B, S)`` for a bool array).
+
   Args:
     attention_mask: ``[B, S]`` bool or integer, nonzero/True for real tokens.
     start: optional position of the first real token per sequence, e.g. the number of real tokens
@@ -69,6 +73,9 @@ def _check_mask_dtype(name: str, mask) -> None:
 
 def positions_from_segment_ids(segment_ids: jax.Array) -> jax.Array:
   """Positions that restart at 0 where the segment id changes (packed documents).
+
+  For RoPE / ALiBi, not for the attention mask (they repeat across documents): mask with the ids,
+  ``jaxpe.AttentionMask(segment_ids=segment_ids)`` or ``document_mask``.
 
   Args:
     segment_ids: ``[B, T]`` integer document ids; consecutive tokens of one document share an id.

@@ -261,7 +261,7 @@ def test_the_xla_backend_and_the_decoder_cache_path_run_blockwise(monkeypatch):
     (dict(precise_dims=9), ValueError, r"precise_dims must be an int in 0..Hq = 4"),
     (dict(scale=0.0), ValueError, r"scale"),
     (
-      dict(mask=masks.IndexMask(jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 3), jnp.int32))),
+      dict(mask=masks.IndexMask(jnp.arange(2)[None], jnp.arange(3)[None])),
       ValueError,
       r"mask.q_index / mask.k_index must have shapes \[B, T\] = \[1, 3\]",
     ),

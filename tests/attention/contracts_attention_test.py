@@ -104,7 +104,8 @@ ATTENTION_ROWS = [
   ("dpa", "scale", dict(scale=-0.5), ValueError, r"scale must be a finite number > 0"),
   ("dpa", "scale", dict(scale=True), TypeError, r"scale must be a real number"),
   ("dpa", "scale", dict(scale="0.5"), TypeError, r"scale must be a real number"),
-  ("dpa", "scale", dict(scale=None), TypeError, r"scale must be a real number"),
+  ("dpa", "is_causal", dict(is_causal=1), TypeError, r"is_causal must be a bool"),
+  ("dpa", "is_causal", dict(is_causal="yes"), TypeError, r"is_causal must be a bool"),
   ("dpa", "scale", dict(scale=1j), TypeError, r"scale must be a real number"),
   ("dpa", "scale", dict(scale=np.array([0.5, 0.5])), TypeError, r"scale must be a real number"),
   # bias and mask
