@@ -130,7 +130,11 @@ class _Training:
     self.run, self.state_shardings, meta = state_lib.restore_or_create(
       cfg, self.mngr, self.mesh, saved_config=self.saved_config, fingerprint=self.fingerprint
     )
-    if meta is not None and self.primary:
+    self.target = (
+      self.run.schedule_steps if cfg.stop_at is None else min(self.run.schedule_steps, cfg.stop_at)
+    )
+    self.finished = meta is not None and self.run.step >= self.target  # a rerun of a finished run
+    if meta is not None and self.primary and not self.finished:
       print(
         f"resumed from {self.workdir / 'checkpoints'} at step {self.run.step} "
         f"(schedule of {self.run.schedule_steps} steps)"
@@ -299,6 +303,7 @@ class _Training:
     return TrainResult(
       step=run.step,
       train_loss=self.loss,
+      train_bits_per_byte=data.bits_per_byte(self.loss),
       eval_bits_per_byte=eval_bpb,
       unigram_bits_per_byte=self.unigram,
       tokens_per_second=tokens_per_second,
@@ -309,6 +314,24 @@ class _Training:
       stop_reason=reason,
       run=self.info,
     )
+
+  def already_finished(self) -> TrainResult:
+    """A rerun of a run that had reached its target (the schedule's end, or ``stop_at``): nothing is
+    trained, and ``summary.json`` (written when it finished) is kept and returned; only a missing or
+    damaged summary, or one of another step, is written again (with the sample and an evaluation)."""
+    run, cfg = self.run, self.cfg
+    if run.step >= run.schedule_steps:
+      what = f"finished: its schedule of {run.schedule_steps} steps is complete"
+      hint = "train further in another workdir (or raise num_steps in a new run)"
+    else:
+      what = f"at stop_at={cfg.stop_at} (step {run.step} of {run.schedule_steps})"
+      hint = "raise or drop stop_at to continue"
+    if self.primary:
+      print(f"the run in {self.workdir} is {what}; nothing to train ({hint}); summary.json kept")
+    saved = run_log.read_summary(self.workdir)
+    if saved is not None and saved.step == run.step:
+      return saved
+    return self.finish("schedule_done" if run.step >= run.schedule_steps else "stop_at")
 
   def interrupted(self) -> None:
     """After a signal (all processes at the same step): the current step is saved and
@@ -364,6 +387,8 @@ def run_training(
   ``trainer.train``."""
   run = _Training(cfg, workdir, mngr, stop, saved_config, corpus, fingerprint, progress=progress, start=start)
   run.set_up()
+  if run.finished:
+    return run.already_finished()
   with run_log.RunLog(
     workdir, total=run.run.schedule_steps, initial=run.run.step, primary=run.primary, progress=run.progress
   ) as log:

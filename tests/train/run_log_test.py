@@ -92,7 +92,9 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
     "'context'))\n" in out
   )
   has_tensorboard = importlib.util.find_spec("tensorboardX") is not None
-  assert (f"tensorboard: {run / 'tensorboard'}\n" if has_tensorboard else "tensorboard: off (") in out
+  logdir = run / "tensorboard"
+  view = f"tensorboard: {logdir} (view: tensorboard --logdir {logdir}; pip install tensorboard)\n"
+  assert (view if has_tensorboard else "tensorboard: off (") in out
   # Per logged step (a line on a non-terminal): loss in bits/byte, learning rate, step time, tokens/s.
   assert re.search(
     r"^step 1/6 loss \d\.\d{3} bits/byte lr 0\.00e\+00 time \d+\.\d{3} s/step tok/s 0$", out, re.M
@@ -134,6 +136,12 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
     },
   }
 
+  # Rerun at its stop_at: nothing to train, the summary kept.
+  capsys.readouterr()
+  trainer.train(cfg, progress=True)
+  assert "is at stop_at=3 (step 3 of 6); nothing to train (raise or drop stop_at" in capsys.readouterr().out
+  assert _summary(run) == summary
+
   # Resumed to the end: complete.
   done = trainer.train(_cfg(run, text_file), progress=False)
   summary = _summary(run)
@@ -141,6 +149,21 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   assert (summary["step"], summary["completed"], summary["stop_reason"]) == (6, True, "schedule_done")
   records = _records(run)
   assert [r["step"] for r in records] == list(range(1, 7))
+  # The units: train_loss in nats/token (named so), train_bits_per_byte the same in bits/byte.
+  assert summary["train_bits_per_byte"] == pytest.approx(summary["train_loss"] / math.log(2))
+  assert summary["train_bits_per_byte"] == pytest.approx(records[-1]["train_bits_per_byte"])
+
+  # Rerun once finished (issue 37 item 8): says so, trains nothing, keeps summary.json (main said
+  # "resumed" and rewrote it: wall_seconds 410 -> 12.8) and adds no empty event file (item 7).
+  summary_bytes = (run / "summary.json").read_bytes()
+  capsys.readouterr()
+  again = trainer.train(_cfg(run, text_file), progress=True)
+  out = capsys.readouterr().out
+  assert f"the run in {run} is finished: its schedule of 6 steps is complete; nothing to train" in out, out
+  assert "resumed" not in out
+  assert (run / "summary.json").read_bytes() == summary_bytes
+  assert (again.step, again.wall_seconds, again.sample) == (6, summary["wall_seconds"], summary["sample"])
+  assert [r["step"] for r in _records(run)] == list(range(1, 7))
 
   if not has_tensorboard:
     assert not (run / "tensorboard").exists()
@@ -180,7 +203,7 @@ def test_summary_says_why_a_run_stopped_and_a_missing_tensorboardx_is_one_line(
   slow = tmp_path / "slow"
   result = trainer.train(_cfg(slow, text_file, "max_seconds=0.001"), progress=True)
   out = capsys.readouterr().out
-  assert out.count("tensorboard: off (tensorboardX is not installed: pip install tensorboardX)\n") == 1
+  assert out.count('tensorboard: off (tensorboardX is not installed: pip install "jaxpe[train]")\n') == 1
   assert not (slow / "tensorboard").exists()
   summary = _summary(slow)
   assert (result.step, result.completed, result.stop_reason) == (1, False, "max_seconds")
