@@ -1,4 +1,4 @@
-"""The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``),
+"""The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``, ``jaxpe-sample``),
 importable with the core install alone.
 
 Each imports its command's module only when run, so a missing extra is one line naming the extra
@@ -13,9 +13,13 @@ import sys
 
 from jaxpe.errors import MissingExtraError
 
-__all__ = ["COMMANDS", "study", "train"]
+__all__ = ["COMMANDS", "sample", "study", "train"]
 
-COMMANDS = {"jaxpe-train": "jaxpe.train.cli", "jaxpe-study": "jaxpe.study.cli"}
+COMMANDS = {
+  "jaxpe-train": "jaxpe.train.cli",
+  "jaxpe-study": "jaxpe.study.cli",
+  "jaxpe-sample": "jaxpe.train.sample",
+}
 """Console script -> the module whose ``run(prog)`` it calls."""
 
 
@@ -36,3 +40,8 @@ def train() -> None:
 def study() -> None:
   """``jaxpe-study`` (``jaxpe.study.cli``)."""
   _run("jaxpe-study")
+
+
+def sample() -> None:
+  """``jaxpe-sample`` (``jaxpe.train.sample``)."""
+  _run("jaxpe-sample")

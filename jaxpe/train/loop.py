@@ -322,7 +322,7 @@ class _Training:
     run, cfg = self.run, self.cfg
     if run.step >= run.schedule_steps:
       what = f"finished: its schedule of {run.schedule_steps} steps is complete"
-      hint = "train further in another workdir (or raise num_steps in a new run)"
+      hint = "to train more, start a new workdir"
     else:
       what = f"at stop_at={cfg.stop_at} (step {run.step} of {run.schedule_steps})"
       hint = "raise or drop stop_at to continue"
