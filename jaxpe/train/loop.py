@@ -16,7 +16,18 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxpe.train import checkpoint, data, evaluation, pacing, run_files, run_guard, run_log, sharding, steps
+from jaxpe.train import (
+  checkpoint,
+  data,
+  evaluation,
+  flops,
+  pacing,
+  run_files,
+  run_guard,
+  run_log,
+  sharding,
+  steps,
+)
 from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import learning_rate_schedule
@@ -118,6 +129,7 @@ class _Training:
     self.progress = progress and self.primary
     self.timing = _Timing()
     self.loss, self.eval_bpb = float("nan"), float("nan")
+    self.peak: float | None = None  # the devices' peak FLOP/s for MFU (None: not known)
 
   def set_up(self) -> None:
     """Held-out data, mesh and shardings, the state (restored or created), the run files, steps."""
@@ -148,6 +160,13 @@ class _Training:
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
+    # MFU: the model FLOPs of a token against the devices' peak (on CPU: a measured matmul ceiling).
+    self.flops_per_token = flops.train_flops_per_token(cfg.model, cfg.seq_len)
+    if not self.finished:  # each process measures its own devices (a CPU ceiling) and counts all
+      rows = micro_batch * cfg.seq_len // self.mesh.size or 1
+      local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+      self.peak, source = flops.peak_flops(local, cfg.model, rows, processes=jax.process_count())
+      self.info["mfu_peak"] = {"flops_per_second": self.peak, "source": source}
     self.placement = dict(
       mesh=self.mesh,
       rules=cfg.logical_rules,
@@ -238,10 +257,13 @@ class _Training:
       "loss": self.loss,
       "grad_norm": float(out["grad_norm"]),
       "tokens_per_second": self.timing.tokens_per_second,
+      "model_flops_per_second": self.timing.tokens_per_second * self.flops_per_token,
       "train_bits_per_byte": data.bits_per_byte(self.loss),
       "learning_rate": learning_rate,
       "step_seconds": dt,
     }
+    if self.peak:
+      record["mfu"] = record["model_flops_per_second"] / self.peak
     if not bool(out["finite"]):
       record["param_norm"] = float(out["param_norm"])
     return record, bool(out["finite"])

@@ -13,7 +13,10 @@ A record (``metrics.jsonl``; all numbers): ``step``; ``loss`` (training cross-en
 before the update); ``train_bits_per_byte`` (the same in bits/byte); ``grad_norm``;
 ``learning_rate`` (the one this step's update used); ``step_seconds`` (wall time of the step, the
 first of each process including compilation); ``tokens_per_second`` (this process's mean over its
-timed steps, compiling steps excluded); and where they apply ``schedule_steps`` (the schedule was
+timed steps, compiling steps excluded); ``model_flops_per_second`` (``jaxpe.train.flops``: the
+model's training FLOPs per token times ``tokens_per_second``) and ``mfu`` (that over the devices'
+peak: the bfloat16 peak of a known GPU/TPU, or the float32 matmul ceiling measured on CPU at the
+start; absent for other devices); and where they apply ``schedule_steps`` (the schedule was
 fitted), ``skipped`` and ``param_norm`` (a non-finite step), ``eval_bits_per_byte``.
 """
 
@@ -131,6 +134,7 @@ def start_lines(info: dict) -> list[str]:
     f"devices: {d['count']} x {d['kind']} ({d['platform']}), {d['processes']} process{'es' * (d['processes'] != 1)}",
     f"mesh: {' x '.join(f'{name} {size}' for name, size in mesh.items())} "
     f"(shape {tuple(mesh.values())}, axis names {tuple(mesh)})",
+    *([f"mfu: model FLOP/s against {info['mfu_peak']['source']}"] if "mfu_peak" in info else []),
   ]
 
 
@@ -154,12 +158,14 @@ def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def console_figures(record: dict[str, Any]) -> dict[str, str]:
-  """The progress bar's figures for a record: loss in bits/byte, learning rate, step time, tokens/s."""
+  """The progress bar's figures for a record: loss in bits/byte, learning rate, step time, tokens/s,
+  MFU (where known)."""
   return {
     "loss": f"{record['train_bits_per_byte']:.3f} bits/byte",
     "lr": f"{record['learning_rate']:.2e}",
     "time": f"{record['step_seconds']:.3f} s/step",
     "tok/s": f"{record['tokens_per_second']:,.0f}",
+    **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}),
   }
 
 
