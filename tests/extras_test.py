@@ -154,3 +154,19 @@ def test_the_console_scripts_go_through_jaxpe_commands():
   )
   for name, target in scripts.items():
     assert callable(getattr(commands, target.split(":")[1])), name
+
+
+def _install_section() -> str:
+  readme = (ROOT / "README.md").read_text()
+  return readme[readme.index("## Install") : readme.index("## A short tour")]
+
+
+def test_the_install_section_says_how_to_install_without_a_registry_and_torch_for_cpu():
+  """Issue 37 item 4: ``pip install jaxpe`` is on no registry yet, and ``.[bloom]`` resolves the CUDA
+  build of torch (6.3 GB) on a CPU machine: the section names the checkout and wheel installs and
+  PyTorch's CPU index, before the extra."""
+  section = _install_section()
+  assert "pip install ." in section and "pip wheel --no-deps -w dist ." in section
+  cpu = section.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+  assert cpu < section.index('pip install ".[bloom]"', cpu)
+  assert "not on a package registry yet" in section
