@@ -4,14 +4,19 @@ and the CPU ceiling's measurement."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import types
+from pathlib import Path
 
 import jax
 import pytest
 
-from benchmarks import ceilings
 from jaxpe.model.config import ModelConfig
 from jaxpe.train import flops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # as tests/benchmarks_test.py
+ceilings = importlib.import_module("ceilings")
 
 
 @pytest.mark.parametrize(

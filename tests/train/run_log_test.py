@@ -113,7 +113,8 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   assert [r["learning_rate"] for r in records] == pytest.approx([0.0, 5e-3, 1e-2])
   # MFU (issue 37 item 10): model FLOP/s = tokens/s x the model's training FLOPs per token (the
   # count of benchmarks/ceilings.py, an independent sum over the step's matmuls), over the peak.
-  from benchmarks import ceilings
+  sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # as tests/benchmarks_test.py
+  ceilings = importlib.import_module("ceilings")
 
   per_token = ceilings.useful_flops(ceilings.decoder_matmuls(cfg.model, 1, cfg.seq_len)) / cfg.seq_len
   for r in records:
