@@ -35,6 +35,7 @@ MAY_IMPORT["bloom"] -= {"train"}
 MAY_IMPORT["study"] = set(LAYERS) | {"errors"}
 MAY_IMPORT["jaxpe"] = {"ops", "emulation", "attention", "errors"}  # jaxpe/__init__.py
 MAY_IMPORT["errors"] = set()
+MAY_IMPORT["commands"] = {"errors"}  # the console scripts: their commands are imported when run
 # Third-party packages a layer imports at module level (pyproject.toml's extras install them).
 _CORE = {"jax", "numpy"}
 _MODEL = _CORE | {"flax", "pydantic", "pydantic_core", "yaml", "annotated_types"}
@@ -42,6 +43,7 @@ _TRAIN = _MODEL | {"optax", "orbax", "tqdm", "tensorboardX"}
 THIRD_PARTY = {
   "jaxpe": _CORE,
   "errors": set(),
+  "commands": set(),
   "ops": _CORE,
   "emulation": _CORE,
   "attention": _CORE,

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxpe.bloom.config import check_bloom_compatible, hf_config_from
 from jaxpe.bloom.names import Dims, weight_rules
+from jaxpe.errors import require_extra
 from jaxpe.model import Decoder
 from jaxpe.model.build import model_params
 
@@ -78,6 +79,7 @@ def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force:
       it holds a ``config.json`` or ``model.safetensors`` that is not a BLOOM export's (another
       model's HF directory).
   """
+  require_extra("bloom", "save_hf", ("safetensors",))
   from safetensors.numpy import save_file
 
   if not isinstance(model, Decoder):
@@ -167,6 +169,7 @@ def to_transformers(model: Decoder):
   Raises:
     ValueError: see ``to_hf_state_dict``.
   """
+  require_extra("bloom", "to_transformers", ("torch", "transformers"))
   import torch
   from transformers import BloomConfig, BloomForCausalLM
 

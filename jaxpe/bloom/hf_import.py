@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxpe.bloom.config import BLOOM_CONTEXT, config_from_hf
 from jaxpe.bloom.names import Dims, weight_rules
-from jaxpe.errors import CheckpointError
+from jaxpe.errors import CheckpointError, require_extra
 from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, key_listing
 from jaxpe.model.config import ModelConfig
@@ -97,6 +97,7 @@ def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig) -> dict[str,
 
 
 def _read_safetensors(path: Path, want: set[str] | None = None) -> dict[str, Any]:
+  require_extra("bloom", "reading a BLOOM safetensors checkpoint", ("safetensors",))
   from safetensors import safe_open
 
   try:
@@ -111,6 +112,7 @@ def _read_safetensors(path: Path, want: set[str] | None = None) -> dict[str, Any
 
 
 def _read_torch_bin(path: Path) -> dict[str, Any]:
+  require_extra("bloom", "reading a BLOOM pytorch_model.bin checkpoint", ("torch",))
   import torch
 
   try:

@@ -35,6 +35,7 @@ from jaxpe.emulation.bounds import emulation_error_bound
 from jaxpe.emulation.checks import MAX_POSITION
 from jaxpe.emulation.ops import apply_augmented_alibi, apply_rope_alibi
 from jaxpe.emulation.solver import emulation_theta, solve_emulation
+from jaxpe.errors import require_extra
 from jaxpe.ops import checks as _checks
 from jaxpe.ops.alibi import alibi_slopes_f64
 
@@ -305,6 +306,7 @@ def base_constrained_table(
 
 
 def _plot(curves, slopes, *, theta_by_context, max_phase, head_dim, path) -> None:
+  require_extra("train", "the emulation report's plot", ("matplotlib",))
   import matplotlib
 
   matplotlib.use("Agg")

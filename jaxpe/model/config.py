@@ -110,7 +110,7 @@ class ModelConfig(StrictConfig):
   )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
   rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
-  rope_layout: Literal["interleaved", "half"] = "interleaved"
+  rope_layout: Literal["interleaved", "half"] = pydantic.Field("interleaved", description="pairs' layout")
   alibi_heads: int | None = pydantic.Field(
     None,
     gt=0,
@@ -203,13 +203,13 @@ class ModelConfig(StrictConfig):
   fire_init_L: float = pydantic.Field(
     512.0, gt=0, description="fire only: the threshold L in tokens, times a learned multiplier (paper: 512)"
   )
-  use_bias: bool = False
-  embed_layernorm: bool = False
-  layernorm_eps: float = pydantic.Field(1e-5, gt=0)
-  gelu_approximate: bool = False
-  tie_embeddings: bool = True
-  dtype: DType = "float32"
-  init_std: float = pydantic.Field(0.02, gt=0)
+  use_bias: bool = pydantic.Field(False, description="biases on every linear layer (BLOOM: true)")
+  embed_layernorm: bool = pydantic.Field(False, description="LayerNorm after the embedding (BLOOM: true)")
+  layernorm_eps: float = pydantic.Field(1e-5, gt=0, description="LayerNorm epsilon")
+  gelu_approximate: bool = pydantic.Field(False, description="tanh GELU (BLOOM: true), else erf")
+  tie_embeddings: bool = pydantic.Field(True, description="the output head shares the embedding matrix")
+  dtype: DType = pydantic.Field("float32", description="activation dtype")
+  init_std: float = pydantic.Field(0.02, gt=0, description="normal init std (output projections / sqrt(2L))")
   scan_layers: bool = pydantic.Field(
     False,
     description="one compiled block run by nnx.scan over parameters stacked on a leading 'layers' axis "
@@ -418,16 +418,16 @@ class LogicalRules(StrictConfig):
   replicated over ``context``.
   """
 
-  batch: Axes = ("data", "fsdp")
-  length: Axes = "context"
-  embed: Axes = "fsdp"
-  heads: Axes = "tensor"
-  kv_heads: Axes = "tensor"
-  head_dim: Axes = None
-  mlp: Axes = "tensor"
-  vocab: Axes = "tensor"
-  pos: Axes = None
-  layers: Axes = None
+  batch: Axes = pydantic.Field(("data", "fsdp"), description="B of activations")
+  length: Axes = pydantic.Field("context", description="T of activations (context parallelism)")
+  embed: Axes = pydantic.Field("fsdp", description="D of parameters and activations")
+  heads: Axes = pydantic.Field("tensor", description="N: query heads")
+  kv_heads: Axes = pydantic.Field("tensor", description="K: key/value heads")
+  head_dim: Axes = pydantic.Field(None, description="H: the head dimension")
+  mlp: Axes = pydantic.Field("tensor", description="F: the MLP hidden dimension")
+  vocab: Axes = pydantic.Field("tensor", description="V: the vocabulary")
+  pos: Axes = pydantic.Field(None, description="the learned position table's positions")
+  layers: Axes = pydantic.Field(None, description="L: stacked layers (scan_layers)")
 
   @pydantic.model_validator(mode="before")
   @classmethod

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the extra is checked before the imports that need it)
 """Train short, test long: one small model per positional encoding, evaluated at 1x..8x its training length.
 
 Every model is trained by ``jaxpe.train.trainer.train`` on the same data, seed, batch stream, budget
@@ -19,7 +20,12 @@ checkpoint) live in ``jaxpe.train.load`` and are re-exported here.
 Sources: Press et al., "Train Short, Test Long" (ALiBi, arXiv 2108.12409); linear position
 interpolation (Chen et al., arXiv 2306.15595); dynamic NTK (bloc97/emozilla 2023, HF
 ``_compute_dynamic_ntk_parameters``); YaRN (Peng et al., arXiv 2309.00071); xPos (arXiv 2212.10554).
+Needs the ``train`` extra (``jaxpe.errors.MissingExtraError`` names it otherwise).
 """
+
+from jaxpe.errors import require_extra
+
+require_extra("train", "jaxpe.study")
 
 from jaxpe.study.config import (
   ENCODINGS,

@@ -4,6 +4,7 @@ jaxpe-train                                      # defaults: stdlib corpus, the 
 jaxpe-train --config tiny model.pos_encoding=alibi
 jaxpe-train --config my.yaml --data my_corpus/ workdir=runs/mine num_steps=5000
 jaxpe-train mesh_shape=[1,-1,2] model.scan_layers=true model.remat=full grad_accum_steps=4
+jaxpe-train --config tiny --print-config           # every key: its value, default and description
 
 --config takes a YAML file or the name of a built-in config (default, tiny; shipped in the
 package). From a checkout, ``python train/train.py`` is the same command.
@@ -23,7 +24,7 @@ import argparse
 from pathlib import Path
 
 from jaxpe.train import config as config_lib
-from jaxpe.train import host_devices, memory_check, run_guard, sharding, trainer
+from jaxpe.train import config_keys, host_devices, memory_check, run_guard, sharding, trainer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 """The built-in configs, shipped as package data (``jaxpe/configs/*.yaml``)."""
@@ -58,7 +59,10 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
   """Run the command line ``argv`` (default ``sys.argv[1:]``) and return its exit status; errors
   are one line on stderr prefixed with ``prog``."""
   parser = argparse.ArgumentParser(
-    prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    prog=prog,
+    description=__doc__,
+    epilog=config_keys.help_listing(),
+    formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument(
     "--config",
@@ -71,6 +75,11 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
     help="text file or directory, taken verbatim (not YAML; default: Python stdlib sources)",
   )
   parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+  parser.add_argument(
+    "--print-config",
+    action="store_true",
+    help="print the resolved config (every key, its value, default and description) as YAML and exit",
+  )
   parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.d_model=64")
   args = parser.parse_intermixed_args(argv)
 
@@ -78,6 +87,9 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
     cfg = config_lib.load_config(
       resolve_config(args.config), args.overrides, data_path=args.data, unique_overrides=True
     )
+    if args.print_config:
+      print(config_keys.format_config(cfg))
+      return 0
     # One XLA device per core on a CPU host (cpu_devices), before anything starts JAX's backend.
     host_devices.apply(cfg)
     # Multi-process runs start JAX's runtime before any other JAX use (the memory check lists the

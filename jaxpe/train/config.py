@@ -63,8 +63,8 @@ class DistributedConfig(StrictConfig):
     "is set; true = always (cluster auto-detection); false = never",
   )
   coordinator_address: str | None = pydantic.Field(None, description="host:port of process 0")
-  num_processes: int | None = pydantic.Field(None, gt=0)
-  process_id: int | None = pydantic.Field(None, ge=0)
+  num_processes: int | None = pydantic.Field(None, gt=0, description="processes in the job")
+  process_id: int | None = pydantic.Field(None, ge=0, description="this process's index, 0..num_processes-1")
   cpu_collectives: Literal["gloo", "mpi"] = pydantic.Field(
     "gloo", description="collectives between processes on the CPU backend"
   )
@@ -84,20 +84,20 @@ class TrainConfig(StrictConfig):
   data: DataConfig = DataConfig()
   workdir: str = pydantic.Field("runs/default", min_length=1, description="run directory (not empty)")
   seed: int = pydantic.Field(0, ge=0, le=2**63 - 1, description="initialisation, batch and sampling seed")
-  seq_len: int = pydantic.Field(256, gt=1)
+  seq_len: int = pydantic.Field(256, gt=1, description="tokens (bytes) per training sequence")
   batch_size: int = pydantic.Field(32, gt=0, description="global batch, split over devices")
-  num_steps: int = pydantic.Field(2000, gt=0)
-  learning_rate: float = pydantic.Field(3e-3, gt=0)
-  warmup_steps: int = pydantic.Field(100, ge=0)
-  min_lr_ratio: float = pydantic.Field(0.1, ge=0, le=1)
-  weight_decay: float = pydantic.Field(0.1, ge=0)
-  b1: float = pydantic.Field(0.9, ge=0, lt=1)
-  b2: float = pydantic.Field(0.95, ge=0, lt=1)
-  grad_clip: float = pydantic.Field(1.0, gt=0)
-  eval_every: int = pydantic.Field(500, gt=0)
-  eval_batches: int = pydantic.Field(16, gt=0)
-  checkpoint_every: int = pydantic.Field(500, gt=0)
-  keep_checkpoints: int = pydantic.Field(2, gt=0)
+  num_steps: int = pydantic.Field(2000, gt=0, description="optimizer steps of the schedule")
+  learning_rate: float = pydantic.Field(3e-3, gt=0, description="peak AdamW learning rate")
+  warmup_steps: int = pydantic.Field(100, ge=0, description="linear warmup steps")
+  min_lr_ratio: float = pydantic.Field(0.1, ge=0, le=1, description="cosine floor, a share of the peak")
+  weight_decay: float = pydantic.Field(0.1, ge=0, description="AdamW decoupled weight decay")
+  b1: float = pydantic.Field(0.9, ge=0, lt=1, description="Adam beta1")
+  b2: float = pydantic.Field(0.95, ge=0, lt=1, description="Adam beta2")
+  grad_clip: float = pydantic.Field(1.0, gt=0, description="global-norm gradient clipping")
+  eval_every: int = pydantic.Field(500, gt=0, description="held-out evaluation period (steps)")
+  eval_batches: int = pydantic.Field(16, gt=0, description="held-out batches per evaluation")
+  checkpoint_every: int = pydantic.Field(500, gt=0, description="checkpoint period (steps); also at the end")
+  keep_checkpoints: int = pydantic.Field(2, gt=0, description="newest checkpoints kept")
   mesh_shape: tuple[int, int, int, int] = pydantic.Field(
     (-1, 1, 1, 1),
     description="(data, fsdp, tensor, context) mesh axis sizes; one may be -1 = all remaining devices. "
@@ -107,7 +107,7 @@ class TrainConfig(StrictConfig):
   cpu_devices: Annotated[int, pydantic.Field(ge=1)] | Literal["auto"] = pydantic.Field(
     "auto",
     description="jaxpe-train on CPU: XLA devices the host's cores become, run in parallel by the mesh "
-    "(jaxpe.train.host_devices); auto = the cores that divide the micro-batch (default mesh) or the mesh's sizes",
+    "(jaxpe.train.host_devices); auto = the most cores the mesh and micro-batch fit, or a fixed mesh's size",
   )
   logical_rules: LogicalRules = LogicalRules()
   grad_accum_steps: int = pydantic.Field(
@@ -120,7 +120,7 @@ class TrainConfig(StrictConfig):
   )
   distributed: DistributedConfig = DistributedConfig()
   sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end")
-  sample_prompt: str = "def "
+  sample_prompt: str = pydantic.Field("def ", description="prompt of the sample at the end")
   max_seconds: float | None = pydantic.Field(
     None, gt=0, description="stop early (with a checkpoint) after this much training time"
   )

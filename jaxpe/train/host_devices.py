@@ -62,17 +62,17 @@ def cores() -> int:
 
 
 def auto_count(cfg: TrainConfig, num_cores: int) -> int:
-  """The devices ``cpu_devices="auto"`` makes of ``num_cores`` cores: with the default mesh
-  ``[-1, 1, 1, 1]`` (all devices on ``data``) the largest count <= the cores that divides the
-  micro-batch (``batch_size / grad_accum_steps`` rows); with a mesh of fixed sizes (no -1, e.g.
-  ``[2, 1, 1, 4]``) its product, the devices it names; 1 with a -1 on another axis."""
+  """The devices ``cpu_devices="auto"`` makes of ``num_cores`` cores: with a mesh of fixed sizes (no
+  -1, e.g. ``[2, 1, 1, 4]``) its product, the devices it names; with a -1 on any axis the largest
+  count <= the cores that the mesh and the micro-batch (``batch_size / grad_accum_steps`` rows) fit
+  (the default mesh ``[-1, 1, 1, 1]``: the largest divisor of the micro-batch), or when no count up
+  to the cores fits, the fewest devices the mesh's fixed sizes need (``[1, -1, 2]`` on one core: 2)."""
   shape = tuple(cfg.mesh_shape)
+  fewest = math.prod(s for s in shape if s != -1)
   if -1 not in shape:
-    return math.prod(shape)
-  if shape != (-1, 1, 1, 1):
-    return 1
-  micro = cfg.batch_size // cfg.grad_accum_steps
-  return max(d for d in range(1, max(1, num_cores) + 1) if micro % d == 0)
+    return fewest
+  fitting = [c for c in range(fewest, max(num_cores, fewest) + 1, fewest) if _mesh_error(cfg, c) is None]
+  return max(fitting, default=fewest)
 
 
 def _backend_started() -> bool:
@@ -136,8 +136,9 @@ def check_fits(cfg: TrainConfig, *, key: str = "cpu_devices") -> None:
   cannot use (``mesh_shape``, ``batch_size / grad_accum_steps``, ``logical_rules``), before the
   memory check or the trainer would report it as a mesh problem; the line lists the counts that fit
   (up to the cores, or the fixed mesh's size; per process in a multi-process run, whose mesh holds
-  every process's devices). Nothing is checked for ``"auto"`` (its count fits by construction) or
-  when the devices are not CPUs.
+  every process's devices). ``"auto"`` fits by construction when the CLI set the count; when the
+  environment, a library caller or a multi-process run left another count, the line names
+  ``cpu_devices`` and the counts that fit too. Nothing is checked when the devices are not CPUs.
 
   The count is named only when another count would fit: a mesh that fails on its fewest devices (the
   product of its fixed sizes, e.g. ``[1, 1, 3, 1]`` with 4 heads, or ``[3, 1, 1, 1]`` with a 16-row
@@ -150,7 +151,7 @@ def check_fits(cfg: TrainConfig, *, key: str = "cpu_devices") -> None:
     ValueError: the mesh does not fit the ``cpu_devices`` CPU devices, or an axis the batch, heads or
       sequence are split over does not divide them; the message carries the mesh check's own.
   """
-  if cfg.cpu_devices == "auto" or jax.devices()[0].platform != "cpu":
+  if jax.devices()[0].platform != "cpu":
     return
   procs = jax.process_count()  # each process has cpu_devices of the mesh's devices
   err = _mesh_error(cfg, len(jax.devices()))
@@ -175,6 +176,12 @@ def check_fits(cfg: TrainConfig, *, key: str = "cpu_devices") -> None:
     raise err  # a fixed mesh whose size the processes cannot share equally: no count fits
   else:
     fit = f"the count{each} that fixed mesh_shape {list(cfg.mesh_shape)} names: {fewest // procs}"
+  if cfg.cpu_devices == "auto":
+    raise ValueError(
+      f"{key}=auto left {len(jax.local_devices())} CPU devices in this process (XLA_FLAGS, "
+      f"JAX_NUM_CPU_DEVICES or an earlier JAX use chose them), which this run's mesh or batch does not "
+      f"fit ({err}); set {key} to {fit}"
+    )
   raise ValueError(
     f"{key}={cfg.cpu_devices} does not fit this run's mesh or batch ({err}); choose {fit}; or {key}=auto"
   )

@@ -16,7 +16,18 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxpe.train import checkpoint, data, evaluation, pacing, run_files, run_guard, run_log, sharding, steps
+from jaxpe.train import (
+  checkpoint,
+  data,
+  evaluation,
+  flops,
+  pacing,
+  run_files,
+  run_guard,
+  run_log,
+  sharding,
+  steps,
+)
 from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import learning_rate_schedule
@@ -118,6 +129,7 @@ class _Training:
     self.progress = progress and self.primary
     self.timing = _Timing()
     self.loss, self.eval_bpb = float("nan"), float("nan")
+    self.peak: float | None = None  # the devices' peak FLOP/s for MFU (None: not known)
 
   def set_up(self) -> None:
     """Held-out data, mesh and shardings, the state (restored or created), the run files, steps."""
@@ -130,7 +142,11 @@ class _Training:
     self.run, self.state_shardings, meta = state_lib.restore_or_create(
       cfg, self.mngr, self.mesh, saved_config=self.saved_config, fingerprint=self.fingerprint
     )
-    if meta is not None and self.primary:
+    self.target = (
+      self.run.schedule_steps if cfg.stop_at is None else min(self.run.schedule_steps, cfg.stop_at)
+    )
+    self.finished = meta is not None and self.run.step >= self.target  # a rerun of a finished run
+    if meta is not None and self.primary and not self.finished:
       print(
         f"resumed from {self.workdir / 'checkpoints'} at step {self.run.step} "
         f"(schedule of {self.run.schedule_steps} steps)"
@@ -144,6 +160,13 @@ class _Training:
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
+    # MFU: the model FLOPs of a token against the devices' peak (on CPU: a measured matmul ceiling).
+    self.flops_per_token = flops.train_flops_per_token(cfg.model, cfg.seq_len)
+    if not self.finished:  # each process measures its own devices (a CPU ceiling) and counts all
+      rows = micro_batch * cfg.seq_len // self.mesh.size or 1
+      local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+      self.peak, source = flops.peak_flops(local, cfg.model, rows, processes=jax.process_count())
+      self.info["mfu_peak"] = {"flops_per_second": self.peak, "source": source}
     self.placement = dict(
       mesh=self.mesh,
       rules=cfg.logical_rules,
@@ -234,10 +257,13 @@ class _Training:
       "loss": self.loss,
       "grad_norm": float(out["grad_norm"]),
       "tokens_per_second": self.timing.tokens_per_second,
+      "model_flops_per_second": self.timing.tokens_per_second * self.flops_per_token,
       "train_bits_per_byte": data.bits_per_byte(self.loss),
       "learning_rate": learning_rate,
       "step_seconds": dt,
     }
+    if self.peak:
+      record["mfu"] = record["model_flops_per_second"] / self.peak
     if not bool(out["finite"]):
       record["param_norm"] = float(out["param_norm"])
     return record, bool(out["finite"])
@@ -299,6 +325,7 @@ class _Training:
     return TrainResult(
       step=run.step,
       train_loss=self.loss,
+      train_bits_per_byte=data.bits_per_byte(self.loss),
       eval_bits_per_byte=eval_bpb,
       unigram_bits_per_byte=self.unigram,
       tokens_per_second=tokens_per_second,
@@ -309,6 +336,24 @@ class _Training:
       stop_reason=reason,
       run=self.info,
     )
+
+  def already_finished(self) -> TrainResult:
+    """A rerun of a run that had reached its target (the schedule's end, or ``stop_at``): nothing is
+    trained, and ``summary.json`` (written when it finished) is kept and returned; only a missing or
+    damaged summary, or one of another step, is written again (with the sample and an evaluation)."""
+    run, cfg = self.run, self.cfg
+    if run.step >= run.schedule_steps:
+      what = f"finished: its schedule of {run.schedule_steps} steps is complete"
+      hint = "to train more, start a new workdir"
+    else:
+      what = f"at stop_at={cfg.stop_at} (step {run.step} of {run.schedule_steps})"
+      hint = "raise or drop stop_at to continue"
+    if self.primary:
+      print(f"the run in {self.workdir} is {what}; nothing to train ({hint}); summary.json kept")
+    saved = run_log.read_summary(self.workdir)
+    if saved is not None and saved.step == run.step:
+      return saved
+    return self.finish("schedule_done" if run.step >= run.schedule_steps else "stop_at")
 
   def interrupted(self) -> None:
     """After a signal (all processes at the same step): the current step is saved and
@@ -364,6 +409,8 @@ def run_training(
   ``trainer.train``."""
   run = _Training(cfg, workdir, mngr, stop, saved_config, corpus, fingerprint, progress=progress, start=start)
   run.set_up()
+  if run.finished:
+    return run.already_finished()
   with run_log.RunLog(
     workdir, total=run.run.schedule_steps, initial=run.run.step, primary=run.primary, progress=run.progress
   ) as log:

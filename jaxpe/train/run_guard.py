@@ -193,9 +193,11 @@ def one_line(e: BaseException) -> str:
   text = str(e)
   if hasattr(e, "errors") and callable(e.errors):  # pydantic.ValidationError
     try:
+      # The offending key and its value only: a section's validator gets the whole section (a
+      # dict), which would print every key of, e.g., the model config.
       return "; ".join(
-        f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
-        + (f" (got {err['input']!r})" if err["loc"] else "")
+        f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg'].removeprefix('Value error, ')}"
+        + (f" (got {err['input']!r})" if err["loc"] and not isinstance(err["input"], dict | list) else "")
         for err in e.errors()
       )
     except (TypeError, KeyError):

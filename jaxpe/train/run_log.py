@@ -13,7 +13,10 @@ A record (``metrics.jsonl``; all numbers): ``step``; ``loss`` (training cross-en
 before the update); ``train_bits_per_byte`` (the same in bits/byte); ``grad_norm``;
 ``learning_rate`` (the one this step's update used); ``step_seconds`` (wall time of the step, the
 first of each process including compilation); ``tokens_per_second`` (this process's mean over its
-timed steps, compiling steps excluded); and where they apply ``schedule_steps`` (the schedule was
+timed steps, compiling steps excluded); ``model_flops_per_second`` (``jaxpe.train.flops``: the
+model's training FLOPs per token times ``tokens_per_second``) and ``mfu`` (that over the devices'
+peak: the bfloat16 peak of a known GPU/TPU, or the float32 matmul ceiling measured on CPU at the
+start; absent for other devices); and where they apply ``schedule_steps`` (the schedule was
 fitted), ``skipped`` and ``param_norm`` (a non-finite step), ``eval_bits_per_byte``.
 """
 
@@ -23,7 +26,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ __all__ = [
   "RunLog",
   "TrainResult",
   "console_figures",
+  "read_summary",
   "run_info",
   "start_lines",
   "tensorboard_scalars",
@@ -52,8 +56,9 @@ STOP_REASONS = ("schedule_done", "stop_at", "max_seconds", "signal")
 class TrainResult:
   """What a run reports at the end (also written to ``<workdir>/summary.json``).
 
-  ``step``: optimizer steps done; ``train_loss``: last training loss (nats/token);
-  ``eval_bits_per_byte`` and ``unigram_bits_per_byte``: held-out cross-entropy and the held-out
+  ``step``: optimizer steps done; ``train_loss``: last training loss in nats/token (the
+  optimizer's unit, ``metrics.jsonl``'s ``loss``); ``train_bits_per_byte``: the same in bits/byte,
+  the unit of every other figure; ``eval_bits_per_byte`` and ``unigram_bits_per_byte``: held-out cross-entropy and the held-out
   unigram entropy (bits/byte); ``tokens_per_second``: training throughput of the last process that
   timed steps (first step of each process excluded); ``wall_seconds``: this process's wall time;
   ``sample``: prompt + generated text; ``num_steps``: the schedule's length (``cfg.num_steps``, or
@@ -74,6 +79,19 @@ class TrainResult:
   completed: bool = False
   stop_reason: str = ""
   run: dict[str, Any] = field(default_factory=dict)
+  train_bits_per_byte: float = math.nan
+
+
+def read_summary(workdir: Path) -> TrainResult | None:
+  """``<workdir>/summary.json`` as a ``TrainResult`` (null numbers read as NaN), or None when it is
+  missing, damaged or not a summary (a rerun then writes it again)."""
+  try:
+    raw = json.loads((workdir / "summary.json").read_bytes().decode())
+    names = {f.name for f in fields(TrainResult)}
+    values = {k: math.nan if v is None else v for k, v in raw.items() if k in names}
+    return TrainResult(**values)
+  except (OSError, ValueError, TypeError, AttributeError):
+    return None
 
 
 TENSORBOARD_DIR = "tensorboard"
@@ -116,6 +134,7 @@ def start_lines(info: dict) -> list[str]:
     f"devices: {d['count']} x {d['kind']} ({d['platform']}), {d['processes']} process{'es' * (d['processes'] != 1)}",
     f"mesh: {' x '.join(f'{name} {size}' for name, size in mesh.items())} "
     f"(shape {tuple(mesh.values())}, axis names {tuple(mesh)})",
+    *([f"mfu: model FLOP/s against {info['mfu_peak']['source']}"] if "mfu_peak" in info else []),
   ]
 
 
@@ -139,12 +158,14 @@ def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def console_figures(record: dict[str, Any]) -> dict[str, str]:
-  """The progress bar's figures for a record: loss in bits/byte, learning rate, step time, tokens/s."""
+  """The progress bar's figures for a record: loss in bits/byte, learning rate, step time, tokens/s,
+  MFU (where known)."""
   return {
     "loss": f"{record['train_bits_per_byte']:.3f} bits/byte",
     "lr": f"{record['learning_rate']:.2e}",
     "time": f"{record['step_seconds']:.3f} s/step",
     "tok/s": f"{record['tokens_per_second']:,.0f}",
+    **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}),
   }
 
 
@@ -171,16 +192,16 @@ def _import_summary_writer():
 
 
 def _open_tensorboard(logdir: Path, purge_step: int):
-  """``(writer or None, the line saying where events go or why none are written)``."""
+  """``(a function that opens the writer, or None; the line saying where events go or why none are
+  written)``. The writer (and its event file) is made only when the first step is logged, so a rerun
+  that trains nothing adds no empty event file."""
   try:
     SummaryWriter = _import_summary_writer()
   except ImportError:
-    return None, "tensorboard: off (tensorboardX is not installed: pip install tensorboardX)"
-  try:
-    # purge_step: events of a resumed run's lost steps (after its checkpoint) are hidden
-    return SummaryWriter(str(logdir), purge_step=purge_step, flush_secs=10), f"tensorboard: {logdir}"
-  except OSError as e:
-    return None, f"tensorboard: off (cannot write {logdir}: {e})"
+    return None, 'tensorboard: off (tensorboardX is not installed: pip install "jaxpe[train]")'
+  # purge_step: events of a resumed run's lost steps (after its checkpoint) are hidden
+  line = f"tensorboard: {logdir} (view: tensorboard --logdir {logdir}; pip install tensorboard)"
+  return lambda: SummaryWriter(str(logdir), purge_step=purge_step, flush_secs=10), line
 
 
 class RunLog:
@@ -193,9 +214,23 @@ class RunLog:
     self.workdir, self.primary, self.progress = workdir, primary, progress
     self.bar = pacing.Progress(total, initial, enabled=progress)
     self.metrics = (workdir / "metrics.jsonl").open("a") if primary else open(os.devnull, "w")
-    self.tensorboard, self.tensorboard_line = None, ""
+    self.tensorboard, self.tensorboard_line, self._open_writer, self._texts = None, "", None, []
     if primary:
-      self.tensorboard, self.tensorboard_line = _open_tensorboard(workdir / TENSORBOARD_DIR, initial + 1)
+      self._open_writer, self.tensorboard_line = _open_tensorboard(workdir / TENSORBOARD_DIR, initial + 1)
+
+  def _writer(self):
+    """The TensorBoard writer, opened (with the start texts) at the first logged step; None when
+    events are off (no tensorboardX, or the folder cannot be written: said in one line)."""
+    if self._open_writer is not None:
+      opener, self._open_writer = self._open_writer, None
+      try:
+        self.tensorboard = opener()
+      except OSError as e:
+        self.bar.write(f"tensorboard: off (cannot write {self.workdir / TENSORBOARD_DIR}: {e})")
+        return None
+      for tag, text in self._texts:
+        self.tensorboard.add_text(tag, text, 0)
+    return self.tensorboard
 
   def __enter__(self) -> RunLog:
     return self
@@ -213,9 +248,11 @@ class RunLog:
     if self.progress:
       for line in lines:
         self.bar.write(line)
-    if self.tensorboard is not None:
-      self.tensorboard.add_text("run/start", "\n\n".join(lines), 0)
-      self.tensorboard.add_text("run/config", "    " + config_json.replace("\n", "\n    "), 0)
+    if self.primary:  # written with the first step's events
+      self._texts = [
+        ("run/start", "\n\n".join(lines)),
+        ("run/config", "    " + config_json.replace("\n", "\n    ")),
+      ]
 
   def write(self, text: str) -> None:
     """A message line on the console (every process, whatever ``progress``)."""
@@ -224,9 +261,10 @@ class RunLog:
   def append(self, record: dict[str, Any]) -> None:
     """Writes ``record`` to ``metrics.jsonl`` and TensorBoard (no check, no flush)."""
     self.metrics.write(json.dumps(record) + "\n")
-    if self.tensorboard is not None:
+    writer = self._writer() if self.primary else None
+    if writer is not None:
       for tag, value in tensorboard_scalars(record).items():
-        self.tensorboard.add_scalar(tag, value, record["step"])
+        writer.add_scalar(tag, value, record["step"])
 
   def step(self, record: dict[str, Any]) -> None:
     """Logs a step's record: checks the workdir is still there (``run_guard.check_workdir_intact``,

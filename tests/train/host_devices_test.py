@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -34,13 +35,54 @@ TRAIN = str(ROOT / "train" / "train.py")
     (32, 1, (2, 1, 1, 1), 8, 2),  # a mesh of fixed sizes: the devices it names, whatever the cores
     (32, 1, (2, 1, 1, 4), 2, 8),
     (32, 1, (1, 1, 1, 1), 8, 1),
-    (32, 1, (-1, 2, 1, 1), 8, 1),  # a -1 on another axis: no split
-    (32, 1, (1, 1, 1, -1), 8, 1),
+    (32, 1, (-1, 2, 1, 1), 8, 8),  # a -1 with another axis fixed: the cores in multiples of it
+    (32, 1, (-1, 2, 1, 1), 3, 2),
+    (32, 1, (1, 1, 1, -1), 8, 8),  # context: seq_len 256 divides by 2 x 8
+    (32, 1, (1, -1, 2, 1), 2, 2),  # --help's example (was 1 device: "1 devices do not divide by 2")
+    (32, 1, (1, -1, 2, 1), 1, 2),  # fewer cores than the fixed sizes name: the fewest devices that fit
+    (32, 1, (1, -1, 2, 1), 5, 4),  # 4 heads: tensor 2 x fsdp 2
+    (32, 1, (1, 1, -1, 1), 8, 4),  # tensor over 4 heads: at most 4
   ],
 )
 def test_auto_count(batch, accum, mesh, num_cores, expected):
   cfg = TrainConfig(batch_size=batch, grad_accum_steps=accum, mesh_shape=mesh)
   assert host_devices.auto_count(cfg, num_cores) == expected
+
+
+def _documented_mesh_commands() -> list[list[str]]:
+  """The single-host ``jaxpe-train ... mesh_shape=...`` command lines of ``--help``, README.md and
+  docs/*.md (multi-process lines, with ``distributed.`` keys or continued over lines, excluded)."""
+  from jaxpe.train import cli
+
+  texts = [cli.__doc__, (ROOT / "README.md").read_text()]
+  texts += [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
+  commands = []
+  for line in "\n".join(texts).splitlines():
+    line = line.split("  #")[0].strip().strip("`")
+    if line.startswith("jaxpe-train ") and "mesh_shape=" in line and "distributed." not in line:
+      if not line.endswith("\\"):
+        commands.append(shlex.split(line)[1:])
+  return commands
+
+
+def test_the_documented_mesh_examples_are_found():
+  commands = _documented_mesh_commands()
+  assert any("mesh_shape=[1,-1,2]" in c for c in commands), commands  # --help's and scaling.md's
+  assert len(commands) >= 4, commands
+
+
+@pytest.mark.parametrize("num_cores", [1, 2, 4])
+@pytest.mark.parametrize("argv", _documented_mesh_commands(), ids=" ".join)
+def test_every_documented_mesh_example_fits_the_devices_auto_makes(argv, num_cores):
+  """Each documented mesh example, on a CPU host of 1, 2 or 4 cores: the count ``cpu_devices=auto``
+  makes passes the mesh check (on main, ``[1, -1, 2]`` got 1 device: "1 devices do not divide by 2")."""
+  from jaxpe.train import cli, config
+
+  args = [a for a in argv if "=" in a and not a.startswith("--")]
+  name = argv[argv.index("--config") + 1] if "--config" in argv else "default"
+  cfg = config.load_config(cli.resolve_config(name), args)
+  count = host_devices.auto_count(cfg, num_cores)
+  assert host_devices._mesh_error(cfg, count) is None
 
 
 @pytest.fixture
@@ -147,7 +189,11 @@ def test_an_explicit_count_the_run_cannot_use_is_named(fields, mesh_words):
     ValueError, match=rf"^cpu_devices={have} does not fit .*{mesh_words}.*cpu_devices=auto$"
   ):
     host_devices.check_fits(cfg)
-  host_devices.check_fits(cfg.model_copy(update={"cpu_devices": "auto"}))  # auto fits by construction
+  # auto fits where jaxpe-train chose the count; a count left by the environment is named too.
+  with pytest.raises(
+    ValueError, match=rf"^cpu_devices=auto left {have} CPU devices .*{mesh_words}.*set cpu_devices to"
+  ):
+    host_devices.check_fits(cfg.model_copy(update={"cpu_devices": "auto"}))
   host_devices.check_fits(TrainConfig(model=model, cpu_devices=have, batch_size=16))
 
 

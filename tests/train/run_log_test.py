@@ -24,7 +24,7 @@ from jaxpe.train.config import load_config
 pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 OLD_KEYS = {"step", "loss", "grad_norm", "tokens_per_second"}
-NEW_KEYS = {"train_bits_per_byte", "learning_rate", "step_seconds"}
+NEW_KEYS = {"train_bits_per_byte", "learning_rate", "step_seconds", "model_flops_per_second", "mfu"}
 
 
 def _cfg(workdir, text_file, *extra):
@@ -53,6 +53,10 @@ def _cfg(workdir, text_file, *extra):
 
 def _records(run: Path) -> list[dict]:
   return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary_peak(run: Path) -> float:
+  return json.loads((run / "summary.json").read_text())["run"]["mfu_peak"]["flops_per_second"]
 
 
 def _summary(run: Path) -> dict:
@@ -92,10 +96,12 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
     "'context'))\n" in out
   )
   has_tensorboard = importlib.util.find_spec("tensorboardX") is not None
-  assert (f"tensorboard: {run / 'tensorboard'}\n" if has_tensorboard else "tensorboard: off (") in out
+  logdir = run / "tensorboard"
+  view = f"tensorboard: {logdir} (view: tensorboard --logdir {logdir}; pip install tensorboard)\n"
+  assert (view if has_tensorboard else "tensorboard: off (") in out
   # Per logged step (a line on a non-terminal): loss in bits/byte, learning rate, step time, tokens/s.
   assert re.search(
-    r"^step 1/6 loss \d\.\d{3} bits/byte lr 0\.00e\+00 time \d+\.\d{3} s/step tok/s 0$", out, re.M
+    r"^step 1/6 loss \d\.\d{3} bits/byte lr 0\.00e\+00 time \d+\.\d{3} s/step tok/s 0 mfu 0\.0%$", out, re.M
   ), out
 
   # metrics.jsonl: the old keys and the new ones; the rate is the schedule's at the update count.
@@ -105,6 +111,15 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   schedule = optimizer.learning_rate_schedule(1e-2, num_steps=6, warmup_steps=2, min_lr_ratio=0.1)
   assert [r["learning_rate"] for r in records] == pytest.approx([float(schedule(n)) for n in range(3)])
   assert [r["learning_rate"] for r in records] == pytest.approx([0.0, 5e-3, 1e-2])
+  # MFU (issue 37 item 10): model FLOP/s = tokens/s x the model's training FLOPs per token (the
+  # count of benchmarks/ceilings.py, an independent sum over the step's matmuls), over the peak.
+  sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # as tests/benchmarks_test.py
+  ceilings = importlib.import_module("ceilings")
+
+  per_token = ceilings.useful_flops(ceilings.decoder_matmuls(cfg.model, 1, cfg.seq_len)) / cfg.seq_len
+  for r in records:
+    assert r["model_flops_per_second"] == pytest.approx(r["tokens_per_second"] * per_token, rel=1e-9)
+    assert r["mfu"] == pytest.approx(r["model_flops_per_second"] / summary_peak(run), rel=1e-9)
   for r in records:
     assert r["train_bits_per_byte"] == pytest.approx(r["loss"] / math.log(2))
     assert r["step_seconds"] > 0
@@ -132,7 +147,19 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
       "held_files": 1,
       "sha256": fingerprint["sha256"],
     },
+    "mfu_peak": summary["run"]["mfu_peak"],  # checked below
   }
+  peak = summary["run"]["mfu_peak"]
+  assert peak["flops_per_second"] > 1e8 and peak["source"].startswith(
+    "the float32 matmul ceiling measured on 8 CPU"
+  )
+  assert f"mfu: model FLOP/s against {peak['source']}\n" in out
+
+  # Rerun at its stop_at: nothing to train, the summary kept.
+  capsys.readouterr()
+  trainer.train(cfg, progress=True)
+  assert "is at stop_at=3 (step 3 of 6); nothing to train (raise or drop stop_at" in capsys.readouterr().out
+  assert _summary(run) == summary
 
   # Resumed to the end: complete.
   done = trainer.train(_cfg(run, text_file), progress=False)
@@ -141,6 +168,21 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
   assert (summary["step"], summary["completed"], summary["stop_reason"]) == (6, True, "schedule_done")
   records = _records(run)
   assert [r["step"] for r in records] == list(range(1, 7))
+  # The units: train_loss in nats/token (named so), train_bits_per_byte the same in bits/byte.
+  assert summary["train_bits_per_byte"] == pytest.approx(summary["train_loss"] / math.log(2))
+  assert summary["train_bits_per_byte"] == pytest.approx(records[-1]["train_bits_per_byte"])
+
+  # Rerun once finished (issue 37 item 8): says so, trains nothing, keeps summary.json (main said
+  # "resumed" and rewrote it: wall_seconds 410 -> 12.8) and adds no empty event file (item 7).
+  summary_bytes = (run / "summary.json").read_bytes()
+  capsys.readouterr()
+  again = trainer.train(_cfg(run, text_file), progress=True)
+  out = capsys.readouterr().out
+  assert f"the run in {run} is finished: its schedule of 6 steps is complete; nothing to train" in out, out
+  assert "resumed" not in out
+  assert (run / "summary.json").read_bytes() == summary_bytes
+  assert (again.step, again.wall_seconds, again.sample) == (6, summary["wall_seconds"], summary["sample"])
+  assert [r["step"] for r in _records(run)] == list(range(1, 7))
 
   if not has_tensorboard:
     assert not (run / "tensorboard").exists()
@@ -180,7 +222,7 @@ def test_summary_says_why_a_run_stopped_and_a_missing_tensorboardx_is_one_line(
   slow = tmp_path / "slow"
   result = trainer.train(_cfg(slow, text_file, "max_seconds=0.001"), progress=True)
   out = capsys.readouterr().out
-  assert out.count("tensorboard: off (tensorboardX is not installed: pip install tensorboardX)\n") == 1
+  assert out.count('tensorboard: off (tensorboardX is not installed: pip install "jaxpe[train]")\n') == 1
   assert not (slow / "tensorboard").exists()
   summary = _summary(slow)
   assert (result.step, result.completed, result.stop_reason) == (1, False, "max_seconds")
