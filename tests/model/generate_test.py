@@ -377,6 +377,7 @@ def test_decode_attention_matches_the_dense_reference():
   from jaxpe.attention import IndexMask, dot_product_attention, kernels
   from jaxpe.attention.backends import AlibiSpec
   from jaxpe.ops import alibi
+
   rng = np.random.default_rng(0)
   b, t, s, n, kv, h = 2, 2, 9, 4, 2, 8
   q = jnp.asarray(rng.normal(size=(b, t, n, h + 2)), jnp.float32)
