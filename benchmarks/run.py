@@ -25,6 +25,9 @@ same run, with the issue's goal):
              B 8 x T 512 and D 128 / L 4 / N 8 / B 32 x T 256; the step's parts   train_bench.py
   bloom      560M importer time and peak memory, forward and generate vs HF,
              forward FLOP/s vs the matmul ceiling at its shapes                  bloom_bench.py
+  generate   greedy decoding: BLOOM-560M at 1 x 32 + 128 and 8 x 128 + 128 vs
+             transformers generate, the default decoder vs nanoGPT's torch
+             generate; tokens/s, time to first token, memory                      generate_bench.py
   growth     step time per token as T and D grow                                 train_bench.py
 
 A ratio against a ceiling (matmul or elementwise) divides the ceiling's time by the measured time
@@ -59,12 +62,13 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bloom_bench  # noqa: E402
+import generate_bench  # noqa: E402
 import jax  # noqa: E402
 import ops_bench  # noqa: E402
 import train_bench  # noqa: E402
 from ops_bench import Row, row  # noqa: E402
 
-GROUPS = ("ceiling", "ops", "attention", "scale", "train", "bloom", "growth")
+GROUPS = ("ceiling", "ops", "attention", "scale", "train", "bloom", "generate", "growth")
 BEGIN, END = (
   "<!-- benchmarks:begin (written by benchmarks/run.py --update-readme) -->",
   "<!-- benchmarks:end -->",
@@ -338,6 +342,8 @@ def run(groups: list[str], *, quick: bool) -> tuple[list[Row], dict]:
       rows += train_bench.train_rows(small=small)
     elif group == "bloom":
       rows += bloom_bench.bloom_rows(small=small)
+    elif group == "generate":
+      rows += generate_bench.generate_rows(quick=quick)
     elif group == "growth":
       rows += train_bench.growth_rows(small=small)
     seconds[group] = round(time.time() - t0, 1)

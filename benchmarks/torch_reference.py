@@ -168,6 +168,26 @@ class TorchDecoder(nn.Module):
       x = block(x, cos, sin)
     return self.ln_f(x) @ self.wte.weight.T
 
+  def last_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    """``[B, V]`` logits of the last token only (nanoGPT's inference forward: ``lm_head(x[:, [-1]])``)."""
+    t = tokens.shape[1]
+    x = self.wte(tokens)
+    cos, sin = self.cos[:t], self.sin[:t]
+    for block in self.h:
+      x = block(x, cos, sin)
+    return self.ln_f(x[:, -1]) @ self.wte.weight.T
+
+  @torch.no_grad()
+  def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """nanoGPT's ``GPT.generate`` at temperature 0 (greedy): each new token recomputes the forward
+    of the last ``max_len`` tokens (no KV cache) and appends the argmax of the last token's logits.
+    ``tokens [B, T]`` int64 -> ``[B, max_new_tokens]`` int64."""
+    idx = tokens
+    for _ in range(max_new_tokens):
+      logits = self.last_logits(idx[:, -self.max_len :])
+      idx = torch.cat([idx, torch.argmax(logits, dim=-1, keepdim=True)], dim=1)
+    return idx[:, tokens.shape[1] :]
+
   def loss(self, batch: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``batch[:, 1:]`` given ``batch[:, :-1]`` (``[B, T + 1]`` int64)."""
     logits = self(batch[:, :-1])

@@ -1,6 +1,7 @@
 """The ``xla`` backend: blockwise attention in plain XLA (``jaxpe.attention.attention``).
 
-Structured masks (``AttentionMask``, ``IndexMask`` for the KV cache), no mask, ALiBi of an
+A few queries under an ``IndexMask`` (KV-cache decoding) run in one pass over the cache
+(``jaxpe.attention.decode``). Structured masks (``AttentionMask``, ``IndexMask``), no mask, ALiBi of an
 ``AlibiSpec`` and a learned ``PositionBias`` (T5, Kerple, FIRE) run through ``jaxpe.attention.blockwise.blockwise_attention``: key blocks with an
 online softmax, the bias and mask computed per block from slot indices and positions, O(T x block)
 memory, never a ``[B, N, T, S]`` array. A dense bias or dense bool mask that the caller built runs
@@ -15,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxpe.attention import blockwise, reference
+from jaxpe.attention import blockwise, decode, reference
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask
@@ -45,7 +46,21 @@ def attend(
   """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``.
 
   ``sinks`` (``[N]``, checked): blockwise from the lse, dense as one more key slot
-  (``jaxpe.attention.sinks``)."""
+  (``jaxpe.attention.sinks``). An ``IndexMask`` with at most ``decode.DECODE_MAX_QUERIES`` queries
+  (KV-cache decoding) runs in one pass over the keys (``jaxpe.attention.decode``), a dense bias too."""
+  if isinstance(mask, IndexMask) and q.shape[1] <= decode.DECODE_MAX_QUERIES:
+    return decode.decode_attention(
+      q,
+      k,
+      v,
+      scale=scale,
+      mask=mask,
+      bias=bias,
+      alibi=alibi_spec,
+      position_bias=position_bias,
+      precise_dims=precise_dims,
+      sinks=sinks,
+    )
   if bias is None and (mask is None or isinstance(mask, AttentionMask | IndexMask)):
     # Looked up at call time so tests can wrap blockwise.blockwise_attention.
     return blockwise.blockwise_attention(

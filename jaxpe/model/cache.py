@@ -69,6 +69,16 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   )
 
 
+def is_empty_cache(cache: KVCache) -> bool:
+  """Whether ``cache.end`` is known at trace time to be 0 (a fresh ``init_cache``, called eagerly or
+  with ``end`` a concrete value under jit): the next chunk is then a prefill that attends only to
+  itself. False for a traced ``end`` (the chunk then attends to every slot through the mask)."""
+  end = cache.end
+  if isinstance(end, jax.core.Tracer):
+    return False
+  return int(end) == 0
+
+
 def _raise_overflow(end, t_len: int, slots: int) -> None:
   raise ValueError(
     f"the KV cache has {slots} slots; {t_len} new tokens after {int(end)} filled ones do not fit "

@@ -22,11 +22,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxpe.attention import masks
 from jaxpe.model import encodings, initializers, partitioning
-from jaxpe.model.cache import KVCache, check_cache
+from jaxpe.model.cache import KVCache, check_cache, is_empty_cache
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
 from jaxpe.ops import checks as _checks
@@ -106,6 +107,20 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
     return None if x is None else jnp.asarray(x)
 
   return to_jax(tokens), to_jax(positions), to_jax(attention_mask), to_jax(segment_ids), to_jax(slot_index)
+
+
+def _check_logits_index(index, batch: int, t_len: int) -> jax.Array:
+  """``logits_index`` as ``[B]`` int32 (a concrete one in ``[0, T)``)."""
+  index = _checks.as_array("logits_index", index)
+  if not jnp.issubdtype(index.dtype, jnp.integer):
+    raise TypeError(f"logits_index must hold integer token indices, got dtype {index.dtype}")
+  if tuple(index.shape) != (batch,):
+    raise ValueError(f"logits_index must have shape [B] = [{batch}], got {tuple(index.shape)}")
+  if not isinstance(index, jax.core.Tracer):
+    arr = np.asarray(index)
+    if arr.size and (arr.min() < 0 or arr.max() >= t_len):
+      raise ValueError(f"logits_index must be in [0, T = {t_len}), got values {np.unique(arr).tolist()}")
+  return jnp.clip(jnp.asarray(index).astype(jnp.int32), 0, t_len - 1)
 
 
 class Decoder(nnx.Module):
@@ -192,6 +207,7 @@ class Decoder(nnx.Module):
     segment_ids: jax.Array | None = None,
     slot_index: jax.Array | None = None,
     cache: KVCache | None = None,
+    logits_index: jax.Array | None = None,
   ):
     """Next-token logits.
 
@@ -215,13 +231,19 @@ class Decoder(nnx.Module):
       cache: a ``KVCache`` of this model's config (``init_cache(cfg, B, S)``) to append this chunk
         to (prefill or decode); it must have room for the T new tokens.
 
+      logits_index: optional ``[B]`` integer token index in ``[0, T)`` per row: only that token's
+        logits are computed (``[B, 1, V]``; the prefill of generation needs one row, and the
+        ``D x V`` head is most of a short forward's work). Under ``jax.jit`` an index outside
+        ``[0, T)`` is clamped.
+
     Returns:
-      ``[B, T, V]`` float32 logits, or ``(logits, new_cache)`` when ``cache`` is given.
+      ``[B, T, V]`` float32 logits (``[B, 1, V]`` with ``logits_index``), or ``(logits,
+      new_cache)`` when ``cache`` is given.
 
     Raises:
-      TypeError: non-integer tokens, positions or segment ids; a float mask; a cache that is no
+      TypeError: non-integer tokens, positions, segment ids or ``logits_index``; a float mask; a cache that is no
         ``KVCache`` or holds arrays of the wrong dtype.
-      ValueError: an argument not ``[B, T]`` (tokens; positions, mask, segment ids, slot index of the
+      ValueError: ``logits_index`` not ``[B]`` or (concrete) outside ``[0, T)``; an argument not ``[B, T]`` (tokens; positions, mask, segment ids, slot index of the
         tokens' shape); B or T = 0; ``slot_index`` with a cache, or with a mask or segment ids but no
         positions; ``slot_index`` or a sequence split over a mesh (context parallelism) on a backend other
         than ``xla``; T not divisible by the devices the sequence is split over; ids or positions out of range
@@ -275,14 +297,23 @@ class Decoder(nnx.Module):
       slots = cache.positions.shape[1]
       k_positions = jax.lax.dynamic_update_slice_in_dim(cache.positions, positions, cache.end, axis=1)
       k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)
-      q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
-      k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
-      mask = masks.IndexMask(q_index, k_index, causal=True, k_valid=k_valid)  # blockwise on xla
-      kv_positions, layer_caches = k_positions, (cache.k, cache.v)
+      layer_caches = (cache.k, cache.v)
+      if is_empty_cache(cache) and partitioning.sequence_split() is None:
+        # prefill of an empty cache: the tokens see only each other, self-attention on the
+        # configured backend (the CPU kernel, a fused kernel); their keys are written to slots 0..T-1
+        mask = masks.AttentionMask(valid=None if attention_mask is None else valid, causal=True)
+        kv_positions = positions
+      else:  # the new tokens against every slot: few queries run in one pass over the cache on xla
+        q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+        k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
+        mask = masks.IndexMask(q_index, k_index, causal=True, k_valid=k_valid)
+        kv_positions = k_positions
 
     x, new_kv = self._blocks(
       x, positions, mask, kv_positions, layer_caches, cache_end=None if cache is None else cache.end
     )
+    if logits_index is not None:
+      x = jnp.take_along_axis(x, _check_logits_index(logits_index, batch, t_len)[:, None, None], axis=1)
     x = self.final_norm(x)
     if cfg.tie_embeddings:
       logits = jnp.einsum("BTD,VD->BTV", x, self.embed.embedding[...].astype(jnp.float32))
@@ -293,7 +324,7 @@ class Decoder(nnx.Module):
     new_cache = KVCache(
       k=new_kv[0],
       v=new_kv[1],
-      positions=kv_positions,
+      positions=k_positions,
       valid=k_valid,
       end=cache.end + t_len,
     )

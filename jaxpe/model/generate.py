@@ -183,10 +183,8 @@ def generate(
   elif temperature > 0:
     raise ValueError("rng is required when temperature > 0 (pass jax.random.key(seed))")
   rng = jax.random.key(0) if rng is None else rng
-  batch, t_len = prompt.shape
-  cache = init_cache(cfg, batch, t_len + max_new_tokens)
   graphdef, state = nnx.split(model)
-  return _generate(graphdef, state, prompt, mask, cache, rng, max_new_tokens, temperature, top_k)
+  return _generate(graphdef, state, prompt, mask, rng, max_new_tokens, temperature, top_k)
 
 
 def pick(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | None) -> jax.Array:
@@ -209,15 +207,21 @@ def pick(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | Non
   return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
 
 
-@jax.jit(static_argnums=(6, 7, 8))
-def _generate(graphdef, state, prompt, mask, cache, rng, max_new_tokens, temperature, top_k):
+@jax.jit(static_argnums=(5, 6, 7))
+def _generate(graphdef, state, prompt, mask, rng, max_new_tokens, temperature, top_k):
+  """The whole generation as one compiled program per (shapes, sampling arguments): the prefill, then
+  a ``lax.scan`` of decode steps that carries the cache (made here, so it is updated in place)."""
   model = nnx.merge(graphdef, state)
-  logits, cache = model(prompt, attention_mask=mask, cache=cache)
-  # the first new token follows the last real token of each row (right padding: not slot T - 1)
-  t_len = prompt.shape[1]
+  batch, t_len = prompt.shape
+  # end as a concrete 0: the decoder knows the cache is empty and prefills with self-attention on the
+  # fast path (the CPU kernel, a fused kernel) instead of attending over every slot
+  cache = init_cache(model.cfg, batch, t_len + max_new_tokens)._replace(end=np.zeros((), np.int32))
+  # the first new token follows the last real token of each row (right padding: not slot T - 1);
+  # only that token's logits are computed
   last = t_len - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+  logits, cache = model(prompt, attention_mask=mask, cache=cache, logits_index=last)
   rng, sub = jax.random.split(rng)
-  first = pick(logits[jnp.arange(prompt.shape[0]), last], sub, temperature, top_k)
+  first = pick(logits[:, 0], sub, temperature, top_k)
 
   def step(carry, _):
     token, cache, rng = carry

@@ -249,11 +249,13 @@ class Attention(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
-    ``mask`` (an ``AttentionMask`` without a cache; an ``IndexMask`` of the slots otherwise: of the
-    cache with one, of the tokens when they are reordered or split over devices) and
-    ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens without a cache, or all S cache
-    slots with one. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``); with a cache
-    or an ``IndexMask`` on ``xla``; with the sequence split over mesh axes
+    ``mask`` (an ``AttentionMask`` without a cache or for the prefill of an empty one; an
+    ``IndexMask`` of the slots otherwise: of the cache, of the tokens when they are reordered or
+    split over devices) and ``kv_positions`` ``[B, S]`` describe the keys: the T new tokens under an
+    ``AttentionMask`` (the cache, if any, gets their keys at ``cache_end``), all S cache slots under
+    a cache's ``IndexMask``. Runs on ``cfg.attn_implementation`` (``jaxpe.attention.kernels``) under
+    an ``AttentionMask``; under an ``IndexMask`` on ``xla`` (few queries over a cache in one pass,
+    ``jaxpe.attention.decode``); with the sequence split over mesh axes
     (``partitioning.sequence_split``) across them (``jaxpe.attention.context``, strategy
     ``cfg.context_attention``). ``use_rope``: this layer's flag of a per-layer RoPE schedule
     (``cfg.rope_layers()``; false = NoPE layer, ``encode_qk_nope``), None without one.
@@ -271,10 +273,16 @@ class Attention(nnx.Module):
       rope_spec = enc.rope_spec(positions, kv_positions)
     if rope_spec is None:
       q, k = enc.encode_layer_qk(q, k, positions, use_rope)
+    new_kv = None
     if cache_kv is not None:
       k_cache, v_cache = cache_kv
-      k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), cache_end, axis=1)
-      v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), cache_end, axis=1)
+      k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
+      new_kv = (
+        jax.lax.dynamic_update_slice_in_dim(k_cache, k, cache_end, axis=1),
+        jax.lax.dynamic_update_slice_in_dim(v_cache, v, cache_end, axis=1),
+      )
+      if not isinstance(mask, masks.AttentionMask):  # attend over every slot (an empty cache's
+        k, v = new_kv  # prefill, under an AttentionMask, attends to its own keys alone)
     cfg = self.cfg
     scale = 1.0 / math.sqrt(cfg.head_size)
     sinks = self.sinks[...] if cfg.attention_sinks else None
@@ -301,7 +309,7 @@ class Attention(nnx.Module):
         precise_dims=q.shape[-1] - cfg.head_size,
       )
       return self.o(out), None
-    fused = cache_kv is None and isinstance(mask, masks.AttentionMask)
+    fused = isinstance(mask, masks.AttentionMask)  # without a cache, or an empty cache's prefill
     implementation = cfg.attn_implementation if fused else "xla"
 
     def attend(q, k, v, positions, kv_positions, valid, segment_ids, bias, sinks):
@@ -332,7 +340,7 @@ class Attention(nnx.Module):
       out = partitioning.batch_local(attend, (*rows, bias), (sinks,))
     else:
       out = attend(*rows, bias, sinks)
-    return self.o(out), (k, v) if cache_kv is not None else None
+    return self.o(out), new_kv
 
 
 class MLP(nnx.Module):

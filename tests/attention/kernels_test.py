@@ -329,7 +329,9 @@ def test_cached_decoding_runs_on_xla_and_matches_the_kernel_forward():
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   tokens = jnp.asarray(np.random.default_rng(5).integers(0, 32, (1, 16)), jnp.int32)
   full = model(tokens)  # pallas_gpu, exact ALiBi emulation
-  logits, cache = model(tokens[:, :14], cache=init_cache(cfg, 1, 16))  # prefill on xla, native bias
+  logits, cache = model(
+    tokens[:, :14], cache=init_cache(cfg, 1, 16)
+  )  # prefill of an empty cache on pallas_gpu; decode steps on xla, native bias
   steps = [logits]
   for t in range(14, 16):
     logits, cache = model(tokens[:, t : t + 1], cache=cache)

@@ -258,3 +258,138 @@ def test_a_kv_cache_overflow_under_jit_raises_when_it_runs():
     call(model, jnp.ones((1, 5), jnp.int32), init_cache(model.cfg, 1, 4))
   logits, full = call(model, jnp.ones((1, 1), jnp.int32), cache)  # exactly full: fine
   assert int(full.end) == 4 and np.isfinite(np.asarray(logits)).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# The fast decoding path (issue 36): the prefill of an empty cache as self-attention on the fast
+# backend, then one pass over the cache per new token (jaxpe.attention.decode). Reference: full
+# recomputation without a cache, one jitted forward per config over a fixed-length buffer (causal,
+# so the tokens after the one read do not change its logits).
+
+from jaxpe.model import encodings  # noqa: E402
+from jaxpe.model.cache import init_cache  # noqa: E402
+from jaxpe.model.generate import pick  # noqa: E402
+
+ROWS = [[3, 1, 4, 1, 5], [9, 2, 6], [7, 8, 5, 3]]
+# left, right and inner padding, one row each
+PADDED = [
+  ([3, 1, 4, 1, 5], [1, 1, 1, 1, 1]),
+  ([0, 0, 9, 2, 6], [0, 0, 1, 1, 1]),
+  ([7, 2, 8, 5, 3], [1, 0, 1, 1, 1]),
+]
+NEW = 5
+
+
+def _recompute(model, rows, n, *, temperature=0.0, top_k=None, rng=None):
+  """The generation rule by full forwards without a cache: ``[B, n]`` tokens, sampling with the
+  key sequence of ``generate`` (one split per token)."""
+  width = max(len(r) for r in rows) + n
+  forward = jax.jit(lambda m, x, valid: m(x, attention_mask=valid))
+  buf = np.zeros((len(rows), width), np.int32)
+  valid = np.zeros((len(rows), width), bool)
+  lens = [len(r) for r in rows]
+  for i, r in enumerate(rows):
+    buf[i, : len(r)], valid[i, : len(r)] = r, True
+  rng = jax.random.key(0) if rng is None else rng
+  out = []
+  for _ in range(n):
+    logits = np.asarray(forward(model, jnp.asarray(buf), jnp.asarray(valid)))
+    rng, sub = jax.random.split(rng)
+    nxt = np.asarray(
+      pick(jnp.asarray(logits[np.arange(len(rows)), np.asarray(lens) - 1]), sub, temperature, top_k)
+    )
+    for i, t in enumerate(nxt):
+      buf[i, lens[i]], valid[i, lens[i]] = t, True
+      lens[i] += 1
+    out.append(nxt)
+  return np.stack(out, axis=1).tolist()
+
+
+def _model(pe, **kw):
+  cfg = ModelConfig(
+    vocab_size=32, d_model=32, num_layers=2, num_heads=4, max_len=32, pos_encoding=pe, init_std=0.5, **kw
+  )
+  return Decoder(cfg, rngs=nnx.Rngs(5))
+
+
+def _generate_padded(model, **kw):
+  prompt = jnp.asarray([p for p, _ in PADDED], jnp.int32)
+  mask = jnp.asarray([m for _, m in PADDED], bool)
+  return generate(model, prompt, attention_mask=mask, max_new_tokens=NEW, **kw).tolist()
+
+
+# every registered encoding; grouped-query heads and attention sinks on some of them
+CASES = [(pe, dict(num_kv_heads=2 if i % 2 else 1)) for i, pe in enumerate(encodings.REGISTRY)]
+CASES += [("rope", dict(attention_sinks=True, num_kv_heads=2)), ("alibi", dict(attention_sinks=True))]
+
+
+@pytest.mark.parametrize("pe, kw", CASES, ids=[f"{pe}-{'-'.join(map(str, kw.values()))}" for pe, kw in CASES])
+def test_fast_decoding_gives_the_tokens_of_full_recomputation(pe, kw):
+  model = _model(pe, **kw)
+  rows = [[t for t, m in zip(p, mask) if m] for p, mask in PADDED]  # left, right, inner padding
+  expected = _recompute(model, rows, NEW)
+  assert _generate_padded(model) == expected
+  assert len({t for r in expected for t in r}) > 1  # not vacuous
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_fast_sampled_decoding_gives_the_tokens_of_full_recomputation(scan):
+  model = _model("alibi", num_kv_heads=2, scan_layers=scan)
+  rows = [[t for t, m in zip(p, mask) if m] for p, mask in PADDED]
+  sample = dict(temperature=1.5, top_k=8, rng=jax.random.key(4))
+  expected = _recompute(model, rows, NEW, **sample)
+  assert _generate_padded(model, **sample) == expected
+  greedy = _recompute(model, rows, NEW)
+  assert expected != greedy  # the samples are no greedy stand-in
+  if scan:
+    assert _generate_padded(model) == greedy
+
+
+@pytest.mark.parametrize(
+  "pe, kw", [("alibi", {}), ("cope", {}), ("t5", dict(attention_sinks=True)), ("rope", {})]
+)
+def test_the_cache_is_never_read_past_its_filled_slots(pe, kw):
+  model = _model(pe, num_kv_heads=2, **kw)
+  prompt = jnp.asarray([p for p, _ in PADDED], jnp.int32)
+  mask = jnp.asarray([m for _, m in PADDED], bool)
+  step = nnx.jit(lambda m, x, cache: m(x, cache=cache))
+
+  def poisoned(cache):  # NaN in every slot from end on, keys and values
+    end = int(cache.end)
+    nan = lambda c: c.at[:, end:].set(jnp.nan)  # noqa: E731
+    return cache._replace(k=tuple(map(nan, cache.k)), v=tuple(map(nan, cache.v)))
+
+  fresh = init_cache(model.cfg, 3, 12)
+  # the prefill of an empty cache (eager: end is concrete 0) attends to the prompt alone
+  clean_logits, cache = model(prompt, attention_mask=mask, cache=fresh)
+  nan_logits, nan_cache = model(prompt, attention_mask=mask, cache=poisoned(fresh))
+  np.testing.assert_array_equal(nan_logits, clean_logits)
+  token = jnp.asarray([[1], [2], [3]], jnp.int32)
+  for _ in range(3):  # decode steps under jit (end traced): one pass over the slots
+    nan_logits, _ = step(model, token, poisoned(cache))
+    clean_logits, cache = step(model, token, cache)
+    assert np.isfinite(np.asarray(clean_logits)).all()
+    np.testing.assert_array_equal(nan_logits, clean_logits)
+    token = jnp.argmax(clean_logits[:, -1:], axis=-1).astype(jnp.int32)
+
+
+def test_decode_attention_matches_the_dense_reference():
+  from jaxpe.attention import IndexMask, dot_product_attention, kernels
+  from jaxpe.attention.backends import AlibiSpec
+  from jaxpe.ops import alibi
+
+  rng = np.random.default_rng(0)
+  b, t, s, n, kv, h = 2, 2, 9, 4, 2, 8
+  q = jnp.asarray(rng.normal(size=(b, t, n, h + 2)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(b, s, kv, h + 2)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(b, s, kv, h)), jnp.float32)
+  q_index = jnp.asarray([[5, 6], [7, 8]], jnp.int32)
+  k_index = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  k_valid = jnp.asarray(rng.random((b, s)) > 0.3)
+  mask = IndexMask(q_index, k_index, True, k_valid)
+  slopes = np.asarray([0.5, 0.25, 0.125, 0.0625], np.float32)
+  spec = AlibiSpec(slopes, q_index, k_index, max_position=64)
+  got = kernels.attention(q, k, v, scale=0.3, mask=mask, alibi_spec=spec, precise_dims=2)
+  bias = alibi.alibi_bias(jnp.asarray(slopes), q_index, k_index)
+  want = dot_product_attention(q, k, v, scale=0.3, mask=mask.dense(), bias=bias, precise_dims=2)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=2e-6)

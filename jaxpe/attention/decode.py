@@ -1,0 +1,121 @@
+"""Few-query attention over a KV cache: one pass over the cache slots, no key blocks, no loops.
+
+KV-cache decoding asks for the attention of one new token (or a short chunk) against all S slots
+of the cache. ``decode_attention`` forms the ``[B, N, T, S]`` scores in one einsum (for T = 1 they
+are smaller than the cache itself), masks them with the ``IndexMask`` (causal slots, filled /
+real-token slots, documents), adds the ALiBi bias or the learned position bias of those T rows
+only, and contracts the probabilities with v: each cache array is read once per call. The
+``xla`` backend of ``jaxpe.attention.attention`` runs it for an ``IndexMask`` with at most
+``DECODE_MAX_QUERIES`` queries (decoding); longer chunks go blockwise.
+
+Slots that no query may see (past the filled ones, padding) weigh exactly 0 and their values are
+replaced by zeros before the product: whatever they hold (stale values, NaN) changes nothing.
+
+Shape alphabet: B batch, T query positions, S key (cache) slots, N heads, K kv heads, G = N / K,
+H head dim.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxpe.attention import sinks as sink_lib
+from jaxpe.attention.backends import AlibiSpec
+from jaxpe.attention.masks import IndexMask
+from jaxpe.attention.position_bias import PositionBias
+from jaxpe.ops import alibi as alibi_lib
+
+# At most this many queries take the one-pass path (the score array is T x S per head).
+DECODE_MAX_QUERIES = 16
+_LOWEST = float(jnp.finfo(jnp.float32).min)
+
+
+def decode_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  scale: float,
+  mask: IndexMask,
+  bias: jax.Array | None = None,
+  alibi: AlibiSpec | None = None,
+  position_bias: PositionBias | None = None,
+  precise_dims: int = 0,
+  sinks: jax.Array | None = None,
+) -> jax.Array:
+  """``softmax(q.k * scale + bias, masked) . v`` of a few queries over all key slots, in one pass.
+
+  The values of ``jaxpe.attention.dot_product_attention(q, k, v, bias=..., mask=mask.dense())`` to
+  float32 rounding (float32 scores and softmax; the last ``precise_dims`` dims of q and k
+  contracted in float32 at ``HIGHEST``; a row with no visible key gives zeros), except that keys
+  no query sees never reach the result, even when they hold NaN or inf.
+
+  Arguments are taken as checked (``jaxpe.attention.attention`` checks them).
+
+  Args:
+    q: ``[B, T, N, Hq]`` float queries, T small (``DECODE_MAX_QUERIES``).
+    k: ``[B, S, K, Hq]`` float keys (the cache), ``N % K == 0``.
+    v: ``[B, S, K, H]`` float values.
+    scale: the score scale, a Python float > 0.
+    mask: the ``IndexMask`` of the query and key slots.
+    bias: optional float dense bias broadcastable to ``[B, N, T, S]`` (CoPE).
+    alibi: optional ``AlibiSpec``: ``-m_h (i - j)`` of its slopes ``[N]`` and positions.
+    position_bias: optional ``PositionBias`` (T5, Kerple, FIRE), evaluated on the T query rows.
+    precise_dims: trailing float32 dims of q and k (``rope_alibi``), 0..Hq.
+    sinks: optional ``[N]`` float sink logits (their ``exp`` joins each row's denominator).
+
+  Returns:
+    ``[B, T, N, H]`` of ``v.dtype``.
+  """
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
+  group = num_heads // num_kv
+  h = v.shape[-1]
+  visible = mask.visible()  # [B, T, S]
+  # [B, T, N, Hq] -> [B, K, G*T, Hq]: one matmul per kv head, its cache read once
+  qr = jnp.moveaxis(q.reshape(batch, t_len, num_kv, group, qk_dim), 1, 3).reshape(
+    batch, num_kv, group * t_len, qk_dim
+  )
+  split = qk_dim - precise_dims
+  f32 = jnp.float32
+  logits = jnp.einsum("BKQH,BSKH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
+  if precise_dims:
+    logits = logits + jnp.einsum(
+      "BKQH,BSKH->BKQS",
+      qr[..., split:].astype(f32),
+      k[..., split:].astype(f32),
+      precision=jax.lax.Precision.HIGHEST,
+      preferred_element_type=f32,
+    )
+  logits = logits.reshape(batch, num_kv, group, t_len, s_len) * f32(scale)
+  extra = None
+  if alibi is not None:
+    extra = alibi_lib.alibi_bias(jnp.asarray(alibi.slopes, f32), alibi.q_positions, alibi.k_positions)
+  elif position_bias is not None:
+    extra = position_bias.dense()
+  for b in (bias, extra):
+    if b is not None:
+      b = jnp.broadcast_to(b.astype(f32), (batch, num_heads, t_len, s_len))
+      logits = logits + b.reshape(batch, num_kv, group, t_len, s_len)
+  logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  seen = row_max > -jnp.inf  # rows with a visible key
+  e = jnp.exp(logits - jnp.where(seen, row_max, 0.0))
+  total = jnp.sum(e, axis=-1, keepdims=True)
+  # values of slots no query sees are zeroed: 0 * NaN would otherwise reach the output
+  used = jnp.any(visible, axis=1)  # [B, S]
+  v = jnp.where(used[:, :, None, None], v, jnp.zeros((), v.dtype))
+  e = e.reshape(batch, num_kv, group * t_len, s_len)
+  out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=f32)
+  out = out.reshape(batch, num_kv, group, t_len, h)
+  out = out * jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
+  out = jnp.moveaxis(out, 3, 1).reshape(batch, t_len, num_heads, h)
+  if sinks is not None:
+    lse = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)[..., 0]
+    lse = jnp.moveaxis(lse, 3, 1).reshape(batch, t_len, num_heads)
+    out, _ = sink_lib.apply_sinks(out, lse, sinks)
+  return out.astype(v.dtype)
+
+
+__all__ = ["DECODE_MAX_QUERIES", "decode_attention"]
