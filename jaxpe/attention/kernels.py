@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxpe.attention import cudnn, flash, fused, platforms, xla
+from jaxpe.attention import cudnn, flash, fused, higher_order, platforms, xla
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention import tokamax as tokamax_backend
 from jaxpe.attention.backends import (
@@ -191,14 +191,36 @@ def _auto_branch(candidates):
     for candidate in candidates[:-1]:
       try:
         return candidate()
-      except (ValueError, TypeError, NotImplementedError, RuntimeError):
-        continue  # this kernel refuses the call (or cannot be traced on this host): the next one
+      except (ValueError, NotImplementedError):
+        continue  # this kernel refuses the call (its argument checks, or jax's cuDNN rule): the next one
     return candidates[-1]()
 
   return branch
 
 
-def _run(
+def _run(impl, target, q, k, v, **call):
+  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's.
+  A fused kernel's second derivatives are those of the same call on ``xla`` (``higher_order``)."""
+  if impl == "xla" or call["bias"] is not None or call["position_bias"] is not None:
+    return _run_backend(impl, target, q, k, v, **call)  # (a fused kernel refuses the last two)
+  sinks = call["sinks"]
+
+  def on(backend, target, **changed):
+    def fn(q, k, v, *sinks):
+      return _run_backend(
+        backend, target, q, k, v, **{**call, "sinks": sinks[0] if sinks else None, **changed}
+      )
+
+    return fn
+
+  # the reference: the dense xla path (plain einsums, differentiable in both modes to any order)
+  mask = call["mask"] or AttentionMask(causal=False)
+  dense = mask.dense(q.shape[0], q.shape[1]) if isinstance(mask, AttentionMask) else mask
+  args = (q, k, v) if sinks is None else (q, k, v, sinks)
+  return higher_order.twice_differentiable(on(impl, target), on("xla", "gpu", mask=dense), *args)
+
+
+def _run_backend(
   impl,
   target,
   q,
@@ -215,7 +237,9 @@ def _run(
   rope_spec,
   interpret,
 ):
-  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
+  """``attention`` on backend ``impl``, nothing wrapped."""
+  if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
+    q, k, v = platforms.one_platform(q, k, v, message=ONE_PLATFORM.format(impl=impl))
   if rope_spec is not None and impl != "flash":
     q, k = apply_rope_spec(rope_spec, q, k, q.shape[-1] - precise_dims)
   if position_bias is not None and impl != "xla":
@@ -278,6 +302,12 @@ def _run(
   )
 
 
+ONE_PLATFORM = (
+  "attention implementation {impl!r} is a fused kernel, which lowers for one platform per program: jax "
+  "lowers each kept branch of a program for several platforms (jax.export(..., platforms=(...)) with "
+  "more than one) for all of them, and a Pallas or cuDNN kernel cannot be lowered for another platform; "
+  "lower or export once per platform (implementation='xla' lowers for several at once)"
+)
 NATIVE_ALIBI: tuple[str, ...] = ("xla", "flash", "tokamax")
 """Backends that take ALiBi as a bias (flash: inside the kernel); the others get its emulation."""
 

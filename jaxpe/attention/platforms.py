@@ -41,11 +41,14 @@ def host_platform() -> str:
 
 def context_platform() -> str | None:
   """The platform of the devices of the abstract mesh this is traced under
-  (``jax.sharding.use_abstract_mesh`` with an ``AbstractDevice``), or None (any platform)."""
+  (``jax.sharding.use_abstract_mesh`` with an ``AbstractDevice`` of another platform than the
+  host's: a program meant for those devices only), or None (any platform). A mesh of the host's own
+  devices (``jax.set_mesh``) says nothing: such a program may still be lowered for another platform."""
   mesh = jax.sharding.get_abstract_mesh()
   device = getattr(mesh, "abstract_device", None)
   platform = getattr(device, "platform", None)
-  return "cuda" if platform == "gpu" else platform
+  platform = "cuda" if platform == "gpu" else platform
+  return None if platform is None or platform == host_platform() else platform
 
 
 def check_platform(name: str, platform) -> str:
@@ -95,10 +98,8 @@ def _refused_transpose(ct, *operands, shape, dtype, message):
 
 
 def _refused_batch(operands, dims, *, shape, dtype, message):
-  size = next(x.shape[d] for x, d in zip(operands, dims, strict=True) if d is not batching.not_mapped)
-  moved = [
-    x if d is batching.not_mapped else jnp.moveaxis(x, d, 0) for x, d in zip(operands, dims, strict=True)
-  ]
+  size = next(x.shape[d] for x, d in zip(operands, dims, strict=True) if d is not None)
+  moved = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(operands, dims, strict=True)]
   return _refused_p.bind(*moved, shape=(size, *shape), dtype=dtype, message=message), 0
 
 
@@ -122,6 +123,39 @@ def refused(message: str, like: Any, *operands: jax.Array) -> Any:
     for x in leaves
   ]
   return jax.tree.unflatten(tree, out)
+
+
+_one_platform_p = jex_core.Primitive("jaxpe_one_platform")
+"""Its operands unchanged; lowering a program for several platforms at once raises its message."""
+_one_platform_p.multiple_results = True
+_one_platform_p.def_abstract_eval(lambda *xs, message: [jax.core.ShapedArray(x.shape, x.dtype) for x in xs])
+_one_platform_p.def_impl(lambda *xs, message: list(xs))
+
+
+def _one_platform_lowering(ctx, *xs, message):
+  if len(ctx.module_context.platforms) > 1:
+    raise ValueError(message)
+  return list(xs)
+
+
+mlir.register_lowering(_one_platform_p, _one_platform_lowering)
+ad.deflinear(
+  _one_platform_p,
+  lambda cts, *, message: _one_platform_p.bind(*map(ad.instantiate_zeros, cts), message=message),
+)
+batching.primitive_batchers[_one_platform_p] = lambda xs, dims, *, message: (
+  _one_platform_p.bind(*xs, message=message),
+  dims,
+)
+
+
+def one_platform(*arrays: jax.Array, message: str) -> list[jax.Array]:
+  """``arrays`` unchanged, in a program that must be lowered for one platform at a time: lowering it
+  for several (``jax.export(..., platforms=("cpu", "cuda"))``) raises ``ValueError(message)``. jax
+  lowers every kept branch of a multi-platform ``platform_dependent`` for every platform in the
+  list, which a Pallas or cuDNN kernel cannot survive; put it on a kernel branch's inputs so the
+  clear error comes first."""
+  return _one_platform_p.bind(*arrays, message=str(message))
 
 
 def per_platform(branches: Mapping[str, Callable[[], Any]], default: Callable[[], Any] | None = None) -> Any:
@@ -155,4 +189,12 @@ def per_platform(branches: Mapping[str, Callable[[], Any]], default: Callable[[]
   return jax.lax.platform_dependent(default=default, **dict(branches))
 
 
-__all__ = ["PLATFORMS", "check_platform", "context_platform", "host_platform", "per_platform", "refused"]
+__all__ = [
+  "PLATFORMS",
+  "check_platform",
+  "context_platform",
+  "host_platform",
+  "one_platform",
+  "per_platform",
+  "refused",
+]

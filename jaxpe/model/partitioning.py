@@ -126,13 +126,18 @@ def batch_local(fn, batched: Sequence[Any], replicated: Sequence[Any] = ()):
   the batch's mesh axes, every leaf of ``batched`` split along its leading dim B, ``replicated``
   whole on every device, the result (leading dim B) split the same way. Fused attention kernels
   need it: XLA cannot partition a Mosaic (TPU) kernel or, on an abstract mesh, cuDNN's custom
-  partitioning by itself. Outside such a context ``fn`` runs as it is. Leaves that are None stay
-  None.
+  partitioning by itself. Outside such a context, or when B does not divide by the batch's
+  devices, ``fn`` runs as it is (on TPU a Mosaic kernel then fails to partition: give a batch the
+  mesh divides). Arguments that are None stay None.
   """
   split = batch_split()
   if split is None:
     return fn(*batched, *replicated)
   mesh, axes = split
+  shards = math.prod(mesh.shape[a] for a in axes)
+  first = next(x for x in batched if x is not None)
+  if first.shape[0] % shards:  # rows that do not split evenly: the whole batch, XLA partitions it
+    return fn(*batched, *replicated)
   entry = axes[0] if len(axes) == 1 else axes
   batched, replicated = list(batched), list(replicated)
   rows = [i for i, x in enumerate(batched) if x is not None]
