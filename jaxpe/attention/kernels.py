@@ -198,12 +198,7 @@ def _auto_branch(candidates):
   return branch
 
 
-def _run(impl, target, q, k, v, **call):
-  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
-  return _run_backend(impl, target, q, k, v, **call)
-
-
-def _run_backend(
+def _run(
   impl,
   target,
   q,
@@ -220,7 +215,7 @@ def _run_backend(
   rope_spec,
   interpret,
 ):
-  """``attention`` on backend ``impl``, nothing wrapped."""
+  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
   if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
     q, k, v = platforms.one_platform(q, k, v, message=ONE_PLATFORM.format(impl=impl))
   if rope_spec is not None and impl != "flash":
