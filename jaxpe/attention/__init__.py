@@ -6,7 +6,10 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 
 - ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
-- ``backends``: the backend names, what each needs, which run here; ``AlibiSpec``.
+- ``platforms``: choices made for the platform a program is lowered for (``per_platform`` through
+  ``jax.lax.platform_dependent``; ``refused``: a value that raises when lowered for a platform that
+  cannot compute it; ``one_platform``).
+- ``backends``: the backend names, what each needs, which run on each platform; ``AlibiSpec``.
 - ``sinks``: attention sinks (a learned logit per head in the softmax denominator), from the lse or
   as one more key slot.
 - ``position_bias``: ``PositionBias``, a learned bias from positions (T5, Kerple, FIRE; ``xla`` only).

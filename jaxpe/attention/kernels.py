@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxpe.attention import cudnn, flash, fused, higher_order, platforms, xla
+from jaxpe.attention import cudnn, flash, fused, platforms, xla
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention import tokamax as tokamax_backend
 from jaxpe.attention.backends import (
@@ -198,29 +198,7 @@ def _auto_branch(candidates):
   return branch
 
 
-def _run(impl, target, q, k, v, **call):
-  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's.
-  A fused kernel's second derivatives are those of the same call on ``xla`` (``higher_order``)."""
-  if impl == "xla" or call["bias"] is not None or call["position_bias"] is not None:
-    return _run_backend(impl, target, q, k, v, **call)  # (a fused kernel refuses the last two)
-  sinks = call["sinks"]
-
-  def on(backend, target, **changed):
-    def fn(q, k, v, *sinks):
-      return _run_backend(
-        backend, target, q, k, v, **{**call, "sinks": sinks[0] if sinks else None, **changed}
-      )
-
-    return fn
-
-  # the reference: the dense xla path (plain einsums, differentiable in both modes to any order)
-  mask = call["mask"] or AttentionMask(causal=False)
-  dense = mask.dense(q.shape[0], q.shape[1]) if isinstance(mask, AttentionMask) else mask
-  args = (q, k, v) if sinks is None else (q, k, v, sinks)
-  return higher_order.twice_differentiable(on(impl, target), on("xla", "gpu", mask=dense), *args)
-
-
-def _run_backend(
+def _run(
   impl,
   target,
   q,
@@ -237,7 +215,7 @@ def _run_backend(
   rope_spec,
   interpret,
 ):
-  """``attention`` on backend ``impl``, nothing wrapped."""
+  """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
   if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
     q, k, v = platforms.one_platform(q, k, v, message=ONE_PLATFORM.format(impl=impl))
   if rope_spec is not None and impl != "flash":

@@ -151,3 +151,52 @@ def test_the_decoder_its_train_step_and_generation_lower_for_gpu_and_tpu(encodin
           platform,
           kinds,
         )
+
+
+def test_a_refused_backend_is_refused_under_vmap_and_a_fused_kernel_for_several_platforms():
+  q = jnp.ones((3, 1, 16, 2, 8))
+  mask = AttentionMask(causal=True)
+  flash = jax.vmap(lambda q: attention(q, q, q, scale=0.5, mask=mask, implementation="flash"))
+  with pytest.raises(ValueError, match="'flash' is not available on platform 'cpu'"):
+    flash(q)
+  s = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  traced = jax.jit(flash).trace(s)
+  assert "triton" in lc.call_kinds(traced.lower(lowering_platforms=("cuda",)).as_text())
+  splash = jax.vmap(lambda q: attention(q, q, q, scale=0.5, mask=mask, implementation="splash"))
+  with pytest.raises(ValueError, match="'splash' is not available on platform 'cuda'"):
+    jax.jit(splash).trace(s).lower(lowering_platforms=("cuda",))
+  with pytest.raises(
+    ValueError, match="'flash' is a fused kernel, which lowers for one platform per program"
+  ):
+    traced.lower(lowering_platforms=("cuda", "tpu"))
+
+
+def test_a_mesh_of_the_hosts_devices_does_not_pin_the_cpu_branch():
+  """Traced under ``jax.set_mesh`` of CPU devices, the program lowered for cuda holds no CPU kernel."""
+  mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+  fn, args = lc.attention_case("auto", "none", jnp.float32, grad=False)
+  with jax.set_mesh(mesh):
+    traced = jax.jit(fn).trace(*args)
+  kinds = lc.call_kinds(traced.lower(lowering_platforms=("cuda",)).as_text())
+  assert "cpu_flash" not in kinds and "triton" in kinds, kinds  # flash: no cuDNN plugin on this host
+
+
+@pytest.mark.parametrize("batch", [8, 6])
+def test_fused_kernels_on_a_mesh_match_xla_also_for_a_batch_the_mesh_does_not_divide(batch):
+  """The decoder on a (data 2, fsdp 2, tensor 2) mesh of fake CPU devices: flash in interpret mode
+  (per device's rows through ``batch_local``; unsplit when B does not divide by 4) gives xla's logits."""
+  from flax import nnx
+
+  from jaxpe.model import Decoder, partitioning
+  from jaxpe.model.config import LogicalRules
+  from jaxpe.train import sharding
+
+  mesh = sharding.make_mesh((2, 2, 2, 1), devices=jax.devices()[:8])
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (batch, 16)), jnp.int32)
+  logits = {}
+  for backend in ("xla", "flash"):
+    cfg = lc.tiny_model("alibi", backend).model_copy(update={"attention_interpret": True})
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    with partitioning.activation_sharding(mesh, LogicalRules()):
+      logits[backend] = np.asarray(jax.jit(lambda m, t: m(t))(model, tokens))
+  np.testing.assert_allclose(logits["flash"], logits["xla"], atol=2e-5, rtol=0)
