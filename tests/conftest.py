@@ -25,39 +25,46 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # again (a repeated 4-step run: 30 s of CPU, 4.7 s with the cache), and every subprocess compiled
 # the tiny model's programs from nothing. A hit loads the executable XLA compiled for the same
 # program (the key covers the HLO, the devices, XLA_FLAGS and the jax version); tracing and every
-# trace-time check run as before. The process that makes the folder removes it at exit. Cross-process
-# use takes jax's file lock (jax_compilation_cache_max_size turns it on; it needs filelock), so no
-# process reads an entry half written; without filelock each process keeps a folder of its own.
-# A cache the user configured (JAX_COMPILATION_CACHE_DIR) is used as it is.
+# trace-time check run as before. The process that makes the folder removes it at exit; a cache the
+# user configured (JAX_COMPILATION_CACHE_DIR) is used as it is.
+# jax writes an entry in place (open, write), so another process could read one half written (jax
+# then warns and compiles): the test processes write each entry to a temporary file and rename it
+# (atomic on one file system). jax's own locking (jax_compilation_cache_max_size) is not used: each
+# write then lists and reads the whole folder (175 ms at 1,500 entries), under one lock.
 _SHARED = "JAXPE_TEST_XLA_CACHE"  # the session's folder, set by the process that made it
 
 
-def _shared_cache() -> tuple[str, bool]:
-  """The session's cache folder, and whether it may be shared with other processes."""
-  try:
-    import filelock  # noqa: F401
-  except ImportError:
-    return tempfile.mkdtemp(prefix="jaxpe-tests-xla-cache-"), False
-  if os.environ.get(_SHARED) and os.path.isdir(os.environ[_SHARED]):
-    return os.environ[_SHARED], True
-  return tempfile.mkdtemp(prefix="jaxpe-tests-xla-cache-"), True
+def _atomic_put(self, key: str, value: bytes) -> None:
+  """``jax._src.lru_cache.LRUCache.put`` without eviction (the cache's max_size is -1), the entry
+  written to a temporary file and renamed, so a reader sees all of it or nothing."""
+  if not key:
+    raise ValueError("key cannot be empty")
+  path = self.path / f"{key}{_lru_cache._CACHE_SUFFIX}"
+  if path.exists():
+    return
+  part = path.with_name(f".{path.name}.{os.getpid()}.part")
+  part.write_bytes(value)
+  os.replace(part, path)
 
 
 if os.environ.get(_SHARED) or not jax.config.jax_compilation_cache_dir:
-  _XLA_CACHE, _shareable = _shared_cache()
+  from jax._src import lru_cache as _lru_cache
+
+  _XLA_CACHE = os.environ.get(_SHARED) or tempfile.mkdtemp(prefix="jaxpe-tests-xla-cache-")
   if _XLA_CACHE != os.environ.get(_SHARED):
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
   _settings = {
     "jax_compilation_cache_dir": _XLA_CACHE,
     "jax_persistent_cache_min_compile_time_secs": 0.1,  # not the single eager ops
     "jax_persistent_cache_min_entry_size_bytes": 0,
+    "jax_compilation_cache_max_size": -1,  # no eviction, no lock
   }
-  if _shareable:
-    _settings["jax_compilation_cache_max_size"] = 1 << 40  # on, for the lock; nothing is evicted
-    os.environ[_SHARED] = _XLA_CACHE
-    os.environ.update({name.upper(): str(value) for name, value in _settings.items()})
+  os.environ[_SHARED] = _XLA_CACHE
+  os.environ.update({name.upper(): str(value) for name, value in _settings.items()})
   for _name, _value in _settings.items():
     jax.config.update(_name, _value)
+  if hasattr(_lru_cache, "_CACHE_SUFFIX") and hasattr(_lru_cache.LRUCache, "put"):
+    _lru_cache.LRUCache.put = _atomic_put
 
 
 # The suite's profile (docs/architecture.md, "Tests"): with JAXPE_TEST_PROFILE=PREFIX each test

@@ -45,14 +45,25 @@ def test_this_process_writes_programs_to_the_session_cache():
   assert jax.config.jax_compilation_cache_dir and os.path.isdir(jax.config.jax_compilation_cache_dir)
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.1
   assert jax.config.jax_persistent_cache_min_entry_size_bytes == 0
+  assert os.environ[SHARED] == jax.config.jax_compilation_cache_dir  # what subprocesses inherit
+
+
+def test_entries_are_written_whole_or_not_at_all(tmp_path):
+  from jax._src import lru_cache
+
+  cache = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+  cache.put("key", b"x" * 100_000)
+  cache.put("key", b"y")  # an entry is never replaced
+  assert cache.get("key") == b"x" * 100_000
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["key-cache"]  # no temporary file left
 
 
 def test_a_program_a_subprocess_compiled_is_loaded_here_not_compiled():
   assert os.environ[SHARED] == jax.config.jax_compilation_cache_dir
   salt = f"{1.0 + int(uuid.uuid4().hex[:6], 16) * 1e-9!r}"
   code = PROGRAM.replace("SALT", salt)
-  settings = "print(jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size > 0)"
-  assert _child(code, settings) == f"{os.environ[SHARED]} True"  # the child shares it, locked
+  settings = "print(jax.config.jax_compilation_cache_dir)"
+  assert _child(code, settings) == os.environ[SHARED]  # the child shares the session's folder
   hits = []
 
   def listen(event, **kwargs):

@@ -255,8 +255,15 @@ def test_a_multi_process_refusal_counts_per_process(monkeypatch):
     host_devices.check_fits(cfg.model_copy(update={"cpu_devices": 1}))
 
 
+def _env():
+  """This process's environment without its device settings (``JAX_*``, ``XLA_FLAGS``), so the
+  subprocess picks its own devices; the session's compilation cache (``JAX_*CACHE*``, set by
+  tests/conftest.py) stays, so it loads the programs the session has compiled."""
+  return {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS")) or "CACHE" in k}
+
+
 def _train(workdir, *args, xla_flags=None):
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+  env = _env()
   env["JAX_PLATFORMS"] = "cpu"
   if xla_flags is not None:
     env["XLA_FLAGS"] = xla_flags
@@ -287,7 +294,7 @@ def test_the_command_line_splits_the_cores_and_resumes_on_another_split(tmp_path
 
 
 def test_the_command_line_names_an_explicit_count_the_batch_cannot_use(tmp_path):
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+  env = _env()
   argv = [sys.executable, TRAIN, "--config", "tiny", f"workdir={tmp_path / 'run'}", "batch_size=8"]
   proc = subprocess.run([*argv, "cpu_devices=3"], env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
