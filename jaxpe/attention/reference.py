@@ -327,9 +327,9 @@ def _attend_jvp(scale, precise_dims, primals, tangents):
   reverse mode (``jax.grad``, ``jax.vjp``) transposes it: ``dV = P^T dO``,
   ``dS = P * (dO V^T - rowsum(dO * out))`` (Dao et al. 2022, arXiv 2205.14135), then
   ``dq = dS k * scale``, ``dk = dS^T q * scale`` (the precise dims at ``HIGHEST`` both ways) and
-  ``d bias = dS`` summed over its broadcast axes, from the residuals ``e``, ``inv_sum``, ``out``,
-  q, k, v (what the earlier ``custom_vjp`` kept; gradients equal to it bit for bit on CPU). Tangents
-  that are symbolic zeros (the arguments not differentiated) cost nothing.
+  ``d bias = dS`` summed over its broadcast axes, from the residuals ``e`` (one score-sized array),
+  ``inv_sum``, ``out``, q, k, v, as the earlier ``custom_vjp`` kept. Tangents that are symbolic
+  zeros (the arguments not differentiated) cost nothing.
   """
   q, k, v, bias, mask = primals
   d_q, d_k, d_v, d_bias, _ = tangents
@@ -337,20 +337,24 @@ def _attend_jvp(scale, precise_dims, primals, tangents):
   f32 = dict(preferred_element_type=jnp.float32)
   split = q.shape[-1] - precise_dims
   terms = []
-  for a, b in ((d_q, k), (q, d_k)):
-    if _zero(a) or _zero(b):
+  # the scale multiplies the small tangent operand, not the [Q, S] product (whose transpose would
+  # then be a score-sized broadcast of the scale that XLA:CPU materialises)
+  for a, b in ((None if _zero(d_q) else d_q * scale, k), (q, None if _zero(d_k) else d_k * scale)):
+    if a is None or b is None:
       continue
     term = jnp.einsum("BKQH,BSKH->BKQS", a[..., :split], b[..., :split], **f32)
     if precise_dims:
       term = term + _precise("BKQH,BSKH->BKQS", a[..., split:], b[..., split:])
     terms.append(term)
-  d_s = sum(terms[1:], terms[0]) * jnp.float32(scale) if terms else None
+  d_s = sum(terms[1:], terms[0]) if terms else None
   if bias is not None and not _zero(d_bias):
     d_bias = d_bias.astype(jnp.float32)
     d_s = d_bias if d_s is None else d_s + d_bias
+  # e is the one score-sized residual of reverse mode: every product with it takes a tangent
+  # (e * (d_s * inv_sum), not (e * inv_sum) * d_s, which would keep P = e * inv_sum as well)
   d_out = jnp.zeros(out.shape, jnp.float32)
   if d_s is not None:
-    p_ds = e * inv_sum * d_s
+    p_ds = e * (d_s * inv_sum)
     d_out = jnp.einsum("BKQS,BSKH->BKQH", p_ds.astype(v.dtype), v, **f32)
     d_out = d_out - jnp.sum(p_ds, axis=-1, keepdims=True) * out
   if not _zero(d_v):

@@ -363,18 +363,19 @@ class ModelConfig(StrictConfig):
     return self
 
   def rope_frequencies(self):
-    """``(inv_freq [R/2] float32, attention_factor)`` for rope/xpos (and the rope_alibi hybrid's
-    content), from ``rope_scaling`` and ``rotary_dim``, or p-RoPE's ``[H/2]`` with ``rope_proportion``.
+    """``(inv_freq [R/2] float64 numpy, attention_factor)`` for rope/xpos (and the rope_alibi hybrid's
+    content), from ``rope_scaling`` and ``rotary_dim``, or p-RoPE's ``[H/2]`` with ``rope_proportion``;
+    float64 so that the exact phases are exact at every position (a float32 table is not).
 
     ``max_position_embeddings`` and ``seq_len`` are ``max_len``, so the frequencies are fixed for a
     model (cached decoding equals the full forward pass).
     """
     if self.rope_proportion is not None:  # p-RoPE; a linear rope_scaling is gemma's scale_factor
       factor = 1.0 if self.rope_scaling is None else self.rope_scaling.factor
-      inv_freq = rope_scaling_lib.p_rope_inv_freq(
-        self.head_size, proportion=self.rope_proportion, rope_theta=self.rope_theta, factor=factor
-      )
-      return inv_freq, 1.0
+      p, theta = self.rope_proportion, self.rope_theta
+      return rope_scaling_lib.p_rope_inv_freq(
+        self.head_size, proportion=p, rope_theta=theta, factor=factor, dtype="float64"
+      ), 1.0
     return rope_scaling_lib.rope_frequencies(
       None if self.rope_scaling is None else self.rope_scaling.as_dict(),
       head_dim=self.head_size,
@@ -382,6 +383,7 @@ class ModelConfig(StrictConfig):
       rotary_dim=self.rotary_dim,
       max_position_embeddings=self.max_len,
       seq_len=self.max_len,
+      dtype="float64",
     )
 
   @property

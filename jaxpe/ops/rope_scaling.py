@@ -68,7 +68,11 @@ def _exponents(rotary_dim: int) -> np.ndarray:
   return np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
 
 
-def _to_f32(inv_freq: np.ndarray) -> jax.Array:
+def _to_f32(inv_freq: np.ndarray, dtype=jnp.float32) -> jax.Array | np.ndarray:
+  """The float64 host table rounded once to a float32 JAX array, or kept float64 (numpy) for
+  ``dtype=np.float64``: what exact phases need to be exact for the float64 frequencies."""
+  if dtype == np.float64:
+    return np.asarray(inv_freq, np.float64)
   return jnp.asarray(np.asarray(inv_freq, np.float64), jnp.float32)
 
 
@@ -106,7 +110,7 @@ def ntk_aware_base(base: float, *, factor: float, rotary_dim: int) -> float:
   return base * factor ** (rotary_dim / (rotary_dim - 2))
 
 
-def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
+def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len, dtype):
   factor = param_factor(params["factor"], "dynamic")
   if rotary_dim <= 2:
     raise ValueError(f"rotary_dim must be > 2 for dynamic NTK (exponent R / (R - 2)), got {rotary_dim}")
@@ -121,7 +125,7 @@ def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
   if seq_len is None or not isinstance(seq_len, jax.core.Tracer):
     s = max(ref_len if seq_len is None else seq_len, ref_len)
     new_base = base * ((factor * s / ref_len) - (factor - 1)) ** power
-    return _to_f32(new_base ** -_exponents(rotary_dim))
+    return _to_f32(new_base ** -_exponents(rotary_dim), dtype)
   # Traced seq_len (under jit): same formula in float32 on the device.
   s = jnp.maximum(seq_len.astype(jnp.float32), jnp.float32(ref_len))
   log_base = jnp.float32(math.log(base)) + jnp.float32(power) * jnp.log(
@@ -130,7 +134,7 @@ def _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len):
   return jnp.exp(-log_base * jnp.asarray(_exponents(rotary_dim), jnp.float32))
 
 
-def _yarn(params, base, rotary_dim, max_position_embeddings):
+def _yarn(params, base, rotary_dim, max_position_embeddings, dtype):
   orig = original_length(params, max_position_embeddings, "yarn")
   # transformers requires the key (its compute function's implicit max / original is unreachable
   # through a validated config); rope_frequencies refused a missing or None factor already.
@@ -177,10 +181,10 @@ def _yarn(params, base, rotary_dim, max_position_embeddings):
   extrapolation = 1.0 - ramp  # 1: keep the original frequency, 0: interpolate by factor
   pos_freqs = base ** _exponents(rotary_dim)
   inv_freq = (1.0 / (factor * pos_freqs)) * (1.0 - extrapolation) + (1.0 / pos_freqs) * extrapolation
-  return _to_f32(inv_freq), float(attention_factor)
+  return _to_f32(inv_freq, dtype), float(attention_factor)
 
 
-def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
+def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len, dtype):
   orig = original_length(params, max_position_embeddings, "longrope")
   factors = {}
   for key in ("short_factor", "long_factor"):
@@ -211,16 +215,16 @@ def _longrope(params, base, rotary_dim, max_position_embeddings, seq_len):
     attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
   attention_factor = param_float("attention_factor", attention_factor, minimum=0.0, strict=True)
   pos_freqs = base ** _exponents(rotary_dim)
-  short = _to_f32(1.0 / (factors["short_factor"] * pos_freqs))
-  long = _to_f32(1.0 / (factors["long_factor"] * pos_freqs))
+  short = 1.0 / (factors["short_factor"] * pos_freqs)
+  long = 1.0 / (factors["long_factor"] * pos_freqs)
   if seq_len is None or not isinstance(seq_len, jax.core.Tracer):
-    inv_freq = long if (seq_len and seq_len > orig) else short
-  else:
-    inv_freq = jnp.where(seq_len > orig, long, short)
+    inv_freq = _to_f32(long if (seq_len and seq_len > orig) else short, dtype)
+  else:  # traced seq_len: chosen on the device, float32
+    inv_freq = jnp.where(seq_len > orig, _to_f32(long), _to_f32(short))
   return inv_freq, float(attention_factor)
 
 
-def _llama3(params, base, rotary_dim, max_position_embeddings):
+def _llama3(params, base, rotary_dim, max_position_embeddings, dtype):
   orig = original_length(params, max_position_embeddings, "llama3")
   check_original_not_above_max(orig, max_position_embeddings, "llama3")
   factor = param_factor(params["factor"], "llama3")
@@ -238,14 +242,14 @@ def _llama3(params, base, rotary_dim, max_position_embeddings):
   scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
   if high_freq_factor == low_freq_factor:
     # Llama-4: no smoothing band, a step at wavelength original / low_freq_factor.
-    return _to_f32(scaled)
+    return _to_f32(scaled, dtype)
   smooth = (orig / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
   smoothed = (1 - smooth) * scaled / factor + smooth * scaled
   medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-  return _to_f32(np.where(medium, smoothed, scaled))
+  return _to_f32(np.where(medium, smoothed, scaled), dtype)
 
 
-def _proportional(params, base, head_dim, rotary_dim):
+def _proportional(params, base, head_dim, rotary_dim, dtype=jnp.float32):
   head_dim = _checks.check_positive_int("head_dim", head_dim, even=True, maximum=_checks.MAX_DIM)
   if rotary_dim is not None and rotary_dim != head_dim:
     raise ValueError(
@@ -261,10 +265,12 @@ def _proportional(params, base, head_dim, rotary_dim):
   angles = int(prf * head_dim // 2)  # HF: int(rope_proportion * head_dim // 2)
   inv_freq = np.zeros(head_dim // 2, np.float64)
   inv_freq[:angles] = base ** -(np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim)
-  return _to_f32(inv_freq / factor)
+  return _to_f32(inv_freq / factor, dtype)
 
 
-def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 10000.0, factor: float = 1.0):
+def p_rope_inv_freq(
+  head_dim: int, *, proportion: float, rope_theta: float = 10000.0, factor: float = 1.0, dtype=jnp.float32
+):
   """p-RoPE's inverse frequencies: the highest ``int(proportion * H // 2)`` keep RoPE's
   ``rope_theta ** (-2i / H)`` (exponent over the whole head), the lowest are 0 (position-free).
 
@@ -279,9 +285,13 @@ def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 100
     rope_theta: RoPE base (> 0), default 10000.
     factor: linear position interpolation (a finite number > 0, or None for 1): every frequency
       divided by it, as Gemma's ``scale_factor`` (HF's ``factor`` of ``proportional``); default 1.
+    dtype: ``jnp.float32`` (default, a JAX array: the frequencies engines use) or ``np.float64``
+      (a numpy array: give it to ``apply_rope`` for phases exact for the float64 frequencies; a
+      float32 table shifts the phase by up to ``p * 6e-8 * theta``: 1.25e-2 at H 128 and positions
+      near 131072, against 2.7e-7 from float64).
 
   Returns:
-    ``[H/2]`` float32 radians per token (computed in float64, then rounded).
+    ``[H/2]`` radians per token of ``dtype`` (computed in float64, rounded once for float32).
 
   Raises:
     ValueError: ``head_dim`` not a positive even int, ``proportion`` outside (0, 1], a
@@ -303,8 +313,9 @@ def p_rope_inv_freq(head_dim: int, *, proportion: float, rope_theta: float = 100
     if not (0 < float(value) < math.inf and (name != "proportion" or float(value) <= 1)):
       raise ValueError(f"{name} must be {accepted}, got {value!r}")
   factor = 1.0 if factor is None else _checks.check_positive_float("factor", factor)
+  dtype = _checks.check_float_dtype("dtype", dtype, allowed=(np.float32, np.float64))
   params = {"rope_type": "proportional", "partial_rotary_factor": float(proportion), "factor": factor}
-  return _proportional(params, float(rope_theta), head_dim, None)
+  return _proportional(params, float(rope_theta), head_dim, None, dtype)
 
 
 def rope_frequencies(
@@ -315,7 +326,8 @@ def rope_frequencies(
   rotary_dim: int | None = None,
   max_position_embeddings: int | None = None,
   seq_len: int | jax.Array | None = None,
-) -> tuple[jax.Array, float]:
+  dtype=jnp.float32,
+) -> tuple[jax.Array | np.ndarray, float]:
   """``(inv_freq, attention_factor)`` for an HF-style ``rope_scaling`` / ``rope_parameters`` dict.
 
   Args:
@@ -339,10 +351,15 @@ def rope_frequencies(
       exceeds the pretraining length; ``longrope``: long factors when ``seq_len > original``). A
       Python int, or a traced scalar int under jit. Default None: HF's init-time behaviour
       (``dynamic`` at its pretraining length, ``longrope`` short factors). Ignored by other types.
+    dtype: ``jnp.float32`` (default: a JAX array, rounded once from float64, within 1 ulp of HF's
+      float32 table) or ``np.float64`` (the float64 table as a numpy array, for phases exact for the
+      float64 frequencies under ``apply_rope``'s exact phases: a float32 table is itself off by
+      up to 6e-8 relative, ``p * 6e-8 * theta`` radians at position p). A traced ``seq_len``
+      (``dynamic``, ``longrope``) gives a float32 table on the device whatever ``dtype``.
 
   Returns:
-    ``inv_freq``: ``[R/2]`` float32 radians per token; ``attention_factor``: Python float that
-    multiplies cos and sin (1.0 except yarn and longrope).
+    ``inv_freq``: ``[R/2]`` radians per token of ``dtype``; ``attention_factor``: Python float
+    that multiplies cos and sin (1.0 except yarn and longrope).
 
   Raises:
     ValueError: unknown ``rope_type`` or unknown key (named); a key the type does not read (e.g.
@@ -366,28 +383,29 @@ def rope_frequencies(
   Source: HF transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (and
   ``LlamaRotaryEmbedding.compute_default_rope_parameters`` for ``default``).
   """
+  dtype = _checks.check_float_dtype("dtype", dtype, allowed=(np.float32, np.float64))
   params = normalize_rope_parameters(rope_scaling)
   rope_type = params["rope_type"]
   check_type_keys(params)
   base = read_base(params, rope_theta)
   if rope_type == "proportional":
-    return _proportional(params, base, head_dim, rotary_dim), 1.0
+    return _proportional(params, base, head_dim, rotary_dim, dtype), 1.0
   rotary_dim = resolve_rotary_dim(params, head_dim, rotary_dim)
   max_position_embeddings = read_max_positions(params, max_position_embeddings)
   seq_len = check_seq_len(seq_len)
 
   if rope_type == "default":
-    return _to_f32(base ** -_exponents(rotary_dim)), 1.0
+    return _to_f32(base ** -_exponents(rotary_dim), dtype), 1.0
   if rope_type == "linear":
     factor = param_factor(params["factor"], rope_type)
-    return _to_f32(base ** -_exponents(rotary_dim) / factor), 1.0
+    return _to_f32(base ** -_exponents(rotary_dim) / factor, dtype), 1.0
   if rope_type == "ntk":
     new_base = ntk_aware_base(base, factor=param_factor(params["factor"], rope_type), rotary_dim=rotary_dim)
-    return _to_f32(new_base ** -_exponents(rotary_dim)), 1.0
+    return _to_f32(new_base ** -_exponents(rotary_dim), dtype), 1.0
   if rope_type == "dynamic":
-    return _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len), 1.0
+    return _dynamic(params, base, rotary_dim, max_position_embeddings, seq_len, dtype), 1.0
   if rope_type == "yarn":
-    return _yarn(params, base, rotary_dim, max_position_embeddings)
+    return _yarn(params, base, rotary_dim, max_position_embeddings, dtype)
   if rope_type == "longrope":
-    return _longrope(params, base, rotary_dim, max_position_embeddings, seq_len)
-  return _llama3(params, base, rotary_dim, max_position_embeddings), 1.0
+    return _longrope(params, base, rotary_dim, max_position_embeddings, seq_len, dtype)
+  return _llama3(params, base, rotary_dim, max_position_embeddings, dtype), 1.0

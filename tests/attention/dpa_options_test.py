@@ -115,10 +115,10 @@ def test_jacfwd_equals_jacrev_and_grad_of_grouped_queries_with_emulation_dims():
 
 
 def test_forward_mode_through_blockwise_names_the_alternative():
+  """(Reverse mode through it: tests/attention/blockwise_test.py.)"""
   q = k = v = jnp.ones((1, 4, 2, 8))
   index = jnp.arange(4)[None]
   for mask in (AttentionMask(causal=True), IndexMask(index, index)):
     f = lambda q, mask=mask: blockwise_attention(q, k, v, scale=0.3, mask=mask)  # noqa: E731
     with pytest.raises(TypeError, match=r"no forward-mode derivative.*jaxpe\.dot_product_attention"):
       jax.jvp(f, (q,), (q,))
-    jax.grad(lambda q, f=f: jnp.sum(f(q)))(q)  # reverse mode passes

@@ -76,7 +76,9 @@ def test_rope_scaling_accepts_hf_v5_dicts_and_legacy_names():
     cfg = ModelConfig(pos_encoding="rope", max_len=256, rope_scaling=scaling)
     assert cfg.rope_scaling.rope_type == kind
     inv, att = cfg.rope_frequencies()
-    ref_inv, ref_att = rope_frequencies(scaling, head_dim=32, max_position_embeddings=256, seq_len=256)
+    ref_inv, ref_att = rope_frequencies(
+      scaling, head_dim=32, max_position_embeddings=256, seq_len=256, dtype=np.float64
+    )
     np.testing.assert_array_equal(inv, ref_inv)
     assert att == ref_att
   assert ModelConfig(pos_encoding="rope", rope_scaling=partial).rope_frequencies()[0].shape == (8,)
