@@ -162,12 +162,10 @@ class ModelConfig(StrictConfig):
   )
   attn_implementation: AttentionImpl = pydantic.Field(
     "xla",
-    description="attention backend (jaxpe.attention.kernels; HF's config word; the old key attention_impl is "
-    "read with a DeprecationWarning): xla (einsum reference), cudnn (cuDNN flash attention, "
-    "NVIDIA GPU), splash (TPU), pallas_gpu (Triton), flash (jaxpe's Pallas kernel, native ALiBi), auto "
-    "(chosen for the platform the program is lowered for: splash or flash on TPU, cudnn or flash on "
-    "GPU, xla on CPU and for what a kernel refuses); "
-    "KV-cache decoding always runs on xla",
+    description="attention backend (jaxpe.attention.kernels; HF's word; old key attention_impl: a DeprecationWarning): "
+    "xla (blockwise XLA), cudnn (NVIDIA GPU), splash (TPU), pallas_gpu (Triton), flash (jaxpe's Pallas kernel, "
+    "native ALiBi), auto (per lowering platform: splash/flash on TPU, cudnn/flash on GPU, xla on CPU and for "
+    "what a kernel refuses); KV-cache decoding runs on xla",
   )
   attention_interpret: bool = pydantic.Field(
     False, description="run the Pallas kernels (splash, pallas_gpu, flash) in interpret mode (CPU tests)"
