@@ -140,7 +140,7 @@ def _check_jaxpe_command(kind: str, args: list[str], where: str) -> None:
   from jaxpe.train.config import load_config
 
   options = {"--config": None, "--data": None}
-  flags = {"--debug", "--quick"} if kind == "study" else {"--debug"}
+  flags = {"--debug", "--quick"} if kind == "study" else {"--debug", "--print-config"}
   overrides, i = [], 0
   while i < len(args):
     if args[i] in options:
@@ -173,6 +173,9 @@ def check_shell_line(cmd: str, where: str) -> None:
     _check_jaxpe_command(prog.removeprefix("jaxpe-"), args, where)
     scripts = _pyproject()["project"]["scripts"]
     assert prog in scripts, f"{where}: pyproject declares no console script {prog}"
+  elif prog == "jaxpe-sample":  # WORKDIR and options: the options exist
+    assert prog in _pyproject()["project"]["scripts"], f"{where}: pyproject declares no console script {prog}"
+    _check_options(args, _help_text(("-m", "jaxpe.train.sample")), where)
   elif prog == "python" and args[:1] == ["-m"]:
     module = args[1]
     if module == "pytest":

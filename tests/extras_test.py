@@ -52,6 +52,19 @@ def script(entry, argv, blocked):
       code = e.code
   return {"code": code, "stderr": err.getvalue()}
 
+def checkout(script, blocked):
+  import runpy
+  fresh(blocked)
+  err = io.StringIO()
+  sys.argv = [script, "--help"]
+  with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    try:
+      runpy.run_path(script, run_name="__main__")
+      code = 0
+    except SystemExit as e:
+      code = e.code
+  return {"code": code, "stderr": err.getvalue()}
+
 def imported(module, blocked, call=None):
   fresh(blocked)
   try:
@@ -66,6 +79,9 @@ out = {
   "train_core": script("jaxpe-train", ["--help"], ["pydantic", "flax", "yaml", "optax", "orbax", "tqdm"]),
   "train_model_only": script("jaxpe-train", ["--help"], ["optax", "orbax", "tqdm", "matplotlib"]),
   "study_core": script("jaxpe-study", ["--help"], ["flax", "pydantic"]),
+  "sample_core": script("jaxpe-sample", ["--help"], ["flax", "optax"]),
+  "train_checkout": checkout("train/train.py", ["pydantic"]),
+  "study_checkout": checkout("train/study.py", ["tqdm"]),
   "model": imported("jaxpe.model", ["flax"]),
   "model_config": imported("jaxpe.model.config", ["pydantic"]),
   "train_data": imported("jaxpe.train.data", ["tqdm"]),
@@ -93,6 +109,9 @@ def cases() -> dict:
     ("train_core", "train", "pydantic"),  # jaxpe-train from the core install (main: a traceback)
     ("train_model_only", "train", "tqdm"),  # jaxpe-train with the model extra only
     ("study_core", "train", "flax"),
+    ("sample_core", "train", "flax"),
+    ("train_checkout", "train", "pydantic"),  # python train/train.py from a checkout
+    ("study_checkout", "train", "tqdm"),
   ],
 )
 def test_a_console_script_names_the_extra_in_one_line(cases, case, extra, module):
