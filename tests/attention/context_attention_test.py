@@ -142,6 +142,6 @@ def test_context_attention_refuses_bad_arguments():
     context.context_attention(q[:, :12], k[:, :12], v[:, :12], scale=0.3, mesh=mesh)
   with pytest.raises(TypeError, match="mask must be an IndexMask"):
     context.context_attention(q, k, v, scale=0.3, mesh=mesh, mask=jnp.ones((B, 1, T, T), bool))
-  slots = jnp.zeros((B, 8), jnp.int32)
+  slots = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (B, 8))  # distinct slots, the wrong length
   with pytest.raises(ValueError, match=r"q_index must have shape \[B, T\]"):
     context.context_attention(q, k, v, scale=0.3, mesh=mesh, mask=IndexMask(slots, slots))

@@ -401,9 +401,9 @@ ATTENTION_ROWS += [
   (
     "emulated_alibi_attention",
     "theta",
-    dict(theta=None),
+    dict(theta=-1.0),  # theta=None is valid: planned for the positions' context (solver.default_theta)
     ValueError,
-    r"theta \(radians per token\) is required",
+    r"theta must be a finite number > 0",
   ),
   ("emulated_alibi_attention", "is_causal", dict(is_causal="yes"), TypeError, r"is_causal must be a bool"),
   ("emulated_alibi_attention", "interpret", dict(interpret=1), TypeError, r"interpret must be a bool"),
