@@ -28,6 +28,9 @@ from jaxpe.ops import alibi as alibi_lib
 
 # At most this many queries take the one-pass path (the score array is T x S per head).
 DECODE_MAX_QUERIES = 16
+# Up to this many query rows per kv head (G x T) the products are elementwise products and sums over
+# the cache in its own layout; more rows go through batched matmuls.
+REDUCE_MAX_ROWS = 4
 _LOWEST = float(jnp.finfo(jnp.float32).min)
 
 
@@ -79,8 +82,18 @@ def decode_attention(
   )
   split = qk_dim - precise_dims
   f32 = jnp.float32
-  logits = jnp.einsum("BKQH,BSKH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
-  if precise_dims:
+  rows = group * t_len
+  if rows <= REDUCE_MAX_ROWS:
+    # products and sums over the cache as it lies ([B, S, K, H]): one read, no transposed copy of the
+    # cache for a batched matmul (XLA:CPU made one per layer and step); float32 throughout (so the
+    # emulation dims are contracted at float32 precision too)
+    logits = jnp.sum(
+      qr.astype(f32)[:, None, :, :, :] * k.astype(f32)[:, :, :, None, :], axis=-1
+    )  # [B, S, K, Q]
+    logits = jnp.moveaxis(logits, 1, 3)  # [B, K, Q, S]
+  else:
+    logits = jnp.einsum("BKQH,BSKH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
+  if precise_dims and rows > REDUCE_MAX_ROWS:
     logits = logits + jnp.einsum(
       "BKQH,BSKH->BKQS",
       qr[..., split:].astype(f32),
@@ -106,8 +119,12 @@ def decode_attention(
   # values of slots no query sees are zeroed: 0 * NaN would otherwise reach the output
   used = jnp.any(visible, axis=1)  # [B, S]
   v = jnp.where(used[:, :, None, None], v, jnp.zeros((), v.dtype))
-  e = e.reshape(batch, num_kv, group * t_len, s_len)
-  out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=f32)
+  e = e.reshape(batch, num_kv, rows, s_len)
+  if rows <= REDUCE_MAX_ROWS:
+    ew = jnp.moveaxis(e, 3, 1)  # [B, S, K, Q]
+    out = jnp.sum(ew[..., None] * v.astype(f32)[:, :, :, None, :], axis=1)  # [B, K, Q, H]
+  else:
+    out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=f32)
   out = out.reshape(batch, num_kv, group, t_len, h)
   out = out * jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
   out = jnp.moveaxis(out, 3, 1).reshape(batch, t_len, num_heads, h)
