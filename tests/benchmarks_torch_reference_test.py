@@ -99,15 +99,16 @@ def test_one_optimizer_step_gives_the_same_next_loss(torch_reference, jaxpe_mode
   np.testing.assert_allclose(t_losses, losses, rtol=0, atol=1e-5)
 
 
-def test_nanogpt_generate_gives_jaxpes_greedy_tokens(torch_reference, jaxpe_model):
+def test_nanogpt_generate_gives_jaxpes_greedy_tokens(torch_reference):
   # the generation benchmark's torch side (nanoGPT's generate: no cache, the window recomputed)
   import torch
 
   from jaxpe.model.generate import generate
 
-  reference, _ = _models(torch_reference, jaxpe_model)
+  model = Decoder(CFG, rngs=nnx.Rngs(0))  # its own: the train-step test donates the shared model's arrays
+  reference, _ = _models(torch_reference, model)
   prompt = np.random.default_rng(3).integers(0, CFG.vocab_size, (2, 5))
   want = reference.generate(torch.as_tensor(prompt), 8).numpy()
-  got = np.asarray(generate(jaxpe_model, jnp.asarray(prompt, jnp.int32), max_new_tokens=8))
+  got = np.asarray(generate(model, jnp.asarray(prompt, jnp.int32), max_new_tokens=8))
   np.testing.assert_array_equal(got, want)
   assert len(set(want.ravel().tolist())) > 1

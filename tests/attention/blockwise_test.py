@@ -237,14 +237,23 @@ def test_attention_memory_grows_linearly_with_length():
 
 
 def test_the_xla_backend_and_the_decoder_cache_path_run_blockwise(monkeypatch):
-  calls = []
-  real = blockwise.blockwise_attention
+  """A cache chunk of more queries than ``decode.DECODE_MAX_QUERIES`` runs blockwise; fewer (a decode
+  step) run ``decode.decode_attention``, one pass over the cache; a dense bias the dense reference."""
+  from jaxpe.attention import decode
+
+  calls, steps = [], []
+  real, real_step = blockwise.blockwise_attention, decode.decode_attention
   monkeypatch.setattr(blockwise, "blockwise_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
-  b, t, s, n, h = 1, 3, 9, 2, 4
+  monkeypatch.setattr(decode, "decode_attention", lambda *a, **kw: steps.append(kw) or real_step(*a, **kw))
+  b, t, s, n, h = 1, decode.DECODE_MAX_QUERIES + 1, 40, 2, 4
   q, k, v, mask, visible, spec, bias = _case("cache", b, t, s, n, n, h, use_alibi=True)
   out = kernels.attention(q, k, v, scale=0.5, mask=mask, alibi_spec=spec, implementation="xla")
-  assert len(calls) == 1 and isinstance(calls[0]["mask"], masks.IndexMask)
+  assert len(calls) == 1 and isinstance(calls[0]["mask"], masks.IndexMask) and not steps
   np.testing.assert_allclose(out, _numpy(q, k, v, 0.5, bias, visible, 0)[0], atol=2e-5)
+  q3, k3, v3, mask3, visible3, spec3, bias3 = _case("cache", b, 3, 9, n, n, h, use_alibi=True)
+  out = kernels.attention(q3, k3, v3, scale=0.5, mask=mask3, alibi_spec=spec3, implementation="xla")
+  assert len(calls) == 1 and len(steps) == 1
+  np.testing.assert_allclose(out, _numpy(q3, k3, v3, 0.5, bias3, visible3, 0)[0], atol=2e-5)
   # a dense bias the caller built still runs on the dense reference
   out = kernels.attention(q, k, v, scale=0.5, mask=mask, bias=bias, implementation="xla")
   assert len(calls) == 1
