@@ -20,6 +20,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
   kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
+- ``decode``: ``decode_attention``, a few queries (KV-cache decoding) against every cache slot in one
+  pass (the ``xla`` backend's path for an ``IndexMask`` of few queries).
 - ``rope_spec``: ``RopeSpec``, RoPE (any scaling, xPos) as arrays for ``attention(rope_spec=...)``.
 - ``xla``, ``cudnn``, ``splash``, ``pallas_gpu``: one module per backend.
 - ``flash`` (with ``flash_kernels``: Triton, ``flash_tpu``: Mosaic): jaxpe's own Pallas flash attention,
@@ -45,6 +47,7 @@ from jaxpe.attention.backends import (
 )
 from jaxpe.attention.blockwise import blockwise_attention, combine_partials
 from jaxpe.attention.cpu_flash import cpu_flash_attention
+from jaxpe.attention.decode import decode_attention
 from jaxpe.attention.emulated import emulated_alibi_attention
 from jaxpe.attention.kernels import attention
 from jaxpe.attention.masks import (
@@ -78,6 +81,7 @@ __all__ = [
   "attention",
   "available_backends",
   "blockwise_attention",
+  "decode_attention",
   "check_causal",
   "check_scale",
   "check_segment_ids",
