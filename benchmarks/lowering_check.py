@@ -208,9 +208,8 @@ def model_lowering(model_cfg, platform: str, **kw) -> dict[str, str | Exception]
           # jax's cuDNN attention partitions itself (custom_partitioning), which needs real devices
           # to lower: on an abstract mesh only the unsharded step can be checked
           step, step_args = unsharded_train_step(model_cfg, **kw)
-          out[name + " (unsharded: cuDNN's own partitioning needs devices)"] = lower(
-            step, step_args, (platform,)
-          )[platform]
+          result = lower(step, step_args, (platform,))[platform]
+          out[name] = result if isinstance(result, Exception) else Noted(result, UNSHARDED)
         except Exception as err:  # noqa: BLE001
           out[name] = err
     else:
@@ -262,6 +261,18 @@ def tiny_model(encoding: str, backend: str):
 # ---------------------------------------------------------------- the table
 
 
+UNSHARDED = "unsharded: cuDNN's own partitioning needs devices"
+
+
+class Noted(str):
+  """A lowered module's text with a note for the table (how it was lowered)."""
+
+  def __new__(cls, text: str, note: str):
+    self = super().__new__(cls, text)
+    self.note = note
+    return self
+
+
 def describe(result) -> str:
   if isinstance(result, Exception):
     first = (str(result).strip().splitlines() or [type(result).__name__])[0]
@@ -269,7 +280,8 @@ def describe(result) -> str:
       return "refused (" + first.split(" (interpret", 1)[0].removeprefix("attention implementation ") + ")"
     return f"error: {type(result).__name__}: {first[:160]}"
   kinds = call_kinds(result)
-  return "lowered" + (f" ({', '.join(kinds)})" if kinds else "")
+  note = getattr(result, "note", None)
+  return "lowered" + (f" ({', '.join(kinds)})" if kinds else "") + (f" ({note})" if note else "")
 
 
 def _short(dtype) -> str:
@@ -310,17 +322,8 @@ def main(argv=None) -> int:
       for backend in model_backends(enc):
         cfg = tiny_model(enc, backend)
         per = {p: model_lowering(cfg, p) for p in PLATFORMS}
-        programs = {name.split(" (", 1)[0]: name for p in PLATFORMS for name in per[p]}
-        for program in programs:
-          cells = " | ".join(
-            describe(next(v for k, v in per[p].items() if k.split(" (", 1)[0] == program))
-            + (
-              ""
-              if program in per[p]
-              else " " + next(k for k in per[p] if k.startswith(program + " ("))[len(program) :]
-            )
-            for p in PLATFORMS
-          )
+        for program in per[PLATFORMS[0]]:
+          cells = " | ".join(describe(per[p][program]) for p in PLATFORMS)
           rows.setdefault((backend, program, cells), []).append(enc)
     for (backend, program, cells), encs_ in sorted(rows.items()):
       print(f"| {backend} | {program} | {', '.join(encs_)} | {cells} |")
