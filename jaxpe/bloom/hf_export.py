@@ -92,7 +92,7 @@ def save_hf(model: Decoder, path: str | Path, *, overwrite: bool = False, force:
   root = Path(path)
   _check_export_target(root, overwrite=overwrite, force=force)
   state = to_hf_state_dict(model)
-  config_text = json.dumps(hf_config_from(model.cfg), indent=2) + "\n"
+  config_text = json.dumps(hf_config_from(model.cfg), indent=2, allow_nan=False) + "\n"
   umask = os.umask(0)
   os.umask(umask)
   fresh = not root.exists()

@@ -25,7 +25,7 @@ from jaxpe.study.config import (
   model_train_config,
 )
 from jaxpe.study.retrieval import evaluate_passkey, finetune_passkey, random_keys, retrieval_emulation
-from jaxpe.train import data
+from jaxpe.train import data, run_files
 from jaxpe.train.load import trained_params
 
 __all__ = ["combine_retrieval", "finetuned_params", "run_retrieval", "tuned_name"]
@@ -173,8 +173,10 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
         cached = json.loads(cache.read_text()) if cache.is_file() else {}
       except (OSError, ValueError):
         cached = {}
-      if isinstance(cached, dict) and cached.get("key") == key:
-        by_seed[name].append(cached["results"])
+      if isinstance(cached, dict) and cached.get("key") == key:  # null numbers (json_text) are NaN
+        by_seed[name].append(
+          {m: None if e is None else run_files.nan_for_null(e) for m, e in cached["results"].items()}
+        )
         continue
       if base not in tuned:
         tuned[base] = finetuned_params(study, base, seed, tokens, progress)
@@ -191,7 +193,7 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
             build_model(mcfg, tuned[base]), windows, length, depths, keys, study.eval_batch_size
           )
         )
-      cache.write_text(json.dumps({"key": key, "results": row}))
+      run_files.write_atomic(cache, run_files.json_text({"key": key, "results": row}))
       by_seed[name].append(row)
   results = {n: {k: combine_retrieval([r[k] for r in rows]) for k in rows[0]} for n, rows in by_seed.items()}
   emu = []

@@ -84,9 +84,7 @@ def _read_json(path: Path, then: str) -> dict[str, Any] | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
-  os.replace(tmp, path)
+  run_files.write_atomic(path, text)  # through a flushed (fsync) temporary file and a rename
 
 
 @contextlib.contextmanager
@@ -167,7 +165,7 @@ def _run_study(study: StudyConfig, out: Path, progress: bool) -> dict[str, Any]:
     "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     "wall_seconds_this_process": time.time() - start,
   }
-  _write_atomic(out / "study.json", json.dumps(report, indent=1))
+  _write_atomic(out / "study.json", run_files.json_text(report, indent=1))  # NaN as null
   _write_atomic(out / "study.md", markdown(study, report))
   plot_bits_per_byte(study, report, out / "bits_per_byte.png")
   plot_loss_vs_position(study, report, out / "loss_vs_position.png")
@@ -214,8 +212,8 @@ def _evaluate_row(
     else None,
   )
   cached = _read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
-  if cached.get("key") == key and isinstance(cached.get("results"), dict):
-    return cached["results"]
+  if cached.get("key") == key and isinstance(cached.get("results"), dict):  # null numbers are NaN
+    return {m: None if e is None else run_files.nan_for_null(e) for m, e in cached["results"].items()}
   row: dict[str, Any] = {}
   if finetuned:
     d = study.train.data
@@ -230,5 +228,5 @@ def _evaluate_row(
       continue
     print(f"[study] evaluating {model_dir(name, seed)} at {m}x ({m * study.train.seq_len} bytes)", flush=True)
     row[str(m)] = evaluate(build_model(mcfg, params), windows, m * study.train.seq_len, study.eval_batch_size)
-  _write_atomic(cache_path, json.dumps({"key": key, "results": row}))
+  _write_atomic(cache_path, run_files.json_text({"key": key, "results": row}))
   return row

@@ -42,7 +42,7 @@ def _is_section(annotation: Any) -> bool:
 
 
 def _plain(value: Any) -> Any:
-  return json.loads(json.dumps(value, default=lambda v: v.model_dump(mode="json")))
+  return json.loads(json.dumps(value, default=lambda v: v.model_dump(mode="json"), allow_nan=False))
 
 
 def config_keys(schema: type[pydantic.BaseModel] = TrainConfig, prefix: str = "") -> list[Key]:

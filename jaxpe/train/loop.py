@@ -229,6 +229,7 @@ class _Training:
         )
       log.step(record)
       if self.run.step % self.cfg.checkpoint_every == 0 or last:
+        log.sync()  # what the checkpoint covers is on disk before it (metrics, TensorBoard)
         self.save()
       if out_of_time and self.run.step < self.target:
         return "max_seconds"

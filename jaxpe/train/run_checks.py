@@ -79,7 +79,7 @@ def check_resume_config(
       the saved config is not a mapping.
   """
   try:
-    text = saved if isinstance(saved, str) else json.dumps(saved)  # JSON mode: lists validate as tuples
+    text = saved if isinstance(saved, str) else run_files.json_text(saved)  # JSON mode: lists as tuples
     saved = TrainConfig.model_validate_json(text).model_dump(mode="json")
   except pydantic.ValidationError:  # written by another version of the schema: compare as saved
     saved = json.loads(saved) if isinstance(saved, str) else saved
@@ -134,7 +134,7 @@ def check_resume_data(meta: dict[str, Any], fingerprint: dict[str, Any], cfg: Tr
 
 
 def _config_hash(value: Any) -> np.int32:
-  text = json.dumps(value, sort_keys=True)
+  text = json.dumps(value, sort_keys=True, allow_nan=False)  # config values: finite (StrictConfig)
   return np.int32(int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little", signed=True))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from jaxpe.train import data
 
 __all__ = [
   "RUN_FILES",
+  "json_text",
+  "nan_for_null",
   "plot_loss_curve",
   "read_metrics",
   "read_saved_config",
@@ -31,15 +34,55 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "loss.png")
 replacing them."""
 
 
+def _finite(value: Any) -> Any:
+  """``value`` with every non-finite float (NaN, +-inf) replaced by None, through dicts, lists and
+  tuples (tuples become lists, as JSON writes them)."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _finite(v) for k, v in value.items()}
+  if isinstance(value, list | tuple):
+    return [_finite(v) for v in value]
+  return value
+
+
+def json_text(value: Any, **kwargs: Any) -> str:
+  """``value`` as strict JSON (RFC 8259): non-finite floats (NaN, +-inf), which JSON cannot hold and
+  strict parsers refuse as Python's bare ``NaN`` / ``Infinity`` tokens, are written as ``null``
+  (docs/training.md, "Run files"); ``kwargs`` go to ``json.dumps`` (``indent``, ``sort_keys``).
+  Every JSON file jaxpe writes goes through here; ``nan_for_null`` reads such numbers back.
+
+  Raises:
+    TypeError: a value JSON cannot hold (not a dict, list, tuple, str, int, float, bool or None).
+  """
+  return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
+def nan_for_null(value: Any) -> Any:
+  """``value`` read from a ``json_text`` file with every None inside it (dicts and lists, at any
+  depth, and ``value`` itself) read as NaN: for a record whose values are all numbers (a
+  ``metrics.jsonl`` record, an evaluation's numbers), where ``null`` can only be a non-finite one."""
+  if value is None:
+    return math.nan
+  if isinstance(value, dict):
+    return {k: nan_for_null(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [nan_for_null(v) for v in value]
+  return value
+
+
 def write_atomic(path: Path, text: str) -> None:
-  """Writes ``text`` to ``path`` through a temporary file and a rename (readers see the old or the
-  new file, never a partial one).
+  """Writes ``text`` to ``path`` through a temporary file, flushed to disk (``fsync``), and a rename
+  (readers see the old or the new file, never a partial one; after a crash the file is whole).
 
   Raises:
     OSError: the directory is missing or not writable.
   """
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
+  with tmp.open("w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
 
 
@@ -85,9 +128,9 @@ def _is_metrics_record(record: Any) -> bool:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-  """The records of ``metrics.jsonl`` at ``path`` ([] when it is missing); lines that do not parse
-  as a record with a step (a torn write, an edit) are skipped with a warning naming the file and
-  line."""
+  """The records of ``metrics.jsonl`` at ``path`` ([] when it is missing), ``null`` numbers (a
+  non-finite loss or norm, ``json_text``) read as NaN; lines that do not parse as a record with a
+  step (a torn write, an edit) are skipped with a warning naming the file and line."""
   if not path.is_file():
     return []
   records = []
@@ -96,6 +139,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
       continue
     try:
       record = json.loads(line)
+      if isinstance(record, dict) and record.get("step") is not None:
+        record = {k: v if k == "step" else nan_for_null(v) for k, v in record.items()}
       if _is_metrics_record(record):
         records.append(record)
         continue
@@ -113,7 +158,7 @@ def truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
   records = read_metrics(path)
   kept = [r for r in records if r["step"] <= step]
   if len(kept) != len([line for line in lines if line.strip()]) or not path.is_file():
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    write_atomic(path, "".join(json_text(r) + "\n" for r in kept))
   return kept
 
 

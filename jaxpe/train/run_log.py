@@ -22,17 +22,17 @@ fitted), ``skipped`` and ``param_norm`` (a non-finite step), ``eval_bits_per_byt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import jax
 
-from jaxpe.train import data, pacing, run_files, run_guard
+from jaxpe.train import data, events, pacing, run_files, run_guard
 
 __all__ = [
   "STOP_REASONS",
@@ -169,62 +169,40 @@ def console_figures(record: dict[str, Any]) -> dict[str, str]:
   }
 
 
-def _import_summary_writer():
-  """tensorboardX's ``SummaryWriter`` (optional: the train extra), without torch.
-
-  tensorboardX imports torch if it is installed, only to accept torch tensors (``try: import torch
-  except ImportError``); that costs ~4.7 s at every run's start on the 2-core reference machine, and
-  jaxpe passes it Python floats. Unless torch is already loaded, the import runs with torch marked
-  absent (``sys.modules["torch"] = None``, Python's documented way to block an import), and the mark
-  is removed at once, so a later ``import torch`` works as usual.
-  """
-  if "torch" in sys.modules:
-    from tensorboardX import SummaryWriter
-
-    return SummaryWriter
-  sys.modules["torch"] = None  # type: ignore[assignment]
+def _open_tensorboard(logdir: Path):
+  """``(True, the line saying where events go)``, or ``(False, why none are written)``."""
   try:
-    from tensorboardX import SummaryWriter
-  finally:
-    if sys.modules.get("torch", 0) is None:
-      del sys.modules["torch"]
-  return SummaryWriter
-
-
-def _open_tensorboard(logdir: Path, purge_step: int):
-  """``(a function that opens the writer, or None; the line saying where events go or why none are
-  written)``. The writer (and its event file) is made only when the first step is logged, so a rerun
-  that trains nothing adds no empty event file."""
-  try:
-    SummaryWriter = _import_summary_writer()
+    events.import_tensorboardx()
   except ImportError:
-    return None, 'tensorboard: off (tensorboardX is not installed: pip install "jaxpe[train]")'
-  # purge_step: events of a resumed run's lost steps (after its checkpoint) are hidden
-  line = f"tensorboard: {logdir} (view: tensorboard --logdir {logdir}; pip install tensorboard)"
-  return lambda: SummaryWriter(str(logdir), purge_step=purge_step, flush_secs=10), line
+    return False, 'tensorboard: off (tensorboardX is not installed: pip install "jaxpe[train]")'
+  return True, f"tensorboard: {logdir} (view: tensorboard --logdir {logdir}; pip install tensorboard)"
 
 
 class RunLog:
   """A run's reports, opened for the loop: the console (``pacing.Progress`` from step ``initial``
   of ``total``), ``<workdir>/metrics.jsonl`` (appended) and the TensorBoard writer. Process 0
   writes the files; other processes write only messages. Use as a context manager (closes all).
+  ``sync`` makes what is logged durable; the loop calls it before each checkpoint, so a checkpoint
+  never covers a step whose record or events could still be lost (kill -9, power loss).
   """
 
   def __init__(self, workdir: Path, *, total: int, initial: int, primary: bool, progress: bool):
     self.workdir, self.primary, self.progress = workdir, primary, progress
     self.bar = pacing.Progress(total, initial, enabled=progress)
     self.metrics = (workdir / "metrics.jsonl").open("a") if primary else open(os.devnull, "w")
-    self.tensorboard, self.tensorboard_line, self._open_writer, self._texts = None, "", None, []
+    self.tensorboard, self.tensorboard_line, self._events_on, self._texts = None, "", False, []
+    self._purge_step = initial + 1  # events of a resumed run's lost steps (after its checkpoint) are hidden
     if primary:
-      self._open_writer, self.tensorboard_line = _open_tensorboard(workdir / TENSORBOARD_DIR, initial + 1)
+      self._events_on, self.tensorboard_line = _open_tensorboard(workdir / TENSORBOARD_DIR)
 
-  def _writer(self):
-    """The TensorBoard writer, opened (with the start texts) at the first logged step; None when
-    events are off (no tensorboardX, or the folder cannot be written: said in one line)."""
-    if self._open_writer is not None:
-      opener, self._open_writer = self._open_writer, None
+  def _writer(self) -> events.EventFile | None:
+    """The TensorBoard event file, opened (with the start texts) at the first logged step; None when
+    events are off (no tensorboardX, or the folder cannot be written: said in one line). It is made
+    only when a step is logged, so a rerun that trains nothing adds no empty event file."""
+    if self.tensorboard is None and self._events_on:
+      self._events_on = False
       try:
-        self.tensorboard = opener()
+        self.tensorboard = events.EventFile(self.workdir / TENSORBOARD_DIR, purge_step=self._purge_step)
       except OSError as e:
         self.bar.write(f"tensorboard: off (cannot write {self.workdir / TENSORBOARD_DIR}: {e})")
         return None
@@ -232,11 +210,24 @@ class RunLog:
         self.tensorboard.add_text(tag, text, 0)
     return self.tensorboard
 
+  def sync(self) -> None:
+    """Makes every record and event logged so far durable (process 0): ``metrics.jsonl`` and the
+    event file flushed and ``fsync``-ed. The loop calls it before each checkpoint, so no datum a
+    checkpoint covers is lost by a kill -9 (or a power loss) after it."""
+    if not self.primary:
+      return
+    self.metrics.flush()
+    os.fsync(self.metrics.fileno())
+    if self.tensorboard is not None:
+      self.tensorboard.flush()
+
   def __enter__(self) -> RunLog:
     return self
 
   def __exit__(self, *exc) -> None:
     self.bar.close()  # the bar ends its line before any error
+    with contextlib.suppress(OSError):  # a signal's checkpoint follows; a gone workdir is the error
+      self.sync()  # (the files are still open: their fsync cannot fail on a deleted folder)
     self.metrics.close()
     if self.tensorboard is not None:
       self.tensorboard.close()
@@ -260,7 +251,7 @@ class RunLog:
 
   def append(self, record: dict[str, Any]) -> None:
     """Writes ``record`` to ``metrics.jsonl`` and TensorBoard (no check, no flush)."""
-    self.metrics.write(json.dumps(record) + "\n")
+    self.metrics.write(run_files.json_text(record) + "\n")  # a non-finite number as null
     writer = self._writer() if self.primary else None
     if writer is not None:
       for tag, value in tensorboard_scalars(record).items():
@@ -281,7 +272,6 @@ class RunLog:
 
 
 def write_summary(workdir: Path, summary: dict[str, Any]) -> None:
-  """Writes ``summary`` to ``<workdir>/summary.json`` (atomically; NaN becomes null, so the file is
-  valid JSON)."""
-  clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()}
-  run_files.write_atomic(workdir / "summary.json", json.dumps(clean, indent=2))
+  """Writes ``summary`` to ``<workdir>/summary.json`` (atomically; NaN and +-inf, at any depth,
+  become null: ``run_files.json_text``, so the file is strict JSON)."""
+  run_files.write_atomic(workdir / "summary.json", run_files.json_text(summary, indent=2))
