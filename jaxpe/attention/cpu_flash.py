@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import jax
@@ -61,8 +62,14 @@ def _load() -> bool:
             SOURCE, {call.FORWARD: "JaxpeCpuFlashForward", call.BACKWARD: "JaxpeCpuFlashBackward"}
           )
           _state.update(ok=True, reason=None)
-        except RuntimeError as err:
+        except RuntimeError as err:  # said once; KeyboardInterrupt and ValueError propagate, nothing kept
           _state.update(ok=False, reason=str(err))
+          warnings.warn(
+            f"the CPU attention kernel is not available, attention runs on the XLA loops (the same results "
+            f"to float32 rounding, slower): {err}",
+            RuntimeWarning,
+            stacklevel=2,
+          )
     return bool(_state["ok"])
 
 

@@ -9,6 +9,16 @@ names another ``-march`` target (``x86-64-v3`` for a cluster of mixed CPUs). Sev
 build at once: each compiles into a private folder and renames its library into place (atomic), so
 none loads a half-written file; a library whose bytes do not match the digest written beside it
 (damaged, truncated) is rebuilt, never loaded.
+
+The build trusts nothing in its environment (issue 39): the compiler runs in its own session (a
+Ctrl-C at the terminal reaches the trainer, which stops after the step, not the compiler, so the
+kernel a run uses does not depend on when it was interrupted) and is killed with its children after
+``build_timeout()`` seconds (``$JAXPE_CPU_FLASH_BUILD_TIMEOUT``, default 120), a ``RuntimeError``
+naming the limit; a ``KeyboardInterrupt`` in the waiting process kills the compiler and propagates,
+leaving nothing behind. Loading never runs bytes that were not checked: ``register`` copies the
+cached library to a private file, checks the copy's SHA-256 against the digest, loads the copy in a
+child process first (a library that crashes the process that loads it, e.g. with SIGBUS, kills only
+the child: it is deleted and rebuilt once, else a ``RuntimeError``), then loads the same copy.
 """
 
 from __future__ import annotations
@@ -16,10 +26,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.metadata
+import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -46,6 +59,50 @@ def compiler() -> str | None:
   return None
 
 
+BUILD_TIMEOUT_S = 120.0
+"""Default of ``build_timeout()``: seconds the compiler may take (a build takes 2-20 s)."""
+PROBE_TIMEOUT_S = 60.0
+"""Seconds the child process that test-loads a library may take."""
+
+
+def build_timeout() -> float:
+  """Seconds the compiler may run before it is killed: ``$JAXPE_CPU_FLASH_BUILD_TIMEOUT`` (a finite
+  number > 0), else ``BUILD_TIMEOUT_S``.
+
+  Raises:
+    ValueError: ``$JAXPE_CPU_FLASH_BUILD_TIMEOUT`` is set but not a finite number > 0 (named).
+  """
+  raw = os.environ.get("JAXPE_CPU_FLASH_BUILD_TIMEOUT", "").strip()
+  if not raw:
+    return BUILD_TIMEOUT_S
+  try:
+    value = float(raw)
+  except ValueError:
+    value = math.nan
+  if not (math.isfinite(value) and value > 0):
+    raise ValueError(f"JAXPE_CPU_FLASH_BUILD_TIMEOUT must be a number of seconds > 0, got {raw!r}")
+  return value
+
+
+def _run_killable(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+  """Runs ``cmd`` in its own session (no terminal signal reaches it) and process group; the whole
+  group is killed when it runs past ``timeout`` seconds (``subprocess.TimeoutExpired``) or when this
+  process is interrupted (the ``KeyboardInterrupt`` propagates)."""
+  proc = subprocess.Popen(
+    cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+  )
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except BaseException:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)  # the driver and its children (cc1plus, as, ld)
+    except OSError:
+      pass
+    proc.communicate()
+    raise
+  return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _cpu_tag() -> str:
   """What ``-march=native`` depends on: the CPU model and its flags."""
   try:
@@ -59,9 +116,12 @@ def build(source: Path) -> Path:
   """The shared library of ``source`` (a C++ file), compiled into ``cache_dir()`` when missing.
 
   Raises:
-    RuntimeError: no compiler, the compiler failed (its message included), or the cache folder
-      cannot be written.
+    RuntimeError: no compiler, the compiler failed (its message included) or ran past
+      ``build_timeout()`` seconds (killed), or the cache folder cannot be written.
+    ValueError: ``$JAXPE_CPU_FLASH_BUILD_TIMEOUT`` is not a number > 0.
+    KeyboardInterrupt: the build was interrupted (the compiler is killed; nothing is cached).
   """
+  timeout = build_timeout()
   cxx = compiler()
   if cxx is None:
     asked = os.environ.get("CXX")
@@ -80,7 +140,13 @@ def build(source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
       built = Path(tmp) / target.name
       cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", str(source), "-o", str(built)]
-      done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+      try:
+        done = _run_killable(cmd, timeout)
+      except subprocess.TimeoutExpired:
+        raise RuntimeError(
+          f"the C++ compiler did not finish building {source.name} within {timeout:g} s and was killed "
+          f"({cxx}; set JAXPE_CPU_FLASH_BUILD_TIMEOUT=<seconds> to wait longer)"
+        ) from None
       if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
       digest = Path(tmp) / (target.name + ".sha256")
@@ -102,20 +168,84 @@ def _intact(target: Path) -> bool:
     return False
 
 
+_PROBE = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, s) for s in sys.argv[2:]]"
+
+
+def _probe(path: Path, symbols: list[str]) -> str | None:
+  """None when a child process loads the library ``path`` and finds ``symbols`` in it; else what
+  happened (its error, or the signal that killed it: a library that would crash this process)."""
+  try:
+    done = _run_killable([sys.executable, "-c", _PROBE, str(path), *symbols], PROBE_TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    return f"loading it did not finish within {PROBE_TIMEOUT_S:g} s"
+  except OSError as err:
+    return f"no process could test-load it ({err})"
+  if done.returncode < 0:
+    return f"loading it kills the process ({signal.Signals(-done.returncode).name})"
+  if done.returncode:
+    return f"it does not load: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+  return None
+
+
+def _private_copy(target: Path) -> Path | None:
+  """A private copy of ``target`` (beside it, so that it may be mapped executable) whose bytes
+  match ``target``'s digest, or None when they do not: what is checked is what is loaded, and
+  nothing written to the cache later can change it. The caller deletes it."""
+  try:
+    data = target.read_bytes()
+    want = target.with_name(target.name + ".sha256").read_text().strip()
+  except OSError:
+    return None
+  if hashlib.sha256(data).hexdigest() != want:
+    return None
+  fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
+  with os.fdopen(fd, "wb") as f:
+    f.write(data)
+  return Path(name)
+
+
+def _remove(target: Path) -> None:
+  for path in (target, target.with_name(target.name + ".sha256")):
+    try:
+      path.unlink()
+    except OSError:
+      pass
+
+
 def register(source: Path, handlers: dict[str, str]) -> None:
   """Builds ``source`` (``build``), loads it and registers each ``{ffi target name: exported
   handler symbol}`` on the CPU platform.
 
+  The library is loaded from a private copy checked against its digest, and only once a child
+  process has loaded that copy and found the symbols; a cached library that fails (damaged,
+  crashing its loader) is deleted and built again, once.
+
   Raises:
-    RuntimeError: as ``build``; the library does not load or lacks a symbol.
+    RuntimeError: as ``build``; the library (also rebuilt) does not load in a child process, kills
+      it, or lacks a symbol.
+    ValueError, KeyboardInterrupt: as ``build``.
   """
-  path = build(source)
-  try:
-    lib = ctypes.cdll.LoadLibrary(str(path))
-    for name, symbol in handlers.items():
-      jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-  except (OSError, AttributeError) as err:
-    raise RuntimeError(f"could not load {path}: {err}") from err
+  for attempt in range(2):
+    path, copy = build(source), None
+    try:
+      copy = _private_copy(path)
+      problem = "its bytes do not match its digest" if copy is None else _probe(copy, list(handlers.values()))
+      if problem is None:
+        try:
+          lib = ctypes.cdll.LoadLibrary(str(copy))
+          for name, symbol in handlers.items():
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+        except (OSError, AttributeError) as err:
+          raise RuntimeError(f"could not load {path}: {err}") from err
+        return
+    except OSError as err:
+      raise RuntimeError(f"could not copy {path} to load it: {err}") from err
+    finally:
+      if copy is not None:
+        copy.unlink(missing_ok=True)  # a loaded library stays mapped
+    if attempt == 0:
+      _remove(path)  # damaged since it was built: built again
+  raise RuntimeError(f"the library built from {source.name}, {path}, cannot be used: {problem}")
 
 
-__all__ = ["FLAGS", "build", "cache_dir", "compiler", "register"]
+__all__ = ["BUILD_TIMEOUT_S", "FLAGS", "build", "build_timeout", "cache_dir", "compiler", "register"]
