@@ -18,6 +18,7 @@ import pydantic
 from pydantic_core import PydanticCustomError
 
 from jaxpe.model import bias_options, rope_options
+from jaxpe.model.strict import EMULATION_MAX_POSITION, MAX_DIM, MAX_POSITION, StrictConfig
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
 POS_ENCODINGS: tuple[str, ...] = (
@@ -38,12 +39,6 @@ MeshAxis = Literal["data", "fsdp", "tensor", "context"]
 MESH_AXES: tuple[str, ...] = typing.get_args(MeshAxis)
 
 
-class StrictConfig(pydantic.BaseModel):
-  """Base of every jaxpe config: frozen, no unknown keys, strict types (ints for floats), no inf/NaN."""
-
-  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
 class RopeScalingConfig(StrictConfig):
   """HF-style ``rope_scaling`` / ``rope_parameters`` entry; see ``jaxpe.ops.rope_scaling.rope_frequencies``.
 
@@ -61,7 +56,7 @@ class RopeScalingConfig(StrictConfig):
     None, gt=0, le=1, description="rotary_dim = int(head_dim * partial_rotary_factor)"
   )
   factor: float | None = pydantic.Field(None, gt=0)
-  original_max_position_embeddings: int | None = pydantic.Field(None, gt=0)
+  original_max_position_embeddings: int | None = pydantic.Field(None, le=MAX_POSITION, gt=0)
   attention_factor: float | None = pydantic.Field(None, gt=0)
   beta_fast: float | None = None
   beta_slow: float | None = None
@@ -95,24 +90,25 @@ class ModelConfig(StrictConfig):
   """Decoder hyper-parameters. Shape letters: V vocab, D model dim, N heads, K kv heads, H head
   dim, F MLP dim, L layers."""
 
-  vocab_size: int = pydantic.Field(256, gt=0, description="V; 256 for byte-level text")
-  d_model: int = pydantic.Field(128, gt=0, description="D")
-  num_layers: int = pydantic.Field(4, gt=0, description="L")
-  num_heads: int = pydantic.Field(4, gt=0, description="N query heads")
-  num_kv_heads: int | None = pydantic.Field(None, gt=0, description="K; default N (MHA)")
-  head_dim: int | None = pydantic.Field(None, gt=0, description="H; default D // N")
-  mlp_dim: int | None = pydantic.Field(None, gt=0, description="F; default 4 D")
-  max_len: int = pydantic.Field(256, gt=0, description="longest context in tokens")
+  vocab_size: int = pydantic.Field(256, le=MAX_DIM, gt=0, description="V; 256 for byte-level text")
+  d_model: int = pydantic.Field(128, le=MAX_DIM, gt=0, description="D")
+  num_layers: int = pydantic.Field(4, le=MAX_DIM, gt=0, description="L")
+  num_heads: int = pydantic.Field(4, le=MAX_DIM, gt=0, description="N query heads")
+  num_kv_heads: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="K; default N (MHA)")
+  head_dim: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="H; default D // N")
+  mlp_dim: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="F; default 4 D")
+  max_len: int = pydantic.Field(256, le=MAX_POSITION, gt=0, description="longest context in tokens")
   pos_encoding: str = pydantic.Field(
     "rope",
     description="a registered positional encoding (jaxpe.model.encodings.REGISTRY): none, learned, "
     "sinusoidal, rope, xpos, alibi, rope_alibi, cope, t5, kerple_log, kerple_power, fire",
   )
   rope_theta: float = pydantic.Field(10000.0, gt=0, description="RoPE base")
-  rotary_dim: int | None = pydantic.Field(None, gt=0, description="rotating dims; default H")
+  rotary_dim: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="rotating dims; default H")
   rope_layout: Literal["interleaved", "half"] = pydantic.Field("interleaved", description="pairs' layout")
   alibi_heads: int | None = pydantic.Field(
     None,
+    le=MAX_DIM,
     gt=0,
     description="alibi only: the first k heads get ALiBi (slopes of a k-head model), the rest none",
   )
@@ -125,7 +121,7 @@ class ModelConfig(StrictConfig):
     0.1, gt=0, lt=math.pi / 2, description="largest emulation phase over rope_alibi_context"
   )
   rope_alibi_context: int | None = pydantic.Field(
-    None, gt=0, description="context the emulation is tuned for; default max_len"
+    None, le=EMULATION_MAX_POSITION, gt=0, description="context the emulation is tuned for; default max_len"
   )
   rope_alibi_order: int = pydantic.Field(
     1, ge=1, le=8, description="k emulation pairs at theta..k theta (jaxpe.emulation); 1 = published form"
@@ -185,16 +181,22 @@ class ModelConfig(StrictConfig):
   )
   cope_npos_max: int | None = pydantic.Field(
     None,
+    le=MAX_POSITION,
     gt=0,
     description="cope only: P, the number of integer CoPE positions (counts clamp at P - 1); default max_len",
   )
   relative_attention_num_buckets: int = pydantic.Field(
-    32, ge=2, description="t5 only: buckets of the causal relative bias (HF T5's key; T5 uses 32)"
+    32, le=MAX_DIM, ge=2, description="t5 only: buckets of the causal relative bias (HF T5's key; T5 uses 32)"
   )
   relative_attention_max_distance: int = pydantic.Field(
-    128, gt=0, description="t5 only: distance from which positions share the last bucket (HF T5's key)"
+    128,
+    le=MAX_POSITION,
+    gt=0,
+    description="t5 only: distance from which positions share the last bucket (HF T5's key)",
   )
-  fire_mlp_width: int = pydantic.Field(32, gt=0, description="fire only: the MLP's hidden width (paper: 32)")
+  fire_mlp_width: int = pydantic.Field(
+    32, le=MAX_DIM, gt=0, description="fire only: the MLP's hidden width (paper: 32)"
+  )
   fire_init_c: float = pydantic.Field(
     0.1, gt=0, description="fire only: initial c of log(c x + 1) (paper: 0.1)"
   )
@@ -354,10 +356,6 @@ class ModelConfig(StrictConfig):
         f"with alibi_heads={self.alibi_heads}"
       )
     bias_options.check_bias_options(self)
-    if self.pos_encoding == "xpos" and self.max_len > 65536:
-      # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32
-      # beyond |p - offset| ~ 35,000.
-      raise ValueError(f"max_len must be <= 65536 for pos_encoding='xpos', got {self.max_len}")
     return self
 
   def rope_frequencies(self):

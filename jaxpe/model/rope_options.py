@@ -19,6 +19,7 @@ class RopeKeys(Protocol):
 
   pos_encoding: str
   num_layers: int
+  max_len: int
   rotary_dim: int | None
   rope_scaling: Any  # a RopeScalingConfig or None
   rope_alibi_content_rope: bool
@@ -43,8 +44,12 @@ def rope_layers(cfg: RopeKeys) -> tuple[bool, ...] | None:
 
 
 def check_rope_options(cfg: RopeKeys) -> None:
-  """The per-layer schedule, p-RoPE and the hybrid (issue 20)."""
+  """The per-layer schedule, p-RoPE and the hybrid (issue 20); xPos's longest context."""
   pe = cfg.pos_encoding
+  if cfg.pos_encoding == "xpos" and cfg.max_len > 65536:
+    # xPos scales zeta^((p - offset) / scale_base) with offset = max_len // 2 overflow float32
+    # beyond |p - offset| ~ 35,000.
+    raise ValueError(f"max_len must be <= 65536 for pos_encoding='xpos', got {cfg.max_len}")
   if cfg.rope_alibi_content_rope and (pe != "rope_alibi" or cfg.rope_alibi_in_projection):
     raise ValueError(
       "rope_alibi_content_rope=True needs pos_encoding='rope_alibi' without rope_alibi_in_projection, "

@@ -24,6 +24,22 @@ class ArgTypeError(TypeError, ValueError):
 # The largest head, model or rotary dim and head count the ops accept: far above any model, and small
 # enough that the host tables (np.arange of it) stay small. Larger values are refused, not allocated.
 MAX_DIM = 2**20
+# float32, the dtype every op computes in: magnitudes above FLOAT32_MAX (~3.4e38) become inf, positive
+# values below FLOAT32_TINY (~1.2e-38, the smallest normal) become subnormal, which XLA flushes to 0.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+MAX_INT32 = 2**31 - 1  # int32 counters (the optimizer's step count) hold at most this
+
+
+def float32_problem(value: float, *, positive: bool = False) -> str | None:
+  """Why the finite number ``value`` is no usable float32, or None: ``|value| > FLOAT32_MAX`` (it
+  becomes inf) or, when it must be ``positive``, ``0 < value < FLOAT32_TINY`` (subnormal: 0 once
+  flushed). The range is in the message; the caller names the argument or config key."""
+  if abs(value) > FLOAT32_MAX:
+    return f"must be at most {FLOAT32_MAX:.7g} in magnitude (it is used as a float32, where {value!r} is inf)"
+  if positive and 0 < value < FLOAT32_TINY:
+    return f"must be >= {FLOAT32_TINY:.7g} (the smallest normal float32; {value!r} is subnormal, flushed to 0 by XLA)"
+  return None
 
 
 def check_rank(name: str, x, rank: int, shape_hint: str) -> None:

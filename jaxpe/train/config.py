@@ -22,6 +22,7 @@ import yaml
 
 from jaxpe.model import partitioning
 from jaxpe.model.config import LogicalRules, ModelConfig, StrictConfig
+from jaxpe.model.strict import Length, Steps
 
 
 class DataConfig(StrictConfig):
@@ -84,11 +85,11 @@ class TrainConfig(StrictConfig):
   data: DataConfig = DataConfig()
   workdir: str = pydantic.Field("runs/default", min_length=1, description="run directory (not empty)")
   seed: int = pydantic.Field(0, ge=0, le=2**63 - 1, description="initialisation, batch and sampling seed")
-  seq_len: int = pydantic.Field(256, gt=1, description="tokens (bytes) per training sequence")
+  seq_len: Length = pydantic.Field(256, gt=1, description="tokens (bytes) per training sequence")
   batch_size: int = pydantic.Field(32, gt=0, description="global batch, split over devices")
-  num_steps: int = pydantic.Field(2000, gt=0, description="optimizer steps of the schedule")
+  num_steps: Steps = pydantic.Field(2000, gt=0, description="optimizer steps of the schedule")
   learning_rate: float = pydantic.Field(3e-3, gt=0, description="peak AdamW learning rate")
-  warmup_steps: int = pydantic.Field(100, ge=0, description="linear warmup steps")
+  warmup_steps: Steps = pydantic.Field(100, ge=0, description="linear warmup steps")
   min_lr_ratio: float = pydantic.Field(0.1, ge=0, le=1, description="cosine floor, a share of the peak")
   weight_decay: float = pydantic.Field(0.1, ge=0, description="AdamW decoupled weight decay")
   b1: float = pydantic.Field(0.9, ge=0, lt=1, description="Adam beta1")
@@ -124,7 +125,7 @@ class TrainConfig(StrictConfig):
   max_seconds: float | None = pydantic.Field(
     None, gt=0, description="stop early (with a checkpoint) after this much training time"
   )
-  stop_at: int | None = pydantic.Field(None, gt=0, description="stop (with a checkpoint) after this step")
+  stop_at: Steps | None = pydantic.Field(None, gt=0, description="stop (with a checkpoint) after this step")
   skip_nonfinite: int = pydantic.Field(
     0,
     ge=0,
