@@ -17,7 +17,7 @@ import numpy as np
 import pydantic
 from jax.experimental import multihost_utils
 
-from jaxpe.train import run_files
+from jaxpe.train import run_files, run_guard
 from jaxpe.train.config import TrainConfig
 
 __all__ = [
@@ -145,7 +145,7 @@ def check_processes_agree(cfg: TrainConfig, fingerprint: dict[str, Any]) -> None
   process makes the same comparison, so all refuse together. A no-op with one process.
 
   Raises:
-    ValueError: one line naming the differing keys, with this process's values.
+    run_guard.JobRefused: (a ValueError) one line naming the differing keys, with this process's values.
   """
   if jax.process_count() == 1:
     return
@@ -155,7 +155,7 @@ def check_processes_agree(cfg: TrainConfig, fingerprint: dict[str, Any]) -> None
   me, n = jax.process_index(), jax.process_count()
   schemas = multihost_utils.process_allgather(np.array([_config_hash(keys)], np.int32))
   if not np.all(schemas == schemas[0]):
-    raise ValueError(
+    raise run_guard.JobRefused(
       f"the {n} processes of this run have different config keys (another jaxpe version on some host); "
       "run the same version everywhere"
     )
@@ -172,7 +172,7 @@ def check_processes_agree(cfg: TrainConfig, fingerprint: dict[str, Any]) -> None
     others = sorted(
       {p for k in differing for p in range(n) if hashes[p, keys.index(k)] != hashes[me, keys.index(k)]}
     )
-    raise ValueError(
+    raise run_guard.JobRefused(
       f"the processes of this run disagree on {', '.join(differing)} (process {me} has {here}; processes "
       f"{others} differ): start every process with the same config (only distributed.process_id differs)"
     )
@@ -216,7 +216,7 @@ def check_shared_workdir(workdir: Path) -> None:
   back, and all gather the results. A no-op with one process.
 
   Raises:
-    ValueError: naming the workdir and the processes that do not see process 0's file.
+    run_guard.JobRefused: (a ValueError) naming the workdir and the processes that do not see process 0's file.
   """
   if jax.process_count() == 1:
     return
@@ -234,7 +234,7 @@ def check_shared_workdir(workdir: Path) -> None:
     path.unlink(missing_ok=True)
   if not np.all(seen_by):
     missing = [int(p) for p in np.flatnonzero(~np.asarray(seen_by, bool))]
-    raise ValueError(
+    raise run_guard.JobRefused(
       f"workdir {str(workdir)!r} is not shared: process(es) {missing} do not see the file process 0 wrote "
       f"there ({SHARED_CHECK_FILE}); every process of a run needs the same workdir (on a disk all hosts see)"
     )

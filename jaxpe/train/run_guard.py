@@ -27,6 +27,14 @@ class RunError(Exception):
   """Base of the errors that end a run for a reason the user can act on (printed as one line)."""
 
 
+class JobRefused(ValueError):
+  """A refusal that every process of a multi-process run makes together, after one gather (the
+  processes disagree on the config, the data or the workdir): ``run_cli`` then leaves the job with
+  all of them (``jax.distributed.shutdown``, a barrier) after printing its line, so that process
+  0's exit, which ends the coordination service, cannot abort a peer that has yet to print its own
+  (JAX's "coordination service" fatal error, seen under load)."""
+
+
 class WorkdirInUseError(RunError):
   """Another live process holds the workdir's lock."""
 
@@ -185,7 +193,27 @@ def run_cli(prog: str, body: Callable[[], int], *, debug: bool = False) -> int:
     if debug:
       raise
     print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+    if isinstance(e, JobRefused):
+      _leave_job_together()
     return 1 if isinstance(e, NonFiniteError) else 2
+
+
+def _leave_job_together() -> None:
+  """After a ``JobRefused`` line: with the streams flushed and then pointed at ``/dev/null`` (the
+  runtime's shutdown logs nothing after the line), every process leaves JAX's distributed runtime
+  at one barrier (bounded by its shutdown timeout), so none exits while a peer still reports."""
+  import jax  # noqa: PLC0415 (only a multi-process refusal needs it; jax is loaded by then)
+
+  if not jax.distributed.is_initialized():
+    return
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(OSError, ValueError):
+      stream.flush()
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 1)
+  os.dup2(null, 2)
+  with contextlib.suppress(Exception):
+    jax.distributed.shutdown()
 
 
 def one_line(e: BaseException) -> str:

@@ -384,6 +384,7 @@ def initialize_distributed(cfg: DistributedConfig) -> bool:
       process_id=pid,
       initialization_timeout=timeout + 30,  # the watchdog reports first
       heartbeat_timeout_seconds=max(timeout, 10),
+      shutdown_timeout_seconds=max(timeout, 10),  # a refusal's shutdown barrier (run_guard.JobRefused)
     )
   except Exception as e:  # JAX's errors here are long gRPC reports
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
