@@ -90,13 +90,13 @@ class ModelConfig(StrictConfig):
   """Decoder hyper-parameters. Shape letters: V vocab, D model dim, N heads, K kv heads, H head
   dim, F MLP dim, L layers."""
 
-  vocab_size: int = pydantic.Field(256, le=MAX_DIM, gt=0, description="V; 256 for byte-level text")
+  vocab_size: int = pydantic.Field(256, gt=0, description="V; 256 for byte-level text")
   d_model: int = pydantic.Field(128, le=MAX_DIM, gt=0, description="D")
-  num_layers: int = pydantic.Field(4, le=MAX_DIM, gt=0, description="L")
+  num_layers: int = pydantic.Field(4, gt=0, description="L")
   num_heads: int = pydantic.Field(4, le=MAX_DIM, gt=0, description="N query heads")
   num_kv_heads: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="K; default N (MHA)")
   head_dim: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="H; default D // N")
-  mlp_dim: int | None = pydantic.Field(None, le=MAX_DIM, gt=0, description="F; default 4 D")
+  mlp_dim: int | None = pydantic.Field(None, gt=0, description="F; default 4 D")
   max_len: int = pydantic.Field(256, le=MAX_POSITION, gt=0, description="longest context in tokens")
   pos_encoding: str = pydantic.Field(
     "rope",
@@ -194,9 +194,7 @@ class ModelConfig(StrictConfig):
     gt=0,
     description="t5 only: distance from which positions share the last bucket (HF T5's key)",
   )
-  fire_mlp_width: int = pydantic.Field(
-    32, le=MAX_DIM, gt=0, description="fire only: the MLP's hidden width (paper: 32)"
-  )
+  fire_mlp_width: int = pydantic.Field(32, gt=0, description="fire only: the MLP's hidden width (paper: 32)")
   fire_init_c: float = pydantic.Field(
     0.1, gt=0, description="fire only: initial c of log(c x + 1) (paper: 0.1)"
   )

@@ -80,13 +80,9 @@ def test_every_positive_float_key_refuses_a_subnormal(cls, name):
 
 INT_BOUNDS = [
   # (section, key, the op's largest accepted value, the op's own check of that bound or None)
-  *[
-    (ModelConfig, k, checks.MAX_DIM, None)
-    for k in ("vocab_size", "d_model", "num_layers", "num_kv_heads", "head_dim", "mlp_dim", "rotary_dim")
-  ],
+  *[(ModelConfig, k, checks.MAX_DIM, None) for k in ("d_model", "num_kv_heads", "head_dim", "rotary_dim")],
   (ModelConfig, "num_heads", checks.MAX_DIM, lambda n: ops.alibi_slopes(n)),
   (ModelConfig, "alibi_heads", checks.MAX_DIM, None),
-  (ModelConfig, "fire_mlp_width", checks.MAX_DIM, None),
   (
     ModelConfig,
     "relative_attention_num_buckets",
