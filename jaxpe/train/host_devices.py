@@ -94,7 +94,8 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
 
   Raises:
     ValueError: an explicit ``cpu_devices`` that JAX's already started CPU backend cannot have (it
-      has another number of devices in this process), naming both counts.
+      has another number of devices in this process), naming both counts; one the run's mesh or
+      batch cannot use (single process), before JAX makes the devices.
   """
   wanted = cfg.cpu_devices
   if wanted == "auto":
@@ -114,6 +115,11 @@ def apply(cfg: TrainConfig, *, auto: bool = True) -> int | None:
         "(set it before any JAX use, or leave cpu_devices=auto)"
       )
     return None
+  err = None if sharding.multi_process(cfg.distributed) else _mesh_error(cfg, wanted)
+  if err is not None:  # before XLA makes the devices (cpu_devices=1000000 hung there)
+    raise ValueError(
+      f"cpu_devices={wanted} does not fit this run's mesh or batch ({err}); or cpu_devices=auto"
+    )
   jax.config.update("jax_num_cpu_devices", wanted)
   return wanted
 

@@ -4,7 +4,11 @@ the accepted range (issue 39, kind 5): every float key of every config section i
 0), and the int keys that reach an op's bound take that bound, read from the op's own constant
 (``jaxpe.ops.checks``, ``jaxpe.emulation``), which the op itself is checked to enforce here."""
 
+import os
+import subprocess
+import sys
 import typing
+from pathlib import Path
 
 import numpy as np
 import pydantic
@@ -141,3 +145,20 @@ def test_the_command_line_refuses_at_once_in_one_line_naming_the_dotted_key(over
   assert f"error: {key}: " in err, err
   with pytest.raises(ValueError, match=key.replace(".", r"\.")):
     load_config(None, [override])
+
+
+def test_a_cpu_device_count_the_mesh_cannot_use_is_refused_before_xla_makes_the_devices(tmp_path):
+  # main: cpu_devices=1000000 set jax_num_cpu_devices and the run hung while XLA made the devices
+  train = Path(__file__).resolve().parents[2] / "train" / "train.py"
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  done = subprocess.run(
+    [sys.executable, str(train), "--config", "tiny", f"workdir={tmp_path / 'run'}", "cpu_devices=1000000"],
+    env={**env, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=90,
+  )
+  assert done.returncode == 2, done.stderr[-2000:]
+  line = done.stderr.strip().splitlines()[-1]
+  assert line.startswith("train.py: error: cpu_devices=1000000 does not fit this run's mesh or batch"), line
+  assert not (tmp_path / "run").exists()
