@@ -188,9 +188,14 @@ def _probe(path: Path, symbols: list[str]) -> str | None:
 
 
 def _private_copy(target: Path) -> Path | None:
-  """A private copy of ``target`` (beside it, so that it may be mapped executable) whose bytes
-  match ``target``'s digest, or None when they do not: what is checked is what is loaded, and
-  nothing written to the cache later can change it. The caller deletes it."""
+  """A private copy of ``target`` whose bytes match ``target``'s digest, or None when they do not:
+  what is checked is what is loaded, and nothing written to the cache later can change it. Made
+  beside ``target`` (a folder that may map code), else, for a read-only cache, in the temporary
+  folder. The caller deletes it.
+
+  Raises:
+    OSError: neither folder can be written.
+  """
   try:
     data = target.read_bytes()
     want = target.with_name(target.name + ".sha256").read_text().strip()
@@ -198,10 +203,17 @@ def _private_copy(target: Path) -> Path | None:
     return None
   if hashlib.sha256(data).hexdigest() != want:
     return None
-  fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
-  with os.fdopen(fd, "wb") as f:
-    f.write(data)
-  return Path(name)
+  for i, folder in enumerate((target.parent, Path(tempfile.gettempdir()))):
+    try:
+      fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=folder)
+    except OSError:
+      if i:
+        raise
+      continue
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    return Path(name)
+  return None  # pragma: no cover (the loop returns or raises)
 
 
 def _remove(target: Path) -> None:

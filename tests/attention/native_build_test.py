@@ -204,3 +204,23 @@ def test_keyboard_interrupt_during_the_build_propagates_kills_the_compiler_and_c
   assert out.strip() == "KeyboardInterrupt", (out, err[-2000:])
   assert _gone(int((tmp_path / "cxx.pid").read_text())), "the compiler was left running"
   assert not list((tmp_path / "cache").glob("*.so"))
+
+
+def test_an_intact_library_in_a_read_only_cache_is_copied_to_the_temporary_folder(tmp_path, monkeypatch):
+  monkeypatch.setenv("JAXPE_CACHE_DIR", str(tmp_path / "cache"))
+  target = native.build(_source(tmp_path))
+  mkstemp = native.tempfile.mkstemp
+
+  def read_only_cache(*args, dir=None, **kw):
+    if Path(dir) == target.parent:
+      raise PermissionError(13, "Permission denied", str(dir))
+    return mkstemp(*args, dir=dir, **kw)
+
+  monkeypatch.setattr(native.tempfile, "mkstemp", read_only_cache)
+  copy = native._private_copy(target)
+  try:
+    assert copy.parent == Path(native.tempfile.gettempdir()) and copy.read_bytes() == target.read_bytes()
+  finally:
+    copy.unlink()
+  target.write_bytes(target.read_bytes()[:100])  # damaged: no copy to load
+  assert native._private_copy(target) is None
