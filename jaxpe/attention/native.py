@@ -98,7 +98,9 @@ def _run_killable(cmd: list[str], timeout: float) -> subprocess.CompletedProcess
       os.killpg(proc.pid, signal.SIGKILL)  # the driver and its children (cc1plus, as, ld)
     except OSError:
       pass
-    proc.communicate()
+    proc.wait()  # not communicate(): a daemon that left the group may hold the pipes open
+    for pipe in (proc.stdout, proc.stderr):
+      pipe.close()
     raise
   return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -181,7 +183,11 @@ def _probe(path: Path, symbols: list[str]) -> str | None:
   except OSError as err:
     return f"no process could test-load it ({err})"
   if done.returncode < 0:
-    return f"loading it kills the process ({signal.Signals(-done.returncode).name})"
+    try:
+      name = signal.Signals(-done.returncode).name
+    except ValueError:
+      name = f"signal {-done.returncode}"
+    return f"loading it kills the process ({name})"
   if done.returncode:
     return f"it does not load: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
   return None
