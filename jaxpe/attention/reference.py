@@ -161,6 +161,7 @@ def dot_product_attention(
   whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
   q, k, v or bias propagates to the rows it reaches.
   """
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
   _checks.check_rank("k", k, 4, "[B, S, K, Hq]")
   _checks.check_rank("v", v, 4, "[B, S, K, H]")

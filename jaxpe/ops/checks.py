@@ -9,6 +9,7 @@ the array is concrete (not a tracer).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import jax
@@ -213,6 +214,57 @@ def check_bool(name: str, value) -> bool:
   if not isinstance(value, (bool, np.bool_)):
     raise ArgTypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
   return bool(value)
+
+
+ENV_TRUE = ("1", "true", "on", "yes")
+ENV_FALSE = ("0", "false", "off", "no")
+
+
+def env_flag(name: str, default: bool) -> bool:
+  """The on/off environment variable ``name``: ``default`` when unset or empty; ``1``, ``true``,
+  ``on``, ``yes`` (any case, surrounding blanks ignored) turn it on, ``0``, ``false``, ``off``,
+  ``no`` off. Any other value raises ValueError naming the variable and the accepted values (a
+  setting such as ``disabled`` is not taken as on)."""
+  raw = os.environ.get(name)
+  if raw is None or not raw.strip():
+    return default
+  value = raw.strip().lower()
+  if value in ENV_TRUE:
+    return True
+  if value in ENV_FALSE:
+    return False
+  raise ValueError(
+    f"{name}={raw!r} is not an on/off setting: use one of {', '.join(ENV_TRUE)} (on) or "
+    f"{', '.join(ENV_FALSE)} (off), or leave it unset"
+  )
+
+
+def host_memory_bytes() -> int:
+  """The machine's physical memory in bytes (``SC_PHYS_PAGES`` pages of ``SC_PAGE_SIZE``)."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_memory_bytes(device=None) -> int:
+  """The memory of ``device`` (default: JAX's first device): an accelerator's ``bytes_limit``
+  (``memory_stats``), the machine's physical memory for CPU devices or devices without statistics."""
+  device = jax.devices()[0] if device is None else device
+  try:
+    stats = device.memory_stats()
+  except Exception:  # noqa: BLE001 (backends without memory statistics)
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return host_memory_bytes()
+
+
+def check_fits(name: str, need: int, available: int, what: str, fix: str) -> None:
+  """Raises ValueError naming ``name`` unless ``need <= available`` bytes: what the bytes are for,
+  both sizes in GiB and how to make it fit (``fix``). Called before an allocation that the user's
+  argument sizes, so a size too large is one line, not ``std::bad_alloc`` or RESOURCE_EXHAUSTED."""
+  if need > available:
+    raise ValueError(
+      f"{name}: {what} needs {need / 2**30:,.2f} GiB, more than the {available / 2**30:,.2f} GiB available; {fix}"
+    )
 
 
 def check_position_pair(q_positions, k_positions):
