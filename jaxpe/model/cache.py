@@ -51,7 +51,7 @@ def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int) -> int:
 
 def check_cache_fits(cfg: ModelConfig, batch_size: int, max_len: int, name: str, fix: str) -> None:
   """ValueError naming ``name`` when the cache of ``batch_size`` x ``max_len`` slots exceeds the
-  memory of JAX's first device (``jaxpe.ops.checks.device_memory_bytes``), before it is allocated."""
+  memory of JAX's devices (``jaxpe.ops.checks.device_memory_bytes``), before it is allocated."""
   need = cache_bytes(cfg, batch_size, max_len)
   _checks.check_fits(
     name, need, _checks.device_memory_bytes(), f"a KV cache of B = {batch_size} x S = {max_len} slots", fix

@@ -244,17 +244,21 @@ def host_memory_bytes() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def device_memory_bytes(device=None) -> int:
-  """The memory of ``device`` (default: JAX's first device): an accelerator's ``bytes_limit``
-  (``memory_stats``), the machine's physical memory for CPU devices or devices without statistics."""
-  device = jax.devices()[0] if device is None else device
-  try:
-    stats = device.memory_stats()
-  except Exception:  # noqa: BLE001 (backends without memory statistics)
-    stats = None
-  if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  return host_memory_bytes()
+def device_memory_bytes() -> int:
+  """The memory of JAX's devices together: each accelerator's ``bytes_limit`` (``memory_stats``),
+  the machine's physical memory once for CPU devices and devices without statistics. A size beyond
+  it cannot fit however the array is sharded, so checks against it never refuse what could run."""
+  total, host = 0, False
+  for device in jax.devices():
+    try:
+      stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without memory statistics)
+      stats = None
+    if stats and stats.get("bytes_limit"):
+      total += int(stats["bytes_limit"])
+    elif not host:
+      total, host = total + host_memory_bytes(), True
+  return total
 
 
 def check_fits(name: str, need: int, available: int, what: str, fix: str) -> None:
@@ -267,13 +271,22 @@ def check_fits(name: str, need: int, available: int, what: str, fix: str) -> Non
     )
 
 
-def check_position_pair(q_positions, k_positions):
+def check_dense_fits(name: str, shape: Sequence[int], dtype, fix: str) -> None:
+  """ValueError naming ``name`` unless a dense ``shape`` array of ``dtype`` fits the memory of JAX's
+  devices (``device_memory_bytes``): the floor of what an op that materializes it needs."""
+  need = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+  what = f"a dense {list(shape)} {np.dtype(dtype).name} array"
+  check_fits(name, need, device_memory_bytes(), what, fix)
+
+
+def check_position_pair(q_positions, k_positions, *, heads: int = 1):
   """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0 when concrete, same B;
   returns them as arrays (``as_array``: numpy stays numpy). Shared by ALiBi and the learned
-  relative biases.
+  relative biases, whose result is a dense float32 ``[B, heads, T, S]`` bias: refused before it is
+  computed when it cannot fit the device (``check_dense_fits``).
 
   Raises:
-    ValueError: wrong ranks, different B, concrete negative positions.
+    ValueError: wrong ranks, different B, concrete negative positions, a bias too large.
     TypeError: non-integer positions.
   """
   q_positions = as_array("q_positions", q_positions)
@@ -287,6 +300,9 @@ def check_position_pair(q_positions, k_positions):
       f"q_positions and k_positions must have the same batch size B, got "
       f"{q_positions.shape[0]} and {k_positions.shape[0]}"
     )
+  (batch, t_len), s_len = q_positions.shape, k_positions.shape[1]
+  fix = "the bias is dense [B, N, T, S]: give fewer positions, or attention's blockwise path (AlibiSpec, PositionBias)"
+  check_dense_fits("q_positions / k_positions", (batch, heads, t_len, s_len), np.float32, fix)
   return q_positions, k_positions
 
 

@@ -11,6 +11,8 @@
    arrays.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +29,7 @@ from jaxpe.attention import (
   combine_partials,
   context,
   cpu_flash,
+  dense_attention_mask,
   document_mask,
   dot_product_attention,
   emulated_alibi_attention,
@@ -320,3 +323,43 @@ def test_lists_of_numbers_are_arrays():
   out, lse = combine_partials(NESTED, np.zeros(Q.shape[:3]).tolist(), NESTED, np.zeros(Q.shape[:3]).tolist())
   np.testing.assert_allclose(out, Q, atol=1e-6)
   np.testing.assert_allclose(lse, np.log(2.0), atol=1e-6)
+
+
+# 6. dense results the argument sizes: refused before allocation when they cannot fit the device
+
+P16 = np.broadcast_to(np.arange(16, dtype=np.int32), (1, 16))
+DENSE = [  # (call, argument named, bytes of the dense result for these sizes)
+  (lambda: ops.alibi_bias(SLOPES, P16, P16), "q_positions / k_positions", 2 * 16 * 16 * 4),
+  (lambda: ops.alibi_bias_symmetric(SLOPES, P16, P16), "q_positions / k_positions", 2 * 16 * 16 * 4),
+  (lambda: ops.alibi_bias_causal(SLOPES, q_len=16, k_len=16), "q_len / k_len", 2 * 16 * 16 * 4),
+  (lambda: ops.t5_bias(jnp.zeros((32, 2)), P16, P16, bidirectional=True), "q_positions / k_positions", 2048),
+  (lambda: ops.kerple_log_bias(SLOPES, SLOPES, P16, P16), "q_positions / k_positions", 2048),
+  (lambda: dense_attention_mask(P16, P16), "q_index / k_index", 16 * 16),
+  (lambda: AttentionMask(causal=True).dense(1, 16), "q_index / k_index", 16 * 16),
+  (lambda: dot_product_attention(*_qkv(1, 16, 16), scale=SCALE), "q / k", 2 * 16 * 16 * 4),
+]
+
+
+@pytest.mark.parametrize("call, name, need", DENSE, ids=[n + str(i) for i, (_, n, _) in enumerate(DENSE)])
+def test_a_dense_result_too_large_is_refused_before_allocation(monkeypatch, call, name, need):
+  monkeypatch.setattr(checks, "device_memory_bytes", lambda: need - 1)
+  with pytest.raises(ValueError, match=rf"^{re.escape(name)}: a dense \[.*\] \w+ array needs"):
+    call()
+  monkeypatch.setattr(checks, "device_memory_bytes", lambda: need)
+  out = call()  # fits exactly: runs
+  assert out.size * out.dtype.itemsize == need or name == "q / k"  # the reference's scores, not its output
+
+
+def test_huge_dense_shapes_are_refused_from_the_shapes_alone():
+  # 2^20 x 2^20 scores: 8 TiB; eval_shape traces without allocating anything
+  q = jax.ShapeDtypeStruct((1, 2**20, N, H), jnp.float32)
+  k = jax.ShapeDtypeStruct((1, 2**20, K, H), jnp.float32)
+  with pytest.raises(
+    ValueError, match=r"^q / k: a dense \[1, 2, 1048576, 1048576\] float32 array needs 8,192"
+  ):
+    jax.eval_shape(lambda q, k: dot_product_attention(q, k, k, scale=SCALE), q, k)
+  with pytest.raises(ValueError, match=r"^q_len / k_len: .* needs 8,192\.00 GiB"):
+    ops.alibi_bias_causal(SLOPES, q_len=2**20, k_len=2**20)
+  # the blockwise path takes these shapes (nothing dense): it traces
+  out = jax.eval_shape(lambda q, k: blockwise_attention(q, k, k, scale=SCALE, block_q=512, block_k=512), q, k)
+  assert out.shape == (1, 2**20, N, H)

@@ -47,7 +47,7 @@ def test_init_cache_refuses_a_cache_larger_than_the_device(monkeypatch):
     ValueError, match=r"^max_len: a KV cache of B = 1024 x S = 1073741824 slots needs .* GiB, more than"
   ):
     init_cache(CFG, 2**10, 2**30)
-  monkeypatch.setattr(checks, "device_memory_bytes", lambda device=None: cache_bytes(2, 8))
+  monkeypatch.setattr(checks, "device_memory_bytes", lambda: cache_bytes(2, 8))
   init_cache(CFG, 2, 8)  # exactly the memory: accepted
   with pytest.raises(ValueError, match=r"give a smaller max_len or batch_size"):
     init_cache(CFG, 2, 9)
@@ -60,7 +60,7 @@ def test_generate_refuses_max_new_tokens_whose_cache_cannot_be_allocated(model, 
     ValueError, match=r"^max_new_tokens: a KV cache of B = 1 x S = 2147483647 slots needs 5"
   ):
     generate(model, prompt, max_new_tokens=2**31 - 4)
-  monkeypatch.setattr(checks, "device_memory_bytes", lambda device=None: cache_bytes(1, 100))
+  monkeypatch.setattr(checks, "device_memory_bytes", lambda: cache_bytes(1, 100))
   with pytest.raises(ValueError, match=r"T \+ max_new_tokens = 3 \+ 98 slots per row: generate fewer tokens"):
     generate(model, prompt, max_new_tokens=98)
   out = generate(model, prompt, max_new_tokens=4)  # fits: runs
