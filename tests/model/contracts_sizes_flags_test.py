@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+import jaxpe.ops as ops
 from jaxpe.bloom import config_from_hf
 from jaxpe.model import Decoder, init_cache
 from jaxpe.model.config import ModelConfig
@@ -18,6 +19,11 @@ from jaxpe.study import cell, finetuned_params, run_retrieval, run_study
 from jaxpe.train import checkpoint, trainer
 from jaxpe.train.config import load_config
 
+FALCON = {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 64}
+DEEPSEEK_V3 = {  # an MLA config: its trailing rope dims rotate interleaved pairs unless rope_interleave=false
+  "model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 2, "qk_rope_head_dim": 8,
+  "qk_nope_head_dim": 16, "v_head_dim": 16, "max_position_embeddings": 64, "rope_theta": 10000.0,
+}  # fmt: skip
 CFG = ModelConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2, max_len=32, pos_encoding="rope")
 
 
@@ -88,6 +94,8 @@ FLAGS = [
   (lambda x: cell({"bits_per_byte": 1.0, "ci95": 0.1}, signed=x), "signed"),
   (lambda x: checkpoint.manager("/nonexistent/ckpt", async_save=x), "async_save"),
   (lambda x: checkpoint.manager("/nonexistent/ckpt", read_only=x), "read_only"),
+  (lambda x: ops.rope_from_hf_config({**FALCON, "alibi": x}), "config alibi"),
+  (lambda x: ops.rope_from_hf_config({**DEEPSEEK_V3, "rope_interleave": x}), "config rope_interleave"),
   (lambda x: config_from_hf({"model_type": "bloom", "tie_word_embeddings": x}), "config tie_word_embeddings"),
   (
     lambda x: config_from_hf({"model_type": "bloom", "apply_residual_connection_post_layernorm": x}),
@@ -99,5 +107,8 @@ FLAGS = [
 @pytest.mark.parametrize("value", ["False", "no", 0])
 @pytest.mark.parametrize("call, name", FLAGS, ids=[f"{i}-{n}" for i, (_, n) in enumerate(FLAGS)])
 def test_a_flag_is_a_bool_not_a_truth_value(call, name, value):
+  if name.startswith("config rope"):
+    assert ops.rope_from_hf_config({**DEEPSEEK_V3, "rope_interleave": False}).layout == "half"
+    assert ops.rope_from_hf_config(DEEPSEEK_V3).layout == "interleaved"
   with pytest.raises(TypeError, match=rf"^{name}\w* must be a bool, got"):
     call(value)
