@@ -118,7 +118,7 @@ class TrainConfig(StrictConfig):
     "then reported at the next save or at the end, not at once)",
   )
   distributed: DistributedConfig = DistributedConfig()
-  sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end, <= model.max_len")
+  sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end, <= max(max_len, 4096)")
   sample_prompt: str = pydantic.Field("def ", description="prompt of the sample at the end")
   max_seconds: float | None = pydantic.Field(
     None, gt=0, description="stop early (with a checkpoint) after this much training time"
@@ -192,8 +192,8 @@ class TrainConfig(StrictConfig):
         "for converted checkpoints); train with model.pos_encoding=rope_alibi and "
         "model.rope_alibi_in_projection=false"
       )
-    if self.sample_len > m.max_len:  # the sample stays in the model's context (decoding is O(len^2))
-      raise ValueError(f"sample_len ({self.sample_len}) must be in [0, model.max_len = {m.max_len}]")
+    if self.sample_len > (cap := max(m.max_len, 4096)):  # decoding is O(len^2): the context or 4096
+      raise ValueError(f"sample_len ({self.sample_len}) must be <= max(model.max_len, 4096) = {cap}")
     if self.sample_len > 0 and not self.sample_prompt:
       raise ValueError("sample_prompt must be non-empty when sample_len > 0 (set sample_len=0 for no sample)")
     if self.sample_len > 0 and m.pos_encoding == "learned" and len(self.sample_prompt.encode()) >= m.max_len:
