@@ -138,6 +138,8 @@ def cope_bias(
   if pos_emb.ndim == 3 and pos_emb.shape[0] != num_heads:
     raise ValueError(f"pos_emb [N, H, P] must have N = {num_heads} tables, got {pos_emb.shape}")
   npos_max = pos_emb.shape[-1]
+  fix = "CoPE's gates and positions are dense [B, N, T, S]: give shorter sequences"
+  _checks.check_dense_fits("q / k", (batch, num_heads, t_len, s_len), jnp.float32, fix)
   f32 = jnp.float32
   group = num_heads // num_kv
   qg = q.reshape(batch, t_len, num_kv, group, head_dim)

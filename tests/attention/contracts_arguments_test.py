@@ -328,12 +328,26 @@ def test_lists_of_numbers_are_arrays():
 # 6. dense results the argument sizes: refused before allocation when they cannot fit the device
 
 P16 = np.broadcast_to(np.arange(16, dtype=np.int32), (1, 16))
+FIRE = dict(
+  w1=jnp.ones(4),
+  b1=jnp.zeros(4),
+  w2=jnp.ones((4, 2)),
+  b2=jnp.zeros(2),
+  c=jnp.float32(1),
+  threshold=jnp.float32(16),
+)
 DENSE = [  # (call, argument named, bytes of the dense result for these sizes)
   (lambda: ops.alibi_bias(SLOPES, P16, P16), "q_positions / k_positions", 2 * 16 * 16 * 4),
   (lambda: ops.alibi_bias_symmetric(SLOPES, P16, P16), "q_positions / k_positions", 2 * 16 * 16 * 4),
   (lambda: ops.alibi_bias_causal(SLOPES, q_len=16, k_len=16), "q_len / k_len", 2 * 16 * 16 * 4),
   (lambda: ops.t5_bias(jnp.zeros((32, 2)), P16, P16, bidirectional=True), "q_positions / k_positions", 2048),
   (lambda: ops.kerple_log_bias(SLOPES, SLOPES, P16, P16), "q_positions / k_positions", 2048),
+  (
+    lambda: ops.fire_bias(P16, P16, **FIRE),
+    "q_positions / k_positions",
+    16 * 16 * 4 * 4,
+  ),  # MLP [B, T, S, F = 4]
+  (lambda: ops.cope_bias(*_qkv(1, 16, 16)[:2], jnp.zeros((H, 4)), scale=SCALE), "q / k", 2 * 16 * 16 * 4),
   (lambda: dense_attention_mask(P16, P16), "q_index / k_index", 16 * 16),
   (lambda: AttentionMask(causal=True).dense(1, 16), "q_index / k_index", 16 * 16),
   (lambda: dot_product_attention(*_qkv(1, 16, 16), scale=SCALE), "q / k", 2 * 16 * 16 * 4),
@@ -347,7 +361,8 @@ def test_a_dense_result_too_large_is_refused_before_allocation(monkeypatch, call
     call()
   monkeypatch.setattr(checks, "device_memory_bytes", lambda: need)
   out = call()  # fits exactly: runs
-  assert out.size * out.dtype.itemsize == need or name == "q / k"  # the reference's scores, not its output
+  # the output is the dense array, except for the reference and CoPE (their [B, N, T, S] scores) and FIRE (its MLP)
+  assert out.size * out.dtype.itemsize == need or name == "q / k" or "fire_bias" in call.__code__.co_names
 
 
 def test_huge_dense_shapes_are_refused_from_the_shapes_alone():
