@@ -230,6 +230,7 @@ def available_backends(*, interpret: bool = False, platform: str | None = None) 
   """Backends usable on ``platform`` (None: the host's): the platform's, plus the Pallas ones in
   interpret mode when asked, plus the installed optional ones (``tokamax``: every platform, its XLA
   implementation off GPU/TPU)."""
+  interpret = _checks.check_bool("interpret", interpret)
   names = list(platform_backends(platform))
   if interpret:
     names += [b for b in ("splash", "pallas_gpu", "flash") if b not in names]
@@ -281,6 +282,7 @@ def resolve_backend(implementation: str, *, interpret: bool = False, platform: s
       kernels run on CPU with ``interpret=True``).
   """
   impl = check_implementation(implementation)
+  interpret = _checks.check_bool("interpret", interpret)
   platform = platforms.host_platform() if platform is None else platforms.check_platform("platform", platform)
   native = platform_backends(platform) if platform in PLATFORM_BACKENDS else ("xla",)
   if impl == "auto":

@@ -107,16 +107,19 @@ def blockwise_attention(
     ValueError: ranks or sizes that do not fit (B, S, K, Hq, N % K, no heads), ``scale`` not a
       finite number > 0, ``precise_dims`` outside 0..Hq, a block size not an int > 0, mask or ALiBi
       arrays not of their ``[B, T]`` / ``[B, S]`` shapes or slopes not ``[N]``, ``sinks`` not ``[N]``.
-    TypeError: non-float q, k, v or sinks; a traced ``scale``; mask fields of the wrong dtype; ``mask`` not
+    TypeError: non-float q, k, v or sinks (q, k, v not arrays of numbers: lists of numbers are taken
+      as numpy arrays); ``return_lse`` not a bool; a traced ``scale``; mask fields of the wrong dtype; ``mask`` not
       an ``IndexMask``, ``alibi`` not an ``AlibiSpec``, ``position_bias`` not a ``PositionBias``.
 
   Memory: the residuals of the backward pass are q, k, v, the output and the ``[B, T, N]``
   log-sum-exp; each pass holds a few ``[B, N, block_q, block_k]`` float32 temporaries at a time.
   """
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   for name, arr, hint in (("q", q, "[B, T, N, Hq]"), ("k", k, "[B, S, K, Hq]"), ("v", v, "[B, S, K, H]")):
     _checks.check_rank(name, arr, 4, hint)
     _checks.check_float(name, arr)
   scale = check_scale("scale", scale)
+  return_lse = _checks.check_bool("return_lse", return_lse)
   check_not_forward_mode("blockwise_attention (the xla backend's path)", q, k, v, sinks)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
@@ -193,7 +196,7 @@ def blockwise_attention(
     return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
 
   if _cpu_kernel_applies(
-    q, k, v, natural or mask is None, explicit_blocks, position_bias, q_seg, k_seg, q_pos, k_pos
+    q, k, v, natural or mask is None, explicit_blocks, position_bias, precise_dims, q_seg, k_seg, q_pos, k_pos
   ):
 
     def kernel():
@@ -231,7 +234,26 @@ def combine_partials(out_a, lse_a, out_b, lse_b):
 
   Returns:
     ``(out [B, T, N, H] of out_a's dtype, lse [B, T, N] float32)``.
+
+  Raises:
+    TypeError: an argument that is not a float array (lists of numbers are taken as numpy arrays).
+    ValueError: ``out_a`` / ``out_b`` not of one ``[B, T, N, H]`` shape, or an lse not ``[B, T, N]``.
   """
+  out_a, lse_a, out_b, lse_b = (
+    _checks.as_array(name, x)
+    for name, x in zip(("out_a", "lse_a", "out_b", "lse_b"), (out_a, lse_a, out_b, lse_b))
+  )
+  for name, x in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+    _checks.check_float(name, x)
+  _checks.check_rank("out_a", out_a, 4, "[B, T, N, H]")
+  if tuple(out_b.shape) != tuple(out_a.shape):
+    raise ValueError(
+      f"out_b must have out_a's shape [B, T, N, H] = {tuple(out_a.shape)}, got {tuple(out_b.shape)}"
+    )
+  for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
+    if tuple(x.shape) != tuple(out_a.shape[:3]):
+      raise ValueError(f"{name} must have shape [B, T, N] = {tuple(out_a.shape[:3])}, got {tuple(x.shape)}")
+  out_a, lse_a, out_b, lse_b = (jnp.asarray(x) for x in (out_a, lse_a, out_b, lse_b))
   lse_a, lse_b = lse_a.astype(jnp.float32), lse_b.astype(jnp.float32)
   top = jnp.maximum(lse_a, lse_b)
   empty = top == -jnp.inf
@@ -259,13 +281,17 @@ def _exact_segment_ids(q_seg, k_seg):
   return ranked[:, : q_np.shape[1]], ranked[:, q_np.shape[1] :]
 
 
-def _cpu_kernel_applies(q, k, v, natural, explicit_blocks, position_bias, *side) -> bool:
+def _cpu_kernel_applies(q, k, v, natural, explicit_blocks, position_bias, precise_dims, *side) -> bool:
   """Whether ``blockwise_attention`` runs the fused CPU kernel (``cpu_flash``) where the program is
   lowered for the CPU (``platforms.per_platform``; its XLA loops on any other platform): q, k, v are
   float32, the mask is an ``AttentionMask`` or none, no block size was asked for, no learned
-  position bias, the side arrays are integers of at most 32 bits, and the kernel is available (it
-  builds on first use)."""
+  position bias, the side arrays are integers of at most 32 bits, the kernel's O(S) scratch fits
+  the machine (``cpu_flash.scratch_fits``: else the XLA loops, whose memory is O(block_q x
+  block_k), run: S = 2^25 keys fit there), and the kernel is available (it builds on first use)."""
   if explicit_blocks or position_bias is not None or not natural:
+    return False
+  need, room = cpu_flash.scratch_fits(q.shape[1], k.shape[1], q.shape[3], v.shape[3], precise_dims)
+  if need > room:
     return False
   if any(jnp.result_type(x) != jnp.float32 for x in (q, k, v)):
     return False

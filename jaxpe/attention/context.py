@@ -144,7 +144,8 @@ def context_attention(
       with ``alibi``.
 
   Returns:
-    ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros.
+    ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros; B, T or
+    S = 0 gives the zeros of that shape (as the dense reference), without a collective.
 
   Raises:
     ValueError: ``strategy`` not in ``STRATEGIES``; an axis not in ``mesh``; T or S not divisible
@@ -159,6 +160,7 @@ def context_attention(
   missing = [a for a in axes if a not in mesh.shape]
   if not axes or missing:
     raise ValueError(f"axes must name mesh axes of {tuple(mesh.shape)}, got {list(axes)}")
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   for name, arr, hint in (("q", q, "[B, T, N, Hq]"), ("k", k, "[B, S, K, Hq]"), ("v", v, "[B, S, K, H]")):
     _checks.check_rank(name, arr, 4, hint)
     _checks.check_float(name, arr)
@@ -199,6 +201,10 @@ def context_attention(
   ):
     if arr is not None and tuple(arr.shape) != (batch, length):
       raise ValueError(f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {[batch, length]}")
+  if 0 in (batch, t_len, s_len):
+    # nothing to split (a collective of empty shards does not lower): the dense reference's result,
+    # zeros of [B, T, N, H] (rows without keys give zeros; no rows give an empty array)
+    return jnp.zeros((batch, t_len, q.shape[2], v.shape[-1]), v.dtype)
   cfg = _Local(
     float(scale),
     bool(mask is not None and mask.causal),

@@ -13,7 +13,14 @@ The kernel (``cpu_flash.cc``) is compiled on first use by ``jaxpe.attention.nati
 C++ compiler, ``-O3 -march=native``, cached under ``~/.cache/jaxpe``); it uses vectors of 16 floats
 where the target has AVX-512 and of 8 elsewhere. Where it cannot be built, ``available()`` is False,
 ``unavailable_reason()`` says why, and the ``xla`` backend keeps its plain-XLA path (the same
-results to float32 rounding). ``JAXPE_CPU_FLASH=0`` (or ``false``, ``no``, ``off``) in the environment turns it off.
+results to float32 rounding). ``JAXPE_CPU_FLASH=0`` (or ``false``, ``no``, ``off``) in the environment turns it off;
+``1``, ``true``, ``yes``, ``on`` or unset leave it on, and any other value (``disabled``) raises a
+ValueError naming the variable at the first attention call that would use the kernel.
+
+Memory: the kernel's scratch is ``workspace_bytes`` per thread of XLA's CPU pool (O(S), not O(T S));
+``cpu_flash_attention`` refuses, before any allocation, a call whose scratch for all the CPU's
+threads exceeds ``MEMORY_FRACTION`` of the machine's memory (a ValueError naming S), and
+``blockwise_attention`` runs its XLA loops instead (their memory is O(block_q x block_k)).
 
 Sharding (``cpu_flash_call``): any sharding of the inputs gives the unsharded values. Each device
 computes its own batch rows and kv heads where q splits them over whole mesh axes (in any order;
@@ -46,6 +53,8 @@ SOURCE = Path(__file__).with_name("cpu_flash.cc")
 """The kernel's C++ source."""
 BLOCK_Q = 64
 """Query rows per block (``BQ`` in the source): each thread holds ``[BLOCK_Q, S]`` float32 scores."""
+MEMORY_FRACTION = 0.5
+"""The share of the machine's memory the kernel's scratch (all threads together) may take."""
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -53,8 +62,7 @@ _state: dict[str, object] = {}
 def _load() -> bool:
   with _lock:
     if "ok" not in _state:
-      setting = os.environ.get("JAXPE_CPU_FLASH", "1").strip().lower()
-      if setting in ("0", "false", "no", "off"):
+      if not _checks.env_flag("JAXPE_CPU_FLASH", True):  # ValueError for a value not on/off
         _state.update(ok=False, reason=f"turned off by JAXPE_CPU_FLASH={os.environ['JAXPE_CPU_FLASH']}")
       else:
         try:
@@ -84,6 +92,13 @@ def workspace_bytes(t_len: int, s_len: int, qk_dim: int, v_dim: int, precise_dim
   forward = qk_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad * (2 if precise_dims else 1) + h_pad + hq_pad)
   backward = 2 * s_len * hq_pad + v_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad + h_pad + 2 * hq_pad)
   return 4 * (forward + backward)
+
+
+def scratch_fits(t_len: int, s_len: int, qk_dim: int, v_dim: int, precise_dims: int = 0) -> tuple[int, int]:
+  """``(need, available)``: the bytes of the kernel's scratch on all the CPU's threads
+  (``workspace_bytes`` x ``os.cpu_count()``) and ``MEMORY_FRACTION`` of the machine's memory."""
+  need = workspace_bytes(t_len, s_len, qk_dim, v_dim, precise_dims) * (os.cpu_count() or 1)
+  return need, int(MEMORY_FRACTION * _checks.host_memory_bytes())
 
 
 def available() -> bool:
@@ -150,16 +165,23 @@ def cpu_flash_attention(
 
   Raises:
     RuntimeError: the kernel is not available (``unavailable_reason()`` says why).
-    TypeError: q, k or v not float32; a traced ``scale`` or ``slopes``.
-    ValueError: ranks or sizes that do not fit; ``scale`` not a finite number > 0; ``precise_dims``
+    TypeError: q, k or v not float32 (or not arrays of numbers: lists of numbers are taken as numpy
+      arrays); ``causal`` or ``return_lse`` not a bool (``"False"`` is not False); a traced
+      ``scale`` or ``slopes``.
+    ValueError: ranks or sizes that do not fit; a scratch too large for the machine (S named, see
+      the module docstring: checked before any allocation); ``JAXPE_CPU_FLASH`` not an on/off
+      value; ``scale`` not a finite number > 0; ``precise_dims``
       outside 0..Hq; ``causal`` with T != S; side arrays not ``[B, T]`` / ``[B, S]``; slopes not
       ``[N]`` or without both position arrays; one segment array without the other.
   """
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   for name, arr, hint in (("q", q, "[B, T, N, Hq]"), ("k", k, "[B, S, K, Hq]"), ("v", v, "[B, S, K, H]")):
     _checks.check_rank(name, arr, 4, hint)
     if jnp.result_type(arr) != jnp.float32:
       raise TypeError(f"{name} must be float32 for the CPU kernel, got {jnp.result_type(arr)}")
   scale = check_scale("scale", scale)
+  causal = _checks.check_bool("causal", causal)
+  return_lse = _checks.check_bool("return_lse", return_lse)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   if num_heads == 0 or num_kv == 0 or num_heads % num_kv:
@@ -171,6 +193,14 @@ def cpu_flash_attention(
       f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H], got {q.shape}, {k.shape}, {v.shape}"
     )
   precise_dims = check_precise_dims(precise_dims, qk_dim, v.shape[-1])
+  need, room = scratch_fits(t_len, s_len, qk_dim, v.shape[-1], precise_dims)
+  _checks.check_fits(
+    "k",
+    need,
+    room,
+    f"S = {s_len} keys: the kernel's scratch ({os.cpu_count() or 1} threads x O(S))",
+    "use blockwise_attention with block_q / block_k (the XLA loops hold O(block_q x block_k)), or fewer keys",
+  )
   if causal and t_len != s_len:
     raise ValueError(f"causal needs T == S (self-attention in slot order), got T={t_len}, S={s_len}")
   if (q_segment_ids is None) != (k_segment_ids is None):
@@ -204,7 +234,7 @@ def cpu_flash_attention(
   else:
     if isinstance(slopes, jax.core.Tracer):
       raise TypeError("slopes must be concrete (numpy or a list), not traced")
-    slope_np = np.asarray(slopes, np.float32)
+    slope_np = np.asarray(_checks.as_array("slopes", slopes), np.float32)
     if slope_np.shape != (num_heads,):
       raise ValueError(f"slopes must be [N] = [{num_heads}], got {slope_np.shape}")
     if not np.all(np.isfinite(slope_np)):
@@ -222,8 +252,7 @@ def _check_side(name: str, arr, shape):
   (``k_valid``: bool or integers)."""
   if arr is None:
     return None
-  if not isinstance(arr, np.ndarray | jax.Array):
-    arr = np.asarray(arr)
+  arr = _checks.as_array(name, arr)  # lists become numpy; strings, ragged lists: ArgTypeError
   dtype = np.dtype(arr.dtype)
   ok = np.issubdtype(dtype, np.integer) or (name == "k_valid" and dtype == np.bool_)
   if not ok:
@@ -328,9 +357,11 @@ def _xla_grads(q, k, v, side, out, lse, d_out, d_lse, attrs):
 
 __all__ = [
   "BLOCK_Q",
+  "MEMORY_FRACTION",
   "SOURCE",
   "available",
   "cpu_flash_attention",
+  "scratch_fits",
   "unavailable_reason",
   "workspace_bytes",
 ]

@@ -173,6 +173,7 @@ def batchable(kind: str, attrs: tuple, layout: tuple):
 
   @call.def_vmap
   def call_vmap(axis_size, in_batched, *args):
+    rows = args[0].shape[1] if in_batched[0] else args[0].shape[0]  # q's B within one mapped item
     merged = []
     for i, (arg, batched) in enumerate(zip(args, in_batched)):
       per_row = i < 3 or i > 8 or (i < 8 and layout[0][i - 3])  # q, k, v, side [B, ...], out/lse/cotangents
@@ -184,7 +185,8 @@ def batchable(kind: str, attrs: tuple, layout: tuple):
       arg = arg if batched else jnp.broadcast_to(arg, (axis_size, *arg.shape))
       merged.append(arg.reshape(axis_size * arg.shape[1], *arg.shape[2:]))
     outs = call(*merged)
-    return tuple(o.reshape(axis_size, -1, *o.shape[1:]) for o in outs), (True,) * len(outs)
+    # rows, not -1: a mapped axis of size 0 (or B = 0) leaves nothing to infer -1 from
+    return tuple(o.reshape(axis_size, rows, *o.shape[1:]) for o in outs), (True,) * len(outs)
 
   return call
 

@@ -69,10 +69,12 @@ def decode_attention(
     sinks: optional ``[N]`` float sink logits (their ``exp`` joins each row's denominator).
 
   Returns:
-    ``[B, T, N, H]`` of ``v.dtype``.
+    ``[B, T, N, H]`` of ``v.dtype``; zeros when B, T or S is 0 (as the dense reference).
   """
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
+  if 0 in (batch, t_len, s_len):  # no rows, or no keys (rows without a visible key): zeros
+    return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   group = num_heads // num_kv
   h = v.shape[-1]
   visible = mask.visible()  # [B, T, S]

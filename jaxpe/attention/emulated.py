@@ -90,10 +90,9 @@ def emulated_alibi_attention(
       whose rounding floor leaves no default theta (``solve_emulation``'s message).
     TypeError: a non-bool ``is_causal`` or ``interpret``; as ``kernels.attention``.
   """
-  if not isinstance(is_causal, bool | np.bool_):
-    raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-  if not isinstance(interpret, bool | np.bool_):
-    raise TypeError(f"interpret must be a bool, got {interpret!r}")
+  is_causal = _checks.check_bool("is_causal", is_causal)
+  interpret = _checks.check_bool("interpret", interpret)
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
   if v.shape != k.shape:
     raise ValueError(f"v must have the shape of k, [B, S, K, H] = {k.shape}, got {v.shape}")

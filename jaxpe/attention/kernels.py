@@ -115,9 +115,8 @@ def attention(
   the same result on every backend; padding query rows (``valid`` False) are zeros on the fused
   kernels and what the dense mask gives on ``xla``.
   """
-  if not isinstance(interpret, bool | np.bool_):
-    raise TypeError(f"interpret must be a bool, got {interpret!r}")
-  interpret = bool(interpret)
+  interpret = _checks.check_bool("interpret", interpret)
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   name = check_implementation(implementation)
   if precise_dims is None and all(getattr(x, "ndim", 0) == 4 for x in (q, v)):
     precise_dims = default_precise_dims(None, q.shape[-1], v.shape[-1])

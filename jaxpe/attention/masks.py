@@ -261,9 +261,13 @@ class IndexMask:
     """The ``[B, 1, T, S]`` bool mask (True = may attend) of ``dense_attention_mask``.
 
     Raises:
-      TypeError, ValueError: as ``check``.
+      TypeError, ValueError: as ``check``; a mask larger than the device's memory.
     """
-    return self.check().visible()[:, None, :, :]
+    mask = self.check()
+    (batch, t_len), s_len = mask.q_index.shape, mask.k_index.shape[1]
+    fix = "give shorter sequences, or pass the IndexMask / AttentionMask itself to attention (blockwise)"
+    _checks.check_dense_fits("q_index / k_index", (batch, 1, t_len, s_len), np.bool_, fix)
+    return mask.visible()[:, None, :, :]
 
 
 SLOTS_NOT_POSITIONS = (

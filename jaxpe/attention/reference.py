@@ -149,7 +149,8 @@ def dot_product_attention(
     ``[B, T, N, H]`` array of ``v.dtype``.
 
   Raises:
-    ValueError: wrong ranks, mismatched batch/length/head/dim sizes, no heads (N or K = 0), bias
+    ValueError: wrong ranks, mismatched batch/length/head/dim sizes, no heads (N or K = 0), float32
+      scores ``[B, N, T, S]`` larger than the device's memory (named before allocation), bias
       or mask that do not broadcast, a concrete ``scale`` not a finite number > 0,
       ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0, given with T != S, or given
       with neither ``mask`` nor ``bias``.
@@ -161,6 +162,7 @@ def dot_product_attention(
   whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
   q, k, v or bias propagates to the rows it reaches.
   """
+  q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
   _checks.check_rank("k", k, 4, "[B, S, K, Hq]")
   _checks.check_rank("v", v, 4, "[B, S, K, H]")
@@ -216,6 +218,12 @@ def dot_product_attention(
         "every key is visible (pass a causal mask, or drop causal_block)"
       )
 
+  rows = t_len if causal_block is None else min(causal_block, t_len)  # the scores one einsum holds
+  _checks.check_dense_fits(
+    "q / k", (batch, num_heads, rows, s_len), np.float32,
+    "the dense reference holds [B, N, T, S] float32 scores (T: causal_block rows when given); use "
+    "blockwise_attention, or attention (its xla backend runs blockwise)",
+  )  # fmt: skip
   if s_len == 0:  # no key at all: every row is a row with no visible key
     return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   if isinstance(scale, jax.core.Tracer):

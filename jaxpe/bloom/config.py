@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxpe.model.config import ModelConfig
+from jaxpe.ops import checks as _checks
 
 __all__ = ["BLOOM_CONTEXT", "check_bloom_compatible", "config_from_hf", "hf_config_from"]
 
@@ -80,6 +81,8 @@ def config_from_hf(
     raise ValueError(
       f"config hidden_size ({raw['hidden_size']}) must be divisible by n_head ({raw['n_head']})"
     )
+  for key in ("apply_residual_connection_post_layernorm", "tie_word_embeddings"):
+    _checks.check_bool(f"config {key}", raw[key])  # a JSON string "false" is not False
   if raw["apply_residual_connection_post_layernorm"]:
     raise ValueError(
       "config apply_residual_connection_post_layernorm=True is not supported (jaxpe's decoder adds the "

@@ -37,6 +37,27 @@ class KVCache(NamedTuple):
   end: jax.Array
 
 
+def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int) -> int:
+  """Bytes of ``init_cache(cfg, batch_size, max_len)``: per layer ``[B, S, K, Hk]`` keys and
+  ``[B, S, K, H]`` values, plus the ``[B, S]`` int32 positions and bool validity."""
+  key_dim, k_dtype = encodings.for_config(cfg).cache_key()
+  per_slot = (
+    cfg.num_layers
+    * cfg.kv_heads
+    * (key_dim * jnp.dtype(k_dtype).itemsize + cfg.head_size * jnp.dtype(cfg.dtype).itemsize)
+  )
+  return batch_size * max_len * (per_slot + 5)
+
+
+def check_cache_fits(cfg: ModelConfig, batch_size: int, max_len: int, name: str, fix: str) -> None:
+  """ValueError naming ``name`` when the cache of ``batch_size`` x ``max_len`` slots exceeds the
+  memory of JAX's devices (``jaxpe.ops.checks.device_memory_bytes``), before it is allocated."""
+  need = cache_bytes(cfg, batch_size, max_len)
+  _checks.check_fits(
+    name, need, _checks.device_memory_bytes(), f"a KV cache of B = {batch_size} x S = {max_len} slots", fix
+  )
+
+
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   """Empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + generated).
 
@@ -52,12 +73,15 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
 
   Raises:
     TypeError: ``cfg`` not a ``ModelConfig``.
-    ValueError: ``batch_size`` or ``max_len`` not a positive integer.
+    ValueError: ``batch_size`` or ``max_len`` not a positive integer; ``max_len`` beyond 2^31 - 1
+      (int32 positions); a cache larger than the device's memory (``cache_bytes``: checked before
+      anything is allocated, the message names both sizes).
   """
   if not isinstance(cfg, ModelConfig):
     raise TypeError(f"cfg must be a jaxpe.config.ModelConfig, got {type(cfg).__name__}")
   batch_size = _checks.check_positive_int("batch_size", batch_size)
-  max_len = _checks.check_positive_int("max_len", max_len)
+  max_len = _checks.check_positive_int("max_len", max_len, maximum=_checks.MAX_POSITION - 1)
+  check_cache_fits(cfg, batch_size, max_len, "max_len", "give a smaller max_len or batch_size")
   key_dim, k_dtype = encodings.for_config(cfg).cache_key()
   shape = (batch_size, max_len, cfg.kv_heads)
   return KVCache(

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpe.model.cache import init_cache
+from jaxpe.model.cache import check_cache_fits, init_cache
 from jaxpe.model.decoder import Decoder
 from jaxpe.ops import checks as _checks
 
@@ -158,7 +158,9 @@ def generate(
       an id outside ``[0, V)`` embeds as NaN and makes the row's logits NaN; a traced all-padding row decodes from no context: its prompt's attention
       output is zeros); a mask not of the prompt's shape; ``max_new_tokens < 1``;
       ``T + max_new_tokens`` beyond ``max_len`` for learned positions, beyond ``rope_alibi_context``
-      for ``rope_alibi``, or beyond 2^31 - 1 (int32 positions); a NaN or negative temperature;
+      for ``rope_alibi``, or beyond 2^31 - 1 (int32 positions); a KV cache of ``T +
+      max_new_tokens`` slots larger than the device's memory (checked before anything is
+      allocated: ``jaxpe.model.cache.cache_bytes``); a NaN or negative temperature;
       ``top_k`` outside ``[1, V]``; sampling without ``rng``; an ``rng`` holding several keys.
   """
   if not isinstance(model, Decoder):
@@ -178,6 +180,12 @@ def generate(
       f"prompt length T + max_new_tokens must be <= {name} ({limit}) for pos_encoding={cfg.pos_encoding!r}, "
       f"got T={prompt.shape[1]} + max_new_tokens={max_new_tokens}"
     )
+  slots = prompt.shape[1] + max_new_tokens
+  check_cache_fits(
+    cfg, prompt.shape[0], slots, "max_new_tokens",
+    f"T + max_new_tokens = {prompt.shape[1]} + {max_new_tokens} slots per row: generate fewer tokens "
+    f"(or fewer rows)",
+  )  # fmt: skip
   if rng is not None:
     rng = _check_rng(rng)
   elif temperature > 0:

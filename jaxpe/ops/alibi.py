@@ -82,7 +82,7 @@ def alibi_bias(slopes: jax.Array, q_positions: jax.Array, k_positions: jax.Array
   bias of their difference, exact to float32 (one rounding of the integer distance).
   """
   slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
-  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions, heads=slopes.shape[0])
   # Distances are exact integers; convert once to float32 (exact below 2**24).
   distance = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]
@@ -172,6 +172,8 @@ def alibi_bias_causal(slopes: jax.Array, *, q_len: int, k_len: int, q_offset=Non
     raise _checks.ArgTypeError(f"q_offset must be an integer scalar (int or int array), got {q_offset!r}")
   elif jnp.ndim(q_offset) != 0:
     raise ValueError(f"q_offset must be an integer scalar, got shape {jnp.shape(q_offset)}")
+  fix = "the bias is dense [1, N, T, S]: give smaller q_len / k_len, or attention with an AlibiSpec"
+  _checks.check_dense_fits("q_len / k_len", (1, slopes.shape[0], q_len, k_len), np.float32, fix)
   q_pos = jnp.asarray(q_offset, jnp.int32) + jnp.arange(q_len, dtype=jnp.int32)
   distance = (q_pos[:, None] - jnp.arange(k_len, dtype=jnp.int32)[None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[None, None, :, :]
@@ -222,6 +224,6 @@ def alibi_bias_symmetric(slopes: jax.Array, q_positions: jax.Array, k_positions:
   (Portes et al., arXiv 2312.17482).
   """
   slopes = _checks.check_slopes("slopes", slopes, allow_zero=True)
-  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions, heads=slopes.shape[0])
   distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None, :, :]

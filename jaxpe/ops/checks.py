@@ -9,6 +9,7 @@ the array is concrete (not a tracer).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import jax
@@ -231,13 +232,77 @@ def check_bool(name: str, value) -> bool:
   return bool(value)
 
 
-def check_position_pair(q_positions, k_positions):
+ENV_TRUE = ("1", "true", "on", "yes")
+ENV_FALSE = ("0", "false", "off", "no")
+
+
+def env_flag(name: str, default: bool) -> bool:
+  """The on/off environment variable ``name``: ``default`` when unset or empty; ``1``, ``true``,
+  ``on``, ``yes`` (any case, surrounding blanks ignored) turn it on, ``0``, ``false``, ``off``,
+  ``no`` off. Any other value raises ValueError naming the variable and the accepted values (a
+  setting such as ``disabled`` is not taken as on)."""
+  raw = os.environ.get(name)
+  if raw is None or not raw.strip():
+    return default
+  value = raw.strip().lower()
+  if value in ENV_TRUE:
+    return True
+  if value in ENV_FALSE:
+    return False
+  raise ValueError(
+    f"{name}={raw!r} is not an on/off setting: use one of {', '.join(ENV_TRUE)} (on) or "
+    f"{', '.join(ENV_FALSE)} (off), or leave it unset"
+  )
+
+
+def host_memory_bytes() -> int:
+  """The machine's physical memory in bytes (``SC_PHYS_PAGES`` pages of ``SC_PAGE_SIZE``)."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_memory_bytes() -> int:
+  """The memory of JAX's devices together: each accelerator's ``bytes_limit`` (``memory_stats``),
+  the machine's physical memory once for CPU devices and devices without statistics. A size beyond
+  it cannot fit however the array is sharded, so checks against it never refuse what could run."""
+  total, host = 0, False
+  for device in jax.devices():
+    try:
+      stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without memory statistics)
+      stats = None
+    if stats and stats.get("bytes_limit"):
+      total += int(stats["bytes_limit"])
+    elif not host:
+      total, host = total + host_memory_bytes(), True
+  return total
+
+
+def check_fits(name: str, need: int, available: int, what: str, fix: str) -> None:
+  """Raises ValueError naming ``name`` unless ``need <= available`` bytes: what the bytes are for,
+  both sizes in GiB and how to make it fit (``fix``). Called before an allocation that the user's
+  argument sizes, so a size too large is one line, not ``std::bad_alloc`` or RESOURCE_EXHAUSTED."""
+  if need > available:
+    raise ValueError(
+      f"{name}: {what} needs {need / 2**30:,.2f} GiB, more than the {available / 2**30:,.2f} GiB available; {fix}"
+    )
+
+
+def check_dense_fits(name: str, shape: Sequence[int], dtype, fix: str) -> None:
+  """ValueError naming ``name`` unless a dense ``shape`` array of ``dtype`` fits the memory of JAX's
+  devices (``device_memory_bytes``): the floor of what an op that materializes it needs."""
+  need = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+  what = f"a dense {list(shape)} {np.dtype(dtype).name} array"
+  check_fits(name, need, device_memory_bytes(), what, fix)
+
+
+def check_position_pair(q_positions, k_positions, *, heads: int = 1):
   """Query positions ``[B, T]`` and key positions ``[B, S]``: integer, >= 0 when concrete, same B;
   returns them as arrays (``as_array``: numpy stays numpy). Shared by ALiBi and the learned
-  relative biases.
+  relative biases, whose result is a dense float32 ``[B, heads, T, S]`` bias: refused before it is
+  computed when it cannot fit the device (``check_dense_fits``).
 
   Raises:
-    ValueError: wrong ranks, different B, concrete negative positions.
+    ValueError: wrong ranks, different B, concrete negative positions, a bias too large.
     TypeError: non-integer positions.
   """
   q_positions = as_array("q_positions", q_positions)
@@ -251,6 +316,9 @@ def check_position_pair(q_positions, k_positions):
       f"q_positions and k_positions must have the same batch size B, got "
       f"{q_positions.shape[0]} and {k_positions.shape[0]}"
     )
+  (batch, t_len), s_len = q_positions.shape, k_positions.shape[1]
+  fix = "the bias is dense [B, N, T, S]: give fewer positions, or attention's blockwise path (AlibiSpec, PositionBias)"
+  check_dense_fits("q_positions / k_positions", (batch, heads, t_len, s_len), np.float32, fix)
   return q_positions, k_positions
 
 

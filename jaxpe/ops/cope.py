@@ -48,11 +48,12 @@ def cope_positions(gate_logits: jax.Array, mask: jax.Array | None = None, *, npo
 
   Source: arXiv 2405.18719, the paper's ``CoPE.forward`` (``gates.flip(-1).cumsum(-1).flip(-1)``).
   """
+  gate_logits = _checks.as_array("gate_logits", gate_logits)
   _checks.check_float("gate_logits", gate_logits)
   if jnp.ndim(gate_logits) < 2:
     raise ValueError(f"gate_logits must have shape [..., T, S] (rank >= 2), got {jnp.shape(gate_logits)}")
   npos_max = _checks.check_positive_int("npos_max", npos_max)
-  gates = jax.nn.sigmoid(gate_logits.astype(jnp.float32))
+  gates = jax.nn.sigmoid(jnp.asarray(gate_logits).astype(jnp.float32))
   if mask is not None:
     mask = _check_mask(mask, gate_logits.shape)
     gates = jnp.where(mask, gates, 0.0)
@@ -122,6 +123,7 @@ def cope_bias(
   sigmoid of the masked attention logits, reverse cumsum, clamp, ``logits_int = query @ pos_emb``,
   gather at floor / ceil, linear interpolation).
   """
+  q, k, pos_emb = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("pos_emb", pos_emb)))
   for name, arr, hint in (("q", q, "[B, T, N, H]"), ("k", k, "[B, S, K, H]")):
     _checks.check_rank(name, arr, 4, hint)
     _checks.check_float(name, arr)
@@ -136,6 +138,8 @@ def cope_bias(
   if pos_emb.ndim == 3 and pos_emb.shape[0] != num_heads:
     raise ValueError(f"pos_emb [N, H, P] must have N = {num_heads} tables, got {pos_emb.shape}")
   npos_max = pos_emb.shape[-1]
+  fix = "CoPE's gates and positions are dense [B, N, T, S]: give shorter sequences"
+  _checks.check_dense_fits("q / k", (batch, num_heads, t_len, s_len), jnp.float32, fix)
   f32 = jnp.float32
   group = num_heads // num_kv
   qg = q.reshape(batch, t_len, num_kv, group, head_dim)

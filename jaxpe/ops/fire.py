@@ -106,6 +106,10 @@ def fire_bias(
       f"{jnp.shape(w2)}, {jnp.shape(b2)}"
     )
   x = fire_interpolation(q_positions, k_positions, c=c, threshold=threshold, eps=eps)  # [B, T, S]
+  fix = (
+    "the MLP runs on dense [B, T, S, F]: give fewer positions, or attention's blockwise path (PositionBias)"
+  )
+  _checks.check_dense_fits("q_positions / k_positions", (*x.shape, max(width, heads)), jnp.float32, fix)
   f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
   hidden = jax.nn.relu(x[..., None] * f32(w1)[None, None, None] + f32(b1)[None, None, None])  # [B, T, S, F]
   out = jnp.einsum("BTSF,FN->BNTS", hidden, f32(w2), precision=jax.lax.Precision.HIGHEST)

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from jaxpe.ops import checks as _checks
+
 # Families whose transformers modeling code rotates adjacent pairs (2i, 2i+1) ("interleaved");
 # every other family uses rotate_half ("half"). Found in transformers 5.24: ``rotate_every_two`` or a
 # ``rotate_half`` that slices ``x[..., ::2]``, or complex multiplication (``view_as_complex``).
@@ -260,10 +262,17 @@ def family_rope_type(params: dict[str, Any], model_type: str | None) -> dict[str
   return params
 
 
+def _flag(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+  """A boolean config key: ``default`` when absent or None; ArgTypeError for a non-bool (a JSON
+  string ``"false"`` is not False)."""
+  value = cfg.get(key)
+  return default if value is None else _checks.check_bool(f"config {key}", value)
+
+
 def check_supported(family: Any, model_type: Any, cfg: Mapping[str, Any]) -> None:
   """ValueError for a family without a rotary embedding (BLOOM, MPT, Falcon with ``alibi: true``,
   ...) or with one that jaxpe's 1-D ``inv_freq`` does not describe (the message says why)."""
-  if family == "falcon" and cfg.get("alibi"):
+  if family == "falcon" and _flag(cfg, "alibi", False):
     raise ValueError("config has alibi: true (Falcon with ALiBi): the model has no rotary embedding")
   if family in NO_ROPE_FAMILIES:
     raise ValueError(f"model_type {model_type!r} has no rotary embedding in transformers")
@@ -278,7 +287,7 @@ def pair_layout(family: Any, cfg: Mapping[str, Any], trailing: bool) -> Literal[
   ``INTERLEAVED_FAMILIES``, for DeepSeek-V2 (complex multiplication) and for MLA heads whose
   ``rope_interleave`` is set (default True for DeepSeek-V3); ``"half"`` (rotate_half) otherwise."""
   layout: Literal["half", "interleaved"] = "half"
-  if family in INTERLEAVED_FAMILIES or (trailing and cfg.get("rope_interleave", family == "deepseek_v3")):
+  if family in INTERLEAVED_FAMILIES or (trailing and _flag(cfg, "rope_interleave", family == "deepseek_v3")):
     layout = "interleaved"
   if family == "deepseek_v2":
     layout = "interleaved"  # complex multiplication (view_as_complex)

@@ -124,7 +124,7 @@ def t5_bias(
   table = _checks.as_array("table", table)
   _checks.check_rank("table", table, 2, "[num_buckets, N]")
   _checks.check_float("table", table)
-  q_positions, k_positions = check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = check_position_pair(q_positions, k_positions, heads=table.shape[1])
   rel = k_positions[:, None, :].astype(jnp.int32) - q_positions[:, :, None].astype(jnp.int32)  # [B, T, S]
   buckets = t5_relative_position_bucket(
     rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance
@@ -207,20 +207,21 @@ def _kerple_inputs(r1, r2, q_positions, k_positions, *, power: bool):
   _checks.check_slopes("r2", r2)
   if power and not isinstance(r2, jax.core.Tracer) and np.any(np.asarray(r2, np.float64) > 2):
     raise ValueError(f"r2 of Kerple's power bias must be in (0, 2], got {np.asarray(r2).tolist()}")
-  q_positions, k_positions = check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = check_position_pair(q_positions, k_positions, heads=jnp.shape(r1)[0])
   distance = jnp.abs(q_positions[:, :, None].astype(jnp.int32) - k_positions[:, None, :].astype(jnp.int32))
   return jnp.asarray(r1, jnp.float32), jnp.asarray(r2, jnp.float32), distance.astype(jnp.float32)
 
 
-def check_position_pair(q_positions, k_positions):
+def check_position_pair(q_positions, k_positions, *, heads: int = 1):
   """``jaxpe.ops.checks.check_position_pair`` (query ``[B, T]`` and key ``[B, S]`` integer positions,
-  >= 0 when concrete, same B), returned as jax arrays.
+  >= 0 when concrete, same B; a dense ``[B, heads, T, S]`` float32 bias that fits the device),
+  returned as jax arrays.
 
   Raises:
     ValueError: wrong ranks, different B, concrete negative positions.
     TypeError: non-integer positions.
   """
-  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions)
+  q_positions, k_positions = _checks.check_position_pair(q_positions, k_positions, heads=heads)
   return jnp.asarray(q_positions), jnp.asarray(k_positions)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pydantic
 
 from jaxpe.model.config import ModelConfig
+from jaxpe.ops import checks as _checks
 from jaxpe.study.passkey import plant_offset
 from jaxpe.train.config import TrainConfig, _merge, load_yaml_file, parse_overrides, with_data_path
 
@@ -173,7 +174,7 @@ def load_study_config(
   raw = load_yaml_file(path, "study config")
   if isinstance(overrides, str):
     raise TypeError(f"overrides must be a list of 'key=value' strings, got the string {overrides!r}")
-  extra = parse_overrides(list(overrides), unique=unique_overrides)
+  extra = parse_overrides(list(overrides), unique=_checks.check_bool("unique_overrides", unique_overrides))
   train_extra = extra.get("train") if isinstance(extra.get("train"), dict) else {}
   if data_path is not None and isinstance(train_extra.get("data"), dict) and "path" in train_extra["data"]:
     raise ValueError("--data and the override train.data.path= both set the data path; give one")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxpe.ops import checks as _checks
 from jaxpe.study.config import ENCODINGS, StudyConfig
 
 __all__ = ["cell", "markdown", "paired", "plot_bits_per_byte", "plot_loss_vs_position", "retrieval_markdown"]
@@ -21,6 +22,7 @@ def cell(entry: dict[str, Any] | None, table_size: int | None = None, *, signed:
   """A table cell: ``"mean ± ci95"`` (3 decimals; ``signed``: with a sign), ``"mean ± ci95 / ci95_seeds"``
   where the entry has an interval across seeds (``jaxpe.study.seeds``), or ``"n/a (table N)"`` for a
   row that cannot run."""
+  signed = _checks.check_bool("signed", signed)
   if entry is None:
     return f"n/a (table {table_size})" if table_size else "n/a"
   text = f"{entry['bits_per_byte']:{'+' if signed else ''}.3f} ± {entry['ci95']:.3f}"

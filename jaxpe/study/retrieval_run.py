@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxpe.model.build import build_model
+from jaxpe.ops import checks as _checks
 from jaxpe.study.config import (
   ENCODINGS,
   StudyConfig,
@@ -89,6 +90,7 @@ def finetuned_params(
   its base's trained weights, with its scaling at factor M = max(eval_multiples) (``eval_model_config``)
   at length M T and batch max(1, B // M), so each step sees about as many tokens.
   """
+  progress = _checks.check_bool("progress", progress)
   name = tuned_name(name)
   base = ENCODINGS[name].base or name
   cfg = model_train_config(study, name, seed)
@@ -147,6 +149,7 @@ def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = T
     {name: [per seed {str(multiple): evaluate_passkey dict or None}]}, "retrieval_emulation_check":
     [retrieval_emulation rows] (empty without alibi)}``.
   """
+  progress = _checks.check_bool("progress", progress)
   d = study.train.data
   tokens = data.load_corpus(d.path, max_bytes=d.max_bytes, eval_fraction=d.eval_fraction).train
   keys = random_keys(windows.shape[0], KEY_SEED)

@@ -23,6 +23,7 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 from jaxpe.model.build import build_model
+from jaxpe.ops import checks as _checks
 from jaxpe.study.config import (
   ENCODINGS,
   StudyConfig,
@@ -130,6 +131,7 @@ def run_study(study: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
       nothing is evaluated or written, and a rerun resumes it.
     ValueError: held-out data too small for the windows, or any ``trainer.train`` error.
   """
+  progress = _checks.check_bool("progress", progress)
   out = Path(study.workdir)
   out.mkdir(parents=True, exist_ok=True)
   with _compilation_cache(out / "xla_cache"):

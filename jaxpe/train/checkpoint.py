@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxpe.errors import CheckpointError  # noqa: F401  (raised here; one class for every checkpoint)
+from jaxpe.ops import checks as _checks
 from jaxpe.train import run_guard
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ def manager(
     CheckpointError: ``directory`` cannot be created or written (checked up front; not for
       ``read_only``); with ``read_only``, ``directory`` is not a directory.
   """
+  async_save, read_only = (
+    _checks.check_bool("async_save", async_save),
+    _checks.check_bool("read_only", read_only),
+  )
   directory = Path(directory).absolute()
   if read_only:
     if not directory.is_dir():

@@ -1,14 +1,13 @@
 """The training run's configuration (``TrainConfig``: data, mesh, optimizer, schedule, checkpoints)
 and how it is read: YAML files and ``key=value`` overrides.
 
-Frozen pydantic models like ``jaxpe.model.config.ModelConfig`` (unknown keys forbidden, strict
-types, ints accepted for floats), so a YAML typo or a wrong type is an error naming the key.
-YAML files in ``configs/`` are read by ``load_config`` (a key given twice is refused);
-``key=value`` overrides use dotted keys (``model.d_model=64``) and YAML value syntax (an empty value
-or a value YAML would cut at a `` #`` comment is refused; the command lines also refuse a key given
-twice); ``--data`` sets ``data.path`` verbatim (``with_data_path``). ``check_fits_memory``
-(``jaxpe.train.memory_check``) refuses a run too large for the devices. The contract of every key:
-docs/contracts.md.
+Frozen pydantic models like ``jaxpe.model.config.ModelConfig`` (unknown keys forbidden, strict types, ints
+accepted for floats), so a YAML typo or a wrong type is an error naming the key. YAML files in ``configs/``
+are read by ``load_config`` (a key given twice is refused); ``key=value`` overrides use dotted keys
+(``model.d_model=64``) and YAML value syntax (an empty value or a value YAML would cut at a `` #`` comment
+is refused; the command lines also refuse a key given twice); ``--data`` sets ``data.path`` verbatim
+(``with_data_path``). ``check_fits_memory`` (``jaxpe.train.memory_check``) refuses a run too large for the
+devices. The contract of every key: docs/contracts.md.
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ class TrainConfig(StrictConfig):
     "then reported at the next save or at the end, not at once)",
   )
   distributed: DistributedConfig = DistributedConfig()
-  sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end")
+  sample_len: int = pydantic.Field(200, ge=0, description="bytes generated at the end, <= max(max_len, 4096)")
   sample_prompt: str = pydantic.Field("def ", description="prompt of the sample at the end")
   max_seconds: float | None = pydantic.Field(
     None, gt=0, description="stop early (with a checkpoint) after this much training time"
@@ -194,6 +193,8 @@ class TrainConfig(StrictConfig):
         "for converted checkpoints); train with model.pos_encoding=rope_alibi and "
         "model.rope_alibi_in_projection=false"
       )
+    if self.sample_len > (cap := max(m.max_len, 4096)):  # decoding is O(len^2): the context or 4096
+      raise ValueError(f"sample_len ({self.sample_len}) must be <= max(model.max_len, 4096) = {cap}")
     if self.sample_len > 0 and not self.sample_prompt:
       raise ValueError("sample_prompt must be non-empty when sample_len > 0 (set sample_len=0 for no sample)")
     if self.sample_len > 0 and m.pos_encoding == "learned" and len(self.sample_prompt.encode()) >= m.max_len:

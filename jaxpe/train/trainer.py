@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 
+from jaxpe.ops import checks as _checks
 from jaxpe.train import checkpoint, data, host_devices, loop, run_checks, run_files, run_guard, sharding
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import decay_mask, make_optimizer
@@ -67,7 +68,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
       stop after the same step); a checkpoint of the current step was written.
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
-  start = time.time()
+  start, progress = time.time(), _checks.check_bool("progress", progress)
   host_devices.apply(cfg, auto=False)  # an explicit count is honoured or refused, never ignored
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   host_devices.check_fits(cfg)  # an explicit count the mesh or batch cannot use: named, not a mesh error

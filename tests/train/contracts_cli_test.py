@@ -120,7 +120,11 @@ TRAIN_ERRORS = [
     r"this run needs at least 393,2\d\d\.\d GiB \(3,298,568,568,832 parameters .* held 8 times: .* make model\.d_model",
   ),
   (["model.vocab_size=100000000"], r"needs at least .* GiB \(6,400,\d{3},\d{3} parameters"),
-  (["sample_len=1000000000000"], r"needs at least .* GiB .*sample_len smaller"),
+  (
+    ["sample_len=1000000000000"],
+    r"sample_len \(1000000000000\) must be <= max\(model\.max_len, 4096\) = 4096",
+  ),
+  (["sample_len=2000000000", "model.max_len=2000000000"], r"needs at least .* GiB .*sample_len smaller"),
   (["batch_size=1048576", "seq_len=65536"], r"needs at least .* GiB .*seq_len"),
   # files
   (
