@@ -113,7 +113,7 @@ def decode_attention(
       logits = logits + b.reshape(batch, num_kv, group, t_len, s_len)
   logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
-  seen = row_max > -jnp.inf  # rows with a visible key
+  seen = row_max != -jnp.inf  # rows with a visible key (a NaN maximum too: the row gives NaN)
   e = jnp.exp(logits - jnp.where(seen, row_max, 0.0))
   total = jnp.sum(e, axis=-1, keepdims=True)
   # values of slots no query sees are zeroed: 0 * NaN would otherwise reach the output

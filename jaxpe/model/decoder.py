@@ -72,6 +72,9 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
     same_shape("segment_ids", segment_ids)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
       raise TypeError(f"segment_ids must be an integer array of document ids, got dtype {segment_ids.dtype}")
+    if np.dtype(segment_ids.dtype).itemsize > 4 or segment_ids.dtype == np.uint32:
+      # ids int32 cannot hold (int64 0 and 2^32 are two documents): ranked exactly, never cast
+      segment_ids = masks.dense_segment_ids(segment_ids)
 
   split = partitioning.sequence_split()
   if slot_index is not None:
