@@ -69,7 +69,8 @@ def _load() -> bool:
 def workspace_bytes(t_len: int, s_len: int, qk_dim: int, v_dim: int, precise_dims: int = 0) -> int:
   """Bytes of the kernel's own scratch per thread in the backward pass (the larger pass), which
   XLA's ``memory_analysis`` does not see: the kv head's keys and values packed three ways and their
-  gradient accumulators (``~10 S H`` floats: dk and dv also in float64) and two ``[BLOCK_Q, S]`` score blocks; O(S), not O(T S).
+  gradient accumulators (``~10 S H`` floats: dk and dv also in float64) and two ``[BLOCK_Q, S]``
+  score blocks; O(S), not O(T S).
   Each of the CPU's threads holds one at a time. (``t_len`` does not enter: queries go by blocks.)"""
   del t_len
   pad = lambda x: -(-x // 16) * 16  # noqa: E731  (PAD in the source)
