@@ -195,7 +195,7 @@ def blockwise_attention(
     if causal and not natural:  # slots after every query's slot (an unfilled cache): no query sees them
       later = ki <= jnp.max(qi, axis=1, keepdims=True)
       seen = later if seen is None else seen & later
-    v = numerics.zero_hidden_values(v, seen)  # hidden keys' values (NaN too) never reach P.V
+    k, v = numerics.zero_hidden_keys(k, v, seen)  # hidden keys (NaN too) never reach P.V or dS.K
 
   def loops():
     return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)

@@ -188,7 +188,7 @@ def cpu_flash_attention(
     side.append(_check_side(name, arr, (batch, length)))
   q_pos, k_pos, q_seg, k_seg, valid = side
   q_seg, k_seg = numerics.canonical_segment_ids(q_seg, k_seg)  # wide ids ranked jointly, exactly
-  v = numerics.zero_hidden_values(v, valid)  # padding keys' values (NaN too) never reach P.V
+  k, v = numerics.zero_hidden_keys(k, v, valid)  # padding keys (NaN too) never reach P.V or dS.K
   for name, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
     if isinstance(pos, np.ndarray) and pos.size and (pos.min() < 0 or pos.max() >= 2**31):
       raise ValueError(f"{name} must be token indices in [0, 2^31), got values in [{pos.min()}, {pos.max()}]")

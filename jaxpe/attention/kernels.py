@@ -226,7 +226,7 @@ def _run(
     alibi_spec = check_alibi_spec(alibi_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[2], fused=True)
   if impl != "xla" and isinstance(mask, AttentionMask) and mask.valid is not None:
     # padding keys' values (NaN too) never reach a kernel's P.V (xla's paths zero them themselves)
-    v = numerics.zero_hidden_values(v, mask.valid)
+    k, v = numerics.zero_hidden_keys(k, v, mask.valid)
   if impl == "xla":
     return xla.attend(
       q,

@@ -1,9 +1,9 @@
 """Numeric rules every attention backend shares (one place, so the backends cannot drift apart).
 
-- Hidden keys do not matter: ``zero_hidden_values`` replaces the values of keys that no query of
-  the call may see (``k_valid`` False: padding, empty KV-cache slots; a dense mask column that is
-  False for every query) by zeros before ``P . V``, where ``0 x NaN`` would otherwise make every
-  row NaN. Whatever such a slot holds (NaN, inf, stale values) changes neither the output nor the
+- Hidden keys do not matter: ``zero_hidden_keys`` replaces the keys and values of key slots that
+  no query of the call may see (``k_valid`` False: padding, empty KV-cache slots; a dense mask
+  column that is False for every query) by zeros before ``P . V`` (and ``dS . K`` in the backward
+  pass), where ``0 x NaN`` would otherwise make every row NaN. Whatever such a slot holds (NaN, inf, stale values) changes neither the output nor the
   gradients of q, k, v.
 - A NaN score is not an empty row: ``row_seen`` tells a row with no visible key (its running
   maximum never left the lowest float32, the row gives zeros) from one whose maximum is NaN (a NaN
@@ -27,27 +27,33 @@ LOWEST = float(jnp.finfo(jnp.float32).min)
 """The score of a masked key (the lowest finite float32; -inf would give NaN in ``exp(s - max)``)."""
 
 
-def zero_hidden_values(v: jax.Array, key_seen) -> jax.Array:
-  """``v [B, S, K, H]`` with the values of keys no query sees set to zero.
+def zero_hidden_keys(k: jax.Array, v: jax.Array, key_seen) -> tuple[jax.Array, jax.Array]:
+  """``(k, v)`` with the keys and values of key slots no query sees set to zero (``0 x NaN`` would
+  otherwise reach the output through ``P . V`` and the gradients through ``dS . K``).
 
   Args:
+    k: ``[B, S, K, Hq]`` float keys.
     v: ``[B, S, K, H]`` float values.
     key_seen: ``[B, S]`` bool (or integer, nonzero = seen) array, False where no query of the call
-      may see key s; None: every key may be seen (``v`` is returned as is).
+      may see key s; None: every key may be seen (k and v are returned as they are).
 
   Returns:
-    ``[B, S, K, H]`` of ``v.dtype`` (a ``jnp.where``: the gradient of a hidden value is 0).
+    ``(k, v)`` of their dtypes (``jnp.where``: the gradient of a hidden slot is 0).
   """
   if key_seen is None:
-    return v
-  seen = jnp.asarray(key_seen).astype(bool)
-  return jnp.where(seen[:, :, None, None], v, jnp.zeros((), v.dtype))
+    return k, v
+  seen = jnp.asarray(key_seen).astype(bool)[:, :, None, None]
+  return jnp.where(seen, k, jnp.zeros((), k.dtype)), jnp.where(seen, v, jnp.zeros((), v.dtype))
 
 
-def row_seen(row_max: jax.Array) -> jax.Array:
+def row_seen(row_max: jax.Array, row_sum: jax.Array | None = None) -> jax.Array:
   """Whether a row's running maximum (masked scores are ``LOWEST``) comes from a visible key: True
-  also for a NaN maximum (the row then gives NaN, not the zeros of a row with no visible key)."""
-  return row_max != LOWEST
+  also for a NaN maximum or a NaN row sum (the row then gives NaN, not the zeros of a row with no
+  visible key). The sum is asked too because XLA's CPU reductions need not carry a NaN into a
+  maximum (a row max over a padded key block came back as ``LOWEST``); ``exp(NaN - m)`` always
+  carries it into the sum."""
+  seen = row_max != LOWEST
+  return seen if row_sum is None else seen | jnp.isnan(row_sum)
 
 
 def is_wide(ids) -> bool:
@@ -81,4 +87,4 @@ def canonical_ids(ids):
   return dense_segment_ids(ids)
 
 
-__all__ = ["LOWEST", "canonical_ids", "canonical_segment_ids", "is_wide", "row_seen", "zero_hidden_values"]
+__all__ = ["LOWEST", "canonical_ids", "canonical_segment_ids", "is_wide", "row_seen", "zero_hidden_keys"]

@@ -224,7 +224,7 @@ def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
     m, row_sum, acc = carry
     # a row with no visible key gives zeros, as the dense reference; a NaN maximum (a NaN query, key
     # or bias among the visible scores) is seen: the row gives NaN, as the reference
-    seen = row_seen(m)
+    seen = row_seen(m, row_sum)
     out = jnp.where(seen, acc / jnp.where(seen, row_sum, 1.0), 0.0)
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, row_sum, 1.0)), -jnp.inf)
     return out, lse[..., 0]

@@ -220,7 +220,7 @@ def dot_product_attention(
       )
 
   if mask is not None:  # keys no query sees weigh 0, and their values (NaN too) never reach P.V
-    v = numerics.zero_hidden_values(v, jnp.any(jnp.broadcast_to(mask, full), axis=(1, 2)))
+    k, v = numerics.zero_hidden_keys(k, v, jnp.any(jnp.broadcast_to(mask, full), axis=(1, 2)))
   if s_len == 0:  # no key at all: every row is a row with no visible key
     return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   if isinstance(scale, jax.core.Tracer):
@@ -304,11 +304,12 @@ def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
     logits = jnp.where(mask, logits, _LOWEST)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   e = jnp.exp(logits - row_max)
-  inv_sum = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
+  total = jnp.sum(e, axis=-1, keepdims=True)
+  inv_sum = 1.0 / total
   if mask is not None or bias is not None:
     # a row with no visible key (masked, or -inf bias everywhere) gives zeros, not a mean or NaN
-    # (a NaN maximum is seen: the row gives NaN)
-    inv_sum = jnp.where(numerics.row_seen(row_max), inv_sum, 0.0)
+    # (a NaN maximum or sum is seen: the row gives NaN)
+    inv_sum = jnp.where(numerics.row_seen(row_max, total), inv_sum, 0.0)
   out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
   return out * inv_sum, e, inv_sum
 
