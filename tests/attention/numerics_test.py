@@ -350,3 +350,17 @@ def test_passkey_keys_are_ascii_digits():
   ):  # Arabic-Indic, Devanagari, fullwidth
     with pytest.raises(ValueError, match="digits"):
       passkey_batch(filler, 512, 0.5, [key])
+
+
+def test_zigzag_inputs_keep_int64_documents_apart():
+  from jaxpe.model.partitioning import zigzag_inputs
+
+  tokens = np.zeros((1, 8), np.int32)
+  wide = np.asarray([[0] * 4 + [2**32] * 4], np.int64)
+  got = zigzag_inputs(tokens, 2, segment_ids=wide)
+  order = context.zigzag_order(8, 2)
+  ids = np.asarray(got["segment_ids"])[0]
+  np.testing.assert_array_equal(
+    ids[:, None] == ids[None, :], wide[0, order][:, None] == wide[0, order][None, :]
+  )
+  np.testing.assert_array_equal(np.asarray(got["positions"])[0], np.asarray([0, 1, 2, 3, 0, 1, 2, 3])[order])
