@@ -364,3 +364,19 @@ def test_zigzag_inputs_keep_int64_documents_apart():
     ids[:, None] == ids[None, :], wide[0, order][:, None] == wide[0, order][None, :]
   )
   np.testing.assert_array_equal(np.asarray(got["positions"])[0], np.asarray([0, 1, 2, 3, 0, 1, 2, 3])[order])
+
+
+@pytest.mark.parametrize("impl", ["splash", "pallas_gpu"])
+def test_nan_at_padding_keys_fused_kernels_interpret(impl):
+  # the fused kernels (interpret mode) at their block size: padding keys hold NaN
+  rng = np.random.default_rng(2)
+  q, k, v = (rng.standard_normal((1, 128, 2, 64)).astype(np.float32) for _ in range(3))
+  valid = np.ones((1, 128), bool)
+  valid[0, 100:] = False
+  kn, vn = k.copy(), v.copy()
+  kn[~valid], vn[~valid] = np.nan, np.nan
+  mask = AttentionMask(valid=valid, causal=True)
+  got = np.asarray(attention(q, kn, vn, scale=0.125, mask=mask, implementation=impl, interpret=True))
+  vis = np.tril(np.ones((128, 128), bool))[None] & valid[:, None, :]
+  want = np_attention(q, k, v, vis, scale=0.125)
+  np.testing.assert_allclose(got[valid], want[valid], rtol=2e-5, atol=2e-6)
