@@ -67,10 +67,11 @@ def blockwise_attention(
   Equal to ``jaxpe.attention.dot_product_attention`` with ``bias=alibi_bias(...)`` and
   ``mask=mask.dense()`` to float32 rounding (the online softmax rescales partial sums), including
   its rules: a row with no visible key gives zeros (and zero gradients), a row whose visible scores
-  hold a NaN gives NaN; the values of keys no query sees (``k_valid`` False, causal cache slots
-  after every query) never reach the result, even NaN (``jaxpe.attention.numerics``); the last ``precise_dims``
-  dims of q and k are contracted in float32 at ``precision=HIGHEST`` in both passes; grouped-query
-  heads share their kv head without repeating it.
+  hold a NaN gives NaN; the keys and values of keys no query sees (``k_valid`` False, causal cache
+  slots after every query) never reach the result or the gradients, even NaN
+  (``jaxpe.attention.numerics``); the last ``precise_dims`` dims of q and k are contracted in
+  float32 at ``precision=HIGHEST`` in both passes; grouped-query heads share their kv head without
+  repeating it.
 
   Args:
     q: ``[B, T, N, Hq]`` float queries.

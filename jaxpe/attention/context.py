@@ -144,7 +144,10 @@ def context_attention(
       with ``alibi``.
 
   Returns:
-    ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros.
+    ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros, a row
+    whose visible scores hold a NaN gives NaN; padding keys (``k_valid`` False) and slots after
+    every query never reach the result, even NaN; segment ids of any integer width are compared
+    exactly (ranked jointly before the ``shard_map``; ``jaxpe.attention.numerics``).
 
   Raises:
     ValueError: ``strategy`` not in ``STRATEGIES``; an axis not in ``mesh``; T or S not divisible

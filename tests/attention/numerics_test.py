@@ -222,13 +222,14 @@ def test_int64_segment_ids_zero_and_two_to_the_32_are_two_documents(backend):
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_decoder_int64_segment_ids_and_nan_at_padding_under_jit():
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "fire"])  # the CPU kernel, with ALiBi, the loops
+def test_decoder_int64_segment_ids_and_nan_at_padding_under_jit(encoding):
   from flax import nnx
 
   from jaxpe.model.config import ModelConfig
   from jaxpe.model.decoder import Decoder
 
-  cfg = ModelConfig(vocab_size=16, d_model=16, num_layers=2, num_heads=2, init_std=0.5)
+  cfg = ModelConfig(vocab_size=16, d_model=16, num_layers=2, num_heads=2, init_std=0.5, pos_encoding=encoding)
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   tokens = np.asarray([[1, 2, 3, 4, 5, 6, 7, 8]], np.int32)
   wide = np.asarray([[0] * 4 + [2**32] * 4], np.int64)
