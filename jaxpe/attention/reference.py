@@ -220,7 +220,8 @@ def dot_product_attention(
       )
 
   if mask is not None:  # keys no query sees weigh 0, and their values (NaN too) never reach P.V
-    k, v = numerics.zero_hidden_keys(k, v, jnp.any(jnp.broadcast_to(mask, full), axis=(1, 2)))
+    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # reduced before it is broadcast
+    k, v = numerics.zero_hidden_keys(k, v, jnp.broadcast_to(jnp.any(m, axis=(1, 2)), (batch, s_len)))
   if s_len == 0:  # no key at all: every row is a row with no visible key
     return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   if isinstance(scale, jax.core.Tracer):
