@@ -5,6 +5,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 ``jaxpe.ops``):
 
 - ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
+- ``numerics``: the numeric rules every backend shares (hidden keys zeroed, a NaN row is not an
+  empty row, wide document ids ranked, never cast).
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
 - ``platforms``: choices made for the platform a program is lowered for (``per_platform`` through
   ``jax.lax.platform_dependent``; ``refused``: a value that raises when lowered for a platform that

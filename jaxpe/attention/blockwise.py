@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import cpu_flash, platforms
+from jaxpe.attention import cpu_flash, numerics, platforms
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
-from jaxpe.attention.masks import AttentionMask, IndexMask, dense_segment_ids
+from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.online_softmax import Config, flash
 from jaxpe.attention.position_bias import PositionBias
 from jaxpe.attention.reference import check_not_forward_mode, check_precise_dims, check_scale
@@ -66,9 +66,12 @@ def blockwise_attention(
 
   Equal to ``jaxpe.attention.dot_product_attention`` with ``bias=alibi_bias(...)`` and
   ``mask=mask.dense()`` to float32 rounding (the online softmax rescales partial sums), including
-  its rules: a row with no visible key gives zeros (and zero gradients); the last ``precise_dims``
-  dims of q and k are contracted in float32 at ``precision=HIGHEST`` in both passes; grouped-query
-  heads share their kv head without repeating it.
+  its rules: a row with no visible key gives zeros (and zero gradients), a row whose visible scores
+  hold a NaN gives NaN; the keys and values of keys no query sees (``k_valid`` False, causal cache
+  slots after every query) never reach the result or the gradients, even NaN
+  (``jaxpe.attention.numerics``); the last ``precise_dims`` dims of q and k are contracted in
+  float32 at ``precision=HIGHEST`` in both passes; grouped-query heads share their kv head without
+  repeating it.
 
   Args:
     q: ``[B, T, N, Hq]`` float queries.
@@ -188,9 +191,15 @@ def blockwise_attention(
   cfg = Config(float(scale), int(precise_dims), block_q, block_k, causal, natural, bias_fn)
   qi = ki = k_valid = q_seg = k_seg = None
   if mask is not None:
+    # slots: checked < 2^31 where concrete, int32 exactly
     qi, ki, k_valid = mask.q_index.astype(jnp.int32), mask.k_index.astype(jnp.int32), mask.k_valid
-    q_seg, k_seg = _exact_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
-    k_valid = None if k_valid is None else k_valid.astype(bool)
+    q_seg, k_seg = numerics.canonical_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
+    k_valid = None if k_valid is None else jnp.asarray(k_valid).astype(bool)
+    seen = k_valid
+    if causal and not natural:  # slots after every query's slot (an unfilled cache): no query sees them
+      later = ki <= jnp.max(qi, axis=1, keepdims=True)
+      seen = later if seen is None else seen & later
+    k, v = numerics.zero_hidden_keys(k, v, seen)  # hidden keys (NaN too) never reach P.V or dS.K
 
   def loops():
     return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
@@ -267,18 +276,6 @@ def combine_partials(out_a, lse_a, out_b, lse_b):
   )
   lse = jnp.where(empty, -jnp.inf, safe_top + jnp.log(jnp.where(empty, 1.0, total)))
   return out.astype(out_a.dtype), lse
-
-
-def _exact_segment_ids(q_seg, k_seg):
-  """Segment ids jax can hold without merging any two: numpy ids wider than int32 (which jax without
-  x64 would wrap: int64 0 and 2^32 would become one document) are ranked jointly, exactly."""
-  if q_seg is None or not (isinstance(q_seg, np.ndarray) or isinstance(k_seg, np.ndarray)):
-    return q_seg, k_seg
-  q_np, k_np = np.asarray(q_seg), np.asarray(k_seg)
-  if np.can_cast(q_np.dtype, np.int32) and np.can_cast(k_np.dtype, np.int32):
-    return q_seg, k_seg
-  ranked = dense_segment_ids(np.concatenate([q_np, k_np], axis=1))
-  return ranked[:, : q_np.shape[1]], ranked[:, q_np.shape[1] :]
 
 
 def _cpu_kernel_applies(q, k, v, natural, explicit_blocks, position_bias, precise_dims, *side) -> bool:

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxpe.attention import blockwise, reference
+from jaxpe.attention import blockwise, numerics, reference
 from jaxpe.attention.backends import AlibiSpec, check_alibi_spec
 from jaxpe.attention.masks import IndexMask
 from jaxpe.attention.position_bias import PositionBias, check_position_bias
@@ -144,7 +144,10 @@ def context_attention(
       with ``alibi``.
 
   Returns:
-    ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros; B, T or
+    ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros, a row
+    whose visible scores hold a NaN gives NaN; padding keys (``k_valid`` False) and slots after
+    every query never reach the result, even NaN; segment ids of any integer width are compared
+    exactly (ranked jointly before the ``shard_map``; ``jaxpe.attention.numerics``); B, T or
     S = 0 gives the zeros of that shape (as the dense reference), without a collective.
 
   Raises:
@@ -183,9 +186,10 @@ def context_attention(
       raise ValueError("give alibi or position_bias, not both (one position bias per attention)")
     position_bias = check_position_bias(position_bias, batch, t_len, s_len, q.shape[2])
   q_side = k_side = (None, None, None)
-  if mask is not None:
-    q_side = (mask.q_index, mask.q_segment_ids, None)
-    k_side = (mask.k_index, mask.k_segment_ids, mask.k_valid)
+  if mask is not None:  # wide ids ranked jointly here: inside the shard_map they would be int32
+    q_seg, k_seg = numerics.canonical_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
+    q_side = (mask.q_index, q_seg, None)
+    k_side = (mask.k_index, k_seg, mask.k_valid)
   slopes = None
   if alibi is not None:
     slopes = tuple(float(x) for x in np.asarray(alibi.slopes, np.float64))
@@ -317,7 +321,7 @@ def _ring_bwd(cfg, residuals, d_out):
       return _attend(q, k, v, q_side, k_side, params, cfg, with_lse=True)
 
     (part_out, part_lse), vjp = jax.vjp(part, q, k, v, params)
-    seen = jnp.isfinite(part_lse) & jnp.isfinite(lse)
+    seen = (part_lse != -jnp.inf) & (lse != -jnp.inf)  # a NaN lse is seen: NaN gradients
     w = jnp.where(seen, jnp.exp(jnp.where(seen, part_lse - lse, 0.0)), 0.0)
     d_part = (w[..., None] * d_out).astype(part_out.dtype)
     d_part_lse = w * jnp.sum(d_out * (part_out.astype(jnp.float32) - out), axis=-1)

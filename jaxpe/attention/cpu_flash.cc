@@ -6,6 +6,8 @@
 // whole row: no online rescaling) and P.V; it writes the output and the row log-sum-exp. The
 // backward pass recomputes P from the saved log-sum-exp and accumulates dq, dk, dv
 // (FlashAttention-2's recurrence, Dao 2023, arXiv 2307.08691). Memory: O(BQ x S) per thread.
+// Long sums (over keys: P.V, dS.K, the row sum; over query blocks: dK, dV) are float32 over a chunk
+// and float64 across chunks (KB, FLUSH below), so their error does not grow with S or T.
 //
 // Layouts (row-major): q [B, T, N, Hq], k [B, S, K, Hq], v [B, S, K, H], slopes [N] (or empty),
 // positions and segment ids int32 [B, T] / [B, S] (or empty), valid bool [B, S] (or empty);
@@ -42,6 +44,12 @@ constexpr int NV = 2;
 constexpr int MR = 4;   // rows per micro-tile
 constexpr int PAD = 16; // packed widths are multiples of this (>= VL)
 constexpr int BQ = 64;  // query rows per block
+// Sums over keys (P.V, dS.K, the row sum) and over query blocks (dK, dV) go in float32 over at most
+// KB keys / FLUSH query blocks at a time, and these partial sums into float64: one float32
+// accumulator over all S keys would lose the terms once the sum outgrows them (S = 2^25 ones summed
+// to 2^24, an output of 0.5 instead of 1).
+constexpr int64_t KB = 256;
+constexpr int64_t FLUSH = 8;
 
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef int vi __attribute__((vector_size(VL * 4)));
@@ -220,10 +228,33 @@ void pack_kv(const Problem& pr, int64_t b, int64_t kh, float* kt, float* vp) {
 
 struct Scratch {
   std::vector<float> kt, vp, sc, tmp, o, qs;
+  std::vector<double> od;
   explicit Scratch(const Problem& pr)
       : kt(pr.Hq * pr.Sp), vp(pr.S * pr.Hp), sc(BQ * pr.Sp), tmp(pr.P ? BQ * pr.Sp : 0), o(BQ * pr.Hp),
-        qs(BQ * pr.Hqp) {}
+        qs(BQ * pr.Hqp), od(BQ * std::max(pr.Hp, pr.Hqp)) {}
 };
+
+// C = A . B over kk (a sum over keys) in chunks of KB: each chunk's float32 product added into the
+// float64 acc [m][n] (ldc apart), c a float32 [m][ldc] scratch for one chunk. A(i, p) = a[i * ars +
+// p], B rows ldb apart.
+void gemm_chunked(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, const float* b, int64_t ldb,
+                  float* c, int64_t ldc, double* acc) {
+  for (int64_t i = 0; i < m * ldc; ++i) acc[i] = 0.0;
+  for (int64_t p0 = 0; p0 < kk; p0 += KB) {
+    const int64_t len = std::min(KB, kk - p0);
+    gemm(m, n, len, a + p0, ars, 1, b + p0 * ldb, ldb, c, ldc, false);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) acc[i * ldc + j] += c[i * ldc + j];
+  }
+}
+
+// The float32 accumulator acc [rows][width] added into the float64 total and cleared.
+void flush(float* acc, double* total, int64_t rows, int64_t width) {
+  for (int64_t i = 0; i < rows * width; ++i) {
+    total[i] += acc[i];
+    acc[i] = 0.0f;
+  }
+}
 
 void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* out, float* lse) {
   pack_kv(pr, b, kh, w.kt.data(), w.vp.data());
@@ -236,36 +267,39 @@ void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* o
       float* sc = w.sc.data();
       pack_scaled_q(pr, b, n, t0, rows, w.qs.data());
       scores(pr, b, n, t0, rows, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld);
-      float m[BQ], l[BQ];
+      float m[BQ];
+      double l[BQ];
       for (int64_t r = 0; r < rows; ++r) {
         float* row = sc + r * ld;
         const float mx = row_max(row, width);
         m[r] = mx;
         if (mx == -FLT_MAX) {  // no visible key: P = 0
           std::memset(row, 0, sizeof(float) * width);
-          l[r] = 0.0f;
+          l[r] = 0.0;
           continue;
         }
-        vf sum = splat(0.0f);
-        for (int64_t s = 0; s < width; s += VL) {
-          vf x = load(row + s);
-          vf p = vexp(x - mx);
-          p = x == splat(-FLT_MAX) ? splat(0.0f) : p;
-          store(row + s, p);
-          sum += p;
+        double total = 0.0;
+        for (int64_t s0 = 0; s0 < width; s0 += KB) {  // float32 per chunk of keys, float64 across
+          vf sum = splat(0.0f);
+          for (int64_t s = s0; s < std::min(width, s0 + KB); s += VL) {
+            vf x = load(row + s);
+            vf p = vexp(x - mx);
+            p = x == splat(-FLT_MAX) ? splat(0.0f) : p;
+            store(row + s, p);
+            sum += p;
+          }
+          for (int i = 0; i < VL; ++i) total += sum[i];
         }
-        float total = 0.0f;
-        for (int i = 0; i < VL; ++i) total += sum[i];
         l[r] = total;
       }
-      gemm(rows, pr.Hp, s_end, sc, ld, 1, w.vp.data(), pr.Hp, w.o.data(), pr.Hp, false);
+      gemm_chunked(rows, pr.Hp, s_end, sc, ld, w.vp.data(), pr.Hp, w.o.data(), pr.Hp, w.od.data());
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = t0 + r;
         float* dst = out + ((b * pr.T + t) * pr.N + n) * pr.H;
         const bool seen = m[r] != -FLT_MAX;  // NaN scores: seen, NaN output and lse
-        const float inv = seen ? 1.0f / l[r] : 0.0f;
-        for (int64_t h = 0; h < pr.H; ++h) dst[h] = w.o[r * pr.Hp + h] * inv;
-        lse[(b * pr.T + t) * pr.N + n] = seen ? m[r] + std::log(l[r]) : -INFINITY;
+        const double inv = seen ? 1.0 / l[r] : 0.0;
+        for (int64_t h = 0; h < pr.H; ++h) dst[h] = static_cast<float>(w.od[r * pr.Hp + h] * inv);
+        lse[(b * pr.T + t) * pr.N + n] = seen ? m[r] + static_cast<float>(std::log(l[r])) : -INFINITY;
       }
     }
   }
@@ -278,9 +312,11 @@ struct BwdProblem {
 
 struct BwdScratch : Scratch {
   std::vector<float> kp, vt, dkp, dvp, dsc, dop, qp, dqb;
+  std::vector<double> dkd, dvd;  // dk, dv: the float32 sums of FLUSH query blocks added up
   BwdScratch(const Problem& pr)
       : Scratch(pr), kp(pr.S * pr.Hqp), vt(pr.H * pr.Sp), dkp(pr.S * pr.Hqp), dvp(pr.S * pr.Hp),
-        dsc(BQ * pr.Sp), dop(BQ * pr.Hp), qp(BQ * pr.Hqp), dqb(BQ * pr.Hqp) {}
+        dsc(BQ * pr.Sp), dop(BQ * pr.Hp), qp(BQ * pr.Hqp), dqb(BQ * pr.Hqp), dkd(pr.S * pr.Hqp),
+        dvd(pr.S * pr.Hp) {}
 };
 
 void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t kh, BwdScratch& w) {
@@ -289,6 +325,14 @@ void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t k
   std::fill(w.vt.begin(), w.vt.end(), 0.0f);
   std::fill(w.dkp.begin(), w.dkp.end(), 0.0f);
   std::fill(w.dvp.begin(), w.dvp.end(), 0.0f);
+  std::fill(w.dkd.begin(), w.dkd.end(), 0.0);
+  std::fill(w.dvd.begin(), w.dvd.end(), 0.0);
+  int64_t pending = 0, pending_end = 0;  // query blocks in dkp / dvp since their last flush, their key end
+  auto flush_kv = [&]() {
+    flush(w.dkp.data(), w.dkd.data(), pending_end, pr.Hqp);
+    flush(w.dvp.data(), w.dvd.data(), pending_end, pr.Hp);
+    pending = pending_end = 0;
+  };
   for (int64_t s = 0; s < pr.S; ++s) {
     std::memcpy(w.kp.data() + s * pr.Hqp, pr.k + ((b * pr.S + s) * pr.K + kh) * pr.Hq, sizeof(float) * pr.Hq);
     for (int64_t h = 0; h < pr.H; ++h) w.vt[h * pr.Sp + s] = w.vp[s * pr.Hp + h];
@@ -339,16 +383,22 @@ void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t k
         }
       }
       // dq = dS . K, dk[s] += sum_r dS[r][s] q[r]
-      gemm(rows, pr.Hqp, s_end, ds, ld, 1, w.kp.data(), pr.Hqp, w.dqb.data(), pr.Hqp, false);
+      gemm_chunked(rows, pr.Hqp, s_end, ds, ld, w.kp.data(), pr.Hqp, w.dqb.data(), pr.Hqp, w.od.data());
       gemm(s_end, pr.Hqp, rows, ds, 1, ld, w.qp.data(), pr.Hqp, w.dkp.data(), pr.Hqp, true);
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(bp.dq + ((b * pr.T + t0 + r) * pr.N + n) * pr.Hq, w.dqb.data() + r * pr.Hqp,
-                    sizeof(float) * pr.Hq);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = bp.dq + ((b * pr.T + t0 + r) * pr.N + n) * pr.Hq;
+        for (int64_t h = 0; h < pr.Hq; ++h) dst[h] = static_cast<float>(w.od[r * pr.Hqp + h]);
+      }
+      pending_end = std::max(pending_end, s_end);
+      if (++pending == FLUSH) flush_kv();
     }
   }
+  flush_kv();
   for (int64_t s = 0; s < pr.S; ++s) {
-    std::memcpy(bp.dk + ((b * pr.S + s) * pr.K + kh) * pr.Hq, w.dkp.data() + s * pr.Hqp, sizeof(float) * pr.Hq);
-    std::memcpy(bp.dv + ((b * pr.S + s) * pr.K + kh) * pr.H, w.dvp.data() + s * pr.Hp, sizeof(float) * pr.H);
+    float* dk = bp.dk + ((b * pr.S + s) * pr.K + kh) * pr.Hq;
+    float* dv = bp.dv + ((b * pr.S + s) * pr.K + kh) * pr.H;
+    for (int64_t h = 0; h < pr.Hq; ++h) dk[h] = static_cast<float>(w.dkd[s * pr.Hqp + h]);
+    for (int64_t h = 0; h < pr.H; ++h) dv[h] = static_cast<float>(w.dvd[s * pr.Hp + h]);
   }
 }
 

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.attention import cpu_flash_call as call
-from jaxpe.attention import masks, native, online_softmax
+from jaxpe.attention import native, numerics, online_softmax
 from jaxpe.attention.reference import check_precise_dims, check_scale
 from jaxpe.ops import checks as _checks
 
@@ -84,13 +84,19 @@ def _load() -> bool:
 def workspace_bytes(t_len: int, s_len: int, qk_dim: int, v_dim: int, precise_dims: int = 0) -> int:
   """Bytes of the kernel's own scratch per thread in the backward pass (the larger pass), which
   XLA's ``memory_analysis`` does not see: the kv head's keys and values packed three ways and their
-  gradient accumulators (``~6 S H`` floats) and two ``[BLOCK_Q, S]`` score blocks; O(S), not O(T S).
+  gradient accumulators (``~10 S H`` floats: dk and dv also in float64) and two ``[BLOCK_Q, S]``
+  score blocks; O(S), not O(T S).
   Each of the CPU's threads holds one at a time. (``t_len`` does not enter: queries go by blocks.)"""
   del t_len
   pad = lambda x: -(-x // 16) * 16  # noqa: E731  (PAD in the source)
   s_pad, hq_pad, h_pad = pad(s_len), pad(qk_dim), pad(v_dim)
-  forward = qk_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad * (2 if precise_dims else 1) + h_pad + hq_pad)
+  # (the float64 accumulators of the long sums count two floats each)
+  wide = 2 * BLOCK_Q * max(h_pad, hq_pad)
+  forward = (
+    qk_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad * (2 if precise_dims else 1) + h_pad + hq_pad) + wide
+  )
   backward = 2 * s_len * hq_pad + v_dim * s_pad + s_len * h_pad + BLOCK_Q * (s_pad + h_pad + 2 * hq_pad)
+  backward += 2 * s_len * (hq_pad + h_pad)
   return 4 * (forward + backward)
 
 
@@ -134,7 +140,8 @@ def cpu_flash_attention(
 
   Equal to ``jaxpe.attention.dot_product_attention`` with the same mask and ALiBi bias to float32
   rounding (the tests hold it to 1e-5 with gradients), including its rules: a row with no visible
-  key gives zeros (and zero gradients); the last ``precise_dims`` dims of q and k are contracted
+  key gives zeros (and zero gradients), a row whose visible scores hold a NaN gives NaN; the values
+  of padding keys (``k_valid`` False) never reach the result, even NaN; the last ``precise_dims`` dims of q and k are contracted
   apart from the others (in float32) and the two sums added, as the RoPE-emulated ALiBi needs;
   grouped-query heads share their kv head without repeating it. Key slot s is visible to query
   slot t when ``s <= t`` (``causal``), ``k_valid[b, s]``, and ``q_segment_ids[b, t] ==
@@ -217,9 +224,8 @@ def cpu_flash_attention(
   ):
     side.append(_check_side(name, arr, (batch, length)))
   q_pos, k_pos, q_seg, k_seg, valid = side
-  if q_seg is not None and any(_wide(x) for x in (q_seg, k_seg)):  # ranked jointly, exactly
-    ranked = masks.dense_segment_ids(_joined(q_seg, k_seg))
-    q_seg, k_seg = ranked[:, :t_len], ranked[:, t_len:]
+  q_seg, k_seg = numerics.canonical_segment_ids(q_seg, k_seg)  # wide ids ranked jointly, exactly
+  k, v = numerics.zero_hidden_keys(k, v, valid)  # padding keys (NaN too) never reach P.V or dS.K
   for name, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
     if isinstance(pos, np.ndarray) and pos.size and (pos.min() < 0 or pos.max() >= 2**31):
       raise ValueError(f"{name} must be token indices in [0, 2^31), got values in [{pos.min()}, {pos.max()}]")
@@ -263,18 +269,6 @@ def _check_side(name: str, arr, shape):
       f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {list(shape)}, got {tuple(arr.shape)}"
     )
   return arr
-
-
-def _wide(ids) -> bool:
-  """Whether integer ids could hold values int32 cannot (they are then ranked, never cast)."""
-  dtype = np.dtype(ids.dtype)
-  return dtype.itemsize > 4 or dtype == np.uint32
-
-
-def _joined(a, b):
-  if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-    return np.concatenate([a, b], axis=1)
-  return jnp.concatenate([jnp.asarray(a), jnp.asarray(b)], axis=1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))

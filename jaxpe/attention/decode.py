@@ -9,7 +9,8 @@ only, and contracts the probabilities with v: each cache array is read once per 
 ``DECODE_MAX_QUERIES`` queries (decoding); longer chunks go blockwise.
 
 Slots that no query may see (past the filled ones, padding) weigh exactly 0 and their values are
-replaced by zeros before the product: whatever they hold (stale values, NaN) changes nothing.
+replaced by zeros before the products (``jaxpe.attention.numerics``): whatever they hold (stale
+values, NaN) changes nothing.
 
 Shape alphabet: B batch, T query positions, S key (cache) slots, N heads, K kv heads, G = N / K,
 H head dim.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxpe.attention import numerics
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import IndexMask
@@ -78,6 +80,8 @@ def decode_attention(
   group = num_heads // num_kv
   h = v.shape[-1]
   visible = mask.visible()  # [B, T, S]
+  # slots no query sees are zeroed: 0 * NaN would otherwise reach the output (and dq through k)
+  k, v = numerics.zero_hidden_keys(k, v, jnp.any(visible, axis=1))
   # [B, T, N, Hq] -> [B, K, G*T, Hq]: one matmul per kv head, its cache read once
   qr = jnp.moveaxis(q.reshape(batch, t_len, num_kv, group, qk_dim), 1, 3).reshape(
     batch, num_kv, group * t_len, qk_dim
@@ -115,12 +119,9 @@ def decode_attention(
       logits = logits + b.reshape(batch, num_kv, group, t_len, s_len)
   logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
-  seen = row_max > -jnp.inf  # rows with a visible key
+  seen = row_max != -jnp.inf  # rows with a visible key (a NaN maximum too: the row gives NaN)
   e = jnp.exp(logits - jnp.where(seen, row_max, 0.0))
   total = jnp.sum(e, axis=-1, keepdims=True)
-  # values of slots no query sees are zeroed: 0 * NaN would otherwise reach the output
-  used = jnp.any(visible, axis=1)  # [B, S]
-  v = jnp.where(used[:, :, None, None], v, jnp.zeros((), v.dtype))
   e = e.reshape(batch, num_kv, rows, s_len)
   if rows <= REDUCE_MAX_ROWS:
     ew = jnp.moveaxis(e, 3, 1)  # [B, S, K, Q]

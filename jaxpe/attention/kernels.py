@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxpe.attention import cudnn, flash, fused, platforms, xla
+from jaxpe.attention import cudnn, flash, fused, numerics, platforms, xla
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention import tokamax as tokamax_backend
 from jaxpe.attention.backends import (
@@ -223,6 +223,9 @@ def _run(
     refuse_on_fused(impl)
   if alibi_spec is not None and impl not in NATIVE_ALIBI:  # the bias-free emulation's own checks
     alibi_spec = check_alibi_spec(alibi_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[2], fused=True)
+  if impl != "xla" and isinstance(mask, AttentionMask) and mask.valid is not None:
+    # padding keys' values (NaN too) never reach a kernel's P.V (xla's paths zero them themselves)
+    k, v = numerics.zero_hidden_keys(k, v, mask.valid)
   if impl == "xla":
     return xla.attend(
       q,

@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_LOWEST = float(jnp.finfo(jnp.float32).min)
+from jaxpe.attention.numerics import LOWEST as _LOWEST
+from jaxpe.attention.numerics import row_seen
+
 _INT_MAX = int(np.iinfo(np.int32).max)
 # Block pairs up to this count run as straight-line code, more in loops (XLA CPU compiled 36 unrolled
 # pairs for 4.5 minutes and ran them no faster than the loop).
@@ -220,7 +222,9 @@ def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
 
   def finish(carry):
     m, row_sum, acc = carry
-    seen = m > _LOWEST  # a row with no visible key gives zeros, as the dense reference
+    # a row with no visible key gives zeros, as the dense reference; a NaN maximum (a NaN query, key
+    # or bias among the visible scores) is seen: the row gives NaN, as the reference
+    seen = row_seen(m, row_sum)
     out = jnp.where(seen, acc / jnp.where(seen, row_sum, 1.0), 0.0)
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, row_sum, 1.0)), -jnp.inf)
     return out, lse[..., 0]

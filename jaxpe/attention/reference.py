@@ -15,6 +15,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.interpreters.ad import JVPTracer
 
+from jaxpe.attention import numerics
 from jaxpe.attention.masks import AttentionMask
 from jaxpe.ops import checks as _checks
 
@@ -160,7 +161,9 @@ def dot_product_attention(
 
   Under jit: a traced ``scale`` is not checked (NaN or inf give NaN outputs); a bias of -inf on a
   whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
-  q, k, v or bias propagates to the rows it reaches.
+  q, k, v or bias propagates to the rows it reaches (a NaN score gives its row NaN, never the zeros
+  of an empty row); the values of keys that ``mask`` hides from every query (padding, empty cache
+  slots) are replaced by zeros before ``P . V``: whatever they hold, NaN too, changes nothing.
   """
   q, k, v = (_checks.as_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
   _checks.check_rank("q", q, 4, "[B, T, N, Hq]")
@@ -224,6 +227,9 @@ def dot_product_attention(
     "the dense reference holds [B, N, T, S] float32 scores (T: causal_block rows when given); use "
     "blockwise_attention, or attention (its xla backend runs blockwise)",
   )  # fmt: skip
+  if mask is not None:  # keys no query sees weigh 0, and their values (NaN too) never reach P.V
+    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # reduced before it is broadcast
+    k, v = numerics.zero_hidden_keys(k, v, jnp.broadcast_to(jnp.any(m, axis=(1, 2)), (batch, s_len)))
   if s_len == 0:  # no key at all: every row is a row with no visible key
     return jnp.zeros((batch, t_len, num_heads, v.shape[-1]), v.dtype)
   if isinstance(scale, jax.core.Tracer):
@@ -307,10 +313,12 @@ def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
     logits = jnp.where(mask, logits, _LOWEST)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   e = jnp.exp(logits - row_max)
-  inv_sum = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
+  total = jnp.sum(e, axis=-1, keepdims=True)
+  inv_sum = 1.0 / total
   if mask is not None or bias is not None:
     # a row with no visible key (masked, or -inf bias everywhere) gives zeros, not a mean or NaN
-    inv_sum = jnp.where(row_max > _LOWEST, inv_sum, 0.0)
+    # (a NaN maximum or sum is seen: the row gives NaN)
+    inv_sum = jnp.where(numerics.row_seen(row_max, total), inv_sum, 0.0)
   out = jnp.einsum("BKQS,BSKH->BKQH", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
   return out * inv_sum, e, inv_sum
 

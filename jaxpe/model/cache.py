@@ -160,3 +160,39 @@ def check_cache(cfg: ModelConfig, cache, batch: int, t_len: int) -> None:
   end = int(cache.end)
   if end < 0 or end + t_len > slots:
     _raise_overflow(end, t_len, slots)
+
+
+def _raise_position_overflow(last, count) -> None:
+  raise ValueError(
+    f"the KV cache's last position is {int(last)}; {int(count)} more real tokens would pass 2^31 - 1 "
+    "(positions are int32 token indices): give positions= explicitly, or start a new cache"
+  )
+
+
+def next_positions_start(cache: KVCache, valid) -> jax.Array:
+  """``[B]`` int32 position of the first real token of the next chunk: one past the cache's last
+  real token's position (0 in a row with none), as ``start`` of ``positions_from_mask``.
+
+  Raises:
+    ValueError: when the chunk's ``valid [B, T]`` real tokens would take a position past
+      ``2^31 - 1``: at trace time from a concrete cache, else when the call runs (a host callback,
+      as ``check_cache``), never a position that wraps to a negative or repeats an earlier one.
+  """
+  last = jnp.max(jnp.where(cache.valid, cache.positions, -1), axis=1)  # [B], -1: no real token yet
+  count = jnp.sum(jnp.asarray(valid).astype(jnp.int32), axis=1)
+  over = last > jnp.int32(_checks.MAX_POSITION - 1) - count  # last + count > 2^31 - 1, without a wrap
+  if any(isinstance(x, jax.core.Tracer) for x in (last, count)):
+
+    def check():
+      at = jnp.argmax(over)
+      jax.lax.cond(
+        jnp.any(over),
+        lambda: jax.debug.callback(_raise_position_overflow, last[at], count[at]),
+        lambda: None,
+      )
+
+    platforms.per_platform({platforms.host_platform(): check}, default=lambda: None)
+  elif bool(jnp.any(over)):
+    at = int(jnp.argmax(over))
+    _raise_position_overflow(last[at], count[at])
+  return last + 1

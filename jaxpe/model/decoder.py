@@ -27,7 +27,7 @@ from flax import nnx
 
 from jaxpe.attention import masks
 from jaxpe.model import encodings, initializers, partitioning
-from jaxpe.model.cache import KVCache, check_cache, is_empty_cache
+from jaxpe.model.cache import KVCache, check_cache, is_empty_cache, next_positions_start
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
 from jaxpe.ops import checks as _checks
@@ -72,6 +72,9 @@ def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids
     same_shape("segment_ids", segment_ids)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
       raise TypeError(f"segment_ids must be an integer array of document ids, got dtype {segment_ids.dtype}")
+    if np.dtype(segment_ids.dtype).itemsize > 4 or segment_ids.dtype == np.uint32:
+      # ids int32 cannot hold (int64 0 and 2^32 are two documents): ranked exactly, never cast
+      segment_ids = masks.dense_segment_ids(segment_ids)
 
   split = partitioning.sequence_split()
   if slot_index is not None:
@@ -272,7 +275,7 @@ class Decoder(nnx.Module):
       elif segment_ids is not None:
         positions = positions_lib.positions_from_segment_ids(segment_ids)
       elif cache is not None:  # continue after the real tokens already cached
-        prior = jnp.max(jnp.where(cache.valid, cache.positions + 1, 0), axis=1)
+        prior = next_positions_start(cache, valid)  # no int32 wrap past 2^31 - 1: an error
         positions = positions_lib.positions_from_mask(valid, start=prior)
       elif attention_mask is not None:
         positions = positions_lib.positions_from_mask(attention_mask)

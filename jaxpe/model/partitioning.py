@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpe.attention import context
+from jaxpe.attention import context, numerics
 from jaxpe.model.config import MESH_AXES, LogicalRules
 from jaxpe.ops import positions as positions_lib
 
@@ -221,6 +221,6 @@ def zigzag_inputs(
   out = {"tokens": tokens, "positions": jnp.asarray(positions).astype(jnp.int32), "slot_index": slots}
   if attention_mask is not None:
     out["attention_mask"] = attention_mask
-  if segment_ids is not None:
-    out["segment_ids"] = segment_ids
+  if segment_ids is not None:  # ids int32 cannot hold (int64 0 and 2^32): ranked, never cast
+    out["segment_ids"] = numerics.canonical_ids(segment_ids)
   return {name: context.to_zigzag(jnp.asarray(x), shards) for name, x in out.items()}

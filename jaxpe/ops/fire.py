@@ -53,8 +53,10 @@ def fire_interpolation(
     if jnp.ndim(x) != 0:
       raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(x)}")
   c = jnp.asarray(c, jnp.float32)
-  qf = q_positions.astype(jnp.float32)
-  rel = qf[:, :, None] - k_positions.astype(jnp.float32)[:, None, :]  # i - j, [B, T, S]
+  qi, ki = q_positions.astype(jnp.int32), k_positions.astype(jnp.int32)  # token indices < 2^31
+  # i - j exactly in int32, then one rounding to float32 (positions >= 2^24 would round apart first)
+  rel = (qi[:, :, None] - ki[:, None, :]).astype(jnp.float32)  # [B, T, S]
+  qf = qi.astype(jnp.float32)
   normalizer = jnp.maximum(qf, jnp.abs(jnp.asarray(threshold, jnp.float32)))[:, :, None]
   return jnp.log(jnp.abs(c * rel) + 1.0) / (jnp.log(jnp.abs(c * normalizer) + 1.0) + jnp.float32(eps))
 

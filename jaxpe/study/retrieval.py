@@ -62,7 +62,7 @@ def passkey_batch(filler: np.ndarray, length: int, depth: float, keys: list[str]
     filler: ``[B, >= length + 1]`` byte values (the text around the plant; row b for sample b).
     length: L, the eval length (the model's input is the first L bytes).
     depth: where the plant starts, as a fraction of the filler bytes (``plant_offset``).
-    keys: B strings of ``KEY_DIGITS`` digits.
+    keys: B strings of ``KEY_DIGITS`` ASCII digits ``0-9``.
 
   Raises:
     ValueError: keys not B strings of ``KEY_DIGITS`` digits, filler rows shorter than ``length + 1``,
@@ -72,7 +72,8 @@ def passkey_batch(filler: np.ndarray, length: int, depth: float, keys: list[str]
   start = plant_offset(length, depth)
   if filler.ndim != 2 or filler.shape[1] < length + 1:
     raise ValueError(f"filler must be [B, >= {length + 1}] (length + 1), got shape {filler.shape}")
-  if len(keys) != filler.shape[0] or any(len(k) != KEY_DIGITS or not k.isdigit() for k in keys):
+  digits = lambda k: isinstance(k, str) and len(k) == KEY_DIGITS and all("0" <= c <= "9" for c in k)  # noqa: E731
+  if len(keys) != filler.shape[0] or not all(digits(k) for k in keys):  # ASCII (isdigit takes Arabic-Indic)
     raise ValueError(f"keys must be {filler.shape[0]} strings of {KEY_DIGITS} digits, got {keys!r}")
   n = length + 1 - _template_len()
   rows = []
