@@ -181,3 +181,32 @@ def test_accelerator_check_refuses_a_budget_that_is_not_positive(budget, capsys)
   with pytest.raises(SystemExit) as err:
     check.main(["--smoke", "--parts", "b", "--budget", budget, "--no-record"])
   assert err.value.code == 2 and "--budget must be a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_xla_cpu_flags_compiles_per_configuration_and_counts_the_thunks():
+  """``benchmarks/xla_cpu_flags.py``: a configuration's ``compiler_options`` reach XLA per
+  compilation (YNN off leaves plain ``dot`` thunks and no ``__ynn_fusion``), its result matches a
+  float64 numpy product to float32 rounding, and its ``XLA_FLAGS`` spelling is the flags' own."""
+  import sys
+
+  import jax
+  import numpy as np
+
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import xla_cpu_flags
+
+  assert xla_cpu_flags.xla_flags(xla_cpu_flags.CONFIGS["onednn_dot"]) == (
+    "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot"
+  )
+  assert (
+    xla_cpu_flags.xla_flags(xla_cpu_flags.CONFIGS["ynn_off"]) == "--xla_cpu_experimental_ynn_fusion_type="
+  )
+  rng = np.random.default_rng(0)
+  x, w = rng.standard_normal((64, 32), np.float32), rng.standard_normal((32, 48), np.float32)
+  lowered = jax.jit(lambda x, w: jax.numpy.tanh(x @ w)).lower(x, w)
+  compiled = xla_cpu_flags.compile_all(lowered, ["default", "ynn_off"])
+  off = xla_cpu_flags.hlo_summary(compiled["ynn_off"].as_text())
+  assert "__ynn_fusion" not in off and off.get("dot") == 1, off
+  expected = np.tanh(x.astype(np.float64) @ w.astype(np.float64))
+  for c in compiled.values():
+    np.testing.assert_allclose(np.asarray(c(x, w)), expected, rtol=1e-5, atol=1e-6)
