@@ -171,6 +171,10 @@ TASK_TEXT = {
 }
 
 
+TASK_KEYS = {"mqar": ("num_keys", "num_values", "spacing"), "copy": ("num_symbols",), "flipflop": ("ignore",)}
+"""The ``TaskConfig`` keys each task uses (the table's caption names them)."""
+
+
 def retrieval_markdown(study: StudyConfig, report: dict[str, Any]) -> list[str]:
   """The retrieval section of ``study.md`` (empty without tasks): per task, per-token and per-sequence
   exact match and the answers' log2-probability per encoding x length, the paired accuracy
@@ -193,7 +197,8 @@ def retrieval_markdown(study: StudyConfig, report: dict[str, Any]) -> list[str]:
       "",
       f"### {task.name}",
       "",
-      f"{TASK_TEXT[task.name]}; {task.model_dump(mode='json')}, vocabulary {tasks_lib.vocab_size(task)}. "
+      f"{TASK_TEXT[task.name]}; {', '.join(f'{k} {getattr(task, k)}' for k in TASK_KEYS[task.name])}, "
+      f"vocabulary {tasks_lib.vocab_size(task)}. "
       f"Trained by the ordinary trainer at length {t}: D {mdl.d_model}, {mdl.num_layers} layers, "
       f"{mdl.num_heads} heads, batch {cfg.batch_size}, {cfg.num_steps} steps, lr {cfg.learning_rate}, loss on "
       f"the answer tokens only. Scored on the same {study.task_samples} held-out samples per length "
