@@ -283,5 +283,5 @@ def eval_model_config(
 
 def cache_key(*parts: Any) -> str:
   """16 hex digits of the SHA-256 of ``parts`` as sorted JSON (non-JSON values by ``str``): the key
-  the study's caches (evaluations, passkey scores, format-trained weights) are stored under."""
+  the study's caches (evaluations, retrieval scores, fine-tuned weights) are stored under."""
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -46,7 +46,7 @@ __all__ = ["StudyInterrupted", "run_study"]
 @contextlib.contextmanager
 def _compilation_cache(path: Path) -> Iterator[None]:
   """XLA's persistent compilation cache in ``path`` while the study runs, unless the process already
-  has one (``jax_compilation_cache_dir``): the seeds of an encoding, its format training and its passkey
+  has one (``jax_compilation_cache_dir``): the seeds of an encoding, its fine-tuning and its retrieval
   evaluation compile the same programs with other weights, and a rerun compiles nothing again. The
   settings before it are restored after, so a later study in this process uses its own workdir and
   other work in the process does not write into this one."""
