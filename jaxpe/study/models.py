@@ -158,9 +158,10 @@ def finetuned_cached(
   *,
   steps: int,
   learning_rate: float,
+  announce: Callable[[], None] = lambda: None,
 ) -> dict[str, np.ndarray]:
   """``finetune`` of ``base``'s trained weights, cached in ``path`` (an ``.npz`` holding ``key``): a
-  cache of another key, or a damaged one, is fine-tuned again and rewritten."""
+  cache of another key, or a damaged one, is fine-tuned again (after ``announce()``) and rewritten."""
   if path.is_file():
     try:
       with np.load(path) as f:
@@ -168,6 +169,7 @@ def finetuned_cached(
           return {k: f[k] for k in f.files if k != "__key__"}
     except (OSError, ValueError, KeyError):
       pass
+  announce()
   params = finetune(cfg, trained_params(base), batch_at, steps=steps, learning_rate=learning_rate)
   tmp = path.with_name(path.name.replace(".npz", ".tmp.npz"))
   np.savez(tmp, __key__=np.asarray(key), **params)

@@ -71,10 +71,12 @@ def finetuned_params(
     study.finetune_steps,
     study.finetune_learning_rate,
   )
-  if progress:
-    print(
-      f"[study] fine-tuning {name} (seed index {seed}) at length {seq_len} (cached when done)", flush=True
-    )
+  where = f"{task.name}/" if task is not None else ""
+
+  def announce() -> None:
+    if progress:
+      print(f"[study] fine-tuning {where}{model_dir(name, seed)} at length {seq_len}", flush=True)
+
   return finetuned_cached(
     Path(base.workdir) / f"finetuned_{name}.npz",
     key,
@@ -83,6 +85,7 @@ def finetuned_params(
     batch_at,
     steps=study.finetune_steps,
     learning_rate=study.finetune_learning_rate,
+    announce=announce,
   )
 
 
