@@ -9,6 +9,10 @@ fine-tunes them with its factor first. One module per step:
 
 - ``config``: the rows (``ENCODINGS``), ``StudyConfig``, the train and eval ``ModelConfig`` of a row.
 - ``evaluation``: held-out windows and chunks, bits/byte by position, the emulation check.
+- ``models``: train (or resume, or reuse when finished on the same data) a row's model; PI fine-tuning.
+- ``retrieval``: scores on the synthetic retrieval tasks (``jaxpe.train.tasks``, re-exported here:
+  ``TaskConfig``, ``task_batch``, ``held_out``), combined over samples and seeds, the emulation check.
+- ``retrieval_run``: the retrieval step (task models trained by the ordinary trainer, every row scored).
 - ``report``: table cells, paired differences, ``study.md`` and the plots.
 - ``run``: ``run_study``, from training (or resuming) to the written outputs.
 
@@ -35,53 +39,45 @@ from jaxpe.study.config import (
   load_study_config,
   model_dir,
   model_train_config,
+  task_train_config,
 )
 from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll, token_scores
+from jaxpe.study.models import StudyInterrupted, finetune, train_model
 from jaxpe.study.report import (
   cell,
   markdown,
   paired,
   plot_bits_per_byte,
   plot_loss_vs_position,
+  plot_retrieval,
   retrieval_markdown,
 )
-from jaxpe.study.retrieval import (
-  KEY_DIGITS,
-  PLANT,
-  PROMPT,
-  evaluate_passkey,
-  finetune_batch,
-  finetune_passkey,
-  passkey_batch,
-  passkey_scores,
-  plant_offset,
-  random_keys,
-  retrieval_emulation,
-)
-from jaxpe.study.retrieval_run import combine_retrieval, finetuned_params, run_retrieval, tuned_name
-from jaxpe.study.run import StudyInterrupted, run_study
+from jaxpe.study.retrieval import METRICS, combine_task, paired_task, score_task, task_emulation
+from jaxpe.study.retrieval_run import EVAL_SEED, finetuned_params, run_retrieval
+from jaxpe.study.run import run_study
 from jaxpe.study.seeds import combine_seeds, paired_seeds
+from jaxpe.train.data_config import TaskConfig
 from jaxpe.train.load import load_trained, trained_params
+from jaxpe.train.tasks import held_out, task_batch
 
 __all__ = [
   "ENCODINGS",
+  "EVAL_SEED",
+  "METRICS",
   "Encoding",
-  "KEY_DIGITS",
-  "PLANT",
-  "PROMPT",
   "StudyConfig",
   "StudyInterrupted",
+  "TaskConfig",
   "cell",
   "chunks",
-  "combine_retrieval",
   "combine_seeds",
+  "combine_task",
   "emulation_check",
   "eval_model_config",
   "evaluate",
-  "evaluate_passkey",
-  "finetune_batch",
-  "finetune_passkey",
+  "finetune",
   "finetuned_params",
+  "held_out",
   "load_study_config",
   "load_trained",
   "markdown",
@@ -89,19 +85,20 @@ __all__ = [
   "model_train_config",
   "paired",
   "paired_seeds",
-  "passkey_batch",
-  "passkey_scores",
-  "plant_offset",
+  "paired_task",
   "plot_bits_per_byte",
   "plot_loss_vs_position",
-  "random_keys",
-  "retrieval_emulation",
+  "plot_retrieval",
   "retrieval_markdown",
   "run_retrieval",
   "run_study",
+  "score_task",
   "study_windows",
+  "task_batch",
+  "task_emulation",
+  "task_train_config",
   "token_nll",
   "token_scores",
+  "train_model",
   "trained_params",
-  "tuned_name",
 ]

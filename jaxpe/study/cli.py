@@ -55,15 +55,17 @@ def main(argv: list[str] | None = None, *, prog: str = "study.py") -> int:
     # A model too large for memory is one line before any training; the encodings share the
     # architecture, and learned positions add a table: the first and "learned" are the largest.
     for name in dict.fromkeys(n for n in study.encodings if n in (study.encodings[0], "learned")):
-      host_devices.check_fits(model_train_config(study, name), key="train.cpu_devices")
-      memory_check.check_fits_memory(model_train_config(study, name))
+      for task in (None, *study.tasks):  # the text models, then each retrieval task's (task_train)
+        host_devices.check_fits(model_train_config(study, name, 0, task), key="train.cpu_devices")
+        memory_check.check_fits_memory(model_train_config(study, name, 0, task))
     try:
       run_study(study)
     except StudyInterrupted as e:
       print(e, file=sys.stderr)
       return 1
     print((Path(study.workdir) / "study.md").read_text())
-    print(f"wrote {study.workdir}/study.md, study.json, bits_per_byte.png, loss_vs_position.png")
+    plots = "bits_per_byte.png, loss_vs_position.png" + (", retrieval.png" if study.tasks else "")
+    print(f"wrote {study.workdir}/study.md, study.json, {plots}")
     return 0
 
   return run_guard.run_cli(prog, body, debug=args.debug)

@@ -19,8 +19,9 @@ import pydantic
 
 from jaxpe.model.config import ModelConfig
 from jaxpe.ops import checks as _checks
-from jaxpe.study.passkey import plant_offset
+from jaxpe.train import tasks
 from jaxpe.train.config import TrainConfig, _merge, load_yaml_file, parse_overrides, with_data_path
+from jaxpe.train.data_config import TaskConfig
 
 __all__ = [
   "ENCODINGS",
@@ -30,6 +31,7 @@ __all__ = [
   "load_study_config",
   "model_dir",
   "model_train_config",
+  "task_train_config",
 ]
 
 
@@ -41,8 +43,9 @@ class Encoding:
   encoding whose trained weights this row evaluates (itself when None); ``scaling``: the RoPE
   scaling applied only at evaluation (``linear``, ``dynamic`` or ``yarn``), at lengths above 1x;
   ``finetuned``: the base weights are first fine-tuned with ``scaling`` at the longest eval length
-  (position interpolation's recipe, arXiv 2306.15595: factor M = max(eval_multiples), length M T)
-  and evaluated with that fixed factor at every length.
+  (position interpolation's recipe, arXiv 2306.15595: factor M = max(eval_multiples), length M T;
+  ``finetune_steps`` steps on the model's own data: text, or its retrieval task) and evaluated with
+  that fixed factor at every length.
   """
 
   label: str
@@ -85,14 +88,16 @@ ENCODINGS: dict[str, Encoding] = {
 
 
 class StudyConfig(pydantic.BaseModel):
-  """A study: the shared training run (``train``), the encodings and the evaluation.
+  """A study: the shared training run (``train``), the encodings, the evaluation, and the retrieval
+  tasks (``tasks``, each trained per encoding and seed with ``task_train`` over ``train``).
 
-  ``train.workdir`` and ``train.model.pos_encoding`` are set per model (``<workdir>/models/<name>``);
-  ``train.model.max_len`` is set to ``train.seq_len`` (the learned table covers the training length
-  only) and ``rope_alibi_context`` to the longest eval length.
+  ``train.workdir`` and ``train.model.pos_encoding`` are set per model (``<workdir>/models/<name>``;
+  a task's models in ``<workdir>/models/<task>/<name>``); ``train.model.max_len`` is set to the
+  training length (the learned table covers it only) and ``rope_alibi_context`` to the longest eval
+  length. Every float key is finite (``allow_inf_nan=False``) and in the range its field gives.
   """
 
-  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+  model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
   workdir: str = "runs/study"
   encodings: tuple[str, ...] = tuple(ENCODINGS)
@@ -104,21 +109,29 @@ class StudyConfig(pydantic.BaseModel):
     gt=0,
     description="S models per encoding, trained with seeds train.seed + 0..S-1 (init and batch order)",
   )
-  passkey_depths: tuple[float, ...] = pydantic.Field(
-    (), description="retrieval (jaxpe.study.retrieval): plant depths in [0, 1]; empty = no retrieval"
+  finetune_steps: int = pydantic.Field(
+    50,
+    ge=0,
+    description="rope_pi_ft: Adam steps of position-interpolation fine-tuning at max(eval_multiples) T",
   )
-  passkey_steps: int = pydantic.Field(100, ge=0, description="format-training steps before retrieval")
-  passkey_fraction: float = pydantic.Field(
-    0.5, ge=0, le=1, description="fraction of each format-training batch that is passkey samples"
+  finetune_learning_rate: float = pydantic.Field(
+    1e-3, gt=0, le=1, description="rope_pi_ft: the fine-tuning's constant Adam learning rate"
   )
-  passkey_learning_rate: float = pydantic.Field(1e-3, gt=0, description="format-training Adam learning rate")
+  tasks: tuple[TaskConfig, ...] = pydantic.Field(
+    (), description="retrieval tasks (jaxpe.train.tasks), distinct names; empty = no retrieval"
+  )
+  task_train: dict[str, Any] = pydantic.Field(
+    default_factory=dict,
+    description="train keys of the task models over train's (e.g. seq_len, num_steps, learning_rate, model.d_model)",
+  )
+  task_samples: int = pydantic.Field(64, gt=1, description="held-out samples per task and eval length")
   train: TrainConfig = TrainConfig()
 
   @pydantic.model_validator(mode="before")
   @classmethod
   def _lists_to_tuples(cls, raw: Any) -> Any:
     if isinstance(raw, dict):
-      raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+      raw = {k: tuple(v) if isinstance(v, list) and k != "task_train" else v for k, v in raw.items()}
       if isinstance(raw.get("train"), dict) and isinstance(raw["train"].get("mesh_shape"), list):
         raw["train"] = {**raw["train"], "mesh_shape": tuple(raw["train"]["mesh_shape"])}
     return raw
@@ -133,23 +146,40 @@ class StudyConfig(pydantic.BaseModel):
       raise ValueError(
         f"eval_multiples must start at 1, increase, and each divide the next (e.g. [1, 2, 4, 8]), got {list(m)}"
       )
-    if any(not 0.0 <= d <= 1.0 for d in self.passkey_depths):
-      raise ValueError(f"passkey_depths must lie in [0, 1], got {list(self.passkey_depths)}")
-    t, big_m = self.train.seq_len, self.eval_multiples[-1]
-    lengths = {"train.seq_len": t} if self.passkey_depths else {}
-    if "rope_pi_ft" in self.encodings and self.passkey_steps and self.passkey_fraction:
-      lengths["max(eval_multiples) * train.seq_len (rope_pi_ft's fine-tuning length)"] = big_m * t
-    for what, length in lengths.items():
-      try:
-        plant_offset(length, 0.0)
-      except ValueError as e:
-        raise ValueError(f"{what} is too short for passkey samples: {e}") from None
+    names = [t.name for t in self.tasks]
+    if len(set(names)) != len(names):
+      raise ValueError(f"tasks must have distinct names, got {names}")
+    if self.tasks:
+      if "data" in self.task_train:
+        raise ValueError("task_train must not set data (the task is the data: give it under tasks)")
+      try:  # every task model's TrainConfig, and every eval length the generators must fill
+        for task in self.tasks:
+          cfg = task_train_config(self, task)
+          tasks.check_task_length(
+            task, m[-1] * cfg.seq_len, f"max(eval_multiples) x the task seq_len ({task.name})"
+          )
+      except (ValueError, pydantic.ValidationError) as e:
+        raise ValueError(f"task_train / tasks: {e}") from None
     return self
 
   @property
   def longest(self) -> int:
     """Longest eval length in tokens (``max(eval_multiples) * train.seq_len``)."""
     return self.eval_multiples[-1] * self.train.seq_len
+
+
+def task_train_config(study: StudyConfig, task: TaskConfig) -> TrainConfig:
+  """The shared ``TrainConfig`` of ``task``'s models: ``study.train`` with ``study.task_train`` merged
+  over it, ``data.task`` = ``task``, ``model.vocab_size`` = the task's and no text sample.
+
+  Raises:
+    ValueError: keys the merged config refuses (pydantic's ``ValidationError``).
+  """
+  raw = _merge(study.train.model_dump(mode="python"), dict(study.task_train))
+  raw["data"] = {**raw["data"], "task": task.model_dump(mode="python")}
+  raw["model"] = {**raw["model"], "vocab_size": tasks.vocab_size(task)}
+  raw["sample_len"] = 0
+  return TrainConfig.model_validate(raw)
 
 
 def load_study_config(
@@ -189,9 +219,16 @@ def model_dir(name: str, seed: int = 0) -> str:
   return name if seed == 0 else f"{name}.seed{seed}"
 
 
-def model_train_config(study: StudyConfig, name: str, seed: int = 0) -> TrainConfig:
+def _base_config(study: StudyConfig, task: TaskConfig | None) -> TrainConfig:
+  return study.train if task is None else task_train_config(study, task)
+
+
+def model_train_config(
+  study: StudyConfig, name: str, seed: int = 0, task: TaskConfig | None = None
+) -> TrainConfig:
   """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings) and seed index
-  ``seed`` (``train.seed + seed``, in ``<workdir>/models/model_dir(name, seed)``).
+  ``seed`` (``train.seed + seed``, in ``<workdir>/models/model_dir(name, seed)``); with ``task``, the
+  task's model (``task_train_config``, in ``<workdir>/models/<task>/model_dir(name, seed)``).
 
   Raises:
     KeyError: unknown name.
@@ -201,23 +238,24 @@ def model_train_config(study: StudyConfig, name: str, seed: int = 0) -> TrainCon
     raise ValueError(f"seed must be an int in 0..{study.seeds - 1} (study.seeds - 1), got {seed!r}")
   enc = ENCODINGS[name]
   name = enc.base or name
-  raw = study.train.model_dump(mode="python")
-  model = {**raw["model"], "max_len": study.train.seq_len, "rope_scaling": None, **ENCODINGS[name].model}
+  base = _base_config(study, task)
+  raw = base.model_dump(mode="python")
+  model = {**raw["model"], "max_len": base.seq_len, "rope_scaling": None, **ENCODINGS[name].model}
   if model["pos_encoding"] == "rope_alibi":
-    model["rope_alibi_context"] = study.longest
+    model["rope_alibi_context"] = study.eval_multiples[-1] * base.seq_len
   if model["pos_encoding"] == "cope":  # P positions of the training length, the same at every eval length
-    model["cope_npos_max"] = study.train.seq_len
-  raw.update(
-    model=model,
-    seed=study.train.seed + seed,
-    workdir=str(Path(study.workdir) / "models" / model_dir(name, seed)),
-  )
+    model["cope_npos_max"] = base.seq_len
+  root = Path(study.workdir) / "models" / ("" if task is None else task.name)
+  raw.update(model=model, seed=base.seed + seed, workdir=str(root / model_dir(name, seed)))
   return TrainConfig.model_validate(raw)
 
 
-def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConfig | None:
-  """The ``ModelConfig`` evaluating encoding ``name`` at ``multiple`` x the training length, or None
-  where it cannot run (learned positions beyond their table).
+def eval_model_config(
+  study: StudyConfig, name: str, multiple: int, task: TaskConfig | None = None
+) -> ModelConfig | None:
+  """The ``ModelConfig`` evaluating encoding ``name`` (of ``task``'s models, or the text models) at
+  ``multiple`` x the training length T, or None where it cannot run (learned positions beyond their
+  table).
 
   ``max_len`` becomes the eval length (it only sets xPos's offset, which cancels in q.k). Eval-time
   scalings at m > 1: ``linear`` factor m; ``dynamic`` factor 1 with the training length as
@@ -225,17 +263,17 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
   training length (HF defaults beta_fast 32, beta_slow 1, attention factor 0.1 ln m + 1). At 1x they
   are the plain rope model. A ``finetuned`` row (``rope_pi_ft``) has linear factor M at every length.
   """
-  base = model_train_config(study, name).model
-  length = multiple * study.train.seq_len
+  base = model_train_config(study, name, task=task).model
+  t = _base_config(study, task).seq_len
+  length = multiple * t
   if base.pos_encoding == "learned" and length > base.max_len:
     return None
   update: dict[str, Any] = {"max_len": max(length, base.max_len)}
   scaling = ENCODINGS[name].scaling
   if ENCODINGS[name].finetuned:  # the factor it was fine-tuned with, at every length
-    update["max_len"] = max(length, study.longest)
+    update["max_len"] = max(length, study.eval_multiples[-1] * t)
     update["rope_scaling"] = {"rope_type": scaling, "factor": float(study.eval_multiples[-1])}
   elif scaling is not None and multiple > 1:
-    t = study.train.seq_len
     update["rope_scaling"] = {
       "linear": {"rope_type": "linear", "factor": float(multiple)},
       "dynamic": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": t},
@@ -246,7 +284,7 @@ def eval_model_config(study: StudyConfig, name: str, multiple: int) -> ModelConf
 
 def cache_key(*parts: Any) -> str:
   """16 hex digits of the SHA-256 of ``parts`` as sorted JSON (non-JSON values by ``str``): the key
-  the study's caches (evaluations, passkey scores, format-trained weights) are stored under."""
+  the study's caches (evaluations, retrieval scores, fine-tuned weights) are stored under."""
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str, allow_nan=False).encode()).hexdigest()[
     :16
   ]

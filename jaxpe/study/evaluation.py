@@ -83,8 +83,8 @@ def token_scores(model: Decoder, rows: np.ndarray, batch_size: int) -> tuple[np.
   is the target) of ``rows [R, T + 1]`` int32, run ``batch_size`` rows at a time (the last batch
   padded with copies of row 0).
 
-  One compiled program per model structure and batch shape, shared by the perplexity and passkey
-  evaluations (the weights are arguments): a seed's or a format-trained model's weights reuse it,
+  One compiled program per model structure and batch shape, shared by the perplexity and retrieval
+  evaluations (the weights are arguments): a seed's or a fine-tuned model's weights reuse it,
   and with the study's persistent compilation cache so does a later process.
   """
   graphdef, state = nnx.split(model)

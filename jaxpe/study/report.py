@@ -15,7 +15,15 @@ import numpy as np
 from jaxpe.ops import checks as _checks
 from jaxpe.study.config import ENCODINGS, StudyConfig
 
-__all__ = ["cell", "markdown", "paired", "plot_bits_per_byte", "plot_loss_vs_position", "retrieval_markdown"]
+__all__ = [
+  "cell",
+  "markdown",
+  "paired",
+  "plot_bits_per_byte",
+  "plot_loss_vs_position",
+  "plot_retrieval",
+  "retrieval_markdown",
+]
 
 
 def cell(entry: dict[str, Any] | None, table_size: int | None = None, *, signed: bool = False) -> str:
@@ -76,9 +84,9 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
     "window interval pool the seeds (per-window means over seeds)"
   )
   pi = (
-    " Position interpolation fine-tuned (rope_pi_ft): the rope weights after the passkey format training "
-    f"(below) run at length {study.longest} with linear factor {study.eval_multiples[-1]}, evaluated with "
-    "that factor at every length (its cells are of those weights)."
+    f" Position interpolation fine-tuned (rope_pi_ft): the rope weights after {study.finetune_steps} Adam "
+    f"steps (lr {study.finetune_learning_rate}) on training text at length {study.longest} with linear factor "
+    f"{study.eval_multiples[-1]}, evaluated with that factor at every length."
     if "rope_pi_ft" in study.encodings
     else ""
   )
@@ -142,90 +150,114 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
   return "\n".join(text) + "\n"
 
 
-def _pm(mean: float, ci: float | None, fmt: str) -> str:
-  return f"{mean:{fmt}}" + ("" if ci is None else f" ± {ci:{fmt}}")
+def _pm(mean: float, ci: float | None, fmt: str, signed: bool = False) -> str:
+  return f"{mean:{'+' if signed else ''}{fmt}}" + ("" if ci is None else f" ± {ci:{fmt}}")
+
+
+def _task_cell(entry: dict[str, Any] | None, metric: str, fmt: str, signed: bool = False) -> str:
+  """``mean ± samples / seeds`` of ``entry[metric]`` (``jaxpe.study.retrieval._stats``), or n/a."""
+  if entry is None:
+    return "n/a"
+  e = entry[metric]
+  text = _pm(e["mean"], e["ci95"], fmt, signed)
+  return text + ("" if e.get("ci95_seeds") is None else f" / {e['ci95_seeds']:{fmt}}")
+
+
+TASK_TEXT = {
+  "mqar": "multi-query associative recall: L/4 key-value pairs, then every key again (shuffled), each "
+  "followed by its value (the answer)",
+  "copy": "copying: a string of n distinct symbols (n uniform in [L/8, L/2]), a separator, the string "
+  "again (the answers)",
+  "flipflop": "flip-flop: write/read/ignore instructions with a bit each; the bit after a read is the "
+  "answer (the last bit written)",
+}
+
+
+TASK_KEYS = {"mqar": ("num_keys", "num_values", "spacing"), "copy": ("num_symbols",), "flipflop": ("ignore",)}
+"""The ``TaskConfig`` keys each task uses (the table's caption names them)."""
 
 
 def retrieval_markdown(study: StudyConfig, report: dict[str, Any]) -> list[str]:
-  """The retrieval section of ``study.md`` (empty without ``report["retrieval"]``): exact-match
-  accuracy and key log-probability per encoding x length (mean over depths), accuracy per depth,
-  and the emulation check on retrieval."""
+  """The retrieval section of ``study.md`` (empty without tasks): per task, per-token and per-sequence
+  exact match and the answers' log2-probability per encoding x length, the paired accuracy
+  difference from rope and of the rope_alibi rows from alibi, and the emulation check."""
   res = report.get("retrieval")
   if not res:
     return []
-  t = study.train
-  from jaxpe.study.retrieval import KEY_DIGITS, PLANT, PROMPT
+  from jaxpe.study.config import task_train_config
+  from jaxpe.train import tasks as tasks_lib
 
-  head = "| encoding | " + " | ".join(f"{k}x ({k * t.seq_len})" for k in study.eval_multiples) + " |"
-  rule = "|---|" + "---|" * len(study.eval_multiples)
-  seeds = study.seeds > 1
-  text = [
-    "",
-    "## Retrieval (passkey)",
-    "",
-    f"A key of {KEY_DIGITS} random digits planted as `{PLANT.format(key='38201').strip()}` at depths "
-    f"{list(study.passkey_depths)} of held-out text ({study.eval_windows} samples per depth and length, the "
-    f"windows above as filler), asked for at the end with `{PROMPT.strip()}`. Before retrieval every model "
-    f"(every seed) is format-trained for {study.passkey_steps} Adam steps (lr {study.passkey_learning_rate}) at "
-    f"length {t.seq_len}, batch {t.batch_size}, {study.passkey_fraction:.0%} of each batch passkey samples "
-    "(random depth and key, training text as filler), the rest training windows: the same for every "
-    "encoding; the eval-time scalings use the format-trained rope weights. Exact match: greedy decoding "
-    "reproduces the key. Key log-probability: bits, summed over the key's digits (0 is certain; "
-    f"chance is {-KEY_DIGITS * math.log2(10):.1f} for a model that knows only that digits follow). "
-    + (
-      f"Intervals: 1.96 standard errors over the {study.seeds} seeds."
-      if seeds
-      else "Intervals on the log-probability: 1.96 standard errors over the samples (one seed)."
-    ),
-    "",
-    "Exact-match accuracy (mean over depths):",
-    "",
-    head,
-    rule,
-  ]
-
-  def row_cells(name, what, fmt, ci_key):
-    out = []
-    for k in study.eval_multiples:
-      e = res[name][str(k)]
-      out.append("n/a" if e is None else _pm(e[what], e.get(ci_key), fmt))
-    return f"| {ENCODINGS[name].label} | " + " | ".join(out) + " |"
-
-  text += [row_cells(n, "accuracy", ".2f", "accuracy_ci95_seeds") for n in study.encodings]
-  text += ["", "Key log-probability (bits, mean over depths):", "", head, rule]
-  ci_key = "key_bits_ci95_seeds" if seeds else "key_bits_ci95"
-  text += [row_cells(n, "key_bits", ".2f", ci_key) for n in study.encodings]
-  depths = [str(d) for d in study.passkey_depths]
-  text += [
-    "",
-    "Exact-match accuracy by depth (columns: length, depth):",
-    "",
-    "| encoding | " + " | ".join(f"{k}x d={d}" for k in study.eval_multiples for d in depths) + " |",
-    "|---|" + "---|" * (len(depths) * len(study.eval_multiples)),
-  ]
-  for name in study.encodings:
-    cells = []
-    for k in study.eval_multiples:
-      e = res[name][str(k)]
-      cells += ["n/a" if e is None else f"{e['by_depth'][d]['accuracy']:.2f}" for d in depths]
-    text.append(f"| {ENCODINGS[name].label} | " + " | ".join(cells) + " |")
-  emu = report.get("retrieval_emulation_check") or []
-  if emu:
+  text = ["", "## Retrieval (synthetic tasks, trained short and tested long)"]
+  across = f" / over the {study.seeds} seeds of the per-seed means" if study.seeds > 1 else " (one seed)"
+  for task in study.tasks:
+    cfg = task_train_config(study, task)
+    t, mdl = cfg.seq_len, cfg.model
+    head = "| encoding | " + " | ".join(f"{k}x ({k * t})" for k in study.eval_multiples) + " |"
+    rule = "|---|" + "---|" * len(study.eval_multiples)
+    r, ref = res[task.name], report["paired_reference"]
     text += [
       "",
-      "Emulation check on retrieval: the format-trained alibi weights (seed 0) run as rope_alibi against "
-      f"native ALiBi on {emu[0]['samples']} passkey samples per length (tolerance: |delta key bits| "
-      "< 0.01 and no exact-match decision changed).",
+      f"### {task.name}",
       "",
-      "| order | length | max abs delta key bits | exact-match decisions changed | within tolerance |",
-      "|---|---|---|---|---|",
+      f"{TASK_TEXT[task.name]}; {', '.join(f'{k} {getattr(task, k)}' for k in TASK_KEYS[task.name])}, "
+      f"vocabulary {tasks_lib.vocab_size(task)}. "
+      f"Trained by the ordinary trainer at length {t}: D {mdl.d_model}, {mdl.num_layers} layers, "
+      f"{mdl.num_heads} heads, batch {cfg.batch_size}, {cfg.num_steps} steps, lr {cfg.learning_rate}, loss on "
+      f"the answer tokens only. Scored on the same {study.task_samples} held-out samples per length "
+      f"(mean ± 1.96 standard errors over the samples{across}); chance log-probability "
+      f"{-tasks_lib.answer_bits(task):.2f} bits per answer.",
     ]
-    for e in emu:
-      ok = e["max_abs_delta_key_bits"] < 0.01 and e["exact_match_disagreements"] == 0
-      text.append(
-        f"| k={e['order']} | {e['length']} | {e['max_abs_delta_key_bits']:.3g} | "
-        f"{e['exact_match_disagreements']} of {e['samples']} | {'yes' if ok else 'NO'} |"
-      )
+    for metric, what, fmt in (
+      ("token_accuracy", "Exact match per answer token", ".3f"),
+      ("exact", "Exact match per sequence (every answer right)", ".3f"),
+      ("answer_bits", "Answer log2-probability (bits per answer, 0 is certain)", ".2f"),
+    ):
+      text += ["", f"{what}:", "", head, rule]
+      for name in study.encodings:
+        cells = [_task_cell(r[name][str(k)], metric, fmt) for k in study.eval_multiples]
+        text.append(f"| {ENCODINGS[name].label} | " + " | ".join(cells) + " |")
+    if len(study.encodings) > 1:
+      text += [
+        "",
+        f"Paired difference in per-token exact match from {ENCODINGS[ref].label} (same samples and seeds):",
+        "",
+        head,
+        rule,
+      ]
+      for name in study.encodings:
+        if name != ref:
+          p = report["retrieval_paired"][task.name][name]
+          cells = [_task_cell(p[str(k)], "token_accuracy", ".3f", True) for k in study.eval_multiples]
+          text.append(f"| {ENCODINGS[name].label} | " + " | ".join(cells) + " |")
+    vs = report.get("retrieval_vs_alibi", {}).get(task.name) or {}
+    if vs:
+      text += [
+        "",
+        "Trained rope_alibi models against trained alibi models (per-token exact match, paired):",
+        "",
+        head,
+        rule,
+      ]
+      for name, p in vs.items():
+        cells = [_task_cell(p[str(k)], "token_accuracy", ".3f", True) for k in study.eval_multiples]
+        text.append(f"| {ENCODINGS[name].label} - alibi | " + " | ".join(cells) + " |")
+    emu = report.get("retrieval_emulation_check", {}).get(task.name) or []
+    if emu:
+      text += [
+        "",
+        f"Emulation check: the trained alibi weights (seed 0) run as rope_alibi (tuned for "
+        f"{study.eval_multiples[-1] * t} tokens) against native ALiBi on the same samples.",
+        "",
+        "| order | length | native accuracy | accuracy difference | answers changed | max abs delta log2-prob |",
+        "|---|---|---|---|---|---|",
+      ]
+      for e in emu:
+        text.append(
+          f"| k={e['order']} | {e['length']} | {e['token_accuracy_native']:.3f} | "
+          f"{_pm(e['token_accuracy_delta'], e['token_accuracy_delta_ci95'], '.4f', True)} | "
+          f"{e['answers_changed']} of {e['answers']} | {e['max_abs_delta_answer_bits']:.3g} |"
+        )
+  text += ["", "![retrieval accuracy vs eval length](retrieval.png)"]
   return text
 
 
@@ -307,6 +339,43 @@ def plot_loss_vs_position(study: StudyConfig, report: dict[str, Any], path: Path
   ax.set_xlabel(f"position (bytes), mean over bins of {width}; training length dotted")
   ax.set_ylabel("held-out loss (bits)")
   ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_retrieval(study: StudyConfig, report: dict[str, Any], path: Path) -> None:
+  """Per-token exact match against eval length, one panel per task and one line per encoding (95%
+  interval over the samples), to PNG ``path``."""
+  from jaxpe.study.config import task_train_config
+
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(study.tasks), figsize=(7 * len(study.tasks) + 3, 5.5), squeeze=False)
+  n = len(study.encodings)
+  for ax, task in zip(axes[0], study.tasks):
+    t = task_train_config(study, task).seq_len
+    for i, (name, style) in enumerate(zip(study.encodings, _styles(study))):
+      shift = 2 ** (0.08 * (i - (n - 1) / 2) / max(n - 1, 1))
+      row = report["retrieval"][task.name][name]
+      pts = [
+        (k * t * shift, e["token_accuracy"]["mean"], e["token_accuracy"]["ci95"] or 0.0)
+        for k, e in ((k, row[str(k)]) for k in study.eval_multiples)
+        if e is not None
+      ]
+      x, y, err = zip(*pts)
+      ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, lw=1.2, label=ENCODINGS[name].label, **style)
+    lengths = [k * t for k in study.eval_multiples]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(x) for x in lengths])
+    ax.minorticks_off()
+    ax.axvline(t, ls=":", c="gray")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(task.name)
+    ax.set_xlabel("eval length (tokens); training length dotted")
+    ax.set_ylabel("exact match per answer token")
+  axes[0][-1].legend(
+    *axes[0][0].get_legend_handles_labels(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

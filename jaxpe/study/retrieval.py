@@ -1,20 +1,14 @@
-"""Retrieval: a synthetic passkey task on the study's byte-level models (Mohtashami & Jaggi,
-"Landmark Attention", arXiv 2305.16300, the passkey format, shortened to fit 64-byte contexts), the short format training every
-encoding gets, and the emulation check on retrieval.
+"""Retrieval scores on the synthetic tasks (``jaxpe.train.tasks``): exact match per answer token and
+per sequence and the answers' log-probability from one teacher-forced pass, their combination over
+samples and seeds, and the emulation check on retrieval.
 
-A sample of eval length L is ``L + 1`` bytes: held-out text with ``PLANT`` (a key of ``KEY_DIGITS``
-random digits) inserted at depth d (the plant starts at ``round(d * n)`` bytes into the n filler
-bytes), then ``PROMPT`` and the key as the last ``KEY_DIGITS`` bytes. The model reads the first L
-bytes (one forward pass, teacher-forced) and is scored on the key's bytes: the key log-probability in
-bits (sum over its digits of log2 p(digit | everything before)) and exact match of greedy decoding,
-which equals "every key digit is the argmax given the digits before it" (greedy decoding follows the
-teacher-forced path until its first wrong digit), so one pass decides it.
-
-Byte-level models trained on code never saw the template: before retrieval, each trained model is
-fine-tuned for ``passkey_steps`` AdamW steps at the training length on batches of which a
-``passkey_fraction`` of the rows are passkey samples (random depth in [0, 1], random key, training
-text as filler) and the rest ordinary training windows, loss on every byte; the same steps, batches,
-learning rate and seed for every encoding.
+A sample ``[2, L + 1]`` (tokens, answer mask) is scored on its answer targets (``mask[1:]``):
+``token_accuracy``, the share of answers that are the argmax of the model's next-token distribution
+(greedy decoding with the earlier answers given, as teacher forcing gives them); ``exact``, all of a
+sample's answers right; ``answer_bits``, the mean log2-probability of an answer (0 is certain; chance
+is ``-tasks.answer_bits``). Intervals: 1.96 standard errors (ddof 1) over the samples (of the
+per-sample means over seeds) and over the seeds (of the per-seed means), as the perplexity table
+(``jaxpe.study.seeds``).
 """
 
 from __future__ import annotations
@@ -22,183 +16,113 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
 from jaxpe.model import Decoder
-from jaxpe.model.build import build_model, model_params
+from jaxpe.model.build import build_model
 from jaxpe.model.config import ModelConfig
-from jaxpe.study.evaluation import token_nll, token_scores
-from jaxpe.study.passkey import KEY_DIGITS, PLANT, PROMPT, _template_len, plant_offset
+from jaxpe.study.evaluation import token_scores
 
-__all__ = [
-  "KEY_DIGITS",
-  "PLANT",
-  "PROMPT",
-  "evaluate_passkey",
-  "finetune_batch",
-  "finetune_passkey",
-  "passkey_batch",
-  "passkey_scores",
-  "plant_offset",
-  "random_keys",
-  "retrieval_emulation",
-]
+__all__ = ["METRICS", "combine_task", "paired_task", "score_task", "task_emulation"]
+
+METRICS = ("token_accuracy", "exact", "answer_bits")
+"""The per-sample retrieval metrics, in table order."""
 
 
-def random_keys(n: int, seed: int) -> list[str]:
-  """``n`` keys of ``KEY_DIGITS`` decimal digits from ``numpy.random.default_rng(seed)``."""
-  digits = np.random.default_rng(seed).integers(0, 10, size=(n, KEY_DIGITS))
-  return ["".join(map(str, row)) for row in digits]
-
-
-def passkey_batch(filler: np.ndarray, length: int, depth: float, keys: list[str]) -> np.ndarray:
-  """``[B, length + 1]`` int32 passkey samples.
-
-  Args:
-    filler: ``[B, >= length + 1]`` byte values (the text around the plant; row b for sample b).
-    length: L, the eval length (the model's input is the first L bytes).
-    depth: where the plant starts, as a fraction of the filler bytes (``plant_offset``).
-    keys: B strings of ``KEY_DIGITS`` ASCII digits ``0-9``.
-
-  Raises:
-    ValueError: keys not B strings of ``KEY_DIGITS`` digits, filler rows shorter than ``length + 1``,
-      or ``plant_offset``'s errors.
-  """
-  filler = np.asarray(filler)
-  start = plant_offset(length, depth)
-  if filler.ndim != 2 or filler.shape[1] < length + 1:
-    raise ValueError(f"filler must be [B, >= {length + 1}] (length + 1), got shape {filler.shape}")
-  digits = lambda k: isinstance(k, str) and len(k) == KEY_DIGITS and all("0" <= c <= "9" for c in k)  # noqa: E731
-  if len(keys) != filler.shape[0] or not all(digits(k) for k in keys):  # ASCII (isdigit takes Arabic-Indic)
-    raise ValueError(f"keys must be {filler.shape[0]} strings of {KEY_DIGITS} digits, got {keys!r}")
-  n = length + 1 - _template_len()
-  rows = []
-  for row, key in zip(filler, keys):
-    text = np.asarray(row[:n], np.int32)
-    plant = np.frombuffer(PLANT.format(key=key).encode(), np.uint8)
-    tail = np.frombuffer((PROMPT + key).encode(), np.uint8)
-    rows.append(np.concatenate([text[:start], plant, text[start:], tail]).astype(np.int32))
-  return np.stack(rows)
-
-
-def passkey_scores(logits: jax.Array, batch: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Key log-probability (bits) ``[B]`` float32 and greedy exact match ``[B]`` bool of ``logits
-  [B, L, V]`` (the model on ``batch[:, :-1]``) for passkey samples ``batch [B, L + 1]`` int32 whose
-  last ``KEY_DIGITS`` bytes are the key."""
-  logits = logits[:, -KEY_DIGITS:].astype(jnp.float32)
-  key = batch[:, -KEY_DIGITS:]
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  bits = jnp.take_along_axis(logp, key[..., None], axis=-1)[..., 0].sum(-1) / math.log(2)
-  exact = (jnp.argmax(logits, axis=-1) == key).all(-1)
-  return bits, exact
-
-
-def evaluate_passkey(
-  model: Decoder, filler: np.ndarray, length: int, depths: tuple[float, ...], keys: list[str], batch_size: int
-) -> dict[str, Any]:
-  """Passkey scores of ``model`` at eval length ``length``, one sample per filler row and depth.
+def score_task(model: Decoder, samples: np.ndarray, batch_size: int) -> dict[str, list[float]]:
+  """Per-sample scores of ``model`` on ``samples [N, 2, L + 1]`` int32 (``tasks.held_out``), run
+  ``batch_size`` rows at a time (``token_scores``: the same compiled program as the perplexity).
 
   Returns:
-    ``{"accuracy", "key_bits", "by_depth": {str(depth): {"accuracy", "key_bits", "per_sample_bits" [B],
-    "per_sample_exact" [B]}}}``: exact-match fraction and mean key log-probability (bits; 0 is
-    certain), over samples, and over depths at the top level (Python floats).
+    ``{metric: [N] floats}`` for ``METRICS`` (exact as 0.0 / 1.0).
+
+  Raises:
+    ValueError: ``samples`` not ``[N, 2, L + 1]``, or a sample without answers.
   """
-  by_depth = {}
-  for d in depths:
-    nll, hits = token_scores(model, passkey_batch(filler, length, d, keys), batch_size)
-    bits = -nll[:, -KEY_DIGITS:].sum(axis=1) / math.log(2)  # [B] key log-probability
-    exact = hits[:, -KEY_DIGITS:].all(axis=1)  # [B] greedy decoding reproduces the key
-    by_depth[str(d)] = {
-      "accuracy": float(exact.mean()),
-      "key_bits": float(bits.mean()),
-      "per_sample_bits": bits.tolist(),
-      "per_sample_exact": exact.tolist(),
-    }
+  samples = np.asarray(samples)
+  if samples.ndim != 3 or samples.shape[1] != 2:
+    raise ValueError(f"samples must be [N, 2, L + 1] (tokens, answer mask), got shape {samples.shape}")
+  mask = samples[:, 1, 1:].astype(bool)  # [N, L]
+  count = mask.sum(axis=1)
+  if (count == 0).any():
+    raise ValueError(f"samples {np.flatnonzero(count == 0).tolist()} have no answer tokens")
+  nll, hits = token_scores(model, samples[:, 0], batch_size)
   return {
-    "accuracy": float(np.mean([v["accuracy"] for v in by_depth.values()])),
-    "key_bits": float(np.mean([v["key_bits"] for v in by_depth.values()])),
-    "by_depth": by_depth,
+    "token_accuracy": ((hits & mask).sum(axis=1) / count).tolist(),
+    "exact": (hits | ~mask).all(axis=1).astype(np.float64).tolist(),
+    "answer_bits": (-(nll * mask).sum(axis=1) / count / math.log(2)).tolist(),
   }
 
 
-def finetune_batch(
-  tokens: np.ndarray, *, step: int, seed: int, batch_size: int, seq_len: int, fraction: float
-) -> np.ndarray:
-  """``[B, seq_len + 1]`` int32 format-training batch of step ``step``: the first
-  ``round(fraction * B)`` rows passkey samples (filler from ``tokens``, depth uniform in [0, 1],
-  random keys), the rest training windows; deterministic in ``(seed, step)``."""
-  rng = np.random.default_rng([seed, step, 7])
-  starts = rng.integers(0, tokens.size - seq_len, size=batch_size)
-  rows = np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
-  k = round(fraction * batch_size)
-  keys = ["".join(map(str, r)) for r in rng.integers(0, 10, size=(k, KEY_DIGITS))]
-  for i, (key, depth) in enumerate(zip(keys, rng.uniform(0.0, 1.0, size=k))):
-    rows[i] = passkey_batch(rows[i : i + 1], seq_len, float(depth), [key])[0]
-  return rows
+def _ci(values: np.ndarray) -> float | None:
+  return None if values.size < 2 else float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
 
 
-def finetune_passkey(
-  cfg: ModelConfig,
-  params: dict[str, np.ndarray],
-  tokens: np.ndarray,
-  *,
-  steps: int,
-  batch_size: int,
-  seq_len: int,
-  fraction: float,
-  learning_rate: float,
-  seed: int,
-) -> dict[str, np.ndarray]:
-  """The format training: ``params`` (``jaxpe.model.build.model_params`` layout) after ``steps``
-  AdamW steps (constant ``learning_rate``, global-norm clip 1, no weight decay) of mean next-byte
-  cross-entropy on ``finetune_batch`` batches of the training ``tokens`` [n] uint8.
+def _stats(b: np.ndarray) -> dict[str, Any]:
+  """``b [S, N]`` (seeds x samples) -> mean, ``ci95`` over the samples of the seed means, ``ci95_seeds``
+  over the seeds of the sample means (None for one), ``per_sample``, ``per_seed``."""
+  per_sample, per_seed = b.mean(axis=0), b.mean(axis=1)
+  return {
+    "mean": float(b.mean()),
+    "ci95": _ci(per_sample),
+    "ci95_seeds": _ci(per_seed),
+    "per_sample": per_sample.tolist(),
+    "per_seed": per_seed.tolist(),
+  }
+
+
+def combine_task(per_seed: list[dict[str, list[float]] | None]) -> dict[str, Any] | None:
+  """One row's entry at one length from its per-seed ``score_task`` dicts (all None where the row
+  cannot run there): ``{metric: _stats}`` for ``METRICS``, or None.
 
   Raises:
-    ValueError: ``steps`` < 0 or ``fraction`` outside [0, 1].
+    ValueError: an empty list, None mixed with scores, or different sample counts.
   """
-  if steps < 0 or not 0.0 <= fraction <= 1.0:
-    raise ValueError(f"steps must be >= 0 and fraction in [0, 1], got steps={steps}, fraction={fraction}")
-  model = build_model(cfg, params)
-  graphdef, weights, rest = nnx.split(model, nnx.Param, ...)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate, b2=0.95))
-  opt_state = tx.init(weights)
-
-  @jax.jit
-  def step(weights, opt_state, batch):
-    loss_fn = lambda w: token_nll(nnx.merge(graphdef, w, rest), batch).mean()  # noqa: E731
-    loss, grads = jax.value_and_grad(loss_fn)(weights)
-    updates, opt_state = tx.update(grads, opt_state, weights)
-    return optax.apply_updates(weights, updates), opt_state, loss
-
-  for i in range(steps):
-    batch = finetune_batch(
-      tokens, step=i, seed=seed, batch_size=batch_size, seq_len=seq_len, fraction=fraction
-    )
-    weights, opt_state, _ = step(weights, opt_state, jnp.asarray(batch))
-  return model_params(nnx.merge(graphdef, weights, rest))
+  if not per_seed:
+    raise ValueError("per_seed must hold at least one seed's scores, got an empty list")
+  if all(e is None for e in per_seed):
+    return None
+  if any(e is None for e in per_seed) or len({len(e["exact"]) for e in per_seed}) != 1:
+    raise ValueError("per_seed entries must all be None or all hold the same number of samples")
+  return {k: _stats(np.asarray([e[k] for e in per_seed], np.float64)) for k in METRICS}
 
 
-def retrieval_emulation(
+def paired_task(
+  by_seed: dict[str, list[dict[str, Any]]], ref: str
+) -> dict[str, dict[str, dict[str, Any] | None]]:
+  """Per row and length, ``row - ref`` of the same seed and sample for every metric (``_stats`` of the
+  differences), None where either side cannot run; ``by_seed[name][s][str(multiple)]`` are
+  ``score_task`` dicts."""
+  out: dict[str, dict[str, dict[str, Any] | None]] = {}
+  for name, seeds in by_seed.items():
+    out[name] = {}
+    for k in seeds[0]:
+      pairs = [(row[k], base[k]) for row, base in zip(seeds, by_seed[ref])]
+      if any(a is None or b is None for a, b in pairs):
+        out[name][k] = None
+        continue
+      out[name][k] = {
+        m: _stats(np.asarray([np.subtract(a[m], b[m]) for a, b in pairs], np.float64)) for m in METRICS
+      }
+  return out
+
+
+def task_emulation(
   cfg: ModelConfig,
   params: dict[str, np.ndarray],
-  filler: np.ndarray,
-  lengths: list[int],
-  depths: tuple[float, ...],
-  keys: list[str],
+  samples_at: dict[int, np.ndarray],
   batch_size: int,
   context: int,
 ) -> list[dict[str, Any]]:
   """Alibi weights ``params`` (``cfg``: the alibi model) run as ``rope_alibi`` (orders 1 and 2, tuned
-  for ``context`` tokens) against native ALiBi on the passkey samples at each length: max |delta key
-  bits| over samples and depths, and how many exact-match decisions differ."""
+  for ``context`` tokens) against native ALiBi on ``samples_at[length]`` (``[N, 2, length + 1]``) at each
+  length: the token accuracy difference (emulated - native) with 1.96 standard errors over the samples,
+  the answers whose greedy hit changed (of all answers), and max |delta log2-prob| over the answers."""
   out = []
-  for length in lengths:
+  for length, samples in samples_at.items():
+    mask = np.asarray(samples)[:, 1, 1:].astype(bool)
     native_cfg = cfg.model_copy(update={"max_len": max(length, cfg.max_len)})
-    native = evaluate_passkey(build_model(native_cfg, params), filler, length, depths, keys, batch_size)
+    nll_n, hits_n = token_scores(build_model(native_cfg, params), samples[:, 0], batch_size)
     for order in (1, 2):
       emu_cfg = ModelConfig.model_validate(
         {
@@ -208,19 +132,20 @@ def retrieval_emulation(
           "rope_alibi_context": context,
         }
       )
-      emu = evaluate_passkey(build_model(emu_cfg, params), filler, length, depths, keys, batch_size)
-      pairs = [(native["by_depth"][str(d)], emu["by_depth"][str(d)]) for d in depths]
+      nll_e, hits_e = token_scores(build_model(emu_cfg, params), samples[:, 0], batch_size)
+      acc_n, acc_e = ((h & mask).sum(axis=1) / mask.sum(axis=1) for h in (hits_n, hits_e))
+      d = acc_e - acc_n
       out.append(
         {
           "order": order,
           "length": length,
-          "max_abs_delta_key_bits": max(
-            float(np.abs(np.subtract(a["per_sample_bits"], b["per_sample_bits"])).max()) for a, b in pairs
-          ),
-          "exact_match_disagreements": sum(
-            int(np.sum(np.not_equal(a["per_sample_exact"], b["per_sample_exact"]))) for a, b in pairs
-          ),
-          "samples": sum(len(a["per_sample_exact"]) for a, _ in pairs),
+          "token_accuracy_native": float(acc_n.mean()),
+          "token_accuracy_delta": float(d.mean()),
+          "token_accuracy_delta_ci95": _ci(d),
+          "answers_changed": int(((hits_n != hits_e) & mask).sum()),
+          "answers": int(mask.sum()),
+          "max_abs_delta_answer_bits": float(np.abs(nll_e - nll_n)[mask].max() / math.log(2)),
+          "samples": len(d),
         }
       )
   return out

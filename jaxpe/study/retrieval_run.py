@@ -1,15 +1,16 @@
-"""The study's retrieval step: format-train each (encoding, seed) model, score the passkey task at
-every eval length, combine the seeds, and re-check the emulation guarantee on retrieval.
+"""The study's retrieval step: for each task (``study.tasks``), train every (encoding, seed) model on
+it through the ordinary trainer (``<workdir>/models/<task>/<name>``), score every row at every eval
+length on the same held-out samples, combine the seeds, pair with rope (and the rope_alibi rows with
+alibi), and re-check the emulation guarantee on retrieval. Also position interpolation's fine-tuning
+(``finetuned_params``) for the text and the task rows.
 
-The fine-tuned weights are cached next to the checkpoints (``passkey_finetuned.npz``) and the scores
-per row (``passkey_<name>.json``), both keyed by everything they depend on, so a rerun reuses them.
+Scores are cached per row next to the checkpoints (``retrieval_<name>.json``), fine-tuned weights as
+``finetuned_<name>.npz``, both keyed by everything they depend on, so a rerun (or a resumed, killed
+study) reuses them and writes the same tables.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -24,192 +25,172 @@ from jaxpe.study.config import (
   eval_model_config,
   model_dir,
   model_train_config,
+  task_train_config,
 )
-from jaxpe.study.retrieval import evaluate_passkey, finetune_passkey, random_keys, retrieval_emulation
-from jaxpe.train import data, run_files
+from jaxpe.study.models import finetuned_cached, read_json, train_model, write_atomic
+from jaxpe.study.retrieval import combine_task, paired_task, score_task, task_emulation
+from jaxpe.train import data, run_files, tasks
+from jaxpe.train.data_config import TaskConfig
 from jaxpe.train.load import trained_params
 
-__all__ = ["combine_retrieval", "finetuned_params", "run_retrieval", "tuned_name"]
+__all__ = ["EVAL_SEED", "finetuned_params", "run_retrieval"]
 
-KEY_SEED = 20260  # the eval keys (the same for every row, seed and length)
-
-
-def _ci(values: np.ndarray) -> float | None:
-  return None if values.size < 2 else float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
-
-
-def combine_retrieval(per_seed: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-  """One row's retrieval entry at one length from its per-seed ``evaluate_passkey`` dicts (all None
-  where the row cannot run at that length).
-
-  Returns:
-    ``{"accuracy", "key_bits"}`` (means over seeds, depths and samples), ``"accuracy_ci95_seeds"``,
-    ``"key_bits_ci95_seeds"`` (1.96 standard errors, ddof 1, of the per-seed means; None for one
-    seed), ``"key_bits_ci95"`` (over samples x depths of the per-sample means over seeds), and
-    ``"by_depth"``: ``{str(depth): {"accuracy", "key_bits", "accuracy_ci95_seeds",
-    "key_bits_ci95_seeds"}}``; or None.
-  """
-  if all(e is None for e in per_seed):
-    return None
-  if any(e is None for e in per_seed):
-    raise ValueError("per_seed entries must all be None or all be evaluate_passkey dicts")
-  depths = list(per_seed[0]["by_depth"])
-  out: dict[str, Any] = {"by_depth": {}}
-  for what in ("accuracy", "key_bits"):
-    per = np.asarray([e[what] for e in per_seed], np.float64)
-    out[what], out[f"{what}_ci95_seeds"] = float(per.mean()), _ci(per)
-  samples = np.asarray(
-    [[e["by_depth"][d]["per_sample_bits"] for d in depths] for e in per_seed], np.float64
-  )  # [S, depths, B]
-  out["key_bits_ci95"] = _ci(samples.mean(axis=0).reshape(-1))
-  for d in depths:
-    entry = {}
-    for what in ("accuracy", "key_bits"):
-      per = np.asarray([e["by_depth"][d][what] for e in per_seed], np.float64)
-      entry[what], entry[f"{what}_ci95_seeds"] = float(per.mean()), _ci(per)
-    out["by_depth"][d] = entry
-  return out
-
-
-def tuned_name(name: str) -> str:
-  """The model whose format-trained weights row ``name`` evaluates: its own for a ``finetuned`` row,
-  else its base's (itself for a trained row)."""
-  enc = ENCODINGS[name]
-  return name if enc.finetuned else (enc.base or name)
+EVAL_SEED = 20260
+"""Seed of the held-out task samples (``tasks.held_out``): the same for every row, seed and run."""
 
 
 def finetuned_params(
-  study: StudyConfig, name: str, seed: int, tokens: np.ndarray, progress: bool = True
+  study: StudyConfig,
+  name: str,
+  seed: int,
+  *,
+  task: TaskConfig | None = None,
+  tokens: np.ndarray | None = None,
+  progress: bool = True,
 ) -> dict[str, np.ndarray]:
-  """The format-trained weights of row ``tuned_name(name)`` and seed index ``seed`` (cached in the
-  base model's workdir as ``passkey_finetuned.npz``, or ``passkey_finetuned_<name>.npz`` for a
-  ``finetuned`` row).
-
-  A trained row: ``study.passkey_steps`` steps at ``train.seq_len`` and ``train.batch_size``. A
-  ``finetuned`` row (position interpolation): the same steps, learning rate and passkey fraction, from
-  its base's trained weights, with its scaling at factor M = max(eval_multiples) (``eval_model_config``)
-  at length M T and batch max(1, B // M), so each step sees about as many tokens.
+  """The weights of the ``finetuned`` row ``name`` (``rope_pi_ft``) and seed index ``seed``: its base's
+  trained weights (of ``task``'s models, or the text models: then ``tokens`` [n] uint8 are the training
+  bytes) after ``study.finetune_steps`` Adam steps (``finetune_learning_rate``) with its scaling at
+  factor M = max(eval_multiples) (``eval_model_config``), at length M T and batch max(1, B // M) (about
+  as many tokens per step as training), on the base's own data (text windows or task batches, seed
+  ``train.seed + seed``). Cached as ``finetuned_<name>.npz`` in the base model's workdir.
   """
   progress = _checks.check_bool("progress", progress)
-  name = tuned_name(name)
-  base = ENCODINGS[name].base or name
-  cfg = model_train_config(study, name, seed)
-  t = study.train
-  model_cfg, seq_len, batch_size, fname = cfg.model, t.seq_len, t.batch_size, "passkey_finetuned.npz"
-  if ENCODINGS[name].finetuned:
-    m = study.eval_multiples[-1]
-    model_cfg = eval_model_config(study, name, m)
-    seq_len, batch_size, fname = m * t.seq_len, max(1, t.batch_size // m), f"passkey_finetuned_{name}.npz"
+  base = model_train_config(study, name, seed, task)
+  m = study.eval_multiples[-1]
+  model_cfg = eval_model_config(study, name, m, task)
+  seq_len, batch = m * base.seq_len, max(1, base.batch_size // m)
+  if task is None:
+    batch_at = lambda i: data.train_batch(tokens, step=i, seed=base.seed, batch_size=batch, seq_len=seq_len)  # noqa: E731
+  else:
+    batch_at = lambda i: tasks.task_batch(task, step=i, seed=base.seed, batch_size=batch, seq_len=seq_len)  # noqa: E731
   key = cache_key(
-    cfg.model_dump(mode="json"),
+    base.model_dump(mode="json"),
     model_cfg.model_dump(mode="json"),
     seq_len,
-    batch_size,
-    study.passkey_steps,
-    study.passkey_fraction,
-    study.passkey_learning_rate,
+    batch,
+    study.finetune_steps,
+    study.finetune_learning_rate,
   )
-  path = Path(cfg.workdir) / fname
-  if path.is_file():
-    try:
-      with np.load(path) as f:
-        if str(f["__key__"]) == key:
-          return {k: f[k] for k in f.files if k != "__key__"}
-    except (OSError, ValueError, KeyError):
-      pass  # a damaged or old cache: fine-tune again and rewrite it
+  where = f"{task.name}/" if task is not None else ""
+
+  def announce() -> None:
+    if progress:
+      print(f"[study] fine-tuning {where}{model_dir(name, seed)} at length {seq_len}", flush=True)
+
+  return finetuned_cached(
+    Path(base.workdir) / f"finetuned_{name}.npz",
+    key,
+    model_cfg,
+    base,
+    batch_at,
+    steps=study.finetune_steps,
+    learning_rate=study.finetune_learning_rate,
+    announce=announce,
+  )
+
+
+def _row(
+  study: StudyConfig,
+  task: TaskConfig,
+  name: str,
+  seed: int,
+  samples_at: dict[int, np.ndarray],
+  models: dict[str, dict[str, Any]],
+  progress: bool,
+) -> dict[str, Any]:
+  """Row ``name``'s ``score_task`` dicts by ``str(multiple)`` for seed index ``seed`` (None where it
+  cannot run), from the cache when its key matches; trains the row's model first when needed."""
+  cfg = model_train_config(study, name, seed, task)
+  tag = f"{task.name}/{model_dir(ENCODINGS[name].base or name, seed)}"
+  if tag not in models:
+    models[tag] = train_model(cfg, tag, tasks.fingerprint(task)["sha256"], progress)
+  enc = ENCODINGS[name]
+  key = cache_key(
+    cfg.model_dump(mode="json"),
+    models[tag]["step"],
+    EVAL_SEED,
+    study.task_samples,
+    study.eval_multiples,
+    enc.scaling,
+    [study.finetune_steps, study.finetune_learning_rate] if enc.finetuned else None,
+  )
+  path = Path(cfg.workdir) / f"retrieval_{name}.json"
+  cached = read_json(path, "the row is scored again and the file rewritten") or {}
+  if cached.get("key") == key and isinstance(cached.get("results"), dict):  # null numbers are NaN
+    return {m: None if e is None else run_files.nan_for_null(e) for m, e in cached["results"].items()}
+  if enc.finetuned:
+    params = finetuned_params(study, name, seed, task=task, progress=progress)
+  else:
+    params = trained_params(cfg)
   if progress:
     print(
-      f"[study] passkey format training {model_dir(name, seed)} ({study.passkey_steps} steps at length "
-      f"{seq_len}{', from ' + base if base != name else ''})",
-      flush=True,
+      f"[study] retrieval {task.name}/{model_dir(name, seed)} at {list(study.eval_multiples)}x", flush=True
     )
-  params = finetune_passkey(
-    model_cfg,
-    trained_params(cfg),
-    tokens,
-    steps=study.passkey_steps,
-    batch_size=batch_size,
-    seq_len=seq_len,
-    fraction=study.passkey_fraction,
-    learning_rate=study.passkey_learning_rate,
-    seed=cfg.seed,
-  )
-  tmp = path.with_name(fname.replace(".npz", ".tmp.npz"))
-  np.savez(tmp, __key__=np.asarray(key), **params)
-  tmp.replace(path)
-  return params
+  row: dict[str, Any] = {}
+  for m in study.eval_multiples:
+    mcfg = eval_model_config(study, name, m, task)
+    row[str(m)] = (
+      None if mcfg is None else score_task(build_model(mcfg, params), samples_at[m], study.eval_batch_size)
+    )
+  write_atomic(path, run_files.json_text({"key": key, "results": row}))
+  return row
 
 
-def run_retrieval(study: StudyConfig, windows: np.ndarray, *, progress: bool = True) -> dict[str, Any]:
-  """Retrieval for every row and seed on the held-out ``windows [W, M T + 1]`` (the filler: one
-  sample per window, depth and length, keys from ``KEY_SEED``).
+def run_retrieval(
+  study: StudyConfig, models: dict[str, dict[str, Any]], *, progress: bool = True
+) -> dict[str, Any]:
+  """Retrieval for every task, row and seed (``models`` gains each task model's summary under
+  ``<task>/<model_dir>``).
 
   Returns:
-    ``{"retrieval": {name: {str(multiple): combine_retrieval entry or None}}, "retrieval_by_seed":
-    {name: [per seed {str(multiple): evaluate_passkey dict or None}]}, "retrieval_emulation_check":
-    [retrieval_emulation rows] (empty without alibi)}``.
+    ``{"retrieval": {task: {name: {str(multiple): combine_task entry or None}}}, "retrieval_by_seed":
+    {task: {name: [per seed {str(multiple): score_task dict or None}]}}, "retrieval_paired": {task:
+    paired_task from rope}, "retrieval_vs_alibi": {task: paired_task of the rope_alibi rows from alibi},
+    "retrieval_emulation_check": {task: task_emulation rows (seed 0's alibi weights)}}``; empty dicts
+    without tasks.
+
+  Raises:
+    jaxpe.study.models.StudyInterrupted: a task model stopped before its ``num_steps``.
   """
   progress = _checks.check_bool("progress", progress)
-  d = study.train.data
-  tokens = data.load_corpus(d.path, max_bytes=d.max_bytes, eval_fraction=d.eval_fraction).train
-  keys = random_keys(windows.shape[0], KEY_SEED)
-  depths = study.passkey_depths
-  by_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in study.encodings}
-  win = hashlib.sha256(windows.tobytes()).hexdigest()
-  for seed in range(study.seeds):
-    tuned: dict[str, dict[str, np.ndarray]] = {}
-    for name in study.encodings:
-      base = tuned_name(name)
-      cfg = model_train_config(study, name, seed)
-      cache = Path(cfg.workdir) / f"passkey_{name}.json"
-      key = cache_key(
-        cfg.model_dump(mode="json"),
-        study.passkey_steps,
-        study.passkey_fraction,
-        study.passkey_learning_rate,
-        depths,
-        win,
-        study.eval_multiples,
-        ENCODINGS[name].scaling,
-      )
-      try:
-        cached = json.loads(cache.read_text()) if cache.is_file() else {}
-      except (OSError, ValueError):
-        cached = {}
-      if isinstance(cached, dict) and cached.get("key") == key:  # null numbers (json_text) are NaN
-        by_seed[name].append(
-          {m: None if e is None else run_files.nan_for_null(e) for m, e in cached["results"].items()}
-        )
-        continue
-      if base not in tuned:
-        tuned[base] = finetuned_params(study, base, seed, tokens, progress)
-      row: dict[str, Any] = {}
-      if progress:
-        print(f"[study] retrieval {model_dir(name, seed)} at {list(study.eval_multiples)}x", flush=True)
-      for m in study.eval_multiples:
-        mcfg = eval_model_config(study, name, m)
-        length = m * study.train.seq_len
-        row[str(m)] = (
-          None
-          if mcfg is None
-          else evaluate_passkey(
-            build_model(mcfg, tuned[base]), windows, length, depths, keys, study.eval_batch_size
-          )
-        )
-      run_files.write_atomic(cache, run_files.json_text({"key": key, "results": row}))
-      by_seed[name].append(row)
-  results = {n: {k: combine_retrieval([r[k] for r in rows]) for k in rows[0]} for n, rows in by_seed.items()}
-  emu = []
-  if "alibi" in study.encodings:
-    cfg = model_train_config(study, "alibi")
-    emu = retrieval_emulation(
-      cfg.model,
-      finetuned_params(study, "alibi", 0, tokens, progress),
-      windows[: study.eval_batch_size],
-      [m * study.train.seq_len for m in study.eval_multiples],
-      depths,
-      keys[: study.eval_batch_size],
-      study.eval_batch_size,
-      study.longest,
+  out: dict[str, dict[str, Any]] = {
+    k: {}
+    for k in (
+      "retrieval",
+      "retrieval_by_seed",
+      "retrieval_paired",
+      "retrieval_vs_alibi",
+      "retrieval_emulation_check",
     )
-  return {"retrieval": results, "retrieval_by_seed": by_seed, "retrieval_emulation_check": emu}
+  }
+  ref = "rope" if "rope" in study.encodings else study.encodings[0]
+  for task in study.tasks:
+    t = task_train_config(study, task).seq_len
+    samples_at = {
+      m: tasks.held_out(task, seed=EVAL_SEED, count=study.task_samples, length=m * t)
+      for m in study.eval_multiples
+    }
+    by_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in study.encodings}
+    for seed in range(study.seeds):
+      for name in study.encodings:
+        by_seed[name].append(_row(study, task, name, seed, samples_at, models, progress))
+    out["retrieval"][task.name] = {
+      n: {k: combine_task([r[k] for r in rows]) for k in rows[0]} for n, rows in by_seed.items()
+    }
+    out["retrieval_by_seed"][task.name] = by_seed
+    out["retrieval_paired"][task.name] = paired_task(by_seed, ref)
+    if "alibi" in study.encodings:
+      emulated = {n: v for n, v in by_seed.items() if n.startswith("rope_alibi") or n == "alibi"}
+      out["retrieval_vs_alibi"][task.name] = {
+        n: v for n, v in paired_task(emulated, "alibi").items() if n != "alibi"
+      }
+      cfg = model_train_config(study, "alibi", 0, task)
+      out["retrieval_emulation_check"][task.name] = task_emulation(
+        cfg.model,
+        trained_params(cfg),
+        {m * t: s for m, s in samples_at.items()},
+        study.eval_batch_size,
+        study.eval_multiples[-1] * t,
+      )
+  return out

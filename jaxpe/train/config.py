@@ -22,31 +22,8 @@ import yaml
 from jaxpe.model import partitioning
 from jaxpe.model.config import LogicalRules, ModelConfig, StrictConfig
 from jaxpe.model.strict import Length, Steps
-
-
-class DataConfig(StrictConfig):
-  """Byte-level text data."""
-
-  path: str | None = pydantic.Field(
-    None,
-    min_length=1,
-    description="text file or directory of text files, taken verbatim (no ~ expansion); None = Python "
-    "stdlib sources. ``--data PATH`` sets it without YAML parsing",
-  )
-  max_bytes: int = pydantic.Field(
-    16_000_000,
-    gt=0,
-    description="cap on corpus bytes read: eval_fraction of it held-out, the rest training (each side's "
-    "files in sorted order)",
-  )
-  eval_fraction: float = pydantic.Field(
-    0.05, gt=0, lt=1, description="held-out share of files (by path hash) or of a single file's bytes"
-  )
-  allow_changed: bool = pydantic.Field(
-    False,
-    description="resume although the data's bytes changed since the checkpoint (its fingerprint "
-    "differs); the batch stream then differs from the saved run's. false = refuse such a resume",
-  )
+from jaxpe.train import tasks
+from jaxpe.train.data_config import DataConfig, TaskConfig  # noqa: F401 (TaskConfig: re-exported)
 
 
 class DistributedConfig(StrictConfig):
@@ -171,11 +148,15 @@ class TrainConfig(StrictConfig):
       raise ValueError(
         f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})"
       )
-    m = self.model
-    if m.vocab_size < 256:
+    m, task = self.model, self.data.task
+    if task is None and m.vocab_size < 256:
       raise ValueError(
         f"model.vocab_size ({m.vocab_size}) must be >= 256: the training data is bytes (token ids 0..255)"
       )
+    if task is not None:
+      tasks.check_task_run(task, vocab_size=m.vocab_size, seq_len=self.seq_len, sample_len=self.sample_len)
+      if split > 1:
+        raise ValueError(f"data.task runs without context parallelism (mesh_shape {list(self.mesh_shape)})")
     if m.pos_encoding == "learned" and self.seq_len > m.max_len:
       raise ValueError(
         f"seq_len ({self.seq_len}) must be <= model.max_len ({m.max_len}) for learned positions"

@@ -14,20 +14,27 @@ from jax.experimental import multihost_utils
 
 from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import generate
-from jaxpe.train import data, sharding
+from jaxpe.train import data, sharding, tasks
 from jaxpe.train.config import TrainConfig
 
 __all__ = ["evaluate", "held_out", "sample_run", "sample_text"]
 
 
-def held_out(cfg: TrainConfig, corpus: data.Corpus) -> tuple[list[np.ndarray], float]:
+def held_out(cfg: TrainConfig, corpus: data.Corpus | None) -> tuple[list[np.ndarray], float]:
   """``(eval_set, unigram)``: the ``cfg.eval_batches`` held-out batches ``[batch_size, seq_len + 1]``
   uint8 of ``corpus.eval`` (``data.eval_batches``) and the unigram entropy (bits/byte) of the bytes
-  they predict, the reference a trained model must beat.
+  they predict, the reference a trained model must beat. With ``cfg.data.task`` (``corpus`` None):
+  ``[batch_size, 2, seq_len + 1]`` held-out task samples (``tasks.held_out``) and the chance bits of
+  an answer (``tasks.answer_bits``).
 
   Raises:
     ValueError: held-out data too small for ``seq_len``/``batch_size``.
   """
+  task = cfg.data.task
+  if task is not None:
+    b = cfg.batch_size
+    rows = tasks.held_out(task, seed=cfg.seed, count=b * cfg.eval_batches, length=cfg.seq_len)
+    return [rows[i : i + b] for i in range(0, len(rows), b)], tasks.answer_bits(task)
   eval_set = data.eval_batches(
     corpus.eval, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.eval_batches
   )

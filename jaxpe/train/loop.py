@@ -6,6 +6,7 @@ end of the run (a signal's checkpoint, or the sample, the plot and ``summary.jso
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from jaxpe.train import (
   run_log,
   sharding,
   steps,
+  tasks,
 )
 from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
@@ -239,12 +241,16 @@ class _Training:
     """One update on the step's batch (each process builds only its rows of the global batch);
     returns its record and whether it was finite (else it was not applied)."""
     cfg, run = self.cfg, self.run
+    shape = (cfg.batch_size, cfg.seq_len + 1)
+    make = functools.partial(data.train_batch, self.corpus.train) if self.corpus is not None else None
+    if cfg.data.task is not None:  # [B, 2, T + 1]: tokens and answer mask (next_token_loss)
+      make, shape = functools.partial(tasks.task_batch, cfg.data.task), (shape[0], 2, shape[1])
     batch = sharding.global_batch(
-      lambda rows, step=run.step: data.train_batch(
-        self.corpus.train, step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len, rows=rows
+      lambda rows, step=run.step: make(
+        step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len, rows=rows
       ),
       self.batch_sharding,
-      (cfg.batch_size, cfg.seq_len + 1),
+      shape,
     )
     learning_rate = float(self.lr(run.updates))  # the rate this update uses
     t0 = time.time()

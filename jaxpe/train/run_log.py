@@ -99,7 +99,7 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 def run_info(
-  mesh: jax.sharding.Mesh, num_params: int, fingerprint: dict[str, Any], corpus: data.Corpus
+  mesh: jax.sharding.Mesh, num_params: int, fingerprint: dict[str, Any], corpus: data.Corpus | None
 ) -> dict:
   """What a run starts with, for the start lines, TensorBoard and ``summary.json`` (``run``):
   ``num_params``; ``devices`` (``count``, ``platform``, ``kind``, ``processes``); ``mesh`` (axis
@@ -122,7 +122,9 @@ def run_info(
       "train_files": len(corpus.train_files),
       "held_files": len(corpus.held_files),
       "sha256": fingerprint["sha256"],
-    },
+    }
+    if corpus is not None
+    else {"task": fingerprint["task"], "sha256": fingerprint["sha256"]},
   }
 
 

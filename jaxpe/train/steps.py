@@ -30,13 +30,18 @@ from jaxpe.train import sharding
 def next_token_loss(model: Callable[..., jax.Array], batch: jax.Array) -> jax.Array:
   """Mean next-token cross-entropy in nats per token (scalar float32) of ``batch [B, T + 1]`` int32:
   inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``); ``model`` maps ``[B, T]``
-  tokens to ``[B, T, V]`` logits.
+  tokens to ``[B, T, V]`` logits. A ``[B, 2, T + 1]`` batch (a synthetic task, ``jaxpe.train.tasks``)
+  is tokens ``[:, 0]`` and a 0/1 answer mask ``[:, 1]``: the mean over the answer targets only
+  (``mask[:, 1:]``; 0 for a batch without answers). Context parallelism takes only the 2-d form.
 
   Under a mesh that splits the sequence over C > 1 devices (``sharding.sequence_shards()``, inside
   ``activation_sharding``: context parallelism), inputs and targets go in the zig-zag order
   (``sharding.zigzag_inputs``; the model, a ``Decoder``, also gets each token's position and
   original slot), so every device holds the same causal work; the mean over tokens is the same.
   """
+  weights = None
+  if batch.ndim == 3:  # [B, 2, T + 1]: tokens and the answer mask of a synthetic task (jaxpe.train.tasks)
+    batch, weights = batch[:, 0], batch[:, 1, 1:].astype(jnp.float32)
   inputs, targets = batch[:, :-1], batch[:, 1:]
   shards = sharding.sequence_shards()
   if shards == 1:
@@ -44,7 +49,10 @@ def next_token_loss(model: Callable[..., jax.Array], batch: jax.Array) -> jax.Ar
   else:
     logits = model(**sharding.zigzag_inputs(inputs, shards))
     targets = context.to_zigzag(targets, shards)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  if weights is None:
+    return losses.mean()
+  return (losses * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
 def accumulated_value_and_grad(

@@ -16,7 +16,17 @@ from pathlib import Path
 import jax
 
 from jaxpe.ops import checks as _checks
-from jaxpe.train import checkpoint, data, host_devices, loop, run_checks, run_files, run_guard, sharding
+from jaxpe.train import (
+  checkpoint,
+  data,
+  host_devices,
+  loop,
+  run_checks,
+  run_files,
+  run_guard,
+  sharding,
+  tasks,
+)
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import decay_mask, make_optimizer
 from jaxpe.train.run_log import TrainResult
@@ -73,10 +83,17 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   host_devices.check_fits(cfg)  # an explicit count the mesh or batch cannot use: named, not a mesh error
   run_checks.check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
-  corpus = data.load_corpus(cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction)
+  if cfg.data.task is None:
+    corpus = data.load_corpus(
+      cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction
+    )
+    fingerprint = data.fingerprint(corpus)
+    described = corpus.describe()  # which files (and bytes) went to each side, what was skipped
+  else:  # a synthetic task (jaxpe.train.tasks): generated from the seed, fingerprinted by its config
+    corpus, fingerprint = None, tasks.fingerprint(cfg.data.task)
+    described = f"data: the synthetic task {cfg.data.task.model_dump(mode='json')} (jaxpe.train.tasks)"
   if progress and jax.process_index() == 0:
-    print(corpus.describe(), flush=True)  # which files (and bytes) went to each side, what was skipped
-  fingerprint = data.fingerprint(corpus)
+    print(described, flush=True)
   run_checks.check_processes_agree(cfg, fingerprint)  # before any process writes anything
   workdir = Path(cfg.workdir)
   workdir.mkdir(parents=True, exist_ok=True)

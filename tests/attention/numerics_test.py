@@ -337,22 +337,6 @@ def test_cpu_kernel_long_sums_stay_float32_exact():
   np.testing.assert_allclose(np.asarray(dq)[0, 0, 0], np.full(16, 0.5 * 16 * 0.1), rtol=1e-4)
 
 
-def test_passkey_keys_are_ascii_digits():
-  from jaxpe.study.passkey import KEY_DIGITS
-  from jaxpe.study.retrieval import passkey_batch
-
-  filler = np.full((1, 600), ord("a"), np.int32)
-  ok = passkey_batch(filler, 512, 0.5, ["1" * KEY_DIGITS])
-  assert ok.shape == (1, 513)
-  for key in (
-    "\u0663" * KEY_DIGITS,
-    "\u0967" * KEY_DIGITS,
-    "\uff11" * KEY_DIGITS,
-  ):  # Arabic-Indic, Devanagari, fullwidth
-    with pytest.raises(ValueError, match="digits"):
-      passkey_batch(filler, 512, 0.5, [key])
-
-
 def test_zigzag_inputs_keep_int64_documents_apart():
   from jaxpe.model.partitioning import zigzag_inputs
 

@@ -291,19 +291,51 @@ def test_compilation_cache_is_scoped_to_the_study(tmp_path):
     compilation_cache.reset_cache()
 
 
-def test_finished_model_of_another_seed_is_not_reused(tmp_path):
-  """A finished model whose saved config differs in a run-defining key (here train.seed) is refused
-  with the keys named, not evaluated and reported as the new config's."""
-  from jaxpe.study import run
+def test_finished_model_of_another_seed_or_other_data_is_not_reused(tmp_path):
+  """A finished model whose saved config differs in a run-defining key (here train.seed), or whose
+  data fingerprint (summary.json's run.data.sha256) is not the data's now, is refused with what differs
+  named, not evaluated and reported as the new config's (issue 39 kind 11: the corpus changed at the
+  same path); data.allow_changed lets it be reused, as the trainer's resume."""
+  from jaxpe.study import models
 
   cfg = study.StudyConfig(workdir=str(tmp_path), encodings=("rope",))
   old = study.model_train_config(cfg, "rope")
   Path(old.workdir).mkdir(parents=True)
   (Path(old.workdir) / "config.json").write_text(old.model_dump_json())
-  (Path(old.workdir) / "summary.json").write_text(json.dumps({"step": 3, "num_steps": 3}))
-  assert run._finished(old.model_copy(update={"num_steps": 3}))["step"] == 3
+  summary = {"step": 3, "num_steps": 3, "run": {"data": {"sha256": "a" * 64}}}
+  (Path(old.workdir) / "summary.json").write_text(json.dumps(summary))
+  assert models.finished(old.model_copy(update={"num_steps": 3}), "a" * 64)["step"] == 3
   new = study.model_train_config(
     cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": 7})}), "rope"
   )
   with pytest.raises(ValueError, match=r"seed: 0 -> 7"):
-    run._finished(new.model_copy(update={"num_steps": 3}))
+    models.finished(new.model_copy(update={"num_steps": 3}), "a" * 64)
+  with pytest.raises(
+    ValueError, match=r"trained on other data \(fingerprint aaaaaaaaaaaa, the data now gives bbbbbbbbbbbb\)"
+  ):
+    models.finished(old.model_copy(update={"num_steps": 3}), "b" * 64)
+  allowed = old.model_copy(
+    update={"num_steps": 3, "data": old.data.model_copy(update={"allow_changed": True})}
+  )
+  assert models.finished(allowed, "b" * 64)["step"] == 3
+
+
+def test_every_float_key_of_the_study_config_is_finite_and_in_range():
+  """Issue 39 kind 9 (passkey_learning_rate=inf was accepted): every float key of StudyConfig refuses
+  inf, NaN and values outside its range when configured, naming the key."""
+  for key, bad in (
+    ("finetune_learning_rate", float("inf")),
+    ("finetune_learning_rate", float("nan")),
+    ("finetune_learning_rate", 2.0),
+    ("finetune_learning_rate", 0.0),
+  ):
+    with pytest.raises(ValueError, match=key):
+      study.StudyConfig.model_validate({key: bad})
+  floats = [k for k, f in study.StudyConfig.model_fields.items() if f.annotation in (float, "float")]
+  assert floats == ["finetune_learning_rate"], floats  # a new float key gets its case above
+  with pytest.raises(ValueError, match="ignore"):
+    study.StudyConfig.model_validate({"tasks": [{"name": "flipflop", "ignore": float("inf")}]})
+  with pytest.raises(ValueError, match="learning_rate"):
+    study.StudyConfig.model_validate(
+      {"task_train": {"learning_rate": float("nan")}, "tasks": [{"name": "copy"}]}
+    )
