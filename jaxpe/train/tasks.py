@@ -171,7 +171,9 @@ def fingerprint(task: TaskConfig) -> dict[str, object]:
   task config and ``GENERATOR_VERSION``, so a checkpoint or a finished study model trained on another
   task, vocabulary or generator is refused; ``train_bytes``/``eval_bytes``/``files`` are 0 and ``task``
   names it."""
-  text = json.dumps({"task": task.model_dump(mode="json"), "version": GENERATOR_VERSION}, sort_keys=True)
+  text = json.dumps(
+    {"task": task.model_dump(mode="json"), "version": GENERATOR_VERSION}, sort_keys=True, allow_nan=False
+  )
   return {
     "sha256": hashlib.sha256(text.encode()).hexdigest(),
     "train_bytes": 0,
