@@ -378,3 +378,22 @@ def test_huge_dense_shapes_are_refused_from_the_shapes_alone():
   # the blockwise path takes these shapes (nothing dense): it traces
   out = jax.eval_shape(lambda q, k: blockwise_attention(q, k, k, scale=SCALE, block_q=512, block_k=512), q, k)
   assert out.shape == (1, 2**20, N, H)
+
+
+class _FakeDevice:
+  def __init__(self, process_index, bytes_limit=None):
+    self.process_index, self._limit = process_index, bytes_limit
+
+  def memory_stats(self):
+    return {"bytes_limit": self._limit} if self._limit else None
+
+
+def test_device_memory_counts_each_process_host_once(monkeypatch):
+  # a two-process CPU job: two hosts' memory (a dense array sharded over both fits there), counted
+  # once per host however many devices each has; accelerators by their own limits
+  monkeypatch.setattr(checks, "host_memory_bytes", lambda: 1000)
+  cpu_job = [_FakeDevice(0), _FakeDevice(0), _FakeDevice(1), _FakeDevice(1)]
+  monkeypatch.setattr(jax, "devices", lambda: cpu_job)
+  assert checks.device_memory_bytes() == 2000
+  monkeypatch.setattr(jax, "devices", lambda: [_FakeDevice(0, 300), _FakeDevice(1, 300), _FakeDevice(1)])
+  assert checks.device_memory_bytes() == 1600
