@@ -198,3 +198,17 @@ def test_a_cpu_device_count_the_mesh_cannot_use_is_refused_before_xla_makes_the_
   line = done.stderr.strip().splitlines()[-1]
   assert line.startswith("train.py: error: cpu_devices=1000000 does not fit this run's mesh or batch"), line
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+  "name, value", [("JAXPE_CPU_FLASH", "disabled"), ("JAXPE_CPU_FLASH_BUILD_TIMEOUT", "abc")]
+)
+def test_a_bad_kernel_setting_is_refused_before_the_run_makes_anything(
+  name, value, monkeypatch, capsys, tmp_path
+):
+  # it was refused at the first attention call: after the workdir, its lock and metrics were made
+  monkeypatch.setenv(name, value)
+  status = cli.main(["--config", "tiny", f"workdir={tmp_path / 'run'}", "num_steps=1", "sample_len=0"])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and len(err.splitlines()) == 1 and f"error: {name}" in err, err
+  assert not (tmp_path / "run").exists()
