@@ -132,11 +132,13 @@ def test_cpu_flash_setting_disabled_is_refused_not_taken_as_on(monkeypatch):
 
 
 def test_kernel_scratch_is_o_of_s_per_thread():
-  # closed form of the C++ Scratch vectors (BQ = 64, PAD = 16): forward + backward floats
+  # closed form of the C++ Scratch and BwdScratch vectors (BQ = 64, PAD = 16), in floats (a double
+  # counts two): Scratch kt, vp, sc, o, qs and the float64 od [BQ, max(Hp, Hqp)]; BwdScratch kp, vt,
+  # dkp, dvp, dsc, dop, qp, dqb and the float64 dk / dv sums dkd, dvd
   s, hq, h = 100, 20, 17
   sp, hqp, hp = 112, 32, 32
-  forward = hq * sp + s * hp + 64 * (sp + hp + hqp)
-  backward = 2 * s * hqp + h * sp + s * hp + 64 * (sp + hp + 2 * hqp)
+  forward = hq * sp + s * hp + 64 * sp + 64 * hp + 64 * hqp + 2 * 64 * max(hp, hqp)
+  backward = 2 * s * hqp + h * sp + s * hp + 64 * (sp + hp + 2 * hqp) + 2 * s * hqp + 2 * s * hp
   assert cpu_flash.workspace_bytes(5, s, hq, h) == 4 * (forward + backward)
   need, room = cpu_flash.scratch_fits(5, s, hq, h)
   assert need >= 4 * (forward + backward) and room == int(0.5 * checks.host_memory_bytes())
