@@ -113,6 +113,18 @@ def available() -> bool:
   return _load()
 
 
+def check_settings() -> None:
+  """Reads the kernel's environment settings as its first use does (``JAXPE_CPU_FLASH``, and when
+  it is on ``JAXPE_CPU_FLASH_BUILD_TIMEOUT``), so a run refuses a bad value before it starts
+  rather than at its first attention call (after the workdir is made and the data read).
+
+  Raises:
+    ValueError: a setting that is not on/off, a build timeout that is not a number > 0 (named).
+  """
+  if _checks.env_flag("JAXPE_CPU_FLASH", True):
+    native.build_timeout()
+
+
 def unavailable_reason() -> str | None:
   """Why ``available()`` is False: no compiler, a failed build (the compiler's message), or
   ``JAXPE_CPU_FLASH=0``; None when it is True."""
@@ -354,6 +366,7 @@ __all__ = [
   "MEMORY_FRACTION",
   "SOURCE",
   "available",
+  "check_settings",
   "cpu_flash_attention",
   "scratch_fits",
   "unavailable_reason",

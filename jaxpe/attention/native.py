@@ -150,7 +150,10 @@ def build(source: Path) -> Path:
           f"({cxx}; set JAXPE_CPU_FLASH_BUILD_TIMEOUT=<seconds> to wait longer)"
         ) from None
       if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
+        said = done.stderr.strip()[-2000:] or "(it wrote nothing to stderr)"
+        raise RuntimeError(f"{' '.join(cmd)} failed ({_exit_status(done.returncode)}):\n{said}")
+      if not built.is_file():
+        raise RuntimeError(f"{' '.join(cmd)} exited 0 but wrote no library to {built}")
       digest = Path(tmp) / (target.name + ".sha256")
       digest.write_text(hashlib.sha256(built.read_bytes()).hexdigest())
       os.replace(built, target)  # the library, then its digest: a reader that sees a digest
@@ -158,6 +161,16 @@ def build(source: Path) -> Path:
   except (OSError, subprocess.SubprocessError) as err:
     raise RuntimeError(f"could not build {source.name} in {target.parent}: {err}") from err
   return target
+
+
+def _exit_status(returncode: int) -> str:
+  """A process's exit as words: ``exit status 3``, or the signal that killed it (``SIGSEGV``)."""
+  if returncode >= 0:
+    return f"exit status {returncode}"
+  try:
+    return f"killed by {signal.Signals(-returncode).name}"
+  except ValueError:
+    return f"killed by signal {-returncode}"
 
 
 def _intact(target: Path) -> bool:
@@ -183,11 +196,7 @@ def _probe(path: Path, symbols: list[str]) -> str | None:
   except OSError as err:
     return f"no process could test-load it ({err})"
   if done.returncode < 0:
-    try:
-      name = signal.Signals(-done.returncode).name
-    except ValueError:
-      name = f"signal {-done.returncode}"
-    return f"loading it kills the process ({name})"
+    return f"loading it kills the process ({_exit_status(done.returncode).removeprefix('killed by ')})"
   if done.returncode:
     return f"it does not load: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
   return None

@@ -67,7 +67,8 @@ def config_from_hf(
     ValueError: not a BLOOM config (``model_type``), non-positive or non-integer sizes,
       ``hidden_size`` not divisible by ``n_head``, or
       ``apply_residual_connection_post_layernorm=True`` (not supported by jaxpe's decoder).
-    TypeError: ``hf_config`` neither a mapping nor a config object.
+    TypeError: ``hf_config`` neither a mapping nor a config object; ``layer_norm_epsilon`` or
+      ``initializer_range`` not a number (a bool, a string).
   """
   raw = _hf_config_dict(hf_config)
   model_type = raw.get("model_type")
@@ -98,14 +99,22 @@ def config_from_hf(
     pos_encoding="alibi",
     use_bias=True,
     embed_layernorm=True,
-    layernorm_eps=float(raw["layer_norm_epsilon"]),
+    layernorm_eps=_real(raw, "layer_norm_epsilon"),
     gelu_approximate=True,
     tie_embeddings=bool(raw["tie_word_embeddings"]),
     dtype=dtype,
-    init_std=float(raw["initializer_range"]),
+    init_std=_real(raw, "initializer_range"),
   )
   fields.update(overrides)
   return ModelConfig(**fields)
+
+
+def _real(raw: dict[str, Any], key: str) -> float:
+  """``raw[key]`` as a float: a JSON number, not a bool (``float(True)`` is 1.0) or a string."""
+  value = raw[key]
+  if isinstance(value, bool) or not isinstance(value, int | float):
+    raise _checks.ArgTypeError(f"config {key} must be a number, got {value!r} ({type(value).__name__})")
+  return float(value)
 
 
 def check_bloom_compatible(cfg: ModelConfig) -> None:

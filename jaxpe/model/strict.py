@@ -14,6 +14,9 @@ from jaxpe.emulation import MAX_POSITION as EMULATION_MAX_POSITION
 from jaxpe.ops import checks
 
 MAX_DIM, MAX_POSITION, MAX_INT32 = checks.MAX_DIM, checks.MAX_POSITION, checks.MAX_INT32
+MAX_INT64 = 2**63 - 1
+"""Every int key, also one no op bounds (``data.max_bytes``, ``eval_every``): larger ints overflow
+numpy and Python's floats (``data.max_bytes=1e400`` as digits was an ``OverflowError`` traceback)."""
 """The ops' bounds (``jaxpe.ops.checks``): sizes (dims, heads, vocabulary, layers, buckets) <=
 ``MAX_DIM`` = 2^20; lengths and positions <= ``MAX_POSITION`` = 2^31 (int32 token indices); the
 emulation's context <= ``EMULATION_MAX_POSITION`` = 2^24 (``jaxpe.emulation``); step counts <=
@@ -28,6 +31,7 @@ __all__ = [
   "EMULATION_MAX_POSITION",
   "MAX_DIM",
   "MAX_INT32",
+  "MAX_INT64",
   "MAX_POSITION",
   "Length",
   "StrictConfig",
@@ -47,7 +51,8 @@ class StrictConfig(pydantic.BaseModel):
   """Base of every jaxpe config: frozen, no unknown keys, strict types (ints for floats), no inf/NaN,
   and every float (also inside a tuple) a usable float32 (``jaxpe.ops.checks.float32_problem``: at
   most ~3.4e38 in magnitude, and a key declared > 0 at least ~1.2e-38), the dtype the ops compute in,
-  so ``fire_init_L=1e39`` is refused naming the key instead of becoming inf in the first step."""
+  so ``fire_init_L=1e39`` is refused naming the key instead of becoming inf in the first step; every
+  int at most ``MAX_INT64`` in magnitude."""
 
   model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -57,6 +62,10 @@ class StrictConfig(pydantic.BaseModel):
     positive = _positive(cls.model_fields[info.field_name])
     for v in value if isinstance(value, tuple) else (value,):
       problem = checks.float32_problem(v, positive=positive) if isinstance(v, float) else None
+      if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT64:
+        digits = str(v)
+        shown = digits if len(digits) <= 24 else f"a {len(digits.lstrip('-'))}-digit integer"
+        problem = f"must be at most 2^63 - 1 = {MAX_INT64} in magnitude (a 64-bit integer), got {shown}"
       if problem:
         raise ValueError(problem)
     return value

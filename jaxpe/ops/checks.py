@@ -262,19 +262,21 @@ def host_memory_bytes() -> int:
 
 def device_memory_bytes() -> int:
   """The memory of JAX's devices together: each accelerator's ``bytes_limit`` (``memory_stats``),
-  the machine's physical memory once for CPU devices and devices without statistics. A size beyond
-  it cannot fit however the array is sharded, so checks against it never refuse what could run."""
-  total, host = 0, False
+  the machine's physical memory once per process for CPU devices and devices without statistics
+  (a multi-process job's hosts each hold their own; the other hosts are taken to have this one's).
+  A size beyond it cannot fit however the array is sharded, so checks against it never refuse what
+  could run."""
+  total, hosts = 0, set()
   for device in jax.devices():
     try:
       stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 (backends without memory statistics)
+    except Exception:  # noqa: BLE001 (backends without memory statistics; another process's devices)
       stats = None
     if stats and stats.get("bytes_limit"):
       total += int(stats["bytes_limit"])
-    elif not host:
-      total, host = total + host_memory_bytes(), True
-  return total
+    else:
+      hosts.add(getattr(device, "process_index", 0))
+  return total + len(hosts) * host_memory_bytes()
 
 
 def check_fits(name: str, need: int, available: int, what: str, fix: str) -> None:

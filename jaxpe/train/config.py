@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-import yaml
 
 from jaxpe.model import partitioning
 from jaxpe.model.config import LogicalRules, ModelConfig, StrictConfig
 from jaxpe.model.strict import Length, Steps
 from jaxpe.train import tasks
 from jaxpe.train.data_config import DataConfig, TaskConfig  # noqa: F401 (TaskConfig: re-exported)
+from jaxpe.train.yaml_text import load_yaml_file, parse_value
 
 
 class DistributedConfig(StrictConfig):
@@ -213,7 +213,7 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any, *, unique: bool) -> 
 
 
 def parse_overrides(overrides: list[str], *, unique: bool = False) -> dict[str, Any]:
-  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax (``_parse_value``).
+  """Turns ``["a.b=1", "c=x"]`` into a nested dict; values use YAML syntax (``jaxpe.train.yaml_text.parse_value``).
 
   Args:
     overrides: ``key=value`` strings, dotted keys.
@@ -237,85 +237,8 @@ def parse_overrides(overrides: list[str], *, unique: bool = False) -> dict[str, 
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
       raise ValueError(f"override must look like key=value, got {item!r}")
-    _set_dotted(tree, key.strip(), _parse_value(raw, key.strip()), unique=unique)
+    _set_dotted(tree, key.strip(), parse_value(raw, key.strip()), unique=unique)
   return tree
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-  """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML keeps the last)."""
-
-  def construct_mapping(self, node, deep=False):
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-      key = self.construct_object(key_node, deep=True)
-      line = key_node.start_mark.line + 1
-      if key in seen:
-        raise yaml.constructor.ConstructorError(
-          None, None, f"duplicate key {key!r} (first given on line {seen[key]})", key_node.start_mark
-        )
-      seen[key] = line
-    return super().construct_mapping(node, deep=deep)
-
-
-def _read_text(path: Path, source: str) -> str:
-  """``path``'s UTF-8 text.
-
-  Raises:
-    ValueError: bytes that are not UTF-8, naming ``source``, the line and the byte.
-  """
-  data = path.read_bytes()
-  try:
-    return data.decode()
-  except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
-    raise ValueError(f"{source} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
-
-
-def _load_yaml(text: str, source: str) -> Any:
-  """Parses YAML ``text``; errors name ``source`` (a file or an override) and the line.
-
-  Raises:
-    ValueError: invalid YAML or a duplicate key.
-  """
-  try:
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-  except yaml.YAMLError as e:
-    mark = getattr(e, "problem_mark", None)
-    where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(e, "problem", None) or str(e)
-    raise ValueError(f"{source}{where}: {problem}") from None
-
-
-def _parse_value(raw: str, key: str = "") -> Any:
-  """YAML value syntax, plus unquoted numbers YAML 1.1 reads as strings (``1e-2``); quoted values
-  (``'1e3'``) stay strings. The value's type is then checked by the schema (strict: ``workdir=1e3``
-  or ``sample_prompt=yes`` are refused, not turned into strings).
-
-  Raises:
-    ValueError: an empty value, invalid YAML, or text after the value that YAML would drop as a
-      comment (``path=my text #2.txt`` would read ``my text``).
-  """
-  where = f"override {key}={raw!r}" if key else f"override value {raw!r}"
-  if not raw.strip():
-    raise ValueError(
-      f"{where} has no value; write {key or 'key'}=null for null or quote an empty string ('')"
-    )
-  value = _load_yaml(raw, where)
-  try:
-    node = yaml.compose(raw, Loader=yaml.SafeLoader)
-  except yaml.YAMLError:  # pragma: no cover (parsed above)
-    node = None
-  if node is None or raw[node.end_mark.index :].strip():
-    raise ValueError(
-      f"{where}: YAML reads the text after ' #' as a comment and drops it; quote the value "
-      f"({key or 'key'}='...') to keep it"
-    )
-  if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
-    try:
-      return float(value)
-    except ValueError:
-      pass
-  return value
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -326,28 +249,6 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     else:
       out[key] = value
   return out
-
-
-def load_yaml_file(path: str | Path, what: str = "config file") -> dict[str, Any]:
-  """The mapping in the YAML file ``path`` (``{}`` for an empty file).
-
-  Raises:
-    FileNotFoundError: ``path`` does not exist.
-    ValueError: a directory, not UTF-8, not valid YAML, a key given twice in one mapping (named with its line),
-      or not a mapping at the top.
-  """
-  path = Path(path)
-  source = f"{what} {str(path)!r}"
-  if path.is_dir():
-    raise ValueError(f"{source} is a directory; give a YAML file")
-  if not path.is_file():
-    raise FileNotFoundError(f"{source} does not exist")
-  raw = _load_yaml(_read_text(path, source), source)
-  if raw is None:
-    return {}
-  if not isinstance(raw, dict):
-    raise ValueError(f"{source} must hold a mapping, got {type(raw).__name__}")
-  return raw
 
 
 def with_data_path(

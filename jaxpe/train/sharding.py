@@ -261,10 +261,10 @@ def _distributed_settings(cfg: DistributedConfig) -> tuple[bool, str | None, int
   def from_env(value, name):
     if value is not None or env.get(name) in (None, ""):
       return value
-    try:
-      return int(env[name])
-    except ValueError:
-      raise ValueError(f"{name}={env[name]!r} is not an integer") from None
+    raw = env[name].strip()
+    if not (raw.isascii() and raw.lstrip("-").isdigit()):  # int() also reads '٢', '1_0', '+2'
+      raise ValueError(f"{name}={env[name]!r} is not an integer")
+    return int(raw)
 
   address = cfg.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
   num = from_env(cfg.num_processes, "JAX_NUM_PROCESSES")
@@ -291,7 +291,7 @@ def _distributed_settings(cfg: DistributedConfig) -> tuple[bool, str | None, int
       f"a multi-process run needs {' and '.join(missing)}; it has none, so it cannot form the job"
     )
   host, _, port = address.rpartition(":")
-  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+  if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
     raise ValueError(f"distributed.coordinator_address must be host:port (port 1-65535), got {address!r}")
   if num < 1 or not 0 <= pid < num:
     raise ValueError(

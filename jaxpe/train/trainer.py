@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 
+from jaxpe.attention import cpu_flash
 from jaxpe.ops import checks as _checks
 from jaxpe.train import (
   checkpoint,
@@ -79,6 +80,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     checkpoint.CheckpointError: checkpoints cannot be written, or none of the saved ones is intact.
   """
   start, progress = time.time(), _checks.check_bool("progress", progress)
+  cpu_flash.check_settings()  # JAXPE_CPU_FLASH=disabled: refused before anything is made or read
   host_devices.apply(cfg, auto=False)  # an explicit count is honoured or refused, never ignored
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   host_devices.check_fits(cfg)  # an explicit count the mesh or batch cannot use: named, not a mesh error

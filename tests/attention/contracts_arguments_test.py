@@ -132,11 +132,13 @@ def test_cpu_flash_setting_disabled_is_refused_not_taken_as_on(monkeypatch):
 
 
 def test_kernel_scratch_is_o_of_s_per_thread():
-  # closed form of the C++ Scratch vectors (BQ = 64, PAD = 16): forward + backward floats
+  # closed form of the C++ Scratch and BwdScratch vectors (BQ = 64, PAD = 16), in floats (a double
+  # counts two): Scratch kt, vp, sc, o, qs and the float64 od [BQ, max(Hp, Hqp)]; BwdScratch kp, vt,
+  # dkp, dvp, dsc, dop, qp, dqb and the float64 dk / dv sums dkd, dvd
   s, hq, h = 100, 20, 17
   sp, hqp, hp = 112, 32, 32
-  forward = hq * sp + s * hp + 64 * (sp + hp + hqp)
-  backward = 2 * s * hqp + h * sp + s * hp + 64 * (sp + hp + 2 * hqp)
+  forward = hq * sp + s * hp + 64 * sp + 64 * hp + 64 * hqp + 2 * 64 * max(hp, hqp)
+  backward = 2 * s * hqp + h * sp + s * hp + 64 * (sp + hp + 2 * hqp) + 2 * s * hqp + 2 * s * hp
   assert cpu_flash.workspace_bytes(5, s, hq, h) == 4 * (forward + backward)
   need, room = cpu_flash.scratch_fits(5, s, hq, h)
   assert need >= 4 * (forward + backward) and room == int(0.5 * checks.host_memory_bytes())
@@ -378,3 +380,22 @@ def test_huge_dense_shapes_are_refused_from_the_shapes_alone():
   # the blockwise path takes these shapes (nothing dense): it traces
   out = jax.eval_shape(lambda q, k: blockwise_attention(q, k, k, scale=SCALE, block_q=512, block_k=512), q, k)
   assert out.shape == (1, 2**20, N, H)
+
+
+class _FakeDevice:
+  def __init__(self, process_index, bytes_limit=None):
+    self.process_index, self._limit = process_index, bytes_limit
+
+  def memory_stats(self):
+    return {"bytes_limit": self._limit} if self._limit else None
+
+
+def test_device_memory_counts_each_process_host_once(monkeypatch):
+  # a two-process CPU job: two hosts' memory (a dense array sharded over both fits there), counted
+  # once per host however many devices each has; accelerators by their own limits
+  monkeypatch.setattr(checks, "host_memory_bytes", lambda: 1000)
+  cpu_job = [_FakeDevice(0), _FakeDevice(0), _FakeDevice(1), _FakeDevice(1)]
+  monkeypatch.setattr(jax, "devices", lambda: cpu_job)
+  assert checks.device_memory_bytes() == 2000
+  monkeypatch.setattr(jax, "devices", lambda: [_FakeDevice(0, 300), _FakeDevice(1, 300), _FakeDevice(1)])
+  assert checks.device_memory_bytes() == 1600

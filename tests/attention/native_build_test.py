@@ -224,3 +224,19 @@ def test_an_intact_library_in_a_read_only_cache_is_copied_to_the_temporary_folde
     copy.unlink()
   target.write_bytes(target.read_bytes()[:100])  # damaged: no copy to load
   assert native._private_copy(target) is None
+
+
+@pytest.mark.parametrize(
+  "body, said",
+  [
+    ("exit 3", r"failed \(exit status 3\):\n\(it wrote nothing to stderr\)"),  # CXX=/bin/false
+    ("kill -SEGV $$", r"failed \(killed by SIGSEGV\)"),
+    ("exit 0", "exited 0 but wrote no library"),  # CXX=/bin/true
+  ],
+)
+def test_a_failing_compiler_is_named_with_its_exit(tmp_path, monkeypatch, body, said):
+  monkeypatch.setenv("CXX", str(_fake_compiler(tmp_path, body)))
+  monkeypatch.setenv("JAXPE_CACHE_DIR", str(tmp_path / "cache"))
+  with pytest.raises(RuntimeError, match=said):
+    native.build(_source(tmp_path))
+  assert not list((tmp_path / "cache").glob("*.so"))  # nothing cached

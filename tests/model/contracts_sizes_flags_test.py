@@ -112,3 +112,17 @@ def test_a_flag_is_a_bool_not_a_truth_value(call, name, value):
     assert ops.rope_from_hf_config(DEEPSEEK_V3).layout == "interleaved"
   with pytest.raises(TypeError, match=rf"^{name}\w* must be a bool, got"):
     call(value)
+
+
+@pytest.mark.parametrize("key", ["layer_norm_epsilon", "initializer_range"])
+@pytest.mark.parametrize("value", [True, "1e-5", "abc", [1e-5]])
+def test_bloom_config_numbers_are_json_numbers(key, value):
+  # float(True) was 1.0 (a LayerNorm eps of 1 without a word); float("abc") a raw ValueError
+  with pytest.raises(TypeError, match=rf"^config {key} must be a number, got"):
+    config_from_hf({"model_type": "bloom", key: value})
+  assert (
+    config_from_hf({"model_type": "bloom", key: 0.25}).model_dump()[
+      "layernorm_eps" if key == "layer_norm_epsilon" else "init_std"
+    ]
+    == 0.25
+  )

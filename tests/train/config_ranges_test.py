@@ -147,6 +147,42 @@ def test_the_command_line_refuses_at_once_in_one_line_naming_the_dotted_key(over
     load_config(None, [override])
 
 
+def _takes_int(annotation) -> bool:
+  if annotation is int:
+    return True
+  return any(_takes_int(a) for a in typing.get_args(annotation))
+
+
+INT_KEYS = [
+  pytest.param(cls, name, id=f"{cls.__name__}.{name}")
+  for cls in SECTIONS
+  for name, field in cls.model_fields.items()
+  if _takes_int(field.annotation)
+]
+
+
+@pytest.mark.parametrize("cls, name", INT_KEYS)
+def test_every_int_key_refuses_what_a_64_bit_integer_cannot_hold(cls, name):
+  # data.max_bytes=<400 digits> passed the config and died in load_corpus with a raw OverflowError
+  # (a key with its own upper bound is refused by it; every other key by the 64-bit bound)
+  listed = "tuple" in str(cls.model_fields[name].annotation)  # mesh_shape, no_rope_layers: one entry
+  for value, said in ((10**400, "a 401-digit integer"), (2**63, str(2**63))):
+    message = _errors(cls, {name: (1, value, 1) if listed else value}).get(name, "")
+    assert "less than" in message or (f"2^63 - 1 = {2**63 - 1}" in message and said in message), message
+  assert "2^63" not in _errors(cls, {name: 2**63 - 1}).get(name, "")
+
+
+def test_the_int_keys_are_enumerated_from_the_schemas():
+  names = {p.id for p in INT_KEYS}
+  assert {"DataConfig.max_bytes", "TrainConfig.eval_every", "TrainConfig.batch_size"} <= names, names
+
+
+def test_max_bytes_past_int64_is_one_line_naming_the_key(capsys, tmp_path):
+  status = cli.main(["--config", "tiny", f"workdir={tmp_path / 'run'}", "data.max_bytes=1" + "0" * 400])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and len(err.splitlines()) == 1 and "error: data.max_bytes: " in err, err
+
+
 def test_a_cpu_device_count_the_mesh_cannot_use_is_refused_before_xla_makes_the_devices(tmp_path):
   # main: cpu_devices=1000000 set jax_num_cpu_devices and the run hung while XLA made the devices
   train = Path(__file__).resolve().parents[2] / "train" / "train.py"
@@ -161,4 +197,18 @@ def test_a_cpu_device_count_the_mesh_cannot_use_is_refused_before_xla_makes_the_
   assert done.returncode == 2, done.stderr[-2000:]
   line = done.stderr.strip().splitlines()[-1]
   assert line.startswith("train.py: error: cpu_devices=1000000 does not fit this run's mesh or batch"), line
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+  "name, value", [("JAXPE_CPU_FLASH", "disabled"), ("JAXPE_CPU_FLASH_BUILD_TIMEOUT", "abc")]
+)
+def test_a_bad_kernel_setting_is_refused_before_the_run_makes_anything(
+  name, value, monkeypatch, capsys, tmp_path
+):
+  # it was refused at the first attention call: after the workdir, its lock and metrics were made
+  monkeypatch.setenv(name, value)
+  status = cli.main(["--config", "tiny", f"workdir={tmp_path / 'run'}", "num_steps=1", "sample_len=0"])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and len(err.splitlines()) == 1 and f"error: {name}" in err, err
   assert not (tmp_path / "run").exists()

@@ -77,6 +77,13 @@ def test_distributed_settings_that_cannot_form_a_job_are_refused_at_once(setting
   "env, message",
   [
     ({"JAX_NUM_PROCESSES": "two"}, r"JAX_NUM_PROCESSES='two' is not an integer"),
+    # int() reads non-ASCII digits and underscores: '\u0662' (Arabic-Indic 2) was a 2-process job
+    ({"JAX_NUM_PROCESSES": "\u0662", "JAX_PROCESS_ID": "0"}, r"JAX_NUM_PROCESSES='\u0662' is not an integer"),
+    ({"JAX_NUM_PROCESSES": "1_0", "JAX_PROCESS_ID": "0"}, r"JAX_NUM_PROCESSES='1_0' is not an integer"),
+    (
+      {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:\u00b2", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"},
+      r"coordinator_address must be host:port",  # '²'.isdigit(), then int('²'): a raw 'invalid literal'
+    ),
     ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}, r"needs distributed\.coordinator_address"),
     (
       {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_PROCESS_ID": "0"},
