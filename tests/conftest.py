@@ -147,10 +147,44 @@ def text_file(tmp_path_factory) -> str:
   return str(path)
 
 
+# The files whose tests take longest (seconds to minutes each: training runs, subprocesses, studies),
+# heaviest first, from the suite's profile (``--durations``). They run before every other file:
+# pytest-xdist hands the first quarter of the tests out round-robin and the rest as workers finish,
+# so long tests started first are spread over the workers and the session ends on short ones; in
+# collection order (study/ and train/ last) one worker ran the last long test while the other idled.
+# Each file keeps its own order (its module fixtures are set up once). A file not listed runs after
+# these, in collection order.
+SLOW_FIRST = (
+  "tests/study/retrieval_test.py",
+  "tests/train/fault_test.py",
+  "tests/train/host_devices_test.py",
+  "tests/train/trainer_test.py",
+  "tests/train/scale_test.py",
+  "tests/train/context_parallel_test.py",
+  "tests/attention/native_build_test.py",
+  "tests/ops/hf_families_test.py",
+  "tests/model/generate_test.py",
+  "tests/attention/numerics_test.py",
+  "tests/study/study_test.py",
+  "tests/train/contracts_runs_test.py",
+  "tests/benchmarks_test.py",
+  "tests/model/model_test.py",
+  "tests/attention/cpu_flash_test.py",
+  "tests/model/decoder_pe_test.py",
+  "tests/docs_test.py",
+  "tests/train/contracts_cli_test.py",
+  "tests/train/tasks_test.py",
+  "tests/train/run_log_test.py",
+)
+
+
 def pytest_collection_modifyitems(items):
-  """Marks the jax.jit variants of the chex property tests (``@chex.variants(with_jit=True, ...)``
-  names them ``<test>__with_jit``) with ``jit``: ``pytest -m jit`` runs them all, ``-m 'not jit'``
-  skips them."""
+  """Runs the ``SLOW_FIRST`` files first (stable: each file keeps its order; every process of an
+  xdist session sorts the same collection alike). Marks the jax.jit variants of the chex property
+  tests (``@chex.variants(with_jit=True, ...)`` names them ``<test>__with_jit``) with ``jit``:
+  ``pytest -m jit`` runs them all, ``-m 'not jit'`` skips them."""
+  rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(SLOW_FIRST)))
   for item in items:
     if item.name.endswith("__with_jit"):
       item.add_marker(pytest.mark.jit)

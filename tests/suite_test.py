@@ -76,3 +76,18 @@ def test_a_program_a_subprocess_compiled_is_loaded_here_not_compiled():
   finally:
     jax.monitoring.unregister_event_listener(listen)
   assert hits, "the program the subprocess compiled was compiled again here"
+
+
+def test_the_slow_files_run_first_and_exist(request):
+  """conftest's SLOW_FIRST names files that exist (a renamed file would silently lose its place) and
+  the session's collection starts with them, in that order."""
+  import conftest
+
+  root = request.config.rootpath
+  missing = [name for name in conftest.SLOW_FIRST if not (root / name).is_file()]
+  assert not missing, f"conftest.SLOW_FIRST names files that do not exist: {missing}"
+  files = [item.nodeid.split("::")[0] for item in request.session.items]
+  listed = [f for f in dict.fromkeys(files) if f in conftest.SLOW_FIRST]
+  assert listed == [f for f in conftest.SLOW_FIRST if f in files]  # in SLOW_FIRST's order
+  first_other = next((i for i, f in enumerate(files) if f not in conftest.SLOW_FIRST), len(files))
+  assert all(f not in conftest.SLOW_FIRST for f in files[first_other:])
