@@ -180,7 +180,7 @@ def compare_rows(label: str, cfg: ModelConfig, *, batch: int, seq: int, rounds: 
         "ms",
         ratio=t_jax / t_ref,
         vs=f"{reference} {t_ref * 1e3:.0f} ms",
-        goal="<= 0.8" if reference == "torch eager" else None,
+        goal="<= 0.8" if reference == "torch eager" else "<= 1.1",  # issue 36 (eager: its stretch)
         torch_ceiling_ratio=t_ceil / t_ref,
         one_device_ratio=t_one / t_ref,
       )
