@@ -1,8 +1,9 @@
 """Retrieval on the synthetic tasks: the scores against a numpy argmax and float64 log-softmax of the
 same logits, the seeds and samples combination and the paired differences against numpy, a tiny study
 with a task (every row scored, the emulation check within tolerance, rope_pi_ft fine-tuned on the task,
-a rerun reusing every cache), a study killed while training a task model whose resumed tables equal an
-uninterrupted one's, and the quick config's task models reaching their accuracy goal at 1x."""
+a rerun reusing every cache; MQAR's models started from the copy models by task_init), a study killed while
+training a task model whose resumed tables equal an uninterrupted one's, the curriculum keys' config checks,
+and the quick config's task models (copy, then MQAR from copy) reaching their accuracy goal at 1x."""
 
 import math
 from pathlib import Path
@@ -147,6 +148,7 @@ def test_study_with_a_task_and_its_resume(tmp_path, text_file, monkeypatch):  # 
   assert set(report["retrieval_vs_alibi"]["copy"]) == set()  # no rope_alibi row here
   md = (tmp_path / "straight" / "study.md").read_text()
   assert "### copy" in md and "Exact match per answer token" in md and "| rope + position interpolation" in md
+  assert "### mqar" in md and "started from the copy models of the same encoding and seed" in md
   assert (tmp_path / "straight" / "retrieval.png").stat().st_size > 0
   assert (Path(study.model_train_config(cfg, "rope", 0, COPY).workdir) / "finetuned_rope_pi_ft.npz").is_file()
 
@@ -192,3 +194,39 @@ def test_quick_config_reaches_its_accuracy_goal(tmp_path, standard_training, nam
     samples = tasks.held_out(task, seed=retrieval_run.EVAL_SEED, count=quick.task_samples, length=t)
     got = study.score_task(study.load_trained(cfg), samples, quick.eval_batch_size)
     assert np.mean(got["token_accuracy"]) >= 0.95, (task.name, name, np.mean(got["token_accuracy"]))
+
+
+def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, text_file):  # noqa: F811
+  flip = study.TaskConfig(name="flipflop")
+  ok = task_study(
+    tmp_path, text_file, tasks=(COPY, flip, MQAR), task_init={}, task_train_by_task={"mqar": {"num_steps": 3}}
+  )
+  # without task_init, a task's vocabulary is its own and no init_from; task_train_by_task touches only its task
+  assert study.model_train_config(ok, "rope", 0, MQAR).model.vocab_size == 2 + 16 + 16
+  assert study.model_train_config(ok, "rope", 0, MQAR).init_from is None
+  assert study.model_train_config(ok, "rope", 0, COPY).num_steps == 4
+  assert study.model_train_config(ok, "rope", 0, MQAR).num_steps == 3
+  bad = {
+    "names tasks not in tasks: \\['passkey'\\]": {"task_train_by_task": {"passkey": {"num_steps": 3}}},
+    "task_init mqar: nope: both must be names of tasks": {"task_init": {"mqar": "nope"}},
+    "task_init copy: mqar: the source must be listed before": {"task_init": {"copy": "mqar"}},
+    "task_init mqar: flipflop: flipflop is itself started from copy \\(no chains\\)": {
+      "task_init": {"flipflop": "copy", "mqar": "flipflop"}
+    },
+    f"task_init mqar: flipflop: the target's vocabulary \\(34 tokens\\) exceeds the source's \\({tasks.vocab_size(flip)}\\)": {
+      "task_init": {"mqar": "flipflop"}
+    },
+    "same architecture and seq_len .* got model keys \\['d_model'\\]": {
+      "task_init": {"mqar": "copy"},
+      "task_train_by_task": {"mqar": {"model": {"d_model": 48}}},
+    },
+    "seq_len 16 -> 32": {"task_init": {"mqar": "copy"}, "task_train_by_task": {"mqar": {"seq_len": 32}}},
+    "task_train_by_task.mqar must not set data": {"task_train_by_task": {"mqar": {"data": {}}}},
+    "task_train_by_task.mqar must not set init_from": {"task_train_by_task": {"mqar": {"init_from": "x"}}},
+    "task_train must not set init_from": {"task_train": {"init_from": "x"}},
+  }
+  raw = ok.model_dump(mode="python")
+  study.StudyConfig.model_validate({**raw, "task_init": {"mqar": "copy"}})  # the valid curriculum
+  for message, update in bad.items():
+    with pytest.raises(ValueError, match=message):
+      study.StudyConfig.model_validate({**raw, **update})
