@@ -124,6 +124,15 @@ class StudyConfig(pydantic.BaseModel):
     default_factory=dict,
     description="train keys of the task models over train's (e.g. seq_len, num_steps, learning_rate, model.d_model)",
   )
+  task_train_by_task: dict[str, dict[str, Any]] = pydantic.Field(
+    default_factory=dict,
+    description="per task name: train keys over task_train for that task's models (e.g. {mqar: {num_steps: 500}})",
+  )
+  task_init: dict[str, str] = pydantic.Field(
+    default_factory=dict,
+    description="curriculum: task -> an earlier task in tasks whose finished model of the same encoding and "
+    "seed starts it (train.init_from); the task's models take the source's vocab_size",
+  )
   task_samples: int = pydantic.Field(64, gt=1, description="held-out samples per task and eval length")
   train: TrainConfig = TrainConfig()
 
@@ -149,9 +158,15 @@ class StudyConfig(pydantic.BaseModel):
     names = [t.name for t in self.tasks]
     if len(set(names)) != len(names):
       raise ValueError(f"tasks must have distinct names, got {names}")
+    _check_curriculum(self, names)
     if self.tasks:
-      if "data" in self.task_train:
-        raise ValueError("task_train must not set data (the task is the data: give it under tasks)")
+      for where, keys in [("task_train", self.task_train)] + [
+        (f"task_train_by_task.{k}", v) for k, v in self.task_train_by_task.items()
+      ]:
+        if "data" in keys:
+          raise ValueError(f"{where} must not set data (the task is the data: give it under tasks)")
+        if "init_from" in keys:
+          raise ValueError(f"{where} must not set init_from (task_init starts a task from another's models)")
       try:  # every task model's TrainConfig, and every eval length the generators must fill
         for task in self.tasks:
           cfg = task_train_config(self, task)
@@ -160,6 +175,16 @@ class StudyConfig(pydantic.BaseModel):
           )
       except (ValueError, pydantic.ValidationError) as e:
         raise ValueError(f"task_train / tasks: {e}") from None
+      for target, source in self.task_init.items():  # the source's weights fit the target's models
+        by_name = {t.name: task_train_config(self, t) for t in self.tasks if t.name in (target, source)}
+        a, b = by_name[source], by_name[target]
+        if (a.model, a.seq_len) != (b.model, b.seq_len):
+          diff = sorted(k for k, v in b.model if getattr(a.model, k) != v)
+          raise ValueError(
+            f"task_init {target}: {source}: the two tasks' models must have the same architecture and "
+            f"seq_len (the source's parameters start the target's), got model keys {diff} and seq_len "
+            f"{a.seq_len} -> {b.seq_len} (set them in task_train, not task_train_by_task)"
+          )
     return self
 
   @property
@@ -168,16 +193,43 @@ class StudyConfig(pydantic.BaseModel):
     return self.eval_multiples[-1] * self.train.seq_len
 
 
+def _check_curriculum(study: StudyConfig, names: list[str]) -> None:
+  """``task_train_by_task`` names tasks of ``tasks``; ``task_init`` maps a task to one listed before it
+  that is not itself started from another (no chains), with a vocabulary at least the target's."""
+  unknown = sorted(set(study.task_train_by_task) - set(names))
+  if unknown:
+    raise ValueError(f"task_train_by_task names tasks not in tasks: {unknown} (tasks: {names})")
+  for target, source in study.task_init.items():
+    where = f"task_init {target}: {source}"
+    if target not in names or source not in names:
+      raise ValueError(f"{where}: both must be names of tasks ({names})")
+    if names.index(source) >= names.index(target):
+      raise ValueError(
+        f"{where}: the source must be listed before the target in tasks ({names}), to train first"
+      )
+    if source in study.task_init:
+      raise ValueError(f"{where}: {source} is itself started from {study.task_init[source]} (no chains)")
+    by_name = {t.name: t for t in study.tasks}
+    if tasks.vocab_size(by_name[target]) > tasks.vocab_size(by_name[source]):
+      raise ValueError(
+        f"{where}: the target's vocabulary ({tasks.vocab_size(by_name[target])} tokens) exceeds the "
+        f"source's ({tasks.vocab_size(by_name[source])}); its models take the source's vocab_size"
+      )
+
+
 def task_train_config(study: StudyConfig, task: TaskConfig) -> TrainConfig:
-  """The shared ``TrainConfig`` of ``task``'s models: ``study.train`` with ``study.task_train`` merged
-  over it, ``data.task`` = ``task``, ``model.vocab_size`` = the task's and no text sample.
+  """The shared ``TrainConfig`` of ``task``'s models: ``study.train`` with ``study.task_train`` and
+  ``study.task_train_by_task[task.name]`` merged over it, ``data.task`` = ``task``, ``model.vocab_size``
+  = the task's (the source task's when ``study.task_init`` starts it from another) and no text sample.
 
   Raises:
     ValueError: keys the merged config refuses (pydantic's ``ValidationError``).
   """
   raw = _merge(study.train.model_dump(mode="python"), dict(study.task_train))
+  raw = _merge(raw, dict(study.task_train_by_task.get(task.name, {})))
+  vocab_of = {t.name: t for t in study.tasks}.get(study.task_init.get(task.name), task)
   raw["data"] = {**raw["data"], "task": task.model_dump(mode="python")}
-  raw["model"] = {**raw["model"], "vocab_size": tasks.vocab_size(task)}
+  raw["model"] = {**raw["model"], "vocab_size": tasks.vocab_size(vocab_of)}
   raw["sample_len"] = 0
   return TrainConfig.model_validate(raw)
 
@@ -228,7 +280,8 @@ def model_train_config(
 ) -> TrainConfig:
   """The ``TrainConfig`` of encoding ``name`` (its base model for the eval-time scalings) and seed index
   ``seed`` (``train.seed + seed``, in ``<workdir>/models/model_dir(name, seed)``); with ``task``, the
-  task's model (``task_train_config``, in ``<workdir>/models/<task>/model_dir(name, seed)``).
+  task's model (``task_train_config``, in ``<workdir>/models/<task>/model_dir(name, seed)``), whose
+  ``init_from`` is the same encoding and seed's model of the source task when ``study.task_init`` names one.
 
   Raises:
     KeyError: unknown name.
@@ -247,6 +300,9 @@ def model_train_config(
     model["cope_npos_max"] = base.seq_len
   root = Path(study.workdir) / "models" / ("" if task is None else task.name)
   raw.update(model=model, seed=base.seed + seed, workdir=str(root / model_dir(name, seed)))
+  if task is not None and task.name in study.task_init:  # the curriculum: from the source task's model
+    source = next(t for t in study.tasks if t.name == study.task_init[task.name])
+    raw["init_from"] = model_train_config(study, name, seed, source).workdir
   return TrainConfig.model_validate(raw)
 
 

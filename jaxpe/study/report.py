@@ -164,7 +164,7 @@ def _task_cell(entry: dict[str, Any] | None, metric: str, fmt: str, signed: bool
 
 
 TASK_TEXT = {
-  "mqar": "multi-query associative recall: L/4 key-value pairs, then every key again (shuffled), each "
+  "mqar": "multi-query associative recall: L/spacing key-value pairs, then every key again (shuffled), each "
   "followed by its value (the answer)",
   "copy": "copying: a string of n distinct symbols (n uniform in [L/8, L/2]), a separator, the string "
   "again (the answers)",
@@ -203,7 +203,14 @@ def retrieval_markdown(study: StudyConfig, report: dict[str, Any]) -> list[str]:
       f"vocabulary {tasks_lib.vocab_size(task)}. "
       f"Trained by the ordinary trainer at length {t}: D {mdl.d_model}, {mdl.num_layers} layers, "
       f"{mdl.num_heads} heads, batch {cfg.batch_size}, {cfg.num_steps} steps, lr {cfg.learning_rate}, loss on "
-      f"the answer tokens only. Scored on the same {study.task_samples} held-out samples per length "
+      f"the answer tokens only"
+      + (
+        f", started from the {study.task_init[task.name]} models of the same encoding and seed (task_init; "
+        f"model vocabulary {mdl.vocab_size})"
+        if task.name in study.task_init
+        else ""
+      )
+      + f". Scored on the same {study.task_samples} held-out samples per length "
       f"(mean ± 1.96 standard errors over the samples{across}); chance log-probability "
       f"{-tasks_lib.answer_bits(task):.2f} bits per answer.",
     ]

@@ -12,6 +12,7 @@ devices. The contract of every key: docs/contracts.md.
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -108,6 +109,22 @@ class TrainConfig(StrictConfig):
     description="steps with a non-finite loss, gradient or update to skip (not applied, batch dropped) "
     "before the run stops; 0 = stop at the first",
   )
+  init_from: str | None = pydantic.Field(
+    None,
+    min_length=1,
+    description="workdir of a finished run whose latest checkpoint's model parameters start this run "
+    "when it starts fresh (optimizer, step and schedule fresh; a resume uses the run's own checkpoint); "
+    "null = random init",
+  )
+
+  @pydantic.model_serializer(mode="wrap")
+  def _omit_unset_init_from(self, handler: Any) -> dict[str, Any]:
+    # init_from: null is left out of config.json, checkpoint metadata and every dump, so the configs
+    # (and the study's cache keys) of runs without it stay byte-identical to those written before the key.
+    out = handler(self)
+    if self.init_from is None:
+      out.pop("init_from", None)
+    return out
 
   @pydantic.model_validator(mode="before")
   @classmethod
@@ -123,6 +140,15 @@ class TrainConfig(StrictConfig):
       shape = (shape[0], 1, shape[1]) if len(shape) == 2 else shape
       data = {**data, "mesh_shape": (*shape, 1) if len(shape) == 3 else shape}
     return data
+
+  @pydantic.model_validator(mode="after")
+  def _check_init_from(self) -> TrainConfig:
+    if self.init_from is not None and os.path.abspath(self.init_from) == os.path.abspath(self.workdir):
+      raise ValueError(
+        f"init_from {self.init_from!r} is this run's own workdir: give the workdir of another, finished run "
+        "(a run resumes from its own checkpoints without init_from)"
+      )
+    return self
 
   @pydantic.model_validator(mode="after")
   def _check_context(self) -> TrainConfig:

@@ -77,7 +77,7 @@ def format_config(cfg: TrainConfig) -> str:
     section = tuple(path)
     value = values
     for part in key.name.split("."):
-      value = value[part]
+      value = value.get(part, key.default)  # init_from: null is left out of dumps
     notes = [] if value == key.default else [f"default {_yaml_value(key.default)}"]
     if key.choices:
       notes.append(" | ".join(map(str, key.choices)))

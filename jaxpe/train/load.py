@@ -9,18 +9,23 @@ mesh the run trained on. ``jaxpe.study`` evaluates its models through these.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
+import pydantic
 from flax import nnx
 
+from jaxpe.errors import CheckpointError
 from jaxpe.model import Decoder
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig
-from jaxpe.train import checkpoint, trainer
+from jaxpe.model.decoder import to_loop_layout, to_scan_layout
+from jaxpe.train import checkpoint, run_files
 from jaxpe.train.config import TrainConfig
+from jaxpe.train.optimizer import make_optimizer
 
-__all__ = ["load_trained", "trained_params"]
+__all__ = ["init_source", "load_trained", "trained_params"]
 
 
 def trained_params(cfg: TrainConfig) -> dict[str, np.ndarray]:
@@ -36,7 +41,12 @@ def trained_params(cfg: TrainConfig) -> dict[str, np.ndarray]:
     FileNotFoundError: no checkpoint in ``cfg.workdir``.
     CheckpointError: checkpoints exist but none is intact (``checkpoint.restore_latest``).
   """
-  tx = trainer.make_optimizer(cfg)
+  return model_params(_restored(cfg)[0])
+
+
+def _restored(cfg: TrainConfig) -> tuple[Decoder, int]:
+  """The ``Decoder`` of ``cfg.workdir``'s latest intact checkpoint (host-local) and its step."""
+  tx = make_optimizer(cfg)
 
   def make():
     model = Decoder(cfg.model, rngs=nnx.Rngs(cfg.seed))
@@ -56,7 +66,45 @@ def trained_params(cfg: TrainConfig) -> dict[str, np.ndarray]:
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {cfg.workdir!r}")
   trained, _ = nnx.merge(graphdef, restored[0])
-  return model_params(trained)
+  return trained, int(restored[1].get("step", -1))
+
+
+def init_source(cfg: TrainConfig) -> tuple[dict[str, Any], int]:
+  """The model parameters ``cfg.init_from`` starts ``cfg``'s run with: the pure dict
+  (``nnx.to_pure_dict``) of the ``nnx.Param`` state of the latest intact checkpoint of the run in
+  ``cfg.init_from`` (its own ``config.json`` gives its ``TrainConfig``), converted to ``cfg.model``'s
+  layer layout (``scan_layers``), host-local numpy arrays, and the checkpoint's step.
+
+  Raises:
+    ValueError: ``cfg.init_from`` is None, or ``config.json`` there is not a jaxpe ``TrainConfig``.
+    FileNotFoundError: ``cfg.init_from`` is not a directory, holds no ``config.json`` or no checkpoint.
+    CheckpointError: checkpoints exist there but none is intact.
+  """
+  if cfg.init_from is None:
+    raise ValueError("init_source: cfg.init_from is None (nothing to start from)")
+  where = f"init_from {cfg.init_from!r}"
+  src = Path(cfg.init_from)
+  if not src.is_dir():
+    raise FileNotFoundError(f"{where}: no such directory (give the workdir of a finished run)")
+  text = run_files.read_saved_config(src / "config.json")
+  if text is None:
+    raise FileNotFoundError(
+      f"{where}: no config.json of a jaxpe run in it (give the workdir of a finished run)"
+    )
+  try:
+    src_cfg = TrainConfig.model_validate_json(text).model_copy(update={"workdir": str(src)})
+  except pydantic.ValidationError as e:
+    raise ValueError(f"{where}: its config.json is not a TrainConfig of this version: {e}") from None
+  try:
+    model, step = _restored(src_cfg)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{where}: no checkpoint in {str(src / 'checkpoints')!r}") from None
+  except CheckpointError as e:
+    raise CheckpointError(f"{where}: no intact checkpoint to start from: {e}") from None
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  if src_cfg.model.scan_layers != cfg.model.scan_layers:
+    params = (to_scan_layout if cfg.model.scan_layers else to_loop_layout)(params)
+  return jax.tree.map(np.asarray, params), step
 
 
 def load_trained(cfg: TrainConfig, model_cfg: ModelConfig | None = None) -> Decoder:

@@ -162,6 +162,12 @@ class _Training:
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
+    if self.run.init_from is not None:  # where the parameters started (summary.json's run.init_from)
+      self.info["init_from"] = self.run.init_from
+      if self.progress and meta is None:
+        print(
+          f"parameters from {self.run.init_from['path']} (its checkpoint of step {self.run.init_from['step']})"
+        )
     # MFU: the model FLOPs of a token against the devices' peak (on CPU: a measured matmul ceiling).
     self.flops_per_token = flops.train_flops_per_token(cfg.model, cfg.seq_len)
     if not self.finished:  # each process measures its own devices (a CPU ceiling) and counts all
@@ -209,6 +215,7 @@ class _Training:
       "schedule_steps": run.schedule_steps,
       "schedule_fitted": run.fitted,
       "data_fingerprint": self.fingerprint,
+      **({"init_from": run.init_from} if run.init_from is not None else {}),
     }
     checkpoint.save(self.mngr, run.step, run.state, meta)
 

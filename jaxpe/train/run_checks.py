@@ -35,8 +35,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-RUN_DEFINING_KEYS = ("model", "data", "seed", "seq_len", "batch_size")
-"""Top-level config keys (and sections) that fix a run's parameters or batch stream: a resume must
+RUN_DEFINING_KEYS = ("model", "data", "seed", "seq_len", "batch_size", "init_from")
+"""Top-level config keys (and sections) that fix a run's parameters or batch stream (``init_from``: the
+run its parameters started from; a config saved without it read as None): a resume must
 not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
 ``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""

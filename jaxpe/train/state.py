@@ -18,11 +18,19 @@ from jax.experimental import multihost_utils
 
 from jaxpe.model import decoder as model_lib
 from jaxpe.model.decoder import Decoder
-from jaxpe.train import checkpoint, run_checks, sharding
+from jaxpe.train import checkpoint, load, run_checks, sharding
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import make_optimizer
 
-__all__ = ["RunState", "abstract_state", "create_state", "num_params", "restore_or_create", "with_schedule"]
+__all__ = [
+  "RunState",
+  "abstract_state",
+  "create_state",
+  "load_init_from",
+  "num_params",
+  "restore_or_create",
+  "with_schedule",
+]
 
 
 def _make(cfg: TrainConfig):
@@ -107,7 +115,8 @@ class RunState:
   """Where a run stands: ``graphdef`` and ``state`` of ``(Decoder, nnx.Optimizer)`` (the optimizer
   in ``graphdef`` runs the schedule of ``schedule_steps`` steps), ``step`` optimizer steps done (also
   the position in the batch stream), ``skipped`` non-finite steps skipped so far, and ``fitted``:
-  whether the schedule was already fitted to ``max_seconds`` (``jaxpe.train.pacing``)."""
+  whether the schedule was already fitted to ``max_seconds`` (``jaxpe.train.pacing``); ``init_from``:
+  ``{"path", "step"}`` of the checkpoint the parameters started from (``cfg.init_from``), else None."""
 
   graphdef: nnx.GraphDef
   state: nnx.State
@@ -115,11 +124,52 @@ class RunState:
   step: int = 0
   skipped: int = 0
   fitted: bool = False
+  init_from: dict[str, Any] | None = None
 
   @property
   def updates(self) -> int:
     """Updates applied so far (steps less the skipped ones): the optimizer's schedule count."""
     return self.step - self.skipped
+
+
+def load_init_from(cfg: TrainConfig, state: nnx.State, state_shardings: Any) -> dict[str, Any]:
+  """Replaces the model parameters in ``state`` (a ``create_state`` state) by those of the latest
+  checkpoint in ``cfg.init_from`` (``jaxpe.train.load.init_source``), placed in their shardings of
+  ``state_shardings`` (each process fills its own shards); the optimizer state is left as created.
+
+  Returns:
+    ``{"path": cfg.init_from, "step": the source checkpoint's step}``.
+
+  Raises:
+    ValueError: a parameter missing on either side or of another shape (naming ``init_from``, the
+      parameter's path and both shapes); ``init_source``'s errors (a missing source, no intact checkpoint).
+  """
+  source, step = load.init_source(cfg)
+  where = f"init_from {cfg.init_from!r} (checkpoint of step {step})"
+  src = {".".join(map(str, k)): v for k, v in nnx.traversals.flatten_mapping(source).items()}
+  params = nnx.filter_state(state[0], nnx.Param)
+  dest = {".".join(map(str, k)): v for k, v in nnx.to_flat_state(params)}
+  missing, extra = sorted(dest.keys() - src.keys()), sorted(src.keys() - dest.keys())
+  if missing or extra:
+    raise ValueError(
+      f"{where} has other parameters than this model: missing {missing[:8]}, unexpected {extra[:8]} "
+      "(init_from needs a run of the same architecture)"
+    )
+  for name, var in dest.items():
+    if tuple(src[name].shape) != tuple(var.shape):
+      raise ValueError(
+        f"{where}: parameter {name!r} has shape {tuple(src[name].shape)} there, this model's is "
+        f"{tuple(var.shape)} (init_from needs the same parameter shapes)"
+      )
+  shardings = {
+    ".".join(map(str, k)): v for k, v in nnx.to_flat_state(nnx.filter_state(state_shardings[0], nnx.Param))
+  }
+  for name, var in dest.items():
+    value = np.asarray(src[name], var.dtype)
+    var.set_value(
+      jax.make_array_from_callback(value.shape, shardings[name].get_value(), lambda i, v=value: v[i])
+    )
+  return {"path": cfg.init_from, "step": step}
 
 
 def restore_or_create(
@@ -132,7 +182,8 @@ def restore_or_create(
 ) -> tuple[RunState, Any, dict[str, Any] | None]:
   """The state a run starts from: the newest intact checkpoint in ``mngr`` (checked against ``cfg``
   and ``fingerprint`` before anything is loaded; a checkpoint of the other ``scan_layers`` layout is
-  converted into this one), else a fresh ``create_state``.
+  converted into this one), else a fresh ``create_state`` (with ``cfg.init_from``'s model parameters:
+  ``load_init_from``).
 
   Returns:
     ``(run_state, state_shardings, meta)``; ``meta`` is the restored checkpoint's metadata, None for
@@ -140,7 +191,8 @@ def restore_or_create(
 
   Raises:
     ValueError: the checkpoint's config or data differ (``run_checks.check_resume_config``,
-      ``run_checks.check_resume_data``).
+      ``run_checks.check_resume_data``); a fresh run's ``cfg.init_from`` that ``load_init_from`` refuses.
+    FileNotFoundError: a fresh run's ``cfg.init_from`` holds no run or no checkpoint.
     checkpoint.CheckpointError: none of the saved checkpoints is intact.
   """
   graphdef, state, state_shardings = create_state(cfg, mesh)
@@ -173,6 +225,9 @@ def restore_or_create(
     run.state = saved
     run.step, run.skipped = int(meta["data_position"]), int(meta.get("skipped_steps", 0))
     run.schedule_steps, run.fitted = _resumed_schedule(meta, cfg)
+    run.init_from = meta.get("init_from")
+  elif cfg.init_from is not None:  # a fresh run: its parameters from another run (a resume: its own)
+    run.init_from = load_init_from(cfg, run.state, state_shardings)
   if run.schedule_steps != cfg.num_steps:
     run.graphdef = with_schedule(run.graphdef, run.state, cfg, run.schedule_steps)
   return run, state_shardings, meta

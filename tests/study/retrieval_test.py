@@ -1,8 +1,9 @@
 """Retrieval on the synthetic tasks: the scores against a numpy argmax and float64 log-softmax of the
 same logits, the seeds and samples combination and the paired differences against numpy, a tiny study
 with a task (every row scored, the emulation check within tolerance, rope_pi_ft fine-tuned on the task,
-a rerun reusing every cache), a study killed while training a task model whose resumed tables equal an
-uninterrupted one's, and the quick config's task models reaching their accuracy goal at 1x."""
+a rerun reusing every cache; MQAR's models started from the copy models by task_init), a study killed while
+training a task model whose resumed tables equal an uninterrupted one's, the curriculum keys' config checks,
+and the quick config's task models (copy, then MQAR from copy) reaching their accuracy goal at 1x."""
 
 import math
 from pathlib import Path
@@ -18,10 +19,11 @@ from jaxpe import study
 from jaxpe.model import Decoder
 from jaxpe.model.config import ModelConfig
 from jaxpe.study import models, retrieval_run
-from jaxpe.train import tasks, trainer
+from jaxpe.train import checkpoint, sharding, state, tasks, trainer
 from jaxpe.train.config import TrainConfig
 
 COPY = study.TaskConfig(name="copy", num_symbols=64)
+MQAR = study.TaskConfig(name="mqar", num_keys=16, num_values=16)  # vocabulary 34 <= copy's 66
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -96,8 +98,10 @@ def task_study(workdir: Path, text_file: str, **update) -> study.StudyConfig:  #
     update={
       "encodings": ("rope", "rope_pi_ft", "alibi"),
       "eval_multiples": (1, 2),
-      "tasks": (COPY,),
+      "tasks": (COPY, MQAR),
+      "task_init": {"mqar": "copy"},  # the curriculum: mqar's models start from copy's
       "task_train": {"seq_len": 16, "num_steps": 4, "checkpoint_every": 2},
+      "task_train_by_task": {"mqar": {"num_steps": 3, "warmup_steps": 1}},
       "task_samples": 8,
       "finetune_steps": 2,
       **update,
@@ -111,11 +115,32 @@ def test_study_with_a_task_and_its_resume(tmp_path, text_file, monkeypatch):  # 
     tmp_path / "straight" / "models" / "copy" / "rope"
   )
   assert study.model_train_config(cfg, "alibi", 0, COPY).model.vocab_size == 66
+  mqar_rope = study.model_train_config(cfg, "rope_pi_ft", 0, MQAR)  # the rope weights, from copy's
+  assert mqar_rope.init_from == str(tmp_path / "straight" / "models" / "copy" / "rope")
+  assert (mqar_rope.model.vocab_size, mqar_rope.num_steps, mqar_rope.checkpoint_every) == (66, 3, 2)
+  assert study.model_train_config(cfg, "rope", 0, COPY).init_from is None
   with jax.numpy_dtype_promotion("standard"):
     report = study.run_study(cfg, progress=False)
+  assert report["models"]["mqar/rope"]["run"]["init_from"] == {"path": mqar_rope.init_from, "step": 4}
+  # mqar's step-0 parameters are copy's final ones (read back from copy's checkpoint by the loader)
+  copy_params = study.trained_params(study.model_train_config(cfg, "rope", 0, COPY))
+  fresh = mqar_rope.model_copy(update={"workdir": str(tmp_path / "mqar_step0")})
+  with checkpoint.manager(tmp_path / "mqar_step0" / "checkpoints") as mngr:
+    run, _, _ = state.restore_or_create(
+      fresh, mngr, sharding.make_mesh((-1, 1, 1, 1)), saved_config=None, fingerprint={"sha256": "x"}
+    )
+  start = {
+    ".".join(map(str, k)): np.asarray(v[...])
+    for k, v in nnx.to_flat_state(nnx.state(run.state[0], nnx.Param))
+  }
+  assert start.keys() == copy_params.keys()
+  for k in start:
+    np.testing.assert_array_equal(start[k], copy_params[k], err_msg=k)
+  assert report["retrieval"]["mqar"]["rope"]["1"] != report["retrieval"]["copy"]["rope"]["1"]
+  assert set(report["retrieval"]) == {"copy", "mqar"}
   r = report["retrieval"]["copy"]
   assert set(r) == {"rope", "rope_pi_ft", "alibi"} and set(r["rope"]) == {"1", "2"}
-  assert {"copy/rope", "copy/alibi"} <= set(report["models"])
+  assert {"copy/rope", "copy/alibi", "mqar/rope", "mqar/alibi"} <= set(report["models"])
   for e in report["retrieval_emulation_check"]["copy"]:
     assert e["answers_changed"] == 0 and e["max_abs_delta_answer_bits"] < 0.01, e
     assert abs(e["token_accuracy_delta"]) == 0.0
@@ -123,6 +148,7 @@ def test_study_with_a_task_and_its_resume(tmp_path, text_file, monkeypatch):  # 
   assert set(report["retrieval_vs_alibi"]["copy"]) == set()  # no rope_alibi row here
   md = (tmp_path / "straight" / "study.md").read_text()
   assert "### copy" in md and "Exact match per answer token" in md and "| rope + position interpolation" in md
+  assert "### mqar" in md and "started from the copy models of the same encoding and seed" in md
   assert (tmp_path / "straight" / "retrieval.png").stat().st_size > 0
   assert (Path(study.model_train_config(cfg, "rope", 0, COPY).workdir) / "finetuned_rope_pi_ft.npz").is_file()
 
@@ -136,16 +162,17 @@ def test_study_with_a_task_and_its_resume(tmp_path, text_file, monkeypatch):  # 
   assert again["retrieval"] == report["retrieval"] and again["results"] == report["results"]
   monkeypatch.undo()
 
-  # The same study killed while training a task model (stop_at: as a signal stops it, with a checkpoint)
-  # resumes from that checkpoint to the same tables as the uninterrupted one.
+  # The same study killed while training a task model started from another (stop_at: as a signal stops
+  # it, with a checkpoint) resumes from that checkpoint to the same tables as the uninterrupted one.
   killed = task_study(tmp_path / "killed", text_file)
 
   def stop_task_model(c: TrainConfig, **kwargs):
     with jax.numpy_dtype_promotion("standard"):
-      return train(c.model_copy(update={"stop_at": 2}) if c.data.task else c, **kwargs)
+      killed_here = c.data.task is not None and c.data.task.name == "mqar"
+      return train(c.model_copy(update={"stop_at": 2}) if killed_here else c, **kwargs)
 
   monkeypatch.setattr(trainer, "train", stop_task_model)
-  with pytest.raises(study.StudyInterrupted, match=r"'copy/rope' stopped at step 2 of 4"):
+  with pytest.raises(study.StudyInterrupted, match=r"'mqar/rope' stopped at step 2 of 3"):
     with jax.numpy_dtype_promotion("standard"):  # optax's Adam in the text rope_pi_ft fine-tuning
       study.run_study(killed, progress=False)
   monkeypatch.setattr(trainer, "train", train)
@@ -167,3 +194,39 @@ def test_quick_config_reaches_its_accuracy_goal(tmp_path, standard_training, nam
     samples = tasks.held_out(task, seed=retrieval_run.EVAL_SEED, count=quick.task_samples, length=t)
     got = study.score_task(study.load_trained(cfg), samples, quick.eval_batch_size)
     assert np.mean(got["token_accuracy"]) >= 0.95, (task.name, name, np.mean(got["token_accuracy"]))
+
+
+def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, text_file):  # noqa: F811
+  flip = study.TaskConfig(name="flipflop")
+  ok = task_study(
+    tmp_path, text_file, tasks=(COPY, flip, MQAR), task_init={}, task_train_by_task={"mqar": {"num_steps": 3}}
+  )
+  # without task_init, a task's vocabulary is its own and no init_from; task_train_by_task touches only its task
+  assert study.model_train_config(ok, "rope", 0, MQAR).model.vocab_size == 2 + 16 + 16
+  assert study.model_train_config(ok, "rope", 0, MQAR).init_from is None
+  assert study.model_train_config(ok, "rope", 0, COPY).num_steps == 4
+  assert study.model_train_config(ok, "rope", 0, MQAR).num_steps == 3
+  bad = {
+    "names tasks not in tasks: \\['passkey'\\]": {"task_train_by_task": {"passkey": {"num_steps": 3}}},
+    "task_init mqar: nope: both must be names of tasks": {"task_init": {"mqar": "nope"}},
+    "task_init copy: mqar: the source must be listed before": {"task_init": {"copy": "mqar"}},
+    "task_init mqar: flipflop: flipflop is itself started from copy \\(no chains\\)": {
+      "task_init": {"flipflop": "copy", "mqar": "flipflop"}
+    },
+    f"task_init mqar: flipflop: the target's vocabulary \\(34 tokens\\) exceeds the source's \\({tasks.vocab_size(flip)}\\)": {
+      "task_init": {"mqar": "flipflop"}
+    },
+    "same architecture and seq_len .* got model keys \\['d_model'\\]": {
+      "task_init": {"mqar": "copy"},
+      "task_train_by_task": {"mqar": {"model": {"d_model": 48}}},
+    },
+    "seq_len 16 -> 32": {"task_init": {"mqar": "copy"}, "task_train_by_task": {"mqar": {"seq_len": 32}}},
+    "task_train_by_task.mqar must not set data": {"task_train_by_task": {"mqar": {"data": {}}}},
+    "task_train_by_task.mqar must not set init_from": {"task_train_by_task": {"mqar": {"init_from": "x"}}},
+    "task_train must not set init_from": {"task_train": {"init_from": "x"}},
+  }
+  raw = ok.model_dump(mode="python")
+  study.StudyConfig.model_validate({**raw, "task_init": {"mqar": "copy"}})  # the valid curriculum
+  for message, update in bad.items():
+    with pytest.raises(ValueError, match=message):
+      study.StudyConfig.model_validate({**raw, **update})
