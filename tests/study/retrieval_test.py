@@ -6,6 +6,7 @@ training a task model whose resumed tables equal an uninterrupted one's, the cur
 and the quick config's task models (copy, then MQAR from copy) reaching their accuracy goal at 1x."""
 
 import math
+import shutil
 from pathlib import Path
 
 import jax
@@ -165,6 +166,8 @@ def test_study_with_a_task_and_its_resume(tmp_path, text_file, monkeypatch):  # 
   # The same study killed while training a task model started from another (stop_at: as a signal stops
   # it, with a checkpoint) resumes from that checkpoint to the same tables as the uninterrupted one.
   killed = task_study(tmp_path / "killed", text_file)
+  for done in ("rope", "alibi", "copy"):  # its finished text and copy models are reused (time): mqar trains
+    shutil.copytree(tmp_path / "straight" / "models" / done, tmp_path / "killed" / "models" / done)
 
   def stop_task_model(c: TrainConfig, **kwargs):
     with jax.numpy_dtype_promotion("standard"):
