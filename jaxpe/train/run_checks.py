@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,12 @@ def check_resume_config(
         "checked against this run: use a new workdir"
       ) from None
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
+  same = {k: old.get(k) == new.get(k) for k in old.keys() | new.keys()}
+  if isinstance(old.get("init_from"), str) and isinstance(new.get("init_from"), str):
+    # the same directory however written (relative or absolute, ./, a trailing slash, a symlink)
+    same["init_from"] = _same_dir(old["init_from"], new["init_from"])
   differing = sorted(
-    k
-    for k in old.keys() | new.keys()
-    if k.split(".")[0] in RUN_DEFINING_KEYS and k not in RESUME_CHANGEABLE and old.get(k) != new.get(k)
+    k for k in same if k.split(".")[0] in RUN_DEFINING_KEYS and k not in RESUME_CHANGEABLE and not same[k]
   )
   if differing:
     detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differing)
@@ -101,6 +104,12 @@ def check_resume_config(
       f"cannot resume {cfg.workdir!r} with a different model, data or batch stream ({detail}, saved in "
       f"{source}); these keys are fixed for a run: use a new workdir (or the saved values)"
     )
+
+
+def _same_dir(a: str, b: str) -> bool:
+  """Whether paths ``a`` and ``b`` name the same directory (``os.path.realpath``, relative to the
+  working directory; a directory that no longer exists compares by its resolved spelling)."""
+  return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_resume_data(meta: dict[str, Any], fingerprint: dict[str, Any], cfg: TrainConfig) -> None:

@@ -188,3 +188,20 @@ def test_init_from_is_run_defining_and_absent_from_old_configs(tmp_path):
       started.model_dump_json(), _cfg(tmp_path / "r", f"init_from={tmp_path / 'b'}")
     )
   assert TrainConfig.model_validate_json(started.model_dump_json()) == started
+
+
+def test_init_from_compares_as_a_directory_however_written(tmp_path, monkeypatch):
+  # a resume (and the study's finished-model check) with init_from written another way: relative vs
+  # absolute, ./, a trailing slash, through a symlink; the run's own workdir through a symlink is refused
+  (tmp_path / "runs" / "src").mkdir(parents=True)
+  (tmp_path / "link").symlink_to(tmp_path / "runs" / "src")
+  monkeypatch.chdir(tmp_path)
+  saved = _cfg("runs/r", "init_from=runs/src").model_dump_json()
+  for spelling in ("./runs/src", "runs/src/", str(tmp_path / "runs" / "src"), "link", "runs/../runs/src"):
+    run_checks.check_resume_config(saved, _cfg("runs/r", f"init_from={spelling}"))
+  with pytest.raises(ValueError, match=r"init_from: 'runs/src' -> 'runs/other'"):
+    run_checks.check_resume_config(saved, _cfg("runs/r", "init_from=runs/other"))
+  with pytest.raises(ValueError, match=r"init_from: 'runs/src' -> None"):  # removed on resume
+    run_checks.check_resume_config(saved, _cfg("runs/r"))
+  with pytest.raises(ValueError, match=r"init_from 'link' is this run's own workdir"):
+    _cfg("runs/src", "init_from=link")
