@@ -205,3 +205,18 @@ def test_init_from_compares_as_a_directory_however_written(tmp_path, monkeypatch
     run_checks.check_resume_config(saved, _cfg("runs/r"))
   with pytest.raises(ValueError, match=r"init_from 'link' is this run's own workdir"):
     _cfg("runs/src", "init_from=link")
+
+
+def test_data_path_compares_as_a_path_on_resume(tmp_path, monkeypatch):
+  # the other path key of the resume check (run_checks.PATH_KEYS): data.path written another way
+  (tmp_path / "corpus").mkdir()
+  monkeypatch.chdir(tmp_path)
+
+  def cfg(path):
+    return load_config(None, ["workdir=runs/r", f"data.path={path}"])
+
+  saved = cfg("corpus").model_dump_json()
+  for spelling in ("./corpus", "corpus/", str(tmp_path / "corpus")):
+    run_checks.check_resume_config(saved, cfg(spelling))
+  with pytest.raises(ValueError, match=r"data.path: 'corpus' -> 'other'"):
+    run_checks.check_resume_config(saved, cfg("other"))
