@@ -213,6 +213,8 @@ def _check_curriculum(study: StudyConfig, names: list[str]) -> None:
     where = f"task_init {target}: {source}"
     if target not in names or source not in names:
       raise ValueError(f"{where}: both must be names of tasks ({names})")
+    if source == target:
+      raise ValueError(f"{where}: a task cannot start from its own models (name an earlier task of {names})")
     if names.index(source) >= names.index(target):
       raise ValueError(
         f"{where}: the source must be listed before the target in tasks ({names}), to train first"

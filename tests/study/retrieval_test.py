@@ -213,6 +213,7 @@ def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, t
     "names tasks not in tasks: \\['passkey'\\]": {"task_train_by_task": {"passkey": {"num_steps": 3}}},
     "task_init mqar: nope: both must be names of tasks": {"task_init": {"mqar": "nope"}},
     "task_init copy: mqar: the source must be listed before": {"task_init": {"copy": "mqar"}},
+    "task_init mqar: mqar: a task cannot start from its own models": {"task_init": {"mqar": "mqar"}},
     "task_init mqar: flipflop: flipflop is itself started from copy \\(no chains\\)": {
       "task_init": {"flipflop": "copy", "mqar": "flipflop"}
     },
