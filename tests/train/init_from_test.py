@@ -2,7 +2,8 @@
 checkpoint's parameters (against the arrays read back from the source's checkpoint with numpy), in
 their shardings on a sharded mesh, with a fresh optimizer; a resume takes the run's own checkpoint
 (the source is not read); the errors name ``init_from`` (other shapes, a missing source, the run's own
-workdir, a changed ``init_from`` on resume); a config without it dumps as before (no key)."""
+workdir, a changed ``init_from`` on resume); a config without it dumps as before (no key); on resume
+``init_from`` and ``data.path`` compare as the path they name however written (``run_checks.PATH_KEYS``)."""
 
 import json
 import shutil
