@@ -158,6 +158,11 @@ class StudyConfig(pydantic.BaseModel):
     names = [t.name for t in self.tasks]
     if len(set(names)) != len(names):
       raise ValueError(f"tasks must have distinct names, got {names}")
+    if self.train.init_from is not None:
+      raise ValueError(
+        f"train.init_from must be null in a study, got {self.train.init_from!r}: every model trains from its "
+        "own random init (task_init starts a task's models from an earlier task's)"
+      )
     _check_curriculum(self, names)
     if self.tasks:
       for where, keys in [("task_train", self.task_train)] + [
@@ -167,14 +172,19 @@ class StudyConfig(pydantic.BaseModel):
           raise ValueError(f"{where} must not set data (the task is the data: give it under tasks)")
         if "init_from" in keys:
           raise ValueError(f"{where} must not set init_from (task_init starts a task from another's models)")
-      try:  # every task model's TrainConfig, and every eval length the generators must fill
-        for task in self.tasks:
+      for (
+        task
+      ) in self.tasks:  # every task model's TrainConfig, and every eval length the generators must fill
+        where = "task_train" + (
+          f" / task_train_by_task.{task.name}" if task.name in self.task_train_by_task else ""
+        )
+        try:
           cfg = task_train_config(self, task)
           tasks.check_task_length(
             task, m[-1] * cfg.seq_len, f"max(eval_multiples) x the task seq_len ({task.name})"
           )
-      except (ValueError, pydantic.ValidationError) as e:
-        raise ValueError(f"task_train / tasks: {e}") from None
+        except (ValueError, pydantic.ValidationError) as e:
+          raise ValueError(f"{where} / tasks (task {task.name}): {e}") from None
       for target, source in self.task_init.items():  # the source's weights fit the target's models
         by_name = {t.name: task_train_config(self, t) for t in self.tasks if t.name in (target, source)}
         a, b = by_name[source], by_name[target]
@@ -203,6 +213,8 @@ def _check_curriculum(study: StudyConfig, names: list[str]) -> None:
     where = f"task_init {target}: {source}"
     if target not in names or source not in names:
       raise ValueError(f"{where}: both must be names of tasks ({names})")
+    if source == target:
+      raise ValueError(f"{where}: a task cannot start from its own models (name an earlier task of {names})")
     if names.index(source) >= names.index(target):
       raise ValueError(
         f"{where}: the source must be listed before the target in tasks ({names}), to train first"

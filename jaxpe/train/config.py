@@ -112,9 +112,9 @@ class TrainConfig(StrictConfig):
   init_from: str | None = pydantic.Field(
     None,
     min_length=1,
-    description="workdir of a finished run whose latest checkpoint's model parameters start this run "
-    "when it starts fresh (optimizer, step and schedule fresh; a resume uses the run's own checkpoint); "
-    "null = random init",
+    description="workdir of another run (finished, or stopped early) whose latest intact checkpoint's model "
+    "parameters start this run when it starts fresh (optimizer, step and schedule fresh; a resume uses the "
+    "run's own checkpoint; compared on resume as a directory, however written); null = random init",
   )
 
   @pydantic.model_serializer(mode="wrap")
@@ -143,7 +143,7 @@ class TrainConfig(StrictConfig):
 
   @pydantic.model_validator(mode="after")
   def _check_init_from(self) -> TrainConfig:
-    if self.init_from is not None and os.path.abspath(self.init_from) == os.path.abspath(self.workdir):
+    if self.init_from is not None and os.path.realpath(self.init_from) == os.path.realpath(self.workdir):
       raise ValueError(
         f"init_from {self.init_from!r} is this run's own workdir: give the workdir of another, finished run "
         "(a run resumes from its own checkpoints without init_from)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from jaxpe.train import run_files, run_guard
 from jaxpe.train.config import TrainConfig
 
 __all__ = [
+  "PATH_KEYS",
   "PROCESS_LOCAL_KEYS",
   "RESUME_CHANGEABLE",
   "RUN_DEFINING_KEYS",
@@ -41,6 +43,10 @@ run its parameters started from; a config saved without it read as None): a resu
 not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
 ``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
+PATH_KEYS = ("init_from", "data.path")
+"""Keys under ``RUN_DEFINING_KEYS`` that hold paths: a resume compares them as the file or directory
+they name (``os.path.realpath``), not as strings (the data's bytes are checked by its fingerprint)."""
+
 RESUME_CHANGEABLE = ("model.scan_layers", "model.remat", "model.context_attention", "data.allow_changed")
 """Keys under ``RUN_DEFINING_KEYS`` that a resume may change: how the layers are run (loop or
 scanned, rematerialised, attention across the context axis by all-gather or ring: not their
@@ -90,10 +96,12 @@ def check_resume_config(
         "checked against this run: use a new workdir"
       ) from None
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
+  same = {k: old.get(k) == new.get(k) for k in old.keys() | new.keys()}
+  for key in PATH_KEYS:  # the same file or directory however written (relative or absolute, ./, /, a symlink)
+    if isinstance(old.get(key), str) and isinstance(new.get(key), str):
+      same[key] = _same_path(old[key], new[key])
   differing = sorted(
-    k
-    for k in old.keys() | new.keys()
-    if k.split(".")[0] in RUN_DEFINING_KEYS and k not in RESUME_CHANGEABLE and old.get(k) != new.get(k)
+    k for k in same if k.split(".")[0] in RUN_DEFINING_KEYS and k not in RESUME_CHANGEABLE and not same[k]
   )
   if differing:
     detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differing)
@@ -101,6 +109,12 @@ def check_resume_config(
       f"cannot resume {cfg.workdir!r} with a different model, data or batch stream ({detail}, saved in "
       f"{source}); these keys are fixed for a run: use a new workdir (or the saved values)"
     )
+
+
+def _same_path(a: str, b: str) -> bool:
+  """Whether paths ``a`` and ``b`` name the same file or directory (``os.path.realpath``, relative to
+  the working directory; one that no longer exists compares by its resolved spelling)."""
+  return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_resume_data(meta: dict[str, Any], fingerprint: dict[str, Any], cfg: TrainConfig) -> None:

@@ -213,6 +213,7 @@ def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, t
     "names tasks not in tasks: \\['passkey'\\]": {"task_train_by_task": {"passkey": {"num_steps": 3}}},
     "task_init mqar: nope: both must be names of tasks": {"task_init": {"mqar": "nope"}},
     "task_init copy: mqar: the source must be listed before": {"task_init": {"copy": "mqar"}},
+    "task_init mqar: mqar: a task cannot start from its own models": {"task_init": {"mqar": "mqar"}},
     "task_init mqar: flipflop: flipflop is itself started from copy \\(no chains\\)": {
       "task_init": {"flipflop": "copy", "mqar": "flipflop"}
     },
@@ -227,6 +228,10 @@ def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, t
     "task_train_by_task.mqar must not set data": {"task_train_by_task": {"mqar": {"data": {}}}},
     "task_train_by_task.mqar must not set init_from": {"task_train_by_task": {"mqar": {"init_from": "x"}}},
     "task_train must not set init_from": {"task_train": {"init_from": "x"}},
+    "train.init_from must be null in a study": {"train": {**ok.train.model_dump(), "init_from": "x"}},
+    "(?s)task_train / task_train_by_task.mqar / tasks \\(task mqar\\): .*num_stepz": {
+      "task_train_by_task": {"mqar": {"num_stepz": 3}}
+    },
   }
   raw = ok.model_dump(mode="python")
   study.StudyConfig.model_validate({**raw, "task_init": {"mqar": "copy"}})  # the valid curriculum

@@ -2,7 +2,8 @@
 checkpoint's parameters (against the arrays read back from the source's checkpoint with numpy), in
 their shardings on a sharded mesh, with a fresh optimizer; a resume takes the run's own checkpoint
 (the source is not read); the errors name ``init_from`` (other shapes, a missing source, the run's own
-workdir, a changed ``init_from`` on resume); a config without it dumps as before (no key)."""
+workdir, a changed ``init_from`` on resume); a config without it dumps as before (no key); on resume
+``init_from`` and ``data.path`` compare as the path they name however written (``run_checks.PATH_KEYS``)."""
 
 import json
 import shutil
@@ -188,3 +189,35 @@ def test_init_from_is_run_defining_and_absent_from_old_configs(tmp_path):
       started.model_dump_json(), _cfg(tmp_path / "r", f"init_from={tmp_path / 'b'}")
     )
   assert TrainConfig.model_validate_json(started.model_dump_json()) == started
+
+
+def test_init_from_compares_as_a_directory_however_written(tmp_path, monkeypatch):
+  # a resume (and the study's finished-model check) with init_from written another way: relative vs
+  # absolute, ./, a trailing slash, through a symlink; the run's own workdir through a symlink is refused
+  (tmp_path / "runs" / "src").mkdir(parents=True)
+  (tmp_path / "link").symlink_to(tmp_path / "runs" / "src")
+  monkeypatch.chdir(tmp_path)
+  saved = _cfg("runs/r", "init_from=runs/src").model_dump_json()
+  for spelling in ("./runs/src", "runs/src/", str(tmp_path / "runs" / "src"), "link", "runs/../runs/src"):
+    run_checks.check_resume_config(saved, _cfg("runs/r", f"init_from={spelling}"))
+  with pytest.raises(ValueError, match=r"init_from: 'runs/src' -> 'runs/other'"):
+    run_checks.check_resume_config(saved, _cfg("runs/r", "init_from=runs/other"))
+  with pytest.raises(ValueError, match=r"init_from: 'runs/src' -> None"):  # removed on resume
+    run_checks.check_resume_config(saved, _cfg("runs/r"))
+  with pytest.raises(ValueError, match=r"init_from 'link' is this run's own workdir"):
+    _cfg("runs/src", "init_from=link")
+
+
+def test_data_path_compares_as_a_path_on_resume(tmp_path, monkeypatch):
+  # the other path key of the resume check (run_checks.PATH_KEYS): data.path written another way
+  (tmp_path / "corpus").mkdir()
+  monkeypatch.chdir(tmp_path)
+
+  def cfg(path):
+    return load_config(None, ["workdir=runs/r", f"data.path={path}"])
+
+  saved = cfg("corpus").model_dump_json()
+  for spelling in ("./corpus", "corpus/", str(tmp_path / "corpus")):
+    run_checks.check_resume_config(saved, cfg(spelling))
+  with pytest.raises(ValueError, match=r"data.path: 'corpus' -> 'other'"):
+    run_checks.check_resume_config(saved, cfg("other"))
