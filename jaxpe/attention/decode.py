@@ -10,7 +10,10 @@ only, and contracts the probabilities with v: each cache array is read once per 
 
 Slots that no query may see (past the filled ones, padding) weigh exactly 0 and their values are
 replaced by zeros before the products (``jaxpe.attention.numerics``): whatever they hold (stale
-values, NaN) changes nothing.
+values, NaN) changes nothing. With ``heads_first=True`` (the ``KVCache`` layout ``[B, K, S, H]``, the
+decoder's decode steps) the cache is read as it lies by two batched matmuls and never copied: the
+hidden slots are masked in the scores, and the zeroed form runs only when a score or the ``P . V``
+product is not finite (``_heads_first``), with the same result and derivatives.
 
 Shape alphabet: B batch, T query positions, S key (cache) slots, N heads, K kv heads, G = N / K,
 H head dim.
