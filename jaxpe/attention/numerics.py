@@ -3,7 +3,8 @@
 - Hidden keys do not matter: ``zero_hidden_keys`` replaces the keys and values of key slots that
   no query of the call may see (``k_valid`` False: padding, empty KV-cache slots; a dense mask
   column that is False for every query) by zeros before ``P . V`` (and ``dS . K`` in the backward
-  pass), where ``0 x NaN`` would otherwise make every row NaN. Whatever such a slot holds (NaN, inf, stale values) changes neither the output nor the
+  pass), where ``0 x NaN`` would otherwise make every row NaN (``decode_attention(heads_first=True)``
+  keeps the rule without a zeroed copy of the cache: it zeroes only when a product is not finite). Whatever such a slot holds (NaN, inf, stale values) changes neither the output nor the
   gradients of q, k, v.
 - A NaN score is not an empty row: ``row_seen`` tells a row with no visible key (its running
   maximum never left the lowest float32, the row gives zeros) from one whose maximum is NaN (a NaN

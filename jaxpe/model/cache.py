@@ -1,6 +1,10 @@
 """The KV cache of decoding: keys and values of earlier tokens, one chunk appended per call.
 
 Shape alphabet: B batch, S cache slots, K kv heads, H head dim, L layers.
+
+The keys and values lie heads first, ``[B, K, S, H]``: a decode step's attention is then two batched
+matmuls over the cache as it lies (``jaxpe.attention.decode_attention(heads_first=True)``), where
+``[B, S, K, H]`` made XLA:CPU write a transposed copy of every layer's cache at every step.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ class KVCache(NamedTuple):
   ``rope``; the augmented float32 keys for ``rope_alibi``).
 
   Attributes:
-    k: L arrays ``[B, S, K, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k).
-    v: L arrays ``[B, S, K, H]``.
+    k: L arrays ``[B, K, S, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k), heads first.
+    v: L arrays ``[B, K, S, H]``.
     positions: ``[B, S]`` int32 token positions of the slots.
     valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token.
     end: ``[]`` int32 number of filled slots.
@@ -38,8 +42,8 @@ class KVCache(NamedTuple):
 
 
 def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int) -> int:
-  """Bytes of ``init_cache(cfg, batch_size, max_len)``: per layer ``[B, S, K, Hk]`` keys and
-  ``[B, S, K, H]`` values, plus the ``[B, S]`` int32 positions and bool validity."""
+  """Bytes of ``init_cache(cfg, batch_size, max_len)``: per layer ``[B, K, S, Hk]`` keys and
+  ``[B, K, S, H]`` values, plus the ``[B, S]`` int32 positions and bool validity."""
   key_dim, k_dtype = encodings.for_config(cfg).cache_key()
   per_slot = (
     cfg.num_layers
@@ -67,8 +71,8 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
     max_len: S, the number of slots, a positive Python int.
 
   Returns:
-    a ``KVCache`` with ``end = 0``: k ``L x [B, S, K, Hk]`` (float32 for ``rope_alibi``, else
-    ``cfg.dtype``), v ``L x [B, S, K, H]`` ``cfg.dtype``, positions ``[B, S]`` int32, valid
+    a ``KVCache`` with ``end = 0``: k ``L x [B, K, S, Hk]`` (float32 for ``rope_alibi``, else
+    ``cfg.dtype``), v ``L x [B, K, S, H]`` ``cfg.dtype``, positions ``[B, S]`` int32, valid
     ``[B, S]`` bool.
 
   Raises:
@@ -83,7 +87,7 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   max_len = _checks.check_positive_int("max_len", max_len, maximum=_checks.MAX_POSITION - 1)
   check_cache_fits(cfg, batch_size, max_len, "max_len", "give a smaller max_len or batch_size")
   key_dim, k_dtype = encodings.for_config(cfg).cache_key()
-  shape = (batch_size, max_len, cfg.kv_heads)
+  shape = (batch_size, cfg.kv_heads, max_len)
   return KVCache(
     k=tuple(jnp.zeros((*shape, key_dim), k_dtype) for _ in range(cfg.num_layers)),
     v=tuple(jnp.zeros((*shape, cfg.head_size), cfg.dtype) for _ in range(cfg.num_layers)),

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpe.attention import context, kernels, masks
+from jaxpe.attention import context, decode, kernels, masks
 from jaxpe.model import encodings, initializers, partitioning
 from jaxpe.model.config import ModelConfig
 
@@ -177,14 +177,32 @@ def _activation_first_einsum(eq: str, x, w, *, precision=None, preferred_element
   return _act_einsum(eq, precision, preferred_element_type, x, w)
 
 
+def _flat_einsum(eq, x, w, precision, pet):
+  """``jnp.einsum(eq, x, w)``; when x's contracted labels trail it and lead w in the same order
+  (the output projection ``BTNH,NHD->BTD``), as one matmul over them flattened (free reshapes):
+  ``jnp.einsum`` emits such a dot with its contracting dims reversed ([3, 2] x [1, 0]), and
+  XLA:CPU then transposed both operands, the weight included, at every call (a [N*H, D] copy per
+  layer and decode step)."""
+  ins, out = eq.split("->")
+  a, b = ins.split(",")
+  shared = [c for c in a if c in b and c not in out]
+  n = len(shared)
+  if n > 1 and a[-n:] == b[:n] == "".join(shared) and "Z" not in eq:
+    flat = eq.replace(a, a[:-n] + "Z", 1).replace("," + b, ",Z" + b[n:], 1)
+    x2 = x.reshape(*x.shape[:-n], -1)
+    w2 = w.reshape(-1, *w.shape[n:])
+    return jnp.einsum(flat, x2, w2, precision=precision, preferred_element_type=pet)
+  return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=pet)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _act_einsum(eq, precision, pet, x, w):
-  return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=pet)
+  return _flat_einsum(eq, x, w, precision, pet)
 
 
 def _act_einsum_fwd(eq, precision, pet, x, w):
   # plain einsum (not _act_einsum): forward over reverse (jax.hessian) differentiates this rule
-  return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=pet), (x, w)
+  return _flat_einsum(eq, x, w, precision, pet), (x, w)
 
 
 def _act_einsum_bwd(eq, precision, pet, res, g):
@@ -274,18 +292,36 @@ class Attention(nnx.Module):
     if rope_spec is None:
       q, k = enc.encode_layer_qk(q, k, positions, use_rope)
     new_kv = None
-    if cache_kv is not None:
-      k_cache, v_cache = cache_kv
-      k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
-      new_kv = (
-        jax.lax.dynamic_update_slice_in_dim(k_cache, k, cache_end, axis=1),
-        jax.lax.dynamic_update_slice_in_dim(v_cache, v, cache_end, axis=1),
-      )
-      if not isinstance(mask, masks.AttentionMask):  # attend over every slot (an empty cache's
-        k, v = new_kv  # prefill, under an AttentionMask, attends to its own keys alone)
     cfg = self.cfg
     scale = 1.0 / math.sqrt(cfg.head_size)
     sinks = self.sinks[...] if cfg.attention_sinks else None
+    if cache_kv is not None:  # the cache lies heads first: [B, K, S, H] (jaxpe.model.cache)
+      k_cache, v_cache = cache_kv
+      k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
+      new_kv = (
+        jax.lax.dynamic_update_slice_in_dim(k_cache, jnp.swapaxes(k, 1, 2), cache_end, axis=2),
+        jax.lax.dynamic_update_slice_in_dim(v_cache, jnp.swapaxes(v, 1, 2), cache_end, axis=2),
+      )
+      if not isinstance(mask, masks.AttentionMask):  # attend over every slot (an empty cache's
+        # prefill, under an AttentionMask, attends to its own keys alone)
+        position_bias = enc.position_bias(self, shared_bias, positions, kv_positions)
+        if q.shape[1] <= decode.DECODE_MAX_QUERIES and partitioning.sequence_split() is None:
+          # decoding: two batched matmuls over the cache as it lies, in place (no copy of it)
+          k_sk = jnp.swapaxes(new_kv[0], 1, 2)  # only a dense bias (cope) reads it; else dropped
+          out = decode.decode_attention(
+            q,
+            *new_kv,
+            scale=scale,
+            mask=mask,
+            bias=enc.attention_bias(self, q, k_sk, mask, scale=scale),
+            alibi=enc.alibi_spec(positions, kv_positions),
+            position_bias=position_bias,
+            precise_dims=q.shape[-1] - cfg.head_size,
+            sinks=sinks,
+            heads_first=True,
+          )
+          return self.o(out), new_kv
+        k, v = (jnp.swapaxes(c, 1, 2) for c in new_kv)  # a long chunk: blockwise over [B, S, K, H]
     bias = enc.attention_bias(self, q, k, mask, scale=scale)  # cope: a dense [B, N, T, S] bias
     split = partitioning.sequence_split()
     position_bias = enc.position_bias(self, shared_bias, positions, kv_positions)

@@ -264,7 +264,8 @@ def test_decoder_nan_in_unfilled_cache_slots_changes_nothing():
   step = nnx.jit(lambda m, t, c: m(t, cache=c)[0])
   clean = np.asarray(step(model, jnp.asarray([[4]]), cache))
   poisoned = cache._replace(
-    k=tuple(x.at[:, 3:].set(jnp.nan) for x in cache.k), v=tuple(x.at[:, 3:].set(jnp.nan) for x in cache.v)
+    k=tuple(x.at[:, :, 3:].set(jnp.nan) for x in cache.k),
+    v=tuple(x.at[:, :, 3:].set(jnp.nan) for x in cache.v),
   )
   np.testing.assert_array_equal(np.asarray(step(model, jnp.asarray([[4]]), poisoned)), clean)
 

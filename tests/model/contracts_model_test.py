@@ -274,7 +274,7 @@ DECODER_CASES = [
     "cannot be combined",
   ),
   ("cache", {"cache": "cache"}, TypeError, "cache must be a KVCache"),
-  ("cache", {"cache": ("b", 3, 8)}, ValueError, r"cache.k\[0\] must have shape \(2, 8, 2, 8\)"),
+  ("cache", {"cache": ("b", 3, 8)}, ValueError, r"cache.k\[0\] must have shape \(2, 2, 8, 8\)"),
   ("cache", {"cache": ("l", 2, 8)}, ValueError, "cache.k must hold num_layers = 2 arrays"),
   ("cache", {"cache": ("dtype", 2, 8)}, TypeError, r"cache.k\[0\] must have dtype float32"),
   ("cache", {"cache": ("ok", 2, 2)}, ValueError, "the KV cache has 2 slots; 3 new tokens do not fit"),

@@ -2,6 +2,8 @@
 a row's continuation; bad arguments and bad meshes fail clearly."""
 
 import json
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -356,7 +358,7 @@ def test_the_cache_is_never_read_past_its_filled_slots(pe, kw):
 
   def poisoned(cache):  # NaN in every slot from end on, keys and values
     end = int(cache.end)
-    nan = lambda c: c.at[:, end:].set(jnp.nan)  # noqa: E731
+    nan = lambda c: c.at[:, :, end:].set(jnp.nan)  # noqa: E731  (slots: axis 2 of [B, K, S, H])
     return cache._replace(k=tuple(map(nan, cache.k)), v=tuple(map(nan, cache.v)))
 
   fresh = init_cache(model.cfg, 3, 12)
@@ -371,6 +373,65 @@ def test_the_cache_is_never_read_past_its_filled_slots(pe, kw):
     assert np.isfinite(np.asarray(clean_logits)).all()
     np.testing.assert_array_equal(nan_logits, clean_logits)
     token = jnp.argmax(clean_logits[:, -1:], axis=-1).astype(jnp.int32)
+
+
+def _loop_body_instructions(hlo: str):
+  """``(opcode, dims, fused root opcode or None)`` of every instruction of every while body of the
+  compiled HLO text ``hlo``."""
+  comps, cur = {}, None
+  for line in hlo.splitlines():
+    head = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line)
+    if head:
+      cur = comps.setdefault(head.group(1), [])
+    elif cur is not None and line.startswith("  "):
+      cur.append(line.strip())
+  roots = {name: re.match(r"ROOT %[\w.\-]+ = .*? ([\w\-]+)\(", ls[-1]) for name, ls in comps.items() if ls}
+  roots = {name: m.group(1) for name, m in roots.items() if m}
+  bodies = {m for ls in comps.values() for line in ls for m in re.findall(r"body=%([\w.\-]+)", line)}
+  assert bodies, "no while loop in the compiled generation"
+  for body in bodies:
+    for line in comps[body]:
+      m = re.match(r"(?:ROOT )?%[\w.\-]+ = \w+\[([\d,]*)\]\S* ([\w\-]+)\(", line)
+      if m:
+        calls = re.search(r"calls=%([\w.\-]+)", line)
+        dims = tuple(int(d) for d in m.group(1).split(",") if d)
+        yield m.group(2), dims, roots.get(calls.group(1)) if calls else None
+
+
+def test_the_compiled_decode_loop_neither_copies_nor_zeroes_the_cache():
+  """Every decode step updates the cache in place and reads it as it lies: inside the compiled
+  loop no instruction makes a cache-sized array (any order of its dims) but the in-place
+  dynamic-update-slice of the new token's keys and values (a copy of the cache, a zeroed copy of
+  its hidden slots, a transposed copy for a matmul: each a pass over the cache per layer and step)."""
+  from jaxpe.model import generate as generate_lib
+
+  # B 3, K 2, S 20 + 5, H 64: heads of 64 dims (at H 8 XLA fused the whole step on main, hiding the
+  # copies that it made at H 64, as in BLOOM's [8, 256, 16, 64] caches)
+  cfg = ModelConfig(
+    vocab_size=32, d_model=128, num_layers=2, num_heads=2, num_kv_heads=2, pos_encoding="alibi", init_std=0.5
+  )
+  prompt = jnp.asarray(np.random.default_rng(0).integers(0, 32, (3, 20)), jnp.int32)
+  graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(5)))
+  args = (graphdef, state, prompt, jnp.ones((3, 20), bool), jax.random.key(0), 5, 0.0, None)
+  hlo = generate_lib._generate.lower(*args).compile().as_text()
+  cache_dims = sorted((3, 2, 20 + 5, 64))
+  made = [
+    (op, dims, root)
+    for op, dims, root in _loop_body_instructions(hlo)
+    if sorted(dims) == cache_dims and op not in ("get-tuple-element", "bitcast", "parameter", "tuple")
+  ]
+  in_place = [x for x in made if x[0] == "fusion" and x[2] == "dynamic-update-slice"]
+  assert made and len(in_place) == len(made), made  # 2 layers x (k, v) updates, nothing else
+  assert len(in_place) == 4, made
+  # nor a copy of a weight (jnp.einsum's BTNH,NHD->BTD made XLA transpose the [N, H, D] output
+  # projection at every step)
+  moved = [
+    (op, dims, root)
+    for op, dims, root in _loop_body_instructions(hlo)
+    if math.prod(dims) >= 128 * 128
+    and (op in ("copy", "transpose") or root in ("copy", "transpose", "bitcast"))
+  ]
+  assert not moved, moved
 
 
 @pytest.mark.parametrize("t", [2, 4])  # G x T = 4 rows: products and sums; 8: batched matmuls
