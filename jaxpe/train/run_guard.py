@@ -188,20 +188,24 @@ def run_cli(prog: str, body: Callable[[], int], *, debug: bool = False) -> int:
     return body()
   except TrainingInterrupted as e:
     print(f"{prog}: {e}", file=sys.stderr)
+    _leave_job_together()  # every process stops at the same step: none may exit under a peer's line
     return e.exit_code
   except (ValueError, TypeError, OSError, RunError) as e:
     if debug:
       raise
     print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
-    if isinstance(e, JobRefused):
+    if isinstance(e, JobRefused | NonFiniteError):  # decided by all processes together
       _leave_job_together()
     return 1 if isinstance(e, NonFiniteError) else 2
 
 
 def _leave_job_together() -> None:
-  """After a ``JobRefused`` line: with the streams flushed and then pointed at ``/dev/null`` (the
-  runtime's shutdown logs nothing after the line), every process leaves JAX's distributed runtime
-  at one barrier (bounded by its shutdown timeout), so none exits while a peer still reports."""
+  """After the line of a stop that all processes of a multi-process run make together (``JobRefused``,
+  a signal's ``TrainingInterrupted``, ``NonFiniteError``): with the streams flushed and then pointed at
+  ``/dev/null`` (the runtime's shutdown logs nothing after the line), every process leaves JAX's
+  distributed runtime at one barrier (bounded by its shutdown timeout), so none exits while a peer
+  still reports (a process that left first took the coordination service with it, and its peer's gRPC
+  client logged "Socket closed" after the peer's own line)."""
   import jax  # noqa: PLC0415 (only a multi-process refusal needs it; jax is loaded by then)
 
   if not jax.distributed.is_initialized():
