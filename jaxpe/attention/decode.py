@@ -112,13 +112,7 @@ def decode_attention(
   else:
     logits = jnp.einsum("BKQH,BSKH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
   if precise_dims and rows > REDUCE_MAX_ROWS:
-    logits = logits + jnp.einsum(
-      "BKQH,BSKH->BKQS",
-      qr[..., split:].astype(f32),
-      k[..., split:].astype(f32),
-      precision=jax.lax.Precision.HIGHEST,
-      preferred_element_type=f32,
-    )
+    logits = logits + _precise_logits("BKQH,BSKH->BKQS", qr, k, split)
   logits = logits.reshape(batch, num_kv, group, t_len, s_len) * f32(scale)
   extra = None
   if alibi is not None:
@@ -183,13 +177,7 @@ def _heads_first_core(q, k, v, visible, add, scale, precise_dims, safe):
   split = qk_dim - precise_dims
   raw = jnp.einsum("BKQH,BKSH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
   if precise_dims:
-    raw = raw + jnp.einsum(
-      "BKQH,BKSH->BKQS",
-      qr[..., split:].astype(f32),
-      k[..., split:].astype(f32),
-      precision=jax.lax.Precision.HIGHEST,
-      preferred_element_type=f32,
-    )
+    raw = raw + _precise_logits("BKQH,BKSH->BKQS", qr, k, split)
   logits = raw.reshape(batch, num_kv, group, t_len, s_len) * f32(scale)
   if add is not None:
     logits = logits + add.reshape(batch, num_kv, group, t_len, s_len)
@@ -254,3 +242,15 @@ def _heads_first_jvp(scale, precise_dims, primals, tangents):
 
 
 __all__ = ["DECODE_MAX_QUERIES", "decode_attention"]
+
+
+def _precise_logits(spec: str, qr: jax.Array, k: jax.Array, split: int) -> jax.Array:
+  """The emulation dims' part of q.k (dims ``split:``) at float32 HIGHEST precision, float32."""
+  f32 = jnp.float32
+  return jnp.einsum(
+    spec,
+    qr[..., split:].astype(f32),
+    k[..., split:].astype(f32),
+    precision=jax.lax.Precision.HIGHEST,
+    preferred_element_type=f32,
+  )

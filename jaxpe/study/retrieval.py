@@ -22,6 +22,7 @@ from jaxpe.model import Decoder
 from jaxpe.model.build import build_model
 from jaxpe.model.config import ModelConfig
 from jaxpe.study.evaluation import token_scores
+from jaxpe.study.seeds import paired
 
 __all__ = ["METRICS", "combine_task", "paired_task", "score_task", "task_emulation"]
 
@@ -93,18 +94,13 @@ def paired_task(
   """Per row and length, ``row - ref`` of the same seed and sample for every metric (``_stats`` of the
   differences), None where either side cannot run; ``by_seed[name][s][str(multiple)]`` are
   ``score_task`` dicts."""
-  out: dict[str, dict[str, dict[str, Any] | None]] = {}
-  for name, seeds in by_seed.items():
-    out[name] = {}
-    for k in seeds[0]:
-      pairs = [(row[k], base[k]) for row, base in zip(seeds, by_seed[ref])]
-      if any(a is None or b is None for a, b in pairs):
-        out[name][k] = None
-        continue
-      out[name][k] = {
-        m: _stats(np.asarray([np.subtract(a[m], b[m]) for a, b in pairs], np.float64)) for m in METRICS
-      }
-  return out
+  return paired(
+    by_seed,
+    ref,
+    lambda pairs: {
+      m: _stats(np.asarray([np.subtract(a[m], b[m]) for a, b in pairs], np.float64)) for m in METRICS
+    },
+  )
 
 
 def task_emulation(

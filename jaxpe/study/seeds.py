@@ -12,6 +12,7 @@ edition's interval). Across seeds: ``per_seed[s] = mean_w b[s, w]``, the mean an
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -74,14 +75,25 @@ def paired_seeds(
     differences), "ci95_seeds" (across seeds of the window-mean differences; None for one seed),
     "per_window", "per_seed"}``, or None where either side cannot run.
   """
-  out: dict[str, dict[str, dict[str, Any] | None]] = {}
+  return paired(
+    by_seed,
+    ref,
+    lambda pairs: _stats(
+      np.asarray([np.subtract(a["per_window"], b["per_window"]) for a, b in pairs], np.float64)
+    ),
+  )
+
+
+def paired(
+  by_seed: dict[str, list[dict[str, Any]]], ref: str, differences: Callable[[list[tuple[Any, Any]]], Any]
+) -> dict[str, dict[str, Any | None]]:
+  """``out[name][key] = differences([(row's seed-s entry, ref's seed-s entry) for each seed s])`` for
+  every row and key of ``by_seed[name][s][key]`` (paired by seed), None where either side of a pair is
+  None (cannot run). Shared by the perplexity (``paired_seeds``) and retrieval (``paired_task``) tables."""
+  out: dict[str, dict[str, Any | None]] = {}
   for name, seeds in by_seed.items():
     out[name] = {}
     for k in seeds[0]:
       pairs = [(row[k], base[k]) for row, base in zip(seeds, by_seed[ref])]
-      if any(a is None or b is None for a, b in pairs):
-        out[name][k] = None
-        continue
-      d = np.asarray([np.subtract(a["per_window"], b["per_window"]) for a, b in pairs], np.float64)
-      out[name][k] = _stats(d)
+      out[name][k] = None if any(a is None or b is None for a, b in pairs) else differences(pairs)
   return out
