@@ -192,7 +192,9 @@ def check_shell_line(cmd: str, where: str) -> None:
       _check_options(args[1:], _help_text((script,)), where)
   elif prog == "pip":
     extras = set(_pyproject()["project"]["optional-dependencies"])
-    for w in args:
+    for i, w in enumerate(args):
+      if w in ("-c", "--constraint", "-r", "--requirement"):
+        assert (ROOT / args[i + 1]).is_file(), f"{where}: no file {args[i + 1]}"
       for group in re.findall(r"\[([\w,]+)\]", w):
         assert set(group.split(",")) <= extras, f"{where}: pyproject declares no extra {group}"
   elif prog == "pytest":
@@ -205,6 +207,8 @@ def check_shell_line(cmd: str, where: str) -> None:
         assert (ROOT / w.split("::")[0]).exists(), f"{where}: no test path {w}"
   elif prog == "ruff":
     pass
+  elif prog == "bash":
+    assert (ROOT / args[0]).is_file(), f"{where}: no script {args[0]}"
   else:
     raise AssertionError(f"{where}: unknown command {prog!r} (teach tests/docs_test.py to check it)")
 

@@ -1,10 +1,15 @@
 """What transformers does per model family (``model_type``) for RoPE, as jaxpe reads it.
 
-The tables name the families by their transformers 5.24 behaviour: pair layout, latent-attention
+The tables name the families by their transformers 5.25 behaviour: pair layout, latent-attention
 (MLA) heads, softmax scale, the config-class defaults a ``config.json`` leaves out, legacy rope type
 names, per-layer-type bases, and the families without (or with an unsupported) rotary embedding.
 ``jaxpe.ops.hf_config`` reads a config with them; ``jaxpe.ops.hf_rope.rope_from_hf_config`` puts
 the result together.
+
+A table answers only for the families it was checked on: a ``model_type`` outside
+``jaxpe.ops.hf_verified.VERIFIED_FAMILIES`` is refused by name (``refuse_unverified``) unless the
+caller states what its config does not (``layout``, ``rotated_slice``, ``rotary_dim``), and a
+value the caller states always wins over a table.
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from jaxpe.errors import UnverifiedFamilyError
 from jaxpe.ops import checks as _checks
+from jaxpe.ops import hf_verified as _verified
+from jaxpe.ops.hf_verified import TRANSFORMERS_VERSION, VERIFIED_FAMILIES
 
 # Families whose transformers modeling code rotates adjacent pairs (2i, 2i+1) ("interleaved");
-# every other family uses rotate_half ("half"). Found in transformers 5.24: ``rotate_every_two`` or a
-# ``rotate_half`` that slices ``x[..., ::2]``, or complex multiplication (``view_as_complex``).
+# every other verified family uses rotate_half ("half"). Found in transformers 5.24 / 5.25:
+# ``rotate_every_two`` or a ``rotate_half`` that slices ``x[..., ::2]`` (Ergo), complex multiplication
+# (``view_as_complex``), or only ``apply_rotary_pos_emb_interleave`` (HunYuan-V4's MLA heads).
 INTERLEAVED_FAMILIES: frozenset[str] = frozenset(
   {
     "bailing_hybrid",
@@ -33,6 +42,7 @@ INTERLEAVED_FAMILIES: frozenset[str] = frozenset(
     "deepseek_v2",
     "deepseek_v32",
     "deepseek_v4",
+    "ergo",
     "ernie4_5",
     "ernie4_5_moe",
     "ernie4_5_vl_moe",
@@ -45,6 +55,7 @@ INTERLEAVED_FAMILIES: frozenset[str] = frozenset(
     "glm_ocr_text",
     "gptj",
     "helium",
+    "hy_v4",
     "hy_v4_vl",
     "hy_v4_vl_text",
     "llama4",
@@ -156,7 +167,7 @@ LOCAL_THETA_FAMILIES: dict[str, tuple[str, str, float, float, bool]] = {
   "modernbert-decoder": ("global_rope_theta", "local_rope_theta", 160_000.0, 10_000.0, True),
 }
 GEMMA3_FAMILIES = frozenset(LOCAL_THETA_FAMILIES)
-NO_ROPE_FAMILIES = frozenset({"bloom", "mpt", "gpt2", "opt", "bert", "roberta", "t5", "baichuan"})
+NO_ROPE_FAMILIES = _verified.NO_ROPE_FAMILIES  # BLOOM, MPT, GPT-2, OPT, BERT, Mamba, ... (no rotary code)
 # Families whose nested rope_parameters are keyed by labels other than layer_types
 # (transformers' ``_rope_type_labels``).
 ROPE_TYPE_LABELS = {"deepseek_v4": ("main", "compress"), "lfm3": ("full_attention", "sliding_attention")}
@@ -274,8 +285,11 @@ def check_supported(family: Any, model_type: Any, cfg: Mapping[str, Any]) -> Non
   ...) or with one that jaxpe's 1-D ``inv_freq`` does not describe (the message says why)."""
   if family == "falcon" and _flag(cfg, "alibi", False):
     raise ValueError("config has alibi: true (Falcon with ALiBi): the model has no rotary embedding")
-  if family in NO_ROPE_FAMILIES:
-    raise ValueError(f"model_type {model_type!r} has no rotary embedding in transformers")
+  if family in NO_ROPE_FAMILIES or model_type in NO_ROPE_FAMILIES:
+    raise ValueError(
+      f"model_type {model_type!r} has no rotary embedding in transformers (its modeling code has none: "
+      "learned, sinusoidal, ALiBi or no positions); there is nothing for rope_from_hf_config to read"
+    )
   if family in UNSUPPORTED:
     raise ValueError(
       f"model_type {model_type!r} is not supported by rope_from_hf_config: {UNSUPPORTED[family]}"
@@ -368,3 +382,94 @@ def mrope_axes(family: Any, section: Any, half: int) -> tuple[int, ...] | None:
     return (1, 2) * section[0] + (0,) * section[2]
   rows = range(len(section)) if family not in MROPE_LAYOUTS else [i % 3 for i in range(len(section))]
   return tuple(row for row, s in zip(rows, section) for _ in range(s))
+
+
+def is_verified(model_type: Any) -> bool:
+  """Whether the tables were checked on this ``model_type`` itself (``VERIFIED_FAMILIES``,
+  transformers ``TRANSFORMERS_VERSION``). A new ``<family>_text`` type is not taken as verified
+  because ``<family>`` is: the sweep lists each text config's type by itself."""
+  return isinstance(model_type, str) and model_type in VERIFIED_FAMILIES
+
+
+# Config keys whose meaning only a family's modeling code gives (read from the tables above for the
+# verified families): an unverified family's config with one of them is refused even with the
+# stated facts, since jaxpe would have to guess what the key does there.
+FAMILY_SPECIFIC_KEYS = {
+  "qk_rope_head_dim": "latent-attention (MLA) heads: which part of the head rotates and how wide it is",
+  "rope_interleave": "MLA heads' pair layout flag",
+  "mrope_section": "multi-axis (mRoPE) sections: their order over the head is the family's",
+  "mscale_all_dim": "a softmax scale some families multiply by yarn_get_mscale(factor, mscale_all_dim) ** 2",
+  "rotary_dim": "GPT-J-style rotated dims (the family's own key)",
+  "rope_local_base_freq": "a base for some layer types (Gemma-3 style)",
+  "local_rope_theta": "a base for some layer types (ModernBERT style)",
+  "global_rope_theta": "a base for some layer types (ModernBERT style)",
+  "rotary_emb_base": "GPT-NeoX's legacy spelling of the base",
+  "rotary_pct": "GPT-NeoX's legacy spelling of the partial rotary factor",
+  "kv_channels": "a head width under the family's own key (JetMoE)",
+  "attention_head_dim": "a head width under the family's own key (Zamba2)",
+}
+_ROPE_KEYS = (
+  "rope_theta",
+  "rope_parameters",
+  "rope_scaling",
+  "rotary_emb_base",
+  "rotary_dim",
+  "partial_rotary_factor",
+)
+
+
+def refuse_unverified(
+  model_type: Any,
+  cfg: Mapping[str, Any],
+  params: Mapping[str, Any],
+  *,
+  from_dict: bool,
+  layout: Any,
+  rotated_slice: Any,
+  rotary_dim: Any,
+) -> None:
+  """Raises ``UnverifiedFamilyError`` for a family outside ``VERIFIED_FAMILIES`` unless the caller
+  stated what its config does not: ``layout`` and ``rotated_slice`` always, ``rotary_dim`` for a
+  ``config.json`` dict without ``partial_rotary_factor`` (config.json leaves out its class's
+  defaults; a ``PretrainedConfig`` has them). Also refuses, even then, a config with a key whose
+  meaning is family-specific (``FAMILY_SPECIFIC_KEYS``), naming it.
+  """
+  name = "a config without model_type" if model_type is None else f"model_type {model_type!r}"
+  partial_stated = (
+    params.get("partial_rotary_factor") is not None or cfg.get("partial_rotary_factor") is not None
+  )
+  missing = [k for k, v in (("layout", layout), ("rotated_slice", rotated_slice)) if v is None]
+  if from_dict and not partial_stated and rotary_dim is None:
+    missing.append("rotary_dim")
+  if missing:
+    no_rope = ""
+    if not any(cfg.get(k) is not None for k in _ROPE_KEYS):
+      no_rope = (
+        " Its config has none of the rotary keys (" + ", ".join(_ROPE_KEYS[:3]) + "): the model may have "
+        "no rotary embedding at all (learned, ALiBi or no positions)."
+      )
+    hints = {
+      "layout": "layout='half' if its rotate_half is cat((-x2, x1)) of the head's two halves, 'interleaved' if it "
+      "rotates pairs (2i, 2i + 1) (x[..., ::2] / x[..., 1::2], rotate_every_two, repeat_interleave of the "
+      "table, complex multiplication)",
+      "rotated_slice": "rotated_slice='leading' if the first R dims of each q/k head rotate, 'trailing' if "
+      "the last R do (latent-attention heads [nope | rope])",
+      "rotary_dim": "rotary_dim=R, the dims per head that rotate (a config.json leaves out its class's "
+      "default partial_rotary_factor; or pass the transformers config object, which has it)",
+    }
+    raise UnverifiedFamilyError(
+      f"{name} is not a family jaxpe has verified against transformers' modeling code (checked: "
+      f"transformers {TRANSFORMERS_VERSION}, jaxpe.ops.hf_verified), and its config does not state "
+      f"{', '.join(missing)}.{no_rope} Read the family's apply_rotary_pos_emb (transformers/models/<family>/"
+      f"modeling_<family>.py) and pass " + "; ".join(hints[k] for k in missing) + ". Then check "
+      "r.apply(q, positions) against the family's own apply_rotary_pos_emb as docs/rope.md shows "
+      "('Families jaxpe has not verified')."
+    )
+  for key, meaning in FAMILY_SPECIFIC_KEYS.items():
+    if cfg.get(key) is not None or params.get(key) is not None:
+      raise UnverifiedFamilyError(
+        f"{name} is not a family jaxpe has verified, and its config has {key!r} ({meaning}); what that "
+        "key does is the family's, so rope_from_hf_config does not read it: build the rotary embedding "
+        "from jaxpe.rope_frequencies(...) and jaxpe.apply_rope(...) directly, checked against the family's "
+        "apply_rotary_pos_emb"
+      )

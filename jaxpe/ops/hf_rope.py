@@ -58,6 +58,7 @@ from jaxpe.ops.hf_config import (
   text_config,
 )
 from jaxpe.ops.hf_families import INTERLEAVED_FAMILIES
+from jaxpe.ops.layouts import check_layout
 from jaxpe.ops.rope import PhasePrecision, apply_rope
 from jaxpe.ops.rope_parameters import check_seq_len, normalize_rope_parameters, param_float
 from jaxpe.ops.rope_scaling import rope_frequencies
@@ -296,8 +297,24 @@ def _axial_rope(
   )
 
 
-def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope:
+def rope_from_hf_config(
+  config: Any,
+  *,
+  layer_type: str | None = None,
+  layout: Literal["half", "interleaved"] | None = None,
+  rotated_slice: Literal["leading", "trailing"] | None = None,
+  rotary_dim: int | None = None,
+) -> HFRope:
   """Everything a RoPE layer needs from a Hugging Face model config.
+
+  What a config does not state (the pair layout, which dims rotate, multi-axis positions, latent
+  heads, a softmax scale convention, its class's defaults) is read from ``jaxpe.ops.hf_families``'
+  tables only for a family jaxpe has verified against transformers' modeling code
+  (``jaxpe.ops.hf_verified.VERIFIED_FAMILIES``, transformers 5.25.0: 270 model types). Any other
+  ``model_type`` (a family a newer transformers adds, a config without ``model_type``) is refused
+  by name (``UnverifiedFamilyError``) unless ``layout``, ``rotated_slice`` and, for a config.json
+  dict without ``partial_rotary_factor``, ``rotary_dim`` are given; the message says how to read
+  them off the family's ``apply_rotary_pos_emb`` and docs/rope.md how to check the result.
 
   Args:
     config: a ``config.json`` dict (``json.load``) or a transformers ``PretrainedConfig``. Composite
@@ -305,6 +322,16 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     layer_type: for configs with per-layer-type rope parameters (Gemma-3's ``"sliding_attention"``
       / ``"full_attention"``, and any v5 config whose ``rope_parameters`` is keyed by
       ``layer_types``): which entry. Must be None for the other configs.
+    layout: ``"half"`` (rotate_half, pairs (i, i + R/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)):
+      the pair layout the model's checkpoint rotates. None: the verified family's (required for an
+      unverified one). A value given always wins over the tables (a checkpoint converted to the
+      other layout).
+    rotated_slice: ``"leading"`` (the first R dims of each q/k head rotate) or ``"trailing"`` (the
+      last R: latent-attention heads ``[nope | rope]``). None: the verified family's (required for an
+      unverified one); a value given always wins.
+    rotary_dim: R, the dims per head that rotate (even, ``0 < R <= head_dim``; must agree with a
+      ``partial_rotary_factor`` the config states). None: from the config (and the family's class
+      default). Required for an unverified family's config.json dict without ``partial_rotary_factor``.
 
   Returns:
     ``HFRope`` (frozen): ``inv_freq [R/2]`` float32 radians per token, ``attention_factor`` (scales
@@ -326,7 +353,11 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
 
   Raises:
     TypeError: ``config`` is neither a mapping nor has ``to_dict()``.
-    ValueError: unknown keys in the rope dict (named); unknown ``rope_type``; a family without
+    UnverifiedFamilyError (a ValueError): a ``model_type`` outside ``VERIFIED_FAMILIES`` (or none)
+      without ``layout`` / ``rotated_slice`` / ``rotary_dim`` as above, or with a key whose meaning is
+      the family's (``qk_rope_head_dim``, ``mrope_section``, ``mscale_all_dim``, ...), named.
+    ValueError: ``layout`` / ``rotated_slice`` not one of their values, ``rotary_dim`` not an even
+      int in ``(0, head_dim]``; unknown keys in the rope dict (named); unknown ``rope_type``; a family without
       RoPE (``alibi: true`` Falcon, BLOOM, MPT, ...); image-grid RoPE that is not one rotation per
       pair or not built from the config (Gemma-4's vision tower, DINOv3, EfficientLoFTR), named; an odd rotary dim with a type
       other than default / linear, or whose table is wider than the head; PhiMoE longrope without
@@ -343,21 +374,46 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
   families' configuration files (Phi3, GPT-NeoX, Gemma-3, Qwen2-VL, DeepSeek-V3) and their modeling
   files for layout and head slicing; tested against their ``*RotaryEmbedding`` modules.
   """
+  if layout is not None:
+    layout = check_layout(layout, "rope_from_hf_config")
+  if rotated_slice is not None and rotated_slice not in ("leading", "trailing"):
+    raise ValueError(f"rotated_slice must be 'leading' or 'trailing' (or None), got {rotated_slice!r}")
+  if rotary_dim is not None:
+    rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
+  from_dict = isinstance(config, Mapping)
   cfg = text_config(as_dict(config))
   model_type = cfg.get("model_type")
   family = _families.family(model_type)
   _families.check_supported(family, model_type, cfg)
   params, nested = select_rope_params(cfg, rope_dict(cfg, family), family, layer_type)
+  if not _families.is_verified(model_type):
+    _families.refuse_unverified(
+      model_type,
+      cfg,
+      params,
+      from_dict=from_dict,
+      layout=layout,
+      rotated_slice=rotated_slice,
+      rotary_dim=rotary_dim,
+    )
   params = _families.family_rope_type(params, family)
   if params.get("rope_type", params.get("type")) == "axial":
-    return _axial_rope(cfg, model_type, params, layer_type)
+    if rotated_slice == "trailing" or rotary_dim is not None:
+      raise ValueError(
+        f"model_type {model_type!r} has 2-D axial RoPE over the whole head: rotated_slice='trailing' and "
+        "rotary_dim do not apply to it"
+      )
+    axial = _axial_rope(cfg, model_type, params, layer_type)
+    return axial if layout is None else dataclasses.replace(axial, layout=layout)
   query_scale_beta = params.pop("llama_4_scaling_beta", None)  # Ministral-3 / Mistral-4: scales queries
   params, extras = _families.family_extras(params, family)
   params = normalize_rope_parameters(fill_base_and_partial(params, cfg, family))
   rope_type = params["rope_type"]
 
   # Head and rotary dims.
-  trailing = family in _families.MLA_FAMILIES or family == "deepseek_v4"
+  if rotated_slice is None:
+    rotated_slice = "trailing" if family in _families.MLA_FAMILIES or family == "deepseek_v4" else "leading"
+  trailing = rotated_slice == "trailing"
   # MLA configs set head_dim = qk_rope_head_dim (DeepseekV3Config), unless the rope dict carries a
   # partial_rotary_factor of head_dim (Mistral-4).
   mla = family in _families.MLA_FAMILIES and cfg.get("qk_rope_head_dim") is not None
@@ -374,8 +430,9 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     kept = {k: params[k] for k in ("mrope_section",) if k in params}
     params = {"rope_type": "default", "rope_theta": rope_theta, **kept}
     rope_type = "default"
-  rotary_dim = None
-  if family in _families.ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
+  if rotary_dim is not None and rotary_dim > head_dim:
+    raise ValueError(f"rotary_dim must be <= head_dim = {head_dim} (from the config), got {rotary_dim}")
+  if rotary_dim is None and family in _families.ROTARY_DIM_FAMILIES and cfg.get("rotary_dim") is not None:
     rotary_dim = positive_int(cfg, "rotary_dim")
   params, rotary_dim = odd_rotary_dim(cfg, params, family, head_dim, rotary_dim, mla)
 
@@ -409,8 +466,8 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> HFRope
     head_dim=head_dim,
     rotary_dim=2 * int(inv_freq.shape[0]),
     rope_theta=float(rope_theta),
-    layout=_families.pair_layout(family, cfg, trailing),
-    rotated_slice="trailing" if trailing else "leading",
+    layout=layout or _families.pair_layout(family, cfg, trailing),
+    rotated_slice=rotated_slice,
     max_position_embeddings=max_pos,
     original_max_position_embeddings=original,
     mrope_section=mrope,

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import jaxpe
+from jaxpe.errors import UnverifiedFamilyError
 from jaxpe.ops import hf_rope
 from jaxpe.ops.hf_rope import rope_from_hf_config
+from jaxpe.ops.hf_verified import VERIFIED_FAMILIES
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -98,7 +100,16 @@ def test_pretrained_config_object_equals_its_dict():
     ({**LLAMA31, "rope_scaling": {"rope_type": "cubic"}}, {}, "cubic"),
     ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "alibi": True}, {}, "alibi"),
     ({"model_type": "bloom", "hidden_size": 64, "n_head": 2}, {}, "no rotary"),
-    ({"model_type": "somefamily", "hidden_size": 64, "num_attention_heads": 2}, {}, "rope_theta"),
+    (
+      {"model_type": "somefamily", "hidden_size": 64, "num_attention_heads": 2},
+      {},
+      "'somefamily' is not a family",
+    ),
+    (
+      {"model_type": "somefamily", "hidden_size": 64, "num_attention_heads": 2},
+      {"layout": "half", "rotated_slice": "leading", "rotary_dim": 32},
+      "no rope_theta",
+    ),
     ({"model_type": "llama", "rope_theta": 1e4}, {}, "hidden_size"),
     ({**LLAMA31}, {"layer_type": "full_attention"}, "layer_type"),
     (CASES[-1].config, {}, "layer_type"),
@@ -148,15 +159,23 @@ def _default_rotary_modules():
   import warnings
 
   from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+  from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
   for model_type in sorted(CONFIG_MAPPING.keys()):
     config_cls = CONFIG_MAPPING[model_type]
     family = config_cls.__module__.split(".")[-2]
-    spec = importlib.util.find_spec(f"transformers.models.{family}.modeling_{family}")
+    name = f"transformers.models.{family}.modeling_{family}"
+    spec = importlib.util.find_spec(name)
+    if spec is None and model_type in MODEL_MAPPING_NAMES:
+      # A config-only family (ExaONE, InternLM3: LlamaModel): the modeling file of the model class
+      # transformers maps it to.
+      model_cls = getattr(transformers, MODEL_MAPPING_NAMES[model_type], None)
+      name = getattr(model_cls, "__module__", name)
+      spec = importlib.util.find_spec(name) if model_cls is not None else None
     if spec is None or "RotaryEmbedding(" not in open(spec.origin, encoding="utf-8").read():
       continue  # no rotary embedding: skip the (slow) import
     try:
-      modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+      modeling = importlib.import_module(name)
     except Exception:  # noqa: BLE001 - optional backends (vision, audio) missing
       continue
     rotary = [
@@ -282,10 +301,17 @@ def _apply_matches(module, r, positions, layer_type):
   import sys
 
   modeling = sys.modules[type(module).__module__]
+  # Which function the family's attention calls is read off the family, never off jaxpe's answer:
+  # MLA families with a rope_interleave flag call the _interleave variant when it is set (default
+  # True, DeepseekV3Config), those with only the _interleave variant (HunYuan-V4) always do.
   interleave_fn = getattr(modeling, "apply_rotary_pos_emb_interleave", None)
-  mla_interleaved = r.rotated_slice == "trailing" and r.layout == "interleaved" and interleave_fn is not None
-  fn = interleave_fn if mla_interleaved else getattr(modeling, "apply_rotary_pos_emb", None)
-  fn = fn or getattr(modeling, "apply_rotary_emb", None)
+  plain_fn = getattr(modeling, "apply_rotary_pos_emb", None) or getattr(modeling, "apply_rotary_emb", None)
+  flag = getattr(getattr(module, "config", None), "rope_interleave", None)
+  if interleave_fn is not None and plain_fn is not None:
+    mla_interleaved = bool(flag) if flag is not None else r.rotated_slice == "trailing"
+  else:
+    mla_interleaved = interleave_fn is not None
+  fn = interleave_fn if mla_interleaved else plain_fn
   if fn is None:
     return None
   t = positions.shape[-1]
@@ -303,15 +329,33 @@ def _apply_matches(module, r, positions, layer_type):
   return bool(np.abs(got - hf).max() <= 1e-3 * max(1.0, r.attention_factor))
 
 
+def _stated_facts_that_match(module, config, layer_type):
+  """For an unverified family: the (layout, rotated_slice) under which rope_from_hf_config's reading
+  with those facts stated agrees with the family's own module (cos/sin) and apply function, or the
+  reason none does (what a maintainer reads to verify the family)."""
+  found = []
+  for layout in ("half", "interleaved"):
+    for rotated_slice in ("leading", "trailing"):
+      try:
+        r = rope_from_hf_config(config, layer_type=layer_type, layout=layout, rotated_slice=rotated_slice)
+      except ValueError as e:
+        return f"refused with the facts stated: {str(e)[:120]}"
+      if _apply_matches(module, r, POSITIONS, layer_type):
+        found.append((layout, rotated_slice))
+  return found or "no stated layout matches its apply function (or it has none jaxpe can call)"
+
+
 def test_every_family_default_config_matches_or_is_refused():
-  """For every model type transformers 5.24 ships with a rotary embedding (default config, the text
-  config of composite models): rope_from_hf_config gives transformers' inv_freq (1e-6 relative,
+  """For every model type the installed transformers ships with a rotary embedding (default config,
+  the text config of composite models; 5.25.0 in the constraints): rope_from_hf_config gives transformers' inv_freq (1e-6 relative,
   2.2e-6 for llama3), attention factor and cos/sin (the module's forward at token positions, in the
   returned layout), from the PretrainedConfig and from its to_dict() alike; where the family's
   apply_rotary_pos_emb takes (q, k, cos, sin), HFRope.apply rotates q as it does; mRoPE families do
   the same at multi-axis [3, B, T] positions. Or it refuses with the reason in EXPECTED_REFUSALS,
-  and only those."""
-  matched, refused, cos_sin, applied, multi_axis = [], {}, [], [], []
+  and only those; or, for a family outside jaxpe.ops.hf_verified.VERIFIED_FAMILIES (one a newer
+  transformers adds), it refuses by name (UnverifiedFamilyError), which passes: a new family makes
+  jaxpe refuse, never read it with another family's defaults and never fail this test."""
+  matched, refused, cos_sin, applied, multi_axis, unverified = [], {}, [], [], [], {}
   for model_type, config, module in _default_rotary_modules():
     layer_types = sorted(module.rope_type) if isinstance(getattr(module, "rope_type", None), dict) else [None]
     for layer_type in layer_types:
@@ -322,12 +366,18 @@ def test_every_family_default_config_matches_or_is_refused():
       att_hf = float(
         getattr(module, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
       )
+      label = f"{model_type}/{layer_type}"
       try:
         r = rope_from_hf_config(config, layer_type=layer_type)
+      except UnverifiedFamilyError as e:
+        # A family the installed transformers ships and jaxpe has not verified (a newer release than
+        # hf_verified.TRANSFORMERS_VERSION): refused by name is right; a verified one never is.
+        assert model_type not in VERIFIED_FAMILIES and repr(config.model_type) in str(e), (label, str(e))
+        unverified[label] = _stated_facts_that_match(module, config, layer_type)
+        continue
       except ValueError as e:
         refused[model_type] = str(e)
         continue
-      label = f"{model_type}/{layer_type}"
       ours = np.asarray(r.inv_freq, np.float64)
       if r.rope_type == "axial":  # per axis in the module, per frequency of the head in jaxpe
         ours, inv_hf = np.unique(ours), np.unique(inv_hf)
@@ -375,7 +425,9 @@ def test_every_family_default_config_matches_or_is_refused():
     f"\n{len(matched)} model types / layer types match ({len(cos_sin)} with cos/sin, {len(applied)} with "
     f"apply_rotary_pos_emb, {len(multi_axis)} with multi-axis positions), {len(refused)} refused: "
     f"{sorted(refused)}\nnot checked against cos/sin: {sorted(set(matched) - set(cos_sin))}\n"
-    f"not checked against apply_rotary_pos_emb: {sorted(set(matched) - set(applied))}"
+    f"not checked against apply_rotary_pos_emb: {sorted(set(matched) - set(applied))}\n"
+    f"unverified (refused by name; the stated facts under which the family's own module and apply "
+    f"function agree, for docs/maintenance.md): {unverified}"
   )
   assert sorted(refused) == sorted(EXPECTED_REFUSALS), (
     f"new refusals: {sorted(set(refused) - set(EXPECTED_REFUSALS))}; now working: "
@@ -383,7 +435,7 @@ def test_every_family_default_config_matches_or_is_refused():
   )
   for model_type, words in EXPECTED_REFUSALS.items():
     assert words in refused[model_type], (model_type, refused[model_type])
-  assert len(matched) >= 300 and len(cos_sin) >= 290 and len(applied) >= 255  # 304, 294, 260 in 5.24
+  assert len(matched) >= 300 and len(cos_sin) >= 290 and len(applied) >= 255  # 310, 300, 266 in 5.25
   for family in ("llama", "gemma4_text/full_attention", "deepseek_v4/compress", "mistral4", "qwen3_next"):
     assert any(m == family or m.startswith(family + "/") for m in matched), family
 
@@ -490,3 +542,218 @@ def test_llama4_query_scale_matches_ministral3():
   )[:, 0, :, 0]
   np.testing.assert_allclose(r.query_scale(jnp.asarray(positions, jnp.int32)), ref.numpy(), rtol=1e-6)
   assert rope_from_hf_config(LLAMA31).query_scale_beta is None
+
+
+# ------------------------------------------------------------------ unverified families, stated facts
+
+
+def _llama_dict(**changes):
+  """A Llama config.json as transformers writes it (class defaults included), with ``changes``."""
+  config = transformers.AutoConfig.for_model(
+    "llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
+  )
+  return {**config.to_dict(), **changes}
+
+
+def _rotated_by(family, config, layer_type=None):
+  """``q [B, T, N, H]`` rotated by ``family``'s own rotary module and apply_rotary_pos_emb
+  (its float32 phases: 1e-4 off float64 at position 1000), the independent reference."""
+  import importlib
+
+  modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+  module = _rotary(family, config)
+  h = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+  q = np.random.default_rng(1).normal(size=(1, 2, POSITIONS.shape[-1], h)).astype(np.float32)
+  kwargs = {"layer_type": layer_type} if layer_type else {}
+  with torch.no_grad():
+    cos, sin = module(torch.zeros(1), torch.from_numpy(POSITIONS), **kwargs)
+    out = modeling.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(q), cos, sin)[0].numpy()
+  return np.transpose(q, (0, 2, 1, 3)), np.transpose(out, (0, 2, 1, 3))
+
+
+def _ours(r, q):
+  """``r.apply`` with transformers' float32 phases (positions to 1000: exact phases differ from
+  them by 1e-4 there)."""
+  positions = jnp.asarray(POSITIONS, jnp.int32)
+  return np.asarray(r.apply(jnp.asarray(q), positions, phase_precision="float32"), np.float64)
+
+
+def test_an_unverified_family_is_refused_by_name_and_read_with_the_stated_facts():
+  """A model_type jaxpe has not verified (a family a newer transformers adds) is refused with its
+  name, what to pass and where to check; with the facts stated it is read as transformers'
+  generic RoPE. The reference is Llama's own rotary module and apply function (the config is
+  Llama's under a new name)."""
+  config = _llama_dict(model_type="zz_future_family")
+  with pytest.raises(UnverifiedFamilyError) as info:
+    rope_from_hf_config(config)
+  message = str(info.value)
+  for words in ("model_type 'zz_future_family'", "layout=", "rotated_slice=", "rotary_dim=", "5.25.0"):
+    assert words in message, words
+  assert "apply_rotary_pos_emb" in message and "docs/rope.md" in message
+  # A config.json dict states no partial_rotary_factor: rotary_dim is needed too; a config object
+  # (its class defaults included) does not need it.
+  with pytest.raises(UnverifiedFamilyError, match="does not state rotary_dim") as info:
+    rope_from_hf_config(config, layout="half", rotated_slice="leading")
+  assert "layout" not in str(info.value).split("does not state")[1].split(".")[0]
+  q, want = _rotated_by("llama", transformers.LlamaConfig(**_llama_dict()))
+  r = rope_from_hf_config(config, layout="half", rotated_slice="leading", rotary_dim=16)
+  assert (r.layout, r.rotated_slice, r.rotary_dim, r.model_type) == (
+    "half",
+    "leading",
+    16,
+    "zz_future_family",
+  )
+  np.testing.assert_allclose(_ours(r, q), want, atol=1e-3)
+  wrong = rope_from_hf_config(config, layout="interleaved", rotated_slice="leading", rotary_dim=16)
+  assert np.abs(_ours(wrong, q) - want).max() > 0.1  # the layout matters: nothing guessed
+  # No model_type at all is named as such.
+  with pytest.raises(UnverifiedFamilyError, match="a config without model_type"):
+    rope_from_hf_config({k: v for k, v in config.items() if k != "model_type"})
+
+
+def test_a_family_missing_from_the_tables_is_refused_not_read_as_rotate_half(monkeypatch):
+  """Ergo, as jaxpe saw it before it was verified (transformers 5.25 added it; it rotates
+  interleaved pairs): with the family out of the verified list and the tables, it is refused by
+  name; stated, it matches Ergo's own apply_rotary_pos_emb. Verified, the table reads it right."""
+  from jaxpe.ops import hf_families
+
+  config = transformers.AutoConfig.for_model("ergo")
+  layer_type = "sliding_attention"
+  q, want = _rotated_by("ergo", config, layer_type)
+  verified = rope_from_hf_config(config, layer_type=layer_type)
+  assert verified.layout == "interleaved"
+  np.testing.assert_allclose(_ours(verified, q), want, atol=1e-3)
+  monkeypatch.setattr(hf_families, "VERIFIED_FAMILIES", VERIFIED_FAMILIES - {"ergo"})
+  monkeypatch.setattr(hf_families, "INTERLEAVED_FAMILIES", hf_families.INTERLEAVED_FAMILIES - {"ergo"})
+  with pytest.raises(UnverifiedFamilyError, match="model_type 'ergo'"):
+    rope_from_hf_config(config, layer_type=layer_type)
+  stated = rope_from_hf_config(config, layer_type=layer_type, layout="interleaved", rotated_slice="leading")
+  np.testing.assert_allclose(_ours(stated, q), want, atol=1e-3)
+
+
+def test_hunyuan_v4_mla_heads_rotate_interleaved_pairs():
+  """HunYuan-V4 calls only apply_rotary_pos_emb_interleave on its [nope | rope] heads (no
+  rope_interleave flag): jaxpe read rotate-half there before transformers 5.25 was swept with the
+  family's own function. The reference is that function (it returns the pairs de-interleaved)."""
+  import importlib
+
+  modeling = importlib.import_module("transformers.models.hy_v4.modeling_hy_v4")
+  config = transformers.AutoConfig.for_model("hy_v4")
+  r = rope_from_hf_config(config)
+  assert (r.layout, r.rotated_slice) == ("interleaved", "trailing")
+  module = _rotary("hy_v4", config)
+  q = np.random.default_rng(2).normal(size=(1, 2, POSITIONS.shape[-1], r.head_dim)).astype(np.float32)
+  with torch.no_grad():
+    cos, sin = module(torch.zeros(1), torch.from_numpy(POSITIONS))
+    want = modeling.apply_rotary_pos_emb_interleave(torch.from_numpy(q), torch.from_numpy(q), cos, sin)[0]
+  got = _ours(r, np.transpose(q, (0, 2, 1, 3)))
+  got = np.concatenate([got[..., 0::2], got[..., 1::2]], -1)  # transformers' de-interleaved order
+  np.testing.assert_allclose(got, np.transpose(want.numpy(), (0, 2, 1, 3)), atol=1e-3)
+
+
+def test_a_stated_value_wins_over_the_tables():
+  """layout, rotated_slice and rotary_dim given for a verified family replace the table's answer
+  (a checkpoint converted to the other layout), against jaxpe.apply_rope with those values (whose
+  own tests compare with numpy float64)."""
+  llama = _llama_dict()
+  q, _ = _rotated_by("llama", transformers.LlamaConfig(**llama))
+  base = rope_from_hf_config(llama)
+  for kwargs in (
+    {"layout": "interleaved"},
+    {"rotated_slice": "trailing", "rotary_dim": 8},
+    {"rotary_dim": 8},
+    {"layout": "interleaved", "rotated_slice": "leading", "rotary_dim": 12},
+  ):
+    r = rope_from_hf_config(llama, **kwargs)
+    layout, rotated_slice = kwargs.get("layout", "half"), kwargs.get("rotated_slice", "leading")
+    assert (r.layout, r.rotated_slice, r.rotary_dim) == (layout, rotated_slice, kwargs.get("rotary_dim", 16))
+    inv_freq = jaxpe.rope_inv_freq(r.rotary_dim, base=base.rope_theta, dtype=np.float64)
+    want = jaxpe.apply_rope(
+      jnp.asarray(q),
+      jnp.asarray(POSITIONS, jnp.int32),
+      inv_freq=tuple(inv_freq.tolist()),
+      layout=layout,
+      rotated_slice=rotated_slice,
+      phase_precision="float32",
+    )
+    np.testing.assert_allclose(_ours(r, q), np.asarray(want), atol=1e-6, err_msg=str(kwargs))
+  # DeepSeek-V3's MLA heads rotate their trailing qk_rope_head_dim: stated otherwise, stated wins.
+  r = rope_from_hf_config(transformers.AutoConfig.for_model("deepseek_v3"), rotated_slice="leading")
+  assert r.rotated_slice == "leading"
+  # GPT-J's own rotary_dim key, replaced by the stated one.
+  gptj = {"model_type": "gptj", "n_embd": 64, "n_head": 4, "rotary_dim": 8}
+  assert rope_from_hf_config(gptj).rotary_dim == 8 and rope_from_hf_config(gptj, rotary_dim=4).rotary_dim == 4
+
+
+@pytest.mark.parametrize(
+  "kwargs, error, match",
+  [
+    ({"layout": "complex"}, ValueError, "layout must be one of"),
+    ({"rotated_slice": "middle"}, ValueError, "rotated_slice must be 'leading' or 'trailing'"),
+    ({"rotary_dim": 5}, ValueError, "rotary_dim must be even"),
+    ({"rotary_dim": 0}, ValueError, "rotary_dim must be a positive integer"),
+    ({"rotary_dim": "8"}, TypeError, "rotary_dim must be a positive integer"),
+    ({"rotary_dim": True}, TypeError, "rotary_dim must be a positive integer"),
+    ({"rotary_dim": 18}, ValueError, "rotary_dim must be <= head_dim = 16"),
+    ({"rotary_dim": 8, "partial_rotary_factor": 0.25}, ValueError, "partial_rotary_factor"),
+  ],
+)
+def test_stated_facts_out_of_range_are_named(kwargs, error, match):
+  config = _llama_dict()
+  if "partial_rotary_factor" in kwargs:  # the config states 4 rotated dims, the caller 8
+    config["partial_rotary_factor"] = kwargs.pop("partial_rotary_factor")
+  with pytest.raises(error, match=match):
+    rope_from_hf_config(config, **kwargs)
+
+
+@pytest.mark.parametrize(
+  "key, value",
+  [
+    ("qk_rope_head_dim", 16),
+    ("mscale_all_dim", 1.0),
+    ("rope_local_base_freq", 1e4),
+    ("rotary_emb_base", 1e4),
+  ],
+)
+def test_an_unverified_family_with_a_family_specific_key_is_refused_naming_it(key, value):
+  config = _llama_dict(model_type="zz_future_family", **{key: value})
+  with pytest.raises(UnverifiedFamilyError, match=f"'{key}'"):
+    rope_from_hf_config(config, layout="half", rotated_slice="leading", rotary_dim=16)
+  params = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
+  with pytest.raises(UnverifiedFamilyError, match="'mrope_section'"):
+    rope_from_hf_config(
+      _llama_dict(model_type="zz_future_family", rope_parameters=params),
+      layout="half",
+      rotated_slice="leading",
+      rotary_dim=16,
+    )
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "opt", "mamba", "rwkv", "xglm", "gpt_neo", "biogpt", "bloom"])
+def test_text_decoders_without_rope_are_told_so(model_type):
+  """Their modeling code has no rotary embedding (checked in transformers 5.25): the error says so
+  instead of asking for a rope_theta; from the config object and its config.json dict alike."""
+  config = transformers.AutoConfig.for_model(model_type)
+  for given in (config, config.to_dict()):
+    with pytest.raises(ValueError, match=f"model_type '{model_type}' has no rotary embedding") as info:
+      rope_from_hf_config(given)
+    assert "rope_theta" not in str(info.value)
+
+
+def test_an_unverified_config_without_rotary_keys_says_it_may_have_none():
+  with pytest.raises(UnverifiedFamilyError, match="none of the rotary keys.*may have no rotary embedding"):
+    rope_from_hf_config({"model_type": "zz_new_lm", "hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_every_verified_family_the_installed_transformers_ships_is_a_model_type_or_a_table_entry():
+  """The verified list names model types, not typos: each is one the installed transformers knows,
+  or one the tables carry for an older release."""
+  from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+  from jaxpe.ops import hf_axial, hf_families
+
+  tables = set(hf_families.INTERLEAVED_FAMILIES) | set(hf_families.MLA_FAMILIES)
+  tables |= set(hf_families.MROPE_LAYOUTS) | set(hf_families.FAMILY_DEFAULTS) | set(hf_axial.AXIAL_LAYOUTS)
+  unknown = sorted(VERIFIED_FAMILIES - set(CONFIG_MAPPING.keys()) - tables)
+  assert not unknown, unknown
+  assert not (VERIFIED_FAMILIES & hf_families.NO_ROPE_FAMILIES)

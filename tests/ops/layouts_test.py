@@ -153,8 +153,11 @@ def _public_ops_with_a_layout():
   return sorted(
     name
     for name in jaxpe.ops.__all__
-    if inspect.isfunction(getattr(jaxpe.ops, name)) and "layout" in _parameters(getattr(jaxpe.ops, name))
-  )  # HFRope, a class, carries the layout read from an HF config
+    if inspect.isfunction(getattr(jaxpe.ops, name))
+    and "layout" in _parameters(getattr(jaxpe.ops, name))
+    and name != "rope_from_hf_config"
+  )  # HFRope, a class, carries the layout read from an HF config; rope_from_hf_config reads it from
+  # a verified family's tables and refuses an unverified family without layout= (hf_families_test)
 
 
 def _parameters(fn):
