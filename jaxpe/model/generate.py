@@ -11,8 +11,20 @@ The sampling rule (``generate``'s ``temperature``, ``top_k``, ``rng``):
 - ``temperature == inf``: uniform over the allowed set (the ``top_k`` largest logits, or all V).
 - ``top_k`` picks exactly k ids (ties at the k-th logit broken towards the lower id, as
   ``jax.lax.top_k``) from the unscaled logits, so the set does not depend on the temperature.
+- ``top_p`` (nucleus sampling, Holtzman et al., arXiv 1904.09751) then keeps the smallest set of the
+  most probable allowed ids whose probability under the temperature-scaled softmax reaches
+  ``top_p``, as transformers' ``TopPLogitsWarper`` (applied after ``TemperatureLogitsWarper`` and
+  ``TopKLogitsWarper``, in that order): ids sorted by ascending probability (ties towards the lower
+  id first), those whose cumulative probability is ``<= 1 - top_p`` removed, the most probable id
+  always kept. ``top_p = 1`` keeps every allowed id.
 - The same ``rng`` (and prompt, model, arguments) gives the same tokens; each decoding step splits
   the key once and every row draws its own sample from that split.
+
+Stopping (``stop_tokens``, ``pad_token_id``): a row that generates one of ``stop_tokens`` (HF's
+``eos_token_id``: an id or several) keeps that token and has ``pad_token_id`` (default: the first
+stop token, as transformers when ``pad_token_id`` is None) in every later slot; decoding ends when
+every row has stopped (no step runs for nothing), and the output keeps its ``[B, max_new_tokens]``
+shape.
 """
 
 from __future__ import annotations
@@ -60,6 +72,34 @@ def _check_top_k(top_k, vocab_size: int) -> int | None:
   if not 1 <= top_k <= vocab_size:
     raise ValueError(f"top_k must be in [1, vocab_size={vocab_size}], got {top_k}")
   return int(top_k)
+
+
+def _check_top_p(top_p) -> float | None:
+  if top_p is None:
+    return None
+  if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
+    raise TypeError(f"top_p must be None or a Python number in (0, 1], got {type(top_p).__name__} {top_p!r}")
+  p = float(top_p)
+  if not 0.0 < p <= 1.0:  # NaN fails too
+    raise ValueError(f"top_p must be in (0, 1] (the probability mass kept; 1 = all ids), got {p}")
+  return p
+
+
+def _check_token_ids(name: str, ids, vocab_size: int) -> tuple[int, ...]:
+  """``ids`` (a Python or numpy int, or a sequence of them) as a tuple of ints in ``[0, V)``."""
+  many = ids if isinstance(ids, list | tuple | np.ndarray) else [ids]
+  if isinstance(ids, np.ndarray) and ids.ndim > 1:
+    raise ValueError(f"{name} must be a token id or a 1-D sequence of them, got shape {ids.shape}")
+  out = []
+  for i in many:
+    if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+      raise TypeError(f"{name} must be token ids (ints in [0, vocab_size={vocab_size})), got {ids!r}")
+    if not 0 <= i < vocab_size:
+      raise ValueError(f"{name} must be token ids in [0, vocab_size={vocab_size}), got {int(i)}")
+    out.append(int(i))
+  if not out:
+    raise ValueError(f"{name} must name at least one token id (None: no stopping), got {ids!r}")
+  return tuple(out)
 
 
 def _check_rng(rng) -> jax.Array:
@@ -125,6 +165,9 @@ def generate(
   attention_mask: jax.Array | None = None,
   temperature: float = 0.0,
   top_k: int | None = None,
+  top_p: float | None = None,
+  stop_tokens: int | tuple[int, ...] | list[int] | None = None,
+  pad_token_id: int | None = None,
   rng: jax.Array | None = None,
 ) -> jax.Array:
   """Prefills a KV cache with the prompt, then decodes one token at a time (sampling rule: the
@@ -143,11 +186,17 @@ def generate(
       follows the row's last real token). Every row needs a real token. Default: all ones.
     temperature: Python number in ``[0, inf]``: 0 = greedy, inf = uniform over the ``top_k`` set.
     top_k: None (all V ids) or a Python int in ``[1, V]``.
+    top_p: None or a Python number in ``(0, 1]``: nucleus sampling's probability mass (after
+      ``top_k``; the module docstring); ignored (but checked) for greedy decoding.
+    stop_tokens: None, or a token id or a sequence of them in ``[0, V)`` (HF ``eos_token_id``): a
+      row stops after generating one (the module docstring).
+    pad_token_id: an id in ``[0, V)`` written after a row's stop token; default the first of
+      ``stop_tokens``. Only with ``stop_tokens``.
     rng: a scalar PRNG key (``jax.random.key(seed)``, or a legacy ``uint32[2]`` key); required when
       ``temperature > 0``, ignored (but checked) for greedy decoding.
 
   Returns:
-    ``[B, max_new_tokens]`` int32 generated tokens.
+    ``[B, max_new_tokens]`` int32 generated tokens (after a row's stop token: ``pad_token_id``).
 
   Raises:
     TypeError: ``model`` not a ``Decoder``; a non-integer prompt; a float attention mask; a
@@ -161,7 +210,14 @@ def generate(
       for ``rope_alibi``, or beyond 2^31 - 1 (int32 positions); a KV cache of ``T +
       max_new_tokens`` slots larger than the device's memory (checked before anything is
       allocated: ``jaxpe.model.cache.cache_bytes``); a NaN or negative temperature;
-      ``top_k`` outside ``[1, V]``; sampling without ``rng``; an ``rng`` holding several keys.
+      ``top_k`` outside ``[1, V]``; ``top_p`` outside ``(0, 1]``; ``stop_tokens`` /
+      ``pad_token_id`` outside ``[0, V)`` (TypeError: not ints), ``stop_tokens`` empty,
+      ``pad_token_id`` without ``stop_tokens``; sampling without ``rng``; an ``rng`` holding several
+      keys.
+
+  Source: the sampling warpers and stopping of HF transformers' ``generate``
+  (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``, ``eos_token_id`` /
+  ``pad_token_id``), tested against them.
   """
   if not isinstance(model, Decoder):
     raise TypeError(f"model must be a jaxpe.model.Decoder, got {type(model).__name__}")
@@ -169,6 +225,13 @@ def generate(
   max_new_tokens = _check_max_new_tokens(max_new_tokens)
   temperature = _check_temperature(temperature)
   top_k = _check_top_k(top_k, cfg.vocab_size)
+  top_p = _check_top_p(top_p)
+  stops = None if stop_tokens is None else _check_token_ids("stop_tokens", stop_tokens, cfg.vocab_size)
+  if pad_token_id is not None:
+    if stops is None:
+      raise ValueError("pad_token_id is written after a stop token: pass stop_tokens too (or leave it None)")
+    pad_token_id = _check_token_ids("pad_token_id", pad_token_id, cfg.vocab_size)[0]
+  stopping = None if stops is None else (stops, stops[0] if pad_token_id is None else pad_token_id)
   prompt, mask = _check_prompt_mask(prompt, attention_mask, cfg.vocab_size)
   limits = {
     "learned": ("max_len", cfg.max_len),
@@ -192,13 +255,29 @@ def generate(
     raise ValueError("rng is required when temperature > 0 (pass jax.random.key(seed))")
   rng = jax.random.key(0) if rng is None else rng
   graphdef, state = nnx.split(model)
-  return _generate(graphdef, state, prompt, mask, rng, max_new_tokens, temperature, top_k)
+  sampling = (temperature, top_k, top_p)
+  return _generate(graphdef, state, prompt, mask, rng, max_new_tokens, sampling, stopping)
 
 
-def pick(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | None) -> jax.Array:
-  """One token per row of ``logits [B, V]`` by the sampling rule of this module: ``[B]`` int32."""
-  if temperature == 0.0:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+def _nucleus(scaled: jax.Array, top_p: float) -> jax.Array:
+  """``[B, V]`` bool: the ids ``TopPLogitsWarper`` keeps of the scaled logits (``-inf`` = not
+  allowed): sorted ascending (stable: ties lower id first), cumulative softmax ``<= 1 - top_p``
+  removed, the most probable kept."""
+  order = jnp.argsort(scaled, axis=-1, stable=True)  # ascending
+  probs = jax.nn.softmax(jnp.take_along_axis(scaled, order, axis=-1), axis=-1)
+  remove = jnp.cumsum(probs, axis=-1) <= jnp.float32(1.0 - top_p)
+  remove = remove.at[:, -1].set(False)
+  rows = jnp.arange(scaled.shape[0])[:, None]
+  return jnp.ones(scaled.shape, bool).at[rows, order].set(~remove)
+
+
+def warp_logits(
+  logits: jax.Array, temperature: float, top_k: int | None, top_p: float | None = None
+) -> jax.Array:
+  """``logits [B, V]`` as the sampling rule of this module draws from them: ``[B, V]`` float32,
+  ``-inf`` at the ids ``top_k`` / ``top_p`` remove, the softmax of the rest the sampling
+  distribution (transformers' ``TemperatureLogitsWarper`` -> ``TopKLogitsWarper`` ->
+  ``TopPLogitsWarper``, shifted by the row maximum). For ``0 < temperature <= inf``."""
   logits = logits.astype(jnp.float32)
   allowed = None
   if top_k is not None and top_k < logits.shape[-1]:
@@ -212,13 +291,27 @@ def pick(logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | Non
     scaled = shifted / jnp.float32(max(temperature, _MIN_TEMPERATURE))
   if allowed is not None:
     scaled = jnp.where(allowed, scaled, -jnp.inf)
-  return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
+  if top_p is not None and top_p < 1.0:
+    scaled = jnp.where(_nucleus(scaled, top_p), scaled, -jnp.inf)
+  return scaled
+
+
+def pick(
+  logits: jax.Array, rng: jax.Array, temperature: float, top_k: int | None, top_p: float | None = None
+) -> jax.Array:
+  """One token per row of ``logits [B, V]`` by the sampling rule of this module: ``[B]`` int32."""
+  if temperature == 0.0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(rng, warp_logits(logits, temperature, top_k, top_p), axis=-1).astype(
+    jnp.int32
+  )
 
 
 @jax.jit(static_argnums=(5, 6, 7))
-def _generate(graphdef, state, prompt, mask, rng, max_new_tokens, temperature, top_k):
-  """The whole generation as one compiled program per (shapes, sampling arguments): the prefill, then
-  a ``lax.scan`` of decode steps that carries the cache (made here, so it is updated in place)."""
+def _generate(graphdef, state, prompt, mask, rng, max_new_tokens, sampling, stopping):
+  """The whole generation as one compiled program per (shapes, sampling and stopping arguments): the
+  prefill, then a ``lax.while_loop`` of decode steps that carries the cache (made here, so it is
+  updated in place) and ends when ``max_new_tokens`` are out or every row has stopped."""
   model = nnx.merge(graphdef, state)
   batch, t_len = prompt.shape
   # end as a concrete 0: the decoder knows the cache is empty and prefills with self-attention on the
@@ -229,17 +322,28 @@ def _generate(graphdef, state, prompt, mask, rng, max_new_tokens, temperature, t
   last = t_len - 1 - jnp.argmax(mask[:, ::-1], axis=1)
   logits, cache = model(prompt, attention_mask=mask, cache=cache, logits_index=last)
   rng, sub = jax.random.split(rng)
-  first = pick(logits[:, 0], sub, temperature, top_k)
+  first = pick(logits[:, 0], sub, *sampling)
+  stops, pad = stopping if stopping is not None else ((), 0)
 
-  def step(carry, _):
-    token, cache, rng = carry
+  def stopped(token):  # [B] bool: the row generated a stop token
+    return jnp.isin(token, jnp.asarray(stops, jnp.int32)) if stops else jnp.zeros(token.shape, bool)
+
+  out = jnp.full((batch, max_new_tokens), pad, jnp.int32).at[:, 0].set(first)
+
+  def cond(carry):
+    i, _, _, _, done, _ = carry
+    return (i < max_new_tokens) & ~jnp.all(done)
+
+  def step(carry):
+    i, token, cache, rng, done, out = carry
     # A model whose Variables are made at this trace level: nnx.scan / nnx.remat (scan_layers, remat)
     # refuse Variables of the enclosing jit's level ("different trace level").
     model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
     logits, cache = model(token[:, None], cache=cache)
     rng, sub = jax.random.split(rng)
-    nxt = pick(logits[:, -1], sub, temperature, top_k)
-    return (nxt, cache, rng), token
+    nxt = jnp.where(done, jnp.int32(pad), pick(logits[:, -1], sub, *sampling))
+    out = jax.lax.dynamic_update_slice(out, nxt[:, None], (jnp.int32(0), i))
+    return i + 1, nxt, cache, rng, done | stopped(nxt), out
 
-  (last, _, _), tokens = jax.lax.scan(step, (first, cache, rng), None, length=max_new_tokens - 1)
-  return jnp.concatenate([tokens.T, last[:, None]], axis=1) if max_new_tokens > 1 else last[:, None]
+  carry = (jnp.int32(1), first, cache, rng, stopped(first), out)
+  return jax.lax.while_loop(cond, step, carry)[-1]

@@ -398,7 +398,8 @@ def _loop_body_instructions(hlo: str):
         yield m.group(2), dims, roots.get(calls.group(1)) if calls else None
 
 
-def test_the_compiled_decode_loop_neither_copies_nor_zeroes_the_cache():
+@pytest.mark.parametrize("stopping", [None, ((3, 7), 0)])  # without and with stop tokens
+def test_the_compiled_decode_loop_neither_copies_nor_zeroes_the_cache(stopping):
   """Every decode step updates the cache in place and reads it as it lies: inside the compiled
   loop no instruction makes a cache-sized array (any order of its dims) but the in-place
   dynamic-update-slice of the new token's keys and values (a copy of the cache, a zeroed copy of
@@ -412,7 +413,7 @@ def test_the_compiled_decode_loop_neither_copies_nor_zeroes_the_cache():
   )
   prompt = jnp.asarray(np.random.default_rng(0).integers(0, 32, (3, 20)), jnp.int32)
   graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(5)))
-  args = (graphdef, state, prompt, jnp.ones((3, 20), bool), jax.random.key(0), 5, 0.0, None)
+  args = (graphdef, state, prompt, jnp.ones((3, 20), bool), jax.random.key(0), 5, (0.0, None, None), stopping)
   hlo = generate_lib._generate.lower(*args).compile().as_text()
   cache_dims = sorted((3, 2, 20 + 5, 64))
   made = [
