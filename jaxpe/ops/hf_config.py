@@ -249,10 +249,13 @@ def select_rope_params(
   return dict(params), nested
 
 
-def fill_base_and_partial(params: Mapping[str, Any], cfg: Mapping[str, Any], family: Any) -> dict[str, Any]:
+def fill_base_and_partial(
+  params: Mapping[str, Any], cfg: Mapping[str, Any], family: Any, partial_default: bool = True
+) -> dict[str, Any]:
   """``params`` with ``rope_theta`` and ``partial_rotary_factor``: the dict's value first, then the
   top-level key (and the family's legacy spelling: GPT-NeoX ``rotary_emb_base`` / ``rotary_pct``),
-  then the family default (transformers' setdefault order). GPT-J / CodeGen: base 10000.
+  then the family default (transformers' setdefault order; the partial factor's only with
+  ``partial_default``: a stated ``rotary_dim`` replaces it). GPT-J / CodeGen: base 10000.
 
   Raises:
     ValueError: no ``rope_theta`` anywhere and no transformers default known for the family.
@@ -274,7 +277,7 @@ def fill_base_and_partial(params: Mapping[str, Any], cfg: Mapping[str, Any], fam
     params["rope_theta"] = theta
   if params.get("partial_rotary_factor") is None:
     prf = first(cfg, "partial_rotary_factor", "rotary_pct")
-    if prf is None:
+    if prf is None and partial_default:  # not when the caller states rotary_dim
       prf = defaults.get("partial_rotary_factor")
     if prf is not None:
       params["partial_rotary_factor"] = prf

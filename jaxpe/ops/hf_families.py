@@ -151,6 +151,33 @@ FAMILY_DEFAULTS: dict[str, dict[str, float | int]] = {
   "glm4": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
   "qwen2_vl": {"rope_theta": 1e6},
   "qwen2_5_vl": {"rope_theta": 1e6},
+  # Config classes (transformers 5.25) whose partial_rotary_factor default is not 1 and is not per
+  # layer type: a config.json that leaves it out rotates that share, as transformers reads it.
+  **{
+    f: {"partial_rotary_factor": p}
+    for f, p in {
+      "bamba": 0.5,
+      "dots3_note_audio_encoder": 0.5,
+      "dots3_note_text": 0.25,
+      "glm4_moe": 0.5,
+      "glm4v_moe": 0.5,  # glm4v_moe_text reads as glm4v_moe (family())
+      "glm4v_moe_text": 0.5,
+      "glmasr_encoder": 0.5,
+      "mimo_v2_flash": 0.334,
+      "moonshine": 0.9,
+      "moonshine_streaming": 0.8,
+      "nemotron": 0.5,
+      "nemotron3_5_transcribe_asr_audio": 0.5,
+      "nemotron3_5_transcribe_word_timestamp": 0.5,
+      "qwen3_5": 0.25,
+      "qwen3_5_moe": 0.25,
+      "qwen3_5_moe_text": 0.25,
+      "qwen3_5_text": 0.25,
+      "qwen3_next": 0.25,
+      "recurrent_gemma": 0.5,
+      "zaya": 0.5,
+    }.items()
+  },
 }
 # GPT-J and CodeGen: fixed base 10000 and an integer ``rotary_dim`` (HF ``create_sinusoidal_positions``).
 ROTARY_DIM_FAMILIES = frozenset({"gptj", "codegen"})
@@ -407,6 +434,11 @@ FAMILY_SPECIFIC_KEYS = {
   "rotary_pct": "GPT-NeoX's legacy spelling of the partial rotary factor",
   "kv_channels": "a head width under the family's own key (JetMoE)",
   "attention_head_dim": "a head width under the family's own key (Zamba2)",
+  "rope_pct": "a partial rotary share under the family's own key (StableLM-epoch remote code)",
+  "rotary_emb_fraction": "a partial rotary share under the family's own key (nomic-bert style)",
+  "global_head_dim": "a head width for some layer types (Gemma-4 style)",
+  "per_layer_config": "per-layer overrides (Gemma-4 style)",
+  "alibi": "ALiBi instead of RoPE (Falcon style)",
 }
 _ROPE_KEYS = (
   "rope_theta",
@@ -423,53 +455,52 @@ def refuse_unverified(
   cfg: Mapping[str, Any],
   params: Mapping[str, Any],
   *,
-  from_dict: bool,
   layout: Any,
   rotated_slice: Any,
   rotary_dim: Any,
 ) -> None:
-  """Raises ``UnverifiedFamilyError`` for a family outside ``VERIFIED_FAMILIES`` unless the caller
-  stated what its config does not: ``layout`` and ``rotated_slice`` always, ``rotary_dim`` for a
-  ``config.json`` dict without ``partial_rotary_factor`` (config.json leaves out its class's
-  defaults; a ``PretrainedConfig`` has them). Also refuses, even then, a config with a key whose
-  meaning is family-specific (``FAMILY_SPECIFIC_KEYS``), naming it.
+  """Raises ``UnverifiedFamilyError`` for a family outside ``VERIFIED_FAMILIES``: first for a config
+  key whose meaning is family-specific (``FAMILY_SPECIFIC_KEYS``, named), then unless the caller
+  stated what jaxpe cannot read from the config: ``layout`` and ``rotated_slice`` always,
+  ``rotary_dim`` unless the config states ``partial_rotary_factor`` (a config.json leaves out its
+  class's defaults, and a remote-code config class may spell its share otherwise).
   """
-  name = "a config without model_type" if model_type is None else f"model_type {model_type!r}"
+  name = f"model_type {model_type!r}" if model_type else "a config without model_type"
+  for key, meaning in FAMILY_SPECIFIC_KEYS.items():
+    value = cfg.get(key, params.get(key))
+    if value is not None and not (key == "alibi" and value is False):
+      raise UnverifiedFamilyError(
+        f"{name} is not a family jaxpe has verified (transformers {TRANSFORMERS_VERSION}, "
+        f"jaxpe.ops.hf_verified), and its config has {key!r} ({meaning}); what that key does is the "
+        "family's, so rope_from_hf_config does not read it: build the rotary embedding from "
+        "jaxpe.rope_frequencies(...) and jaxpe.apply_rope(...), checked against the family's own code"
+      )
   partial_stated = (
     params.get("partial_rotary_factor") is not None or cfg.get("partial_rotary_factor") is not None
   )
   missing = [k for k, v in (("layout", layout), ("rotated_slice", rotated_slice)) if v is None]
-  if from_dict and not partial_stated and rotary_dim is None:
+  if not partial_stated and rotary_dim is None:
     missing.append("rotary_dim")
-  if missing:
-    no_rope = ""
-    if not any(cfg.get(k) is not None for k in _ROPE_KEYS):
-      no_rope = (
-        " Its config has none of the rotary keys (" + ", ".join(_ROPE_KEYS[:3]) + "): the model may have "
-        "no rotary embedding at all (learned, ALiBi or no positions)."
-      )
-    hints = {
-      "layout": "layout='half' if its rotate_half is cat((-x2, x1)) of the head's two halves, 'interleaved' if it "
-      "rotates pairs (2i, 2i + 1) (x[..., ::2] / x[..., 1::2], rotate_every_two, repeat_interleave of the "
-      "table, complex multiplication)",
-      "rotated_slice": "rotated_slice='leading' if the first R dims of each q/k head rotate, 'trailing' if "
-      "the last R do (latent-attention heads [nope | rope])",
-      "rotary_dim": "rotary_dim=R, the dims per head that rotate (a config.json leaves out its class's "
-      "default partial_rotary_factor; or pass the transformers config object, which has it)",
-    }
-    raise UnverifiedFamilyError(
-      f"{name} is not a family jaxpe has verified against transformers' modeling code (checked: "
-      f"transformers {TRANSFORMERS_VERSION}, jaxpe.ops.hf_verified), and its config does not state "
-      f"{', '.join(missing)}.{no_rope} Read the family's apply_rotary_pos_emb (transformers/models/<family>/"
-      f"modeling_<family>.py) and pass " + "; ".join(hints[k] for k in missing) + ". Then check "
-      "r.apply(q, positions) against the family's own apply_rotary_pos_emb as docs/rope.md shows "
-      "('Families jaxpe has not verified')."
+  if not missing:
+    return
+  no_rope = ""
+  if not any(cfg.get(k) is not None for k in _ROPE_KEYS):
+    no_rope = (
+      " Its config has none of the rotary keys (" + ", ".join(_ROPE_KEYS[:3]) + "): the model may have "
+      "no rotary embedding at all (learned, ALiBi or no positions)."
     )
-  for key, meaning in FAMILY_SPECIFIC_KEYS.items():
-    if cfg.get(key) is not None or params.get(key) is not None:
-      raise UnverifiedFamilyError(
-        f"{name} is not a family jaxpe has verified, and its config has {key!r} ({meaning}); what that "
-        "key does is the family's, so rope_from_hf_config does not read it: build the rotary embedding "
-        "from jaxpe.rope_frequencies(...) and jaxpe.apply_rope(...) directly, checked against the family's "
-        "apply_rotary_pos_emb"
-      )
+  hints = {
+    "layout": "layout='half' if its rotate_half is cat((-x2, x1)) of the head's two halves, 'interleaved' if it "
+    "rotates pairs (2i, 2i + 1) (x[..., ::2] / x[..., 1::2], rotate_every_two, repeat_interleave of the "
+    "table, complex multiplication)",
+    "rotated_slice": "rotated_slice='leading' if the first R dims of each q/k head rotate, 'trailing' if the "
+    "last R do (latent-attention heads [nope | rope])",
+    "rotary_dim": "rotary_dim=R, the dims per head that rotate (the config states no partial_rotary_factor)",
+  }
+  raise UnverifiedFamilyError(
+    f"{name} is not a family jaxpe has verified against transformers' modeling code (transformers "
+    f"{TRANSFORMERS_VERSION}, jaxpe.ops.hf_verified): pass {', '.join(k + '=' for k in missing)} as its "
+    f"rotary code does it.{no_rope} Read them off its apply_rotary_pos_emb (transformers/models/<family>/"
+    "modeling_<family>.py, or the model's remote code): " + "; ".join(hints[k] for k in missing) + ". Then "
+    "check r.apply(q, positions) against that function as docs/rope.md shows ('Families jaxpe has not verified')."
+  )

@@ -312,8 +312,8 @@ def rope_from_hf_config(
   tables only for a family jaxpe has verified against transformers' modeling code
   (``jaxpe.ops.hf_verified.VERIFIED_FAMILIES``, transformers 5.25.0: 270 model types). Any other
   ``model_type`` (a family a newer transformers adds, a config without ``model_type``) is refused
-  by name (``UnverifiedFamilyError``) unless ``layout``, ``rotated_slice`` and, for a config.json
-  dict without ``partial_rotary_factor``, ``rotary_dim`` are given; the message says how to read
+  by name (``UnverifiedFamilyError``) unless ``layout``, ``rotated_slice`` and, for a config that
+  does not state ``partial_rotary_factor``, ``rotary_dim`` are given; the message says how to read
   them off the family's ``apply_rotary_pos_emb`` and docs/rope.md how to check the result.
 
   Args:
@@ -331,7 +331,8 @@ def rope_from_hf_config(
       unverified one); a value given always wins.
     rotary_dim: R, the dims per head that rotate (even, ``0 < R <= head_dim``; must agree with a
       ``partial_rotary_factor`` the config states). None: from the config (and the family's class
-      default). Required for an unverified family's config.json dict without ``partial_rotary_factor``.
+      default, which a stated value replaces). Required for an unverified family unless its config
+      states ``partial_rotary_factor``.
 
   Returns:
     ``HFRope`` (frozen): ``inv_freq [R/2]`` float32 radians per token, ``attention_factor`` (scales
@@ -376,13 +377,16 @@ def rope_from_hf_config(
   """
   if layout is not None:
     layout = check_layout(layout, "rope_from_hf_config")
-  if rotated_slice is not None and rotated_slice not in ("leading", "trailing"):
+  if rotated_slice is not None and (
+    not isinstance(rotated_slice, str) or rotated_slice not in ("leading", "trailing")
+  ):
     raise ValueError(f"rotated_slice must be 'leading' or 'trailing' (or None), got {rotated_slice!r}")
   if rotary_dim is not None:
     rotary_dim = _checks.check_positive_int("rotary_dim", rotary_dim, even=True)
-  from_dict = isinstance(config, Mapping)
   cfg = text_config(as_dict(config))
   model_type = cfg.get("model_type")
+  if model_type is not None and not isinstance(model_type, str):
+    raise _checks.ArgTypeError(f"config['model_type'] must be a string, got {model_type!r}")
   family = _families.family(model_type)
   _families.check_supported(family, model_type, cfg)
   params, nested = select_rope_params(cfg, rope_dict(cfg, family), family, layer_type)
@@ -391,29 +395,32 @@ def rope_from_hf_config(
       model_type,
       cfg,
       params,
-      from_dict=from_dict,
       layout=layout,
       rotated_slice=rotated_slice,
       rotary_dim=rotary_dim,
     )
   params = _families.family_rope_type(params, family)
   if params.get("rope_type", params.get("type")) == "axial":
-    if rotated_slice == "trailing" or rotary_dim is not None:
-      raise ValueError(
-        f"model_type {model_type!r} has 2-D axial RoPE over the whole head: rotated_slice='trailing' and "
-        "rotary_dim do not apply to it"
-      )
+    for arg, value in (
+      ("rotated_slice", rotated_slice if rotated_slice == "trailing" else None),
+      ("rotary_dim", rotary_dim),
+    ):
+      if value is not None:
+        raise ValueError(
+          f"model_type {model_type!r} has 2-D axial RoPE over the whole head: {arg}={value!r} does not apply to it"
+        )
     axial = _axial_rope(cfg, model_type, params, layer_type)
     return axial if layout is None else dataclasses.replace(axial, layout=layout)
   query_scale_beta = params.pop("llama_4_scaling_beta", None)  # Ministral-3 / Mistral-4: scales queries
   params, extras = _families.family_extras(params, family)
-  params = normalize_rope_parameters(fill_base_and_partial(params, cfg, family))
+  # A stated rotary_dim replaces the family's default partial factor (a value the config states
+  # must still agree with it: rope_frequencies checks that).
+  params = normalize_rope_parameters(fill_base_and_partial(params, cfg, family, rotary_dim is None))
   rope_type = params["rope_type"]
 
   # Head and rotary dims.
-  if rotated_slice is None:
-    rotated_slice = "trailing" if family in _families.MLA_FAMILIES or family == "deepseek_v4" else "leading"
-  trailing = rotated_slice == "trailing"
+  table_trailing = family in _families.MLA_FAMILIES or family == "deepseek_v4"
+  rotated_slice = rotated_slice or ("trailing" if table_trailing else "leading")
   # MLA configs set head_dim = qk_rope_head_dim (DeepseekV3Config), unless the rope dict carries a
   # partial_rotary_factor of head_dim (Mistral-4).
   mla = family in _families.MLA_FAMILIES and cfg.get("qk_rope_head_dim") is not None
@@ -466,7 +473,8 @@ def rope_from_hf_config(
     head_dim=head_dim,
     rotary_dim=2 * int(inv_freq.shape[0]),
     rope_theta=float(rope_theta),
-    layout=layout or _families.pair_layout(family, cfg, trailing),
+    # the family's layout (its MLA heads' rope_interleave included) whatever slice was stated
+    layout=layout or _families.pair_layout(family, cfg, table_trailing),
     rotated_slice=rotated_slice,
     max_position_embeddings=max_pos,
     original_max_position_embeddings=original,

@@ -14,8 +14,10 @@ and the family's own ``apply_rotary_pos_emb`` / ``apply_rotary_pos_emb_interleav
 whose apply function the sweep cannot call (read from their modeling code: GLM-4V-MoE, GLM-Image,
 HunYuan-VL rotate_half; GPT-J / CodeGen rotate_every_two). How to add a family: docs/maintenance.md.
 
-``NO_ROPE_FAMILIES``: model types whose transformers modeling code and config have no rotary
-embedding at all (GPT-2, OPT, BLOOM, MPT, BERT, Mamba, ...): refused as such, not as unverified.
+``NO_ROPE_FAMILIES``: model types whose transformers modeling, modular and configuration files
+name no rotary embedding at all (GPT-2, OPT, BLOOM, MPT, BERT, BART, T5, Mamba, Falcon-Mamba, ...)
+and that are not composites of other configs (PI0 is PaliGemma + Gemma): refused as such, not as
+unverified.
 """
 
 from __future__ import annotations
@@ -67,43 +69,51 @@ voxtral_realtime_text xcodec2 youtu zamba2 zaya
 NO_ROPE_FAMILIES: frozenset[str] = frozenset(
   """
 aimv2_text_model aimv2_vision_model albert align_text_model align_vision_model altclip_text_model
-altclip_vision_model audio-spectrogram-transformer audioflamingo3_encoder baichuan beit bert
-bert-generation big_bird biogpt bit blip_2_qformer blip_2_vision_model blip_text_model blip_vision_model
-bloom bros camembert canine chinese_clip_text_model chinese_clip_vision_model chmv2 clap_audio_model
-clap_text_model clip_text_model clip_vision_model clipseg_text_model clipseg_vision_model
-conditional_detr convbert convnext convnextv2 cpmant ctrl cvt d_fine dab-detr dac data2vec-audio
-data2vec-text data2vec-vision decision_transformer deformable_detr deit depth_anything depth_pro detr
-dinat dinov2 dinov2_with_registers dinov3_convnext distilbert donut-swin dpt edgetam
-edgetam_mask_decoder edgetam_prompt_encoder edgetam_vision_model efficientnet electra encodec eomt ernie
-fastspeech2_conformer fastspeech2_conformer_hifigan fastspeech2_conformer_with_hifigan
-flava_image_codebook flava_image_model flava_multimodal_model flava_text_model florence_vision fnet
-focalnet fun_asr_nano_encoder git git_vision_model glpn gpt2 gpt_bigcode gpt_neo granite_speech5_ctc
-granite_speech5_encoder granite_speech_encoder granite_speech_plus_encoder hgnet_v2 hiera
-higgs_audio_v2_tokenizer hubert ibert ijepa imagegpt instructblip_qformer instructblip_vision_model
-instructblipvideo_qformer instructblipvideo_vision_model layoutlm layoutlmv3 layoutxlm levit lilt
-longformer luke lw_detr lw_detr_vit lxmert m2m_100 mamba mamba2 markuplm mask2former maskformer
-maskformer-swin megatron-bert metaclip_2_text_model metaclip_2_vision_model mgp-str minicpm_ocr_vision
-minicpmv4_6_vision mobilebert mobilenet_v1 mobilenet_v2 mobilevit mobilevitv2 mpnet mpt mra musicgen
-musicgen_decoder musicgen_melody musicgen_melody_decoder nemotron3_5_asr nllb-moe nystromformer
-omniasr_audio omniasr_ctc oneformer openai-gpt opt owlv2_text_model owlv2_vision_model owlvit_text_model
-owlvit_vision_model patchtsmixer patchtst pegasus pegasus_x pi0 pixio plbart poolformer pop2piano
-pp_doclayout_v3 pp_doclayout_v4 pp_formulanet_text pp_formulanet_vision pp_lcnet pp_lcnet_v3 pp_lcnet_v4
+altclip_vision_model audio-spectrogram-transformer audioflamingo3_encoder autoformer bart beit bert
+bert-generation big_bird bigbird_pegasus biogpt bit blenderbot blenderbot-small blip_2_qformer
+blip_2_vision_model blip_text_model blip_vision_model bloom bridgetower_text_model
+bridgetower_vision_model bros camembert canine chinese_clip_text_model chinese_clip_vision_model chmv2
+clap_audio_model clap_text_model clip_text_model clip_vision_model clipseg_text_model
+clipseg_vision_model conditional_detr convbert convnext convnextv2 cpmant ctrl cvt d_fine dab-detr dac
+data2vec-audio data2vec-text data2vec-vision deberta deberta-v2 decision_transformer deformable_detr
+deit depth_anything depth_pro detr dinat dinov2 dinov2_with_registers dinov3_convnext distilbert
+donut-swin dpr dpt edgetam edgetam_mask_decoder edgetam_prompt_encoder edgetam_vision_model efficientnet
+electra encodec eomt ernie falcon_mamba fastspeech2_conformer fastspeech2_conformer_hifigan
+fastspeech2_conformer_with_hifigan flaubert flava_image_codebook flava_image_model
+flava_multimodal_model flava_text_model florence_vision fnet focalnet fsmt fun_asr_nano_encoder funnel
+git git_vision_model glpn gpt-sw3 gpt2 gpt_bigcode gpt_neo granite_speech5_ctc granite_speech5_encoder
+granite_speech_encoder granite_speech_plus_encoder groupvit_text_model groupvit_vision_model hgnet_v2
+hiera higgs_audio_v2_tokenizer hubert ibert idefics2_perceiver idefics2_vision idefics3_vision ijepa
+imagegpt informer inkling2_loop_text inkling_audio inkling_text inkling_vision instructblip_qformer
+instructblip_vision_model instructblipvideo_qformer instructblipvideo_vision_model internvl_vision
+janus_vision_model janus_vqgan kosmos_2_5_text_model kosmos_2_5_vision_model kosmos_2_text_model
+kosmos_2_vision_model layoutlm layoutlmv2 layoutlmv3 layoutxlm led levit lilt longformer longt5 luke
+lw_detr lw_detr_vit lxmert m2m_100 mamba mamba2 marian markuplm mask2former maskformer maskformer-swin
+mbart megatron-bert metaclip_2_text_model metaclip_2_vision_model mgp-str minicpm_ocr_vision
+minicpmv4_6_vision mobilebert mobilenet_v1 mobilenet_v2 mobilevit mobilevitv2 mpnet mpt mra mt5 musicgen
+musicgen_decoder musicgen_melody musicgen_melody_decoder mvp nemotron3_5_asr nllb-moe nystromformer
+omniasr_audio omniasr_ctc oneformer openai-gpt opt ovis2_vision owlv2_text_model owlv2_vision_model
+owlvit_text_model owlvit_vision_model patchtsmixer patchtst pegasus pegasus_x perceiver
+pix2struct_text_model pix2struct_vision_model pixio plbart poolformer pop2piano pp_doclayout_v3
+pp_doclayout_v4 pp_formulanet_text pp_formulanet_vision pp_lcnet pp_lcnet_v3 pp_lcnet_v4
 pp_ocrv5_mobile_det pp_ocrv5_mobile_rec pp_ocrv5_server_det pp_ocrv5_server_rec pp_ocrv6_medium_det
 pp_ocrv6_small_det pp_ocrv6_small_rec pp_ocrv6_tiny_rec prompt_depth_anything prophetnet pvt pvt_v2
-qwen3_asr_encoder regnet rembert resnet rf_detr rf_detr_dinov2 roberta roberta-prelayernorm roc_bert
-rt_detr rt_detr_resnet rt_detr_v2 rwkv sam sam2 sam2_hiera_det_model sam2_mask_decoder
-sam2_prompt_encoder sam2_vision_model sam3_lite_text_detr_decoder sam3_lite_text_detr_encoder
-sam3_lite_text_geometry_encoder sam3_lite_text_mask_decoder sam3_lite_text_text_model sam3_tracker
-sam3_tracker_mask_decoder sam3_tracker_prompt_encoder sam_hq sam_hq_mask_decoder sam_hq_prompt_encoder
-sam_hq_vision_model sam_mask_decoder sam_prompt_encoder sam_vision_model seamless_m4t_v2 segformer
-seggpt sew slanet slanext slanext_vision speech_to_text speecht5 speecht5_hifigan splinter squeezebert
-superglue superpoint swiftformer swin swin2sr swinv2 switch_transformers t5 table-transformer textnet
-timesfm timesformer timm_backbone tipsv2_dpt tipsv2_text_model tipsv2_vision_model trocr tvp udop
+qianfan_ocr_vision qwen2_audio_encoder qwen3_asr_encoder radio reformer regnet rembert resnet rf_detr
+rf_detr_dinov2 roberta roberta-prelayernorm roc_bert rt_detr rt_detr_resnet rt_detr_v2 rwkv sam sam2
+sam2_hiera_det_model sam2_mask_decoder sam2_prompt_encoder sam2_vision_model sam3_lite_text_detr_decoder
+sam3_lite_text_detr_encoder sam3_lite_text_geometry_encoder sam3_lite_text_mask_decoder
+sam3_lite_text_text_model sam3_tracker sam3_tracker_mask_decoder sam3_tracker_prompt_encoder sam_hq
+sam_hq_mask_decoder sam_hq_prompt_encoder sam_hq_vision_model sam_mask_decoder sam_prompt_encoder
+sam_vision_model seamless_m4t_v2 segformer seggpt sew sew-d siglip2_text_model siglip2_vision_model
+siglip_text_model siglip_vision_model slanet slanext slanext_vision smolvlm_vision speech_to_text
+speecht5 speecht5_hifigan splinter squeezebert superglue superpoint swiftformer swin swin2sr swinv2
+switch_transformers t5 table-transformer tapas textnet time_series_transformer timesfm timesformer
+timm_backbone timm_wrapper tipsv2_dpt tipsv2_text_model tipsv2_vision_model trocr tvp udop umt5
 unispeech unispeech-sat univnet upernet uvdoc uvdoc_backbone vibevoice_acoustic_tokenizer
 vibevoice_acoustic_tokenizer_decoder vibevoice_acoustic_tokenizer_encoder vibevoice_diffusion videomae
 videomt videoprism_text_model videoprism_vision_model vilt visual_bert vit vit_mae vit_msn vitdet
-vitmatte vitpose vitpose_backbone vivit wav2vec2 wavlm wavtokenizer wavtokenizer_encoder whisper
-xclip_text_model xclip_vision_model xcodec xglm xlm-roberta xlm-roberta-xl xlnet xlstm xmod yolos yoso
-zoedepth
+vitmatte vitpose vitpose_backbone vits vivit wav2vec2 wavlm wavtokenizer wavtokenizer_encoder whisper
+xclip_text_model xclip_vision_model xcodec xglm xlm xlm-roberta xlm-roberta-xl xlnet xlstm xmod yolos
+yoso zoedepth
   """.split()
 )

@@ -334,10 +334,14 @@ def _stated_facts_that_match(module, config, layer_type):
   with those facts stated agrees with the family's own module (cos/sin) and apply function, or the
   reason none does (what a maintainer reads to verify the family)."""
   found = []
+  h = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+  rotary_dim = int(h * (getattr(config, "partial_rotary_factor", None) or 1.0)) // 2 * 2
   for layout in ("half", "interleaved"):
     for rotated_slice in ("leading", "trailing"):
       try:
-        r = rope_from_hf_config(config, layer_type=layer_type, layout=layout, rotated_slice=rotated_slice)
+        r = rope_from_hf_config(
+          config, layer_type=layer_type, layout=layout, rotated_slice=rotated_slice, rotary_dim=rotary_dim
+        )
       except ValueError as e:
         return f"refused with the facts stated: {str(e)[:120]}"
       if _apply_matches(module, r, POSITIONS, layer_type):
@@ -590,11 +594,25 @@ def test_an_unverified_family_is_refused_by_name_and_read_with_the_stated_facts(
   for words in ("model_type 'zz_future_family'", "layout=", "rotated_slice=", "rotary_dim=", "5.25.0"):
     assert words in message, words
   assert "apply_rotary_pos_emb" in message and "docs/rope.md" in message
-  # A config.json dict states no partial_rotary_factor: rotary_dim is needed too; a config object
-  # (its class defaults included) does not need it.
-  with pytest.raises(UnverifiedFamilyError, match="does not state rotary_dim") as info:
+  # The config states no partial_rotary_factor: rotary_dim is needed too, from a dict and from a
+  # config object alike (a remote-code class may spell its share otherwise).
+  with pytest.raises(UnverifiedFamilyError, match="pass rotary_dim= as") as info:
     rope_from_hf_config(config, layout="half", rotated_slice="leading")
-  assert "layout" not in str(info.value).split("does not state")[1].split(".")[0]
+  assert "layout=" not in str(info.value).split(" as ")[0]
+
+  class RemoteCode(transformers.PretrainedConfig):  # StableLM-3B-4E1T's remote config class
+    model_type = "stablelm_epoch"
+
+    def __init__(self, **kw):
+      self.hidden_size, self.num_attention_heads, self.rope_theta = 64, 4, 10000.0
+      super().__init__(**kw)
+
+  with pytest.raises(UnverifiedFamilyError, match="pass rotary_dim="):
+    rope_from_hf_config(RemoteCode(), layout="half", rotated_slice="leading")
+  remote = RemoteCode()
+  remote.rope_pct = 0.25  # its own key for the partial share: named, not ignored
+  with pytest.raises(UnverifiedFamilyError, match="'rope_pct'"):
+    rope_from_hf_config(remote, layout="half", rotated_slice="leading", rotary_dim=4)
   q, want = _rotated_by("llama", transformers.LlamaConfig(**_llama_dict()))
   r = rope_from_hf_config(config, layout="half", rotated_slice="leading", rotary_dim=16)
   assert (r.layout, r.rotated_slice, r.rotary_dim, r.model_type) == (
@@ -627,7 +645,13 @@ def test_a_family_missing_from_the_tables_is_refused_not_read_as_rotate_half(mon
   monkeypatch.setattr(hf_families, "INTERLEAVED_FAMILIES", hf_families.INTERLEAVED_FAMILIES - {"ergo"})
   with pytest.raises(UnverifiedFamilyError, match="model_type 'ergo'"):
     rope_from_hf_config(config, layer_type=layer_type)
-  stated = rope_from_hf_config(config, layer_type=layer_type, layout="interleaved", rotated_slice="leading")
+  stated = rope_from_hf_config(
+    config,
+    layer_type=layer_type,
+    layout="interleaved",
+    rotated_slice="leading",
+    rotary_dim=verified.rotary_dim,
+  )
   np.testing.assert_allclose(_ours(stated, q), want, atol=1e-3)
 
 
@@ -677,9 +701,13 @@ def test_a_stated_value_wins_over_the_tables():
       phase_precision="float32",
     )
     np.testing.assert_allclose(_ours(r, q), np.asarray(want), atol=1e-6, err_msg=str(kwargs))
-  # DeepSeek-V3's MLA heads rotate their trailing qk_rope_head_dim: stated otherwise, stated wins.
+  # DeepSeek-V3's MLA heads rotate their trailing qk_rope_head_dim: stated otherwise, stated wins,
+  # and only the slice changes (its rope_interleave still gives the layout).
   r = rope_from_hf_config(transformers.AutoConfig.for_model("deepseek_v3"), rotated_slice="leading")
-  assert r.rotated_slice == "leading"
+  assert (r.rotated_slice, r.layout) == ("leading", "interleaved")
+  # A stated rotary_dim replaces a family's default partial factor (Phi: 0.5), not only the config's.
+  phi = {"model_type": "phi", "hidden_size": 64, "num_attention_heads": 4}
+  assert rope_from_hf_config(phi).rotary_dim == 8 and rope_from_hf_config(phi, rotary_dim=16).rotary_dim == 16
   # GPT-J's own rotary_dim key, replaced by the stated one.
   gptj = {"model_type": "gptj", "n_embd": 64, "n_head": 4, "rotary_dim": 8}
   assert rope_from_hf_config(gptj).rotary_dim == 8 and rope_from_hf_config(gptj, rotary_dim=4).rotary_dim == 4
@@ -729,7 +757,23 @@ def test_an_unverified_family_with_a_family_specific_key_is_refused_naming_it(ke
     )
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "opt", "mamba", "rwkv", "xglm", "gpt_neo", "biogpt", "bloom"])
+@pytest.mark.parametrize(
+  "model_type",
+  [
+    "gpt2",
+    "opt",
+    "mamba",
+    "rwkv",
+    "xglm",
+    "gpt_neo",
+    "biogpt",
+    "bloom",
+    "bart",
+    "falcon_mamba",
+    "mt5",
+    "reformer",
+  ],
+)
 def test_text_decoders_without_rope_are_told_so(model_type):
   """Their modeling code has no rotary embedding (checked in transformers 5.25): the error says so
   instead of asking for a rope_theta; from the config object and its config.json dict alike."""
@@ -757,3 +801,74 @@ def test_every_verified_family_the_installed_transformers_ships_is_a_model_type_
   unknown = sorted(VERIFIED_FAMILIES - set(CONFIG_MAPPING.keys()) - tables)
   assert not unknown, unknown
   assert not (VERIFIED_FAMILIES & hf_families.NO_ROPE_FAMILIES)
+
+
+def test_a_family_specific_key_is_named_before_the_facts_are_asked_for():
+  config = _llama_dict(model_type="zz_future_family", qk_rope_head_dim=8)
+  with pytest.raises(UnverifiedFamilyError, match="'qk_rope_head_dim'"):
+    rope_from_hf_config(config)
+  assert (
+    rope_from_hf_config(
+      _llama_dict(model_type="zz_future_family", alibi=False),
+      layout="half",
+      rotated_slice="leading",
+      rotary_dim=16,
+    ).rotary_dim
+    == 16
+  )  # alibi: false states no ALiBi
+
+
+def test_composites_and_unlisted_rope_models_are_not_called_ropeless():
+  """PI0 (PaliGemma + Gemma sub-configs) and Baichuan (RoPE at 7B, not shipped by transformers) are
+  not in NO_ROPE_FAMILIES: Baichuan reads with the facts stated."""
+  from jaxpe.ops.hf_verified import NO_ROPE_FAMILIES
+
+  assert not {"pi0", "baichuan"} & NO_ROPE_FAMILIES
+  baichuan = {"model_type": "baichuan", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e4}
+  r = rope_from_hf_config(baichuan, layout="half", rotated_slice="leading", rotary_dim=16)
+  assert r.rotary_dim == 16 and r.layout == "half"
+
+
+def test_bad_model_type_and_array_arguments_are_named():
+  with pytest.raises(TypeError, match="model_type"):
+    rope_from_hf_config(_llama_dict(model_type=["llama"]))
+  with pytest.raises(ValueError, match="rotated_slice must be"):
+    rope_from_hf_config(_llama_dict(), rotated_slice=np.array(["trailing"]))
+
+
+def test_a_verified_familys_config_json_without_its_default_partial_factor_reads_as_the_object():
+  """Kind: a class default that a config.json leaves out (transformers writes only what differs
+  from the class defaults). For every verified model type with a flat rope dict, its default
+  config's dict without partial_rotary_factor (top level and in the dict) reads as the config
+  object does (the same rotary_dim and inv_freq), or is refused; never a silent full rotation."""
+  import warnings
+
+  from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+  checked = []
+  for model_type in sorted(VERIFIED_FAMILIES & set(CONFIG_MAPPING.keys())):
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      try:
+        config = CONFIG_MAPPING[model_type]()
+        config = config.get_text_config()
+      except Exception:  # noqa: BLE001 - configs that need arguments, several text configs
+        continue
+    try:
+      want = rope_from_hf_config(config)
+    except ValueError:  # per-layer-type configs, refused ones: the sweep covers them
+      continue
+    d = config.to_dict()
+    params = d.get("rope_parameters")
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+      continue
+    d.pop("partial_rotary_factor", None)
+    d["rope_parameters"] = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    try:
+      got = rope_from_hf_config(d)
+    except ValueError:
+      continue
+    assert got.rotary_dim == want.rotary_dim, (model_type, got.rotary_dim, want.rotary_dim)
+    np.testing.assert_array_equal(got.inv_freq, want.inv_freq, err_msg=model_type)
+    checked.append(model_type)
+  assert len(checked) > 150 and {"qwen3_next", "nemotron", "glm4_moe", "phi", "gpt_neox"} <= set(checked)
