@@ -18,6 +18,7 @@ from study_test import text_file, tiny_study  # noqa: F401  (text_file is a fixt
 
 from jaxpe import study
 from jaxpe.model import Decoder
+from jaxpe.model.build import model_params
 from jaxpe.model.config import ModelConfig
 from jaxpe.study import models, retrieval_run
 from jaxpe.train import checkpoint, sharding, state, tasks, trainer
@@ -91,6 +92,57 @@ def test_combine_and_paired_task_match_numpy():
   assert p["x"]["2"] is None and study.combine_task([None, None]) is None
   with pytest.raises(ValueError, match="all be None or all hold"):
     study.combine_task([entries(a)[0], None])
+
+
+def _pooled(model, samples):
+  """numpy float64: per-answer hits and log2-probabilities of ``samples``' answers (all samples pooled)."""
+  logits = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(samples[:, 0, :-1])), np.float64)
+  mask = samples[:, 1, 1:].astype(bool)
+  hit = logits.argmax(-1) == samples[:, 0, 1:]
+  logp = logits - np.logaddexp.reduce(logits, axis=-1)[..., None]
+  ans = np.take_along_axis(logp, samples[:, 0, 1:, None].astype(np.int64), -1)[..., 0] / math.log(2)
+  return hit[mask], ans[mask]
+
+
+def test_answer_metrics_pool_the_answers_of_samples_of_unequal_length():
+  # Issue 48, kind 1: flip-flop and copy samples hold different numbers of answers, so the share of
+  # answers right is the pooled share, not the mean of per-sample shares.
+  flip = study.TaskConfig(name="flipflop", ignore=0.5)
+  cfg = ModelConfig(vocab_size=tasks.vocab_size(flip), d_model=16, num_layers=1, num_heads=2, max_len=32)
+  samples = tasks.held_out(flip, seed=0, count=7, length=24)
+  assert len(set(samples[:, 1].sum(1).tolist())) > 2
+  seeds = [Decoder(cfg, rngs=nnx.Rngs(s)) for s in (0, 1)]
+  fwd = nnx.jit(lambda m, x: m(x))
+  for i in (0, 3, 5):  # these samples' answers made seed 0's greedy continuation: their accuracy is 1
+    for p in np.flatnonzero(samples[i, 1]):
+      samples[i, 0, p] = int(
+        np.asarray(fwd(seeds[0], jnp.asarray(samples[i : i + 1, 0, :-1])))[0, p - 1].argmax()
+      )
+  scores = [study.score_task(m, samples, batch_size=4) for m in seeds]
+  pooled = [_pooled(m, samples) for m in seeds]
+  got = study.combine_task(scores)
+  assert 0 < pooled[0][0].mean() < 1
+  for k, m in enumerate(("token_accuracy", "answer_bits")):
+    ref_seed = [p[k].mean() for p in pooled]
+    np.testing.assert_allclose(got[m]["per_seed"], ref_seed, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[m]["mean"], np.mean(ref_seed), rtol=1e-5, atol=1e-6)
+  ref = study.paired_task({"x": [{"1": scores[0]}], "rope": [{"1": scores[1]}]}, "rope")
+  np.testing.assert_allclose(
+    ref["x"]["1"]["token_accuracy"]["mean"], pooled[0][0].mean() - pooled[1][0].mean(), rtol=1e-12, atol=1e-12
+  )
+  # Equal weights: the ratio estimator's interval is the plain one.
+  equal = [{**e, "answers": [3.0] * len(e["exact"])} for e in scores]
+  plain = [{k: v for k, v in e.items() if k != "answers"} for e in scores]
+  for m in study.METRICS:
+    assert study.combine_task(equal)[m]["ci95"] == pytest.approx(
+      study.combine_task(plain)[m]["ci95"], rel=1e-12
+    )
+  # The emulation check on retrieval: the native accuracy is the share of all answers.
+  alibi = cfg.model_copy(update={"pos_encoding": "alibi"})
+  native = Decoder(alibi, rngs=nnx.Rngs(2))
+  rows = study.task_emulation(alibi, model_params(native), {24: samples}, 4, 24)
+  hits, _ = _pooled(native, samples)
+  assert rows[0]["token_accuracy_native"] == pytest.approx(hits.mean(), rel=1e-12)
 
 
 def task_study(workdir: Path, text_file: str, **update) -> study.StudyConfig:  # noqa: F811
