@@ -47,10 +47,12 @@ from jaxpe.model.config import ModelConfig
 
 class CachedSlots(Protocol):
   """What an encoding reads of the call's KV cache (``jaxpe.model.cache.KVCache``, which imports
-  this registry): ``positions`` ``[B, S]`` int32 and ``valid`` ``[B, S]`` bool."""
+  this registry): ``positions`` ``[B, S]`` int32, ``valid`` ``[B, S]`` bool and ``end`` (the slots
+  from ``end`` on are dead: read ``valid`` only below it, as ``jaxpe.model.cache.live_slots``)."""
 
   positions: jax.Array
   valid: jax.Array
+  end: jax.Array
 
 
 class PositionalEncoding:
