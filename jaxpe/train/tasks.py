@@ -27,6 +27,7 @@ from jaxpe.train.data_config import TaskConfig
 __all__ = [
   "GENERATOR_VERSION",
   "MIN_LENGTH",
+  "TASK_NAMES",
   "answer_bits",
   "check_task_run",
   "check_task_length",
@@ -155,6 +156,8 @@ def _flipflop(rng: np.random.Generator, task: TaskConfig, length: int) -> tuple[
 
 
 _GENERATORS = {"mqar": _mqar, "copy": _copy, "flipflop": _flipflop}
+TASK_NAMES = tuple(_GENERATORS)
+"""The task names (``TaskConfig.name``)."""
 
 
 def sample(task: TaskConfig, length: int, seed_seq: list[int]) -> np.ndarray:
