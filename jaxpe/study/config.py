@@ -321,8 +321,9 @@ def model_train_config(
     KeyError: unknown name.
     ValueError: ``seed`` outside ``0 .. study.seeds - 1``.
   """
-  if not isinstance(seed, int) or not 0 <= seed < study.seeds:
+  if not _checks.is_int(seed) or not 0 <= seed < study.seeds:
     raise ValueError(f"seed must be an int in 0..{study.seeds - 1} (study.seeds - 1), got {seed!r}")
+  seed = int(seed)
   enc = ENCODINGS[name]
   name = enc.base or name
   base = _base_config(study, task)

@@ -23,6 +23,7 @@ from flax import nnx
 
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig
+from jaxpe.ops import checks as _checks
 from jaxpe.train import run_checks, run_files, run_guard, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
@@ -127,8 +128,9 @@ def finetune(
       not finite (each step is checked after its update, the last one too, as the trainer's), naming
       the step; no non-finite parameters are returned.
   """
-  if not isinstance(steps, int) or steps < 0:
+  if not _checks.is_int(steps) or steps < 0:
     raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+  steps = int(steps)
   if not (np.isfinite(learning_rate) and learning_rate > 0):
     raise ValueError(f"learning_rate must be finite and > 0, got {learning_rate!r}")
   model = build_model(cfg, params)

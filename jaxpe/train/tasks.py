@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from jaxpe.ops import checks as _checks
 from jaxpe.train.data_config import TaskConfig
 
 __all__ = [
@@ -80,7 +81,7 @@ def check_task_length(task: TaskConfig, length: int, what: str = "length") -> No
       keys / symbols of a sample are distinct). The message names ``what`` and the range.
   """
   low = min_length(task)
-  if not isinstance(length, int) or length < low:
+  if not _checks.is_int(length) or length < low:
     raise ValueError(
       f"{what} must be an int >= {low} for task {task.name} (the shortest length whose samples have an "
       f"answer), got {length!r}"
@@ -167,6 +168,7 @@ def sample(task: TaskConfig, length: int, seed_seq: list[int]) -> np.ndarray:
     ValueError: ``check_task_length``'s.
   """
   check_task_length(task, length)
+  length = int(length)  # a numpy integer too
   return np.stack(_GENERATORS[task.name](np.random.default_rng(seed_seq), task, length))
 
 
