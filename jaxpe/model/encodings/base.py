@@ -91,6 +91,14 @@ class PositionalEncoding:
     """Extra outputs per head of the q and k projections (``H + extra``); default 0."""
     return 0
 
+  def matmul_flops_per_token(self, seq_len: int) -> float:
+    """Forward model FLOPs (2 per multiply-add) per token and layer of the encoding's own matmuls on
+    sequences of ``seq_len`` tokens, beyond the decoder's projections and attention products
+    (``jaxpe.train.flops``; a query's causal pairs counted as attention's, ``(T + 1) / 2``); default
+    0 (rotations, biases, lookups and gates are elementwise, no matmuls)."""
+    del seq_len
+    return 0.0
+
   def init_qk(self, q: nnx.Einsum, k: nnx.Einsum) -> None:
     """Adjusts the freshly initialised q / k projections of one ``Attention`` in place (kernels
     ``[D, N, H + extra]`` / ``[D, K, H + extra]``); default nothing."""
