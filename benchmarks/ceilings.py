@@ -105,10 +105,14 @@ def decoder_matmuls(cfg, batch: int, seq: int, *, backward: bool = True) -> list
   ``[M, D] @ [D, K H]``, o ``[M, N H] @ [N H, D]``, MLP ``[M, D] @ [D, F]`` and ``[M, F] @ [F, D]``;
   attention ``[B N, T, Hq] @ [B N, Hq, T]`` and ``[B N, T, T] @ [B N, T, H]`` (causal: useful
   ``(T + 1) / 2T``); the logits ``[M, D] @ [D, V]`` once (tied or not). Hq is H plus the
-  encoding's extra q/k projection outputs (``rope_alibi_in_projection``: 2). Embedding lookups and LayerNorms are no matmuls.
+  encoding's extra q/k projection outputs (``rope_alibi_in_projection``: 2); q.k in attention has
+  rope_alibi's H + 2k dims. FIRE adds its MLP on the causal pairs (``[B, T T, 1] @ [1, F]``,
+  ``[B, T T, F] @ [F, N]``, useful ``(T + 1) / 2T``), CoPE ``q @ pos_emb`` (``[B N, T, H] @ [H, P]``).
+  Embedding lookups and LayerNorms are no matmuls.
   """
   d, n, kv, h, f, v = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.mlp_size, cfg.vocab_size
   hq = h + encodings.for_config(cfg).qk_extra_dims()
+  hk = h + 2 * cfg.rope_alibi_order if cfg.pos_encoding == "rope_alibi" else hq  # q.k in attention
   rows, layers = batch * seq, cfg.num_layers
   causal = (seq + 1) / (2 * seq)
   fwd = [
@@ -118,10 +122,18 @@ def decoder_matmuls(cfg, batch: int, seq: int, *, backward: bool = True) -> list
     Matmul(1, rows, n * h, d, layers),
     Matmul(1, rows, d, f, layers),
     Matmul(1, rows, f, d, layers),
-    Matmul(batch * n, seq, hq, seq, layers, causal),
+    Matmul(batch * n, seq, hk, seq, layers, causal),
     Matmul(batch * n, seq, seq, h, layers, causal),
     Matmul(1, rows, d, v, 1),
   ]
+  if cfg.pos_encoding == "fire":  # the MLP 1 -> F -> N on every causal (query, key) pair
+    width = cfg.fire_mlp_width
+    fwd += [
+      Matmul(batch, seq * seq, 1, width, layers, causal),
+      Matmul(batch, seq * seq, width, n, layers, causal),
+    ]
+  if cfg.pos_encoding == "cope":  # q @ pos_emb: [T, H] @ [H, P] per head (P = cope_npos_max or max_len)
+    fwd.append(Matmul(batch * n, seq, h, cfg.cope_npos_max or cfg.max_len, layers))
   return _with_backward(fwd, backward)
 
 

@@ -255,6 +255,34 @@ def check_implementation(implementation) -> str:
   return impl
 
 
+def check_backend(implementation) -> str:
+  """``implementation`` if it names one backend (``BACKENDS`` or an optional one, installed or not): the
+  check of every helper that answers for one backend (``emulation_dim_count``, ``padded_head_dim``,
+  ``padded_v_dim``, ``kernel_length``). ``auto`` names no backend until a platform is known.
+
+  Raises:
+    ValueError: any other value, ``auto`` included (the message says how to resolve it).
+  """
+  names = (*BACKENDS, *(b for b in OPTIONAL_BACKENDS if b not in BACKENDS))
+  if isinstance(implementation, str) and implementation in names:
+    return implementation
+  hint = (
+    " ('auto' picks one per platform: resolve_backend('auto', platform=...) names it)"
+    if implementation == "auto"
+    else ""
+  )
+  raise ValueError(f"implementation must be one of {names}, got {implementation!r}{hint}")
+
+
+def _check_size(name: str, value) -> int:
+  """``value`` as an int >= 0 (Python or numpy int, not a bool), else ``ArgTypeError`` / ValueError."""
+  if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+    raise _checks.ArgTypeError(f"{name} must be an integer >= 0, got {value!r} ({type(value).__name__})")
+  if value < 0 or value > _checks.MAX_POSITION:
+    raise ValueError(f"{name} must be an integer in [0, 2^31], got {value!r}")
+  return int(value)
+
+
 def unavailable_message(implementation: str, *, interpret: bool, platform: str) -> str:
   """The refusal of backend ``implementation`` on lowering platform ``platform``."""
   available = available_backends(interpret=interpret, platform=platform)
@@ -315,10 +343,7 @@ def emulation_dim_count(
     ValueError: an unknown ``implementation`` (``BACKENDS`` and the optional ones) or ``alibi_form``
       (None or one of ``ALIBI_FORMS``); as ``jaxpe.emulation.lean.lean_alibi_dim_count`` for the lean form.
   """
-  if implementation not in (*BACKENDS, *OPTIONAL_BACKENDS):
-    raise ValueError(
-      f"implementation must be one of {(*BACKENDS, *OPTIONAL_BACKENDS)} (not 'auto'), got {implementation!r}"
-    )
+  implementation = check_backend(implementation)
   if alibi_form is not None and alibi_form not in ALIBI_FORMS:
     raise ValueError(f"alibi_form must be None or one of {ALIBI_FORMS}, got {alibi_form!r}")
   implementation = "xla" if implementation in ("flash", *OPTIONAL_BACKENDS) else implementation
@@ -345,14 +370,26 @@ def padded_v_dim(implementation: str, head_dim: int, qk_dim: int) -> int:
   different v dim, "MLA", on Hopper with cuDNN >= 9.10, but only through jax's private
   ``jax._src.cudnn.fused_attention_stablehlo``, which jaxpe does not call). pallas_gpu: jax's
   ``mha`` requires equal dims.
+
+  Raises:
+    ValueError: ``implementation`` not one backend (``check_backend``: ``auto`` too); a dim not an int
+      in [0, 2^31] (``ArgTypeError`` for a non-integer).
   """
+  implementation = check_backend(implementation)
+  head_dim, qk_dim = _check_size("head_dim", head_dim), _check_size("qk_dim", qk_dim)
   return head_dim if implementation in OWN_V_DIM else qk_dim
 
 
 @accepts_impl
 def padded_head_dim(implementation: str, dim: int) -> int:
-  """Head dim backend ``implementation`` computes with for ``dim`` q/k/v dims (multiple or next power of two)."""
-  multiple = HEAD_DIM_MULTIPLE[implementation]
+  """Head dim backend ``implementation`` computes with for ``dim`` q/k/v dims (multiple or next power of two).
+
+  Raises:
+    ValueError: ``implementation`` not one backend (``check_backend``: ``auto`` too); ``dim`` not an
+      int in [0, 2^31] (``ArgTypeError`` for a non-integer).
+  """
+  multiple = HEAD_DIM_MULTIPLE[check_backend(implementation)]
+  dim = _check_size("dim", dim)
   if multiple == 0:
     return 1 << max(dim - 1, 0).bit_length()
   return -(-dim // multiple) * multiple
@@ -364,7 +401,13 @@ def kernel_length(implementation: str, length: int) -> int:
 
   splash: a multiple of 128 (its block). pallas_gpu and flash: the next power of two >= 16 up to
   128 (Triton blocks are powers of two), above that a multiple of 128. cudnn, xla: T.
+
+  Raises:
+    ValueError: ``implementation`` not one backend (``check_backend``: ``auto`` too); ``length`` not
+      an int in [0, 2^31] (``ArgTypeError`` for a non-integer).
   """
+  implementation = check_backend(implementation)
+  length = _check_size("length", length)
   if implementation == "splash":
     return -(-length // 128) * 128
   if implementation in ("pallas_gpu", "flash"):

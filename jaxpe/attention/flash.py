@@ -68,6 +68,7 @@ from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
 from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
 from jaxpe.attention.rope_spec import RopeSpec, kernel_tables
+from jaxpe.ops import checks as _checks
 
 MAX_BLOCK = 128
 """Rows per q and k block (T up to 128 runs as one block of the next power of two >= 16)."""
@@ -142,8 +143,9 @@ def attend(
     length = kernel_length("flash", t_len)
     block = min(MAX_BLOCK, length)
   else:
-    if isinstance(block, bool) or not isinstance(block, int) or block < 8 or block & (block - 1):
+    if not _checks.is_int(block) or block < 8 or block & (block - 1):
       raise ValueError(f"block must be a power of two >= 8, got {block!r}")
+    block = int(block)
     length = -(-t_len // block) * block
     if target == "tpu" and not interpret and block % 128 and block < length:
       raise ValueError(

@@ -19,6 +19,9 @@ Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import jax
 import numpy as np
 
@@ -140,7 +143,19 @@ def attention(
     rope_spec=rope_spec,
     interpret=interpret,
   )
-  run = lambda impl, target="gpu": lambda: _run(impl, target, q, k, v, **call)  # noqa: E731
+
+  def run(impl, target="gpu"):
+    if impl == "xla":
+      return lambda: _run(impl, target, q, k, v, **call)
+    # A kernel's branch differentiates once; its second derivative is refused when that platform is
+    # lowered, so that a platform whose branch is xla (auto on the CPU) differentiates twice.
+    traced, rebuild = _traced_operands(call)  # arguments, not closures, of the custom derivative
+    kernel = platforms.once_differentiable(
+      lambda q, k, v, *traced: _run(impl, target, q, k, v, **rebuild(traced)),
+      SECOND_DERIVATIVE.format(impl=impl),
+    )
+    return lambda: kernel(q, k, v, *traced)
+
   if interpret:  # interpret mode runs anywhere: the host decides, as before
     return run(resolve_backend(name, interpret=True))()
   out_like = jax.ShapeDtypeStruct((*q.shape[:3], v.shape[-1]), v.dtype)
@@ -158,8 +173,47 @@ def attention(
   return platforms.per_platform(branches)
 
 
+SECOND_DERIVATIVE = (
+  "attention implementation {impl!r} differentiates once: a second derivative (jax.grad of jax.grad, "
+  "jax.hessian) of its kernel cannot be lowered for this platform; use implementation='xla' for higher "
+  "derivatives (implementation='auto' uses xla on the CPU)"
+)
+"""The refusal of a kernel's second derivative (``platforms.once_differentiable``)."""
+
 FLASH_TARGETS: dict[str, str] = {"cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 """Lowering platform -> ``flash.attend(target=)``: Triton on GPUs, the k/v-blocked Mosaic kernel on TPUs."""
+
+
+def _traced_operands(call: dict) -> tuple[list[jax.Array], Callable[[list], dict]]:
+  """``(traced, rebuild)``: the traced arrays of ``attention``'s keyword arguments ``call`` (masks,
+  sinks, the fields of an ``AlibiSpec`` / ``RopeSpec``, a position bias's parameters) and the function
+  that puts others in their places. Concrete values (slopes, Python numbers) stay as they are."""
+  specs = (AlibiSpec, RopeSpec)
+  leaves, tree = jax.tree.flatten(call, is_leaf=lambda x: isinstance(x, specs))
+  traced: list[jax.Array] = []
+  plan: list[tuple] = []
+  for leaf in leaves:
+    if isinstance(leaf, specs):
+      names = [f.name for f in dataclasses.fields(leaf) if isinstance(getattr(leaf, f.name), jax.core.Tracer)]
+      plan.append(("spec", leaf, names, len(traced)))
+      traced += [getattr(leaf, n) for n in names]
+    elif isinstance(leaf, jax.core.Tracer):
+      plan.append(("traced", len(traced)))
+      traced.append(leaf)
+    else:
+      plan.append(("const", leaf))
+
+  def rebuild(values) -> dict:
+    out = []
+    for entry in plan:
+      if entry[0] == "spec":
+        _, leaf, names, at = entry
+        out.append(dataclasses.replace(leaf, **dict(zip(names, values[at : at + len(names)]))))
+      else:
+        out.append(values[entry[1]] if entry[0] == "traced" else entry[1])
+    return jax.tree.unflatten(tree, out)
+
+  return traced, rebuild
 
 
 def _platform_plan(name: str, platform: str) -> tuple:

@@ -158,6 +158,66 @@ def one_platform(*arrays: jax.Array, message: str) -> list[jax.Array]:
   return _one_platform_p.bind(*arrays, message=str(message))
 
 
+def once_differentiable(fn: Callable[..., Any], message: str) -> Callable[..., Any]:
+  """``fn`` (arrays in, a pytree of arrays out) with its own first derivative, whose derivative in
+  turn (a second derivative: ``jax.grad`` of ``jax.grad``, ``jax.hessian``) is ``refused(message)``:
+  the program traces, and only lowering it for a platform that runs ``fn`` raises ``message``.
+
+  For a kernel that one platform's branch of ``per_platform`` runs (a Pallas or cuDNN kernel, whose
+  backward pass cannot be differentiated): jax differentiates every branch of ``platform_dependent``
+  at trace time, so without it a second derivative failed inside jax (a raw linearization error or
+  assertion) even on a platform whose own branch (``xla``) differentiates twice. The first derivative
+  is the kernel's own (``jax.vjp`` of ``fn``: no recomputation). Pass every array ``fn`` is
+  differentiated with respect to as an argument (closed-over values are constants to it)."""
+  message = str(message)
+
+  def inexact(x) -> bool:
+    dtype = np.dtype(getattr(x, "dtype", np.float32))
+    return dtype != jax.dtypes.float0 and jnp.issubdtype(dtype, jnp.inexact)
+
+  def refused_tangents(primal_out, tangents):
+    """Tangents of ``primal_out`` that refuse to lower (float0 zeros for its integer leaves)."""
+    operands = [t for t in jax.tree.leaves(tangents) if inexact(t)]
+    leaves, tree = jax.tree.flatten(primal_out)
+    out = [
+      refused(message, x, *operands) if inexact(x) else np.zeros(jnp.shape(x), jax.dtypes.float0)
+      for x in leaves
+    ]
+    return jax.tree.unflatten(tree, out)
+
+  # Once differentiated, the kernel's forward pass (inside fwd) and its backward pass (pullback) are
+  # plain operations of the derivative's program: a second derivative would differentiate the kernels.
+  # The kernel's residuals travel as arrays (a pullback's treedef differs between traces of fwd).
+  pullback_tree = {}
+
+  @jax.custom_jvp
+  def forward(*args):
+    out, vjp_fn = jax.vjp(fn, *args)
+    residuals, pullback_tree["tree"] = jax.tree.flatten(vjp_fn)
+    return out, residuals
+
+  @forward.defjvp
+  def forward_jvp(primals, tangents):
+    out = forward(*primals)
+    return out, refused_tangents(out, tangents)
+
+  @jax.custom_jvp
+  def pullback(residuals, ct):
+    return jax.tree.unflatten(pullback_tree["tree"], residuals)(ct)
+
+  @pullback.defjvp
+  def pullback_jvp(primals, tangents):
+    out = pullback(*primals)
+    return out, refused_tangents(out, tangents)
+
+  @jax.custom_vjp
+  def call(*args):
+    return fn(*args)
+
+  call.defvjp(forward, pullback)
+  return call
+
+
 def per_platform(branches: Mapping[str, Callable[[], Any]], default: Callable[[], Any] | None = None) -> Any:
   """The value of ``branches[p]()`` for the platform ``p`` the program is lowered for.
 
@@ -194,6 +254,7 @@ __all__ = [
   "check_platform",
   "context_platform",
   "host_platform",
+  "once_differentiable",
   "one_platform",
   "per_platform",
   "refused",

@@ -201,8 +201,9 @@ def dot_product_attention(
       raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
 
   precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
-  if isinstance(precise_dims, bool) or not isinstance(precise_dims, int) or not 0 <= precise_dims <= qk_dim:
+  if not _checks.is_int(precise_dims) or not 0 <= precise_dims <= qk_dim:
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
+  precise_dims = int(precise_dims)
   if scale is None:
     scale = 1.0 / math.sqrt(max(qk_dim - precise_dims, 1))
   if is_causal:
@@ -211,8 +212,9 @@ def dot_product_attention(
     if causal_block is None and t_len == s_len:
       causal_block = DEFAULT_CAUSAL_BLOCK
   if causal_block is not None:
-    if isinstance(causal_block, bool) or not isinstance(causal_block, int) or causal_block <= 0:
+    if not _checks.is_int(causal_block) or causal_block <= 0:
       raise ValueError(f"causal_block must be an int > 0 (query block size), got {causal_block!r}")
+    causal_block = int(causal_block)
     if s_len != t_len:
       raise ValueError(f"causal_block is for causal self-attention (T == S), got T={t_len}, S={s_len}")
     if mask is None and bias is None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from jaxpe.model.config import ModelConfig
 from jaxpe.ops import checks as _checks
 
@@ -70,14 +72,15 @@ def config_from_hf(
     TypeError: ``hf_config`` neither a mapping nor a config object; ``layer_norm_epsilon`` or
       ``initializer_range`` not a number (a bool, a string).
   """
-  raw = _hf_config_dict(hf_config)
+  raw = dict(_hf_config_dict(hf_config))  # a copy: sizes are normalised to ints below
   model_type = raw.get("model_type")
   if model_type != "bloom":
     raise ValueError(f"config model_type must be 'bloom', got {model_type!r}")
   for key in ("vocab_size", "hidden_size", "n_layer", "n_head"):
     value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not _checks.is_int(value) or value <= 0:
       raise ValueError(f"config {key} must be a positive integer, got {value!r}")
+    raw[key] = int(value)  # a numpy integer too
   if raw["hidden_size"] % raw["n_head"]:
     raise ValueError(
       f"config hidden_size ({raw['hidden_size']}) must be divisible by n_head ({raw['n_head']})"
@@ -112,7 +115,7 @@ def config_from_hf(
 def _real(raw: dict[str, Any], key: str) -> float:
   """``raw[key]`` as a float: a JSON number, not a bool (``float(True)`` is 1.0) or a string."""
   value = raw[key]
-  if isinstance(value, bool) or not isinstance(value, int | float):
+  if not (_checks.is_int(value) or isinstance(value, float | np.floating)):
     raise _checks.ArgTypeError(f"config {key} must be a number, got {value!r} ({type(value).__name__})")
   return float(value)
 

@@ -222,11 +222,7 @@ def apply_rope_alibi(
 
 def _append_dims(q, k, q_extra, k_extra, *, out_dtype, pad_multiple):
   """``[q | q_extra]``, ``[k | k_extra]`` in ``out_dtype``, zero-padded to ``pad_multiple`` dims."""
-  if (
-    isinstance(pad_multiple, bool)
-    or not isinstance(pad_multiple, int)
-    or not 1 <= pad_multiple <= MAX_PAD_MULTIPLE
-  ):
+  if not _checks.is_int(pad_multiple) or not 1 <= pad_multiple <= MAX_PAD_MULTIPLE:
     raise ValueError(f"pad_multiple must be an int in 1..{MAX_PAD_MULTIPLE}, got {pad_multiple!r}")
   q_aug = jnp.concatenate([q.astype(jnp.float32), q_extra], axis=-1)
   k_aug = jnp.concatenate([k.astype(jnp.float32), k_extra], axis=-1)

@@ -24,13 +24,17 @@ class KVCache(NamedTuple):
   """Keys and values of earlier tokens, for decoding one chunk at a time.
 
   Slots ``0..end-1`` are filled. Keys are stored after the positional encoding (rotated keys for
-  ``rope``; the augmented float32 keys for ``rope_alibi``).
+  ``rope``; the augmented float32 keys for ``rope_alibi``). Slots from ``end`` on are dead, whatever
+  they hold: moving ``end`` back (rejecting speculated tokens) rolls the cache back, and nothing reads
+  a slot past ``end`` as live (``live_slots``: the next positions, the encodings' checks, the valid
+  flags of the cache a call returns; attention masks them causally).
 
   Attributes:
     k: L arrays ``[B, K, S, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k), heads first.
     v: L arrays ``[B, K, S, H]``.
     positions: ``[B, S]`` int32 token positions of the slots.
-    valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token.
+    valid: ``[B, S]`` bool, True for slots holding a real (non-padding) token (read only below
+      ``end``: ``live_slots``).
     end: ``[]`` int32 number of filled slots.
   """
 
@@ -95,6 +99,14 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
     valid=jnp.zeros((batch_size, max_len), bool),
     end=jnp.zeros((), jnp.int32),
   )
+
+
+def live_slots(cache) -> jax.Array:
+  """``[B, S]`` bool: the slots below ``cache.end`` that hold a real token (``valid``). A slot from
+  ``end`` on is dead even where ``valid`` still says True (a cache rolled back by moving ``end``).
+  Every reader of ``valid`` goes through this."""
+  slots = jnp.arange(cache.valid.shape[-1], dtype=jnp.int32)
+  return jnp.asarray(cache.valid).astype(bool) & (slots < jnp.asarray(cache.end, jnp.int32))[None, :]
 
 
 def is_empty_cache(cache: KVCache) -> bool:
@@ -174,15 +186,16 @@ def _raise_position_overflow(last, count) -> None:
 
 
 def next_positions_start(cache: KVCache, valid) -> jax.Array:
-  """``[B]`` int32 position of the first real token of the next chunk: one past the cache's last
-  real token's position (0 in a row with none), as ``start`` of ``positions_from_mask``.
+  """``[B]`` int32 position of the first real token of the next chunk: one past the position of the
+  cache's last real token below ``end`` (``live_slots``; 0 in a row with none), as ``start`` of
+  ``positions_from_mask``.
 
   Raises:
     ValueError: when the chunk's ``valid [B, T]`` real tokens would take a position past
       ``2^31 - 1``: at trace time from a concrete cache, else when the call runs (a host callback,
       as ``check_cache``), never a position that wraps to a negative or repeats an earlier one.
   """
-  last = jnp.max(jnp.where(cache.valid, cache.positions, -1), axis=1)  # [B], -1: no real token yet
+  last = jnp.max(jnp.where(live_slots(cache), cache.positions, -1), axis=1)  # [B], -1: no real token yet
   count = jnp.sum(jnp.asarray(valid).astype(jnp.int32), axis=1)
   over = last > jnp.int32(_checks.MAX_POSITION - 1) - count  # last + count > 2^31 - 1, without a wrap
   if any(isinstance(x, jax.core.Tracer) for x in (last, count)):

@@ -27,7 +27,7 @@ from flax import nnx
 
 from jaxpe.attention import masks
 from jaxpe.model import encodings, initializers, partitioning
-from jaxpe.model.cache import KVCache, check_cache, is_empty_cache, next_positions_start
+from jaxpe.model.cache import KVCache, check_cache, is_empty_cache, live_slots, next_positions_start
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
 from jaxpe.ops import checks as _checks
@@ -299,7 +299,8 @@ class Decoder(nnx.Module):
     else:
       slots = cache.positions.shape[1]
       k_positions = jax.lax.dynamic_update_slice_in_dim(cache.positions, positions, cache.end, axis=1)
-      k_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, cache.end, axis=1)
+      # slots from end on are dead (a cache rolled back by moving end): cleared in the cache returned
+      k_valid = jax.lax.dynamic_update_slice_in_dim(live_slots(cache), valid, cache.end, axis=1)
       layer_caches = (cache.k, cache.v)
       if is_empty_cache(cache) and partitioning.sequence_split() is None:
         # prefill of an empty cache: the tokens see only each other, self-attention on the

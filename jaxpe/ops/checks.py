@@ -132,10 +132,18 @@ def check_index_range(name: str, x, upper: int, what: str) -> None:
     raise ValueError(f"{name} must be in [0, {what} = {upper}), got values in [{arr.min()}, {arr.max()}]")
 
 
+def is_int(value) -> bool:
+  """Whether ``value`` is an integer scalar as the public surface takes it: a Python int or a numpy
+  integer (``np.int64(64)``, the result of numpy arithmetic), not a bool (``True`` is no count). Every
+  ``isinstance(x, int)`` check of an argument goes through this, so numpy integers pass everywhere
+  ints are taken; the callers convert with ``int(x)``."""
+  return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def check_positive_int(name: str, value, *, even: bool = False, maximum: int | None = None) -> int:
   """Returns ``value`` as int. Raises ``ArgTypeError`` (a TypeError and a ValueError) unless it is a
   Python or numpy int (not a bool), ValueError unless it is > 0, even (``even``) and <= ``maximum``."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+  if not is_int(value):
     raise ArgTypeError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
   if value <= 0:
     raise ValueError(f"{name} must be a positive integer, got {value!r}")

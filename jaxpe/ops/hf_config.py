@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jaxpe.ops import checks as _checks
 from jaxpe.ops.hf_families import (
   FAMILY_DEFAULTS,
   GEMMA3_FAMILIES,
@@ -70,9 +71,9 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def positive_int(cfg: Mapping[str, Any], key: str) -> int:
   value = cfg[key]
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+  if not _checks.is_int(value) or value <= 0:
     raise ValueError(f"config[{key!r}] must be a positive integer, got {value!r}")
-  return value
+  return int(value)
 
 
 def first(cfg: Mapping[str, Any], *keys: str) -> Any:

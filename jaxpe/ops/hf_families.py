@@ -383,9 +383,7 @@ def mrope_axes(family: Any, section: Any, half: int) -> tuple[int, ...] | None:
   if section is None and (default is None or (kind != "interleaved" and sum(default) != half)):
     return None  # the module's default section does not fit this head: transformers cannot run it
   section = default if section is None else section
-  if isinstance(section, (str, bytes)) or not all(
-    isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in section
-  ):
+  if isinstance(section, (str, bytes)) or not all(_checks.is_int(s) and s > 0 for s in section):
     raise ValueError(f"rope_parameters['mrope_section'] must be a list of positive ints, got {section!r}")
   section = tuple(section)
   if kind == "interleaved":  # apply_interleaved_mrope: slice(offset, 3 * s_row, 3) takes row `row`

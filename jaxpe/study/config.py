@@ -126,12 +126,14 @@ class StudyConfig(pydantic.BaseModel):
   )
   task_train_by_task: dict[str, dict[str, Any]] = pydantic.Field(
     default_factory=dict,
-    description="per task name: train keys over task_train for that task's models (e.g. {mqar: {num_steps: 500}})",
+    description="per task name: train keys over task_train for that task's models (e.g. {mqar: {num_steps: 500}}); "
+    "entries of tasks not in tasks are ignored",
   )
   task_init: dict[str, str] = pydantic.Field(
     default_factory=dict,
     description="curriculum: task -> an earlier task in tasks whose finished model of the same encoding and "
-    "seed starts it (train.init_from); the task's models take the source's vocab_size",
+    "seed starts it (train.init_from); the task's models take the source's vocab_size; entries whose task is "
+    "not in tasks are ignored",
   )
   task_samples: int = pydantic.Field(64, gt=1, description="held-out samples per task and eval length")
   train: TrainConfig = TrainConfig()
@@ -166,7 +168,7 @@ class StudyConfig(pydantic.BaseModel):
     _check_curriculum(self, names)
     if self.tasks:
       for where, keys in [("task_train", self.task_train)] + [
-        (f"task_train_by_task.{k}", v) for k, v in self.task_train_by_task.items()
+        (f"task_train_by_task.{k}", v) for k, v in self.task_train_by_task.items() if k in names
       ]:
         if "data" in keys:
           raise ValueError(f"{where} must not set data (the task is the data: give it under tasks)")
@@ -186,6 +188,8 @@ class StudyConfig(pydantic.BaseModel):
         except (ValueError, pydantic.ValidationError) as e:
           raise ValueError(f"{where} / tasks (task {task.name}): {e}") from None
       for target, source in self.task_init.items():  # the source's weights fit the target's models
+        if target not in names:  # a task not run: ignored
+          continue
         by_name = {t.name: task_train_config(self, t) for t in self.tasks if t.name in (target, source)}
         a, b = by_name[source], by_name[target]
         if (a.model, a.seq_len) != (b.model, b.seq_len):
@@ -204,15 +208,33 @@ class StudyConfig(pydantic.BaseModel):
 
 
 def _check_curriculum(study: StudyConfig, names: list[str]) -> None:
-  """``task_train_by_task`` names tasks of ``tasks``; ``task_init`` maps a task to one listed before it
-  that is not itself started from another (no chains), with a vocabulary at least the target's."""
-  unknown = sorted(set(study.task_train_by_task) - set(names))
+  """The per-task keys. ``task_train_by_task`` and ``task_init`` entries must name tasks
+  (``tasks.TASK_NAMES``); an entry whose task is not run (not in ``tasks``: ``tasks=[]`` runs none) is
+  ignored, as ``task_train`` is without tasks, so a config can keep the curriculum of tasks an override
+  leaves out. A run task's ``task_init`` source must be run too, listed before it and not itself
+  started from another (no chains), with a vocabulary at least the target's."""
+  known = list(tasks.TASK_NAMES)
+  unknown = sorted(set(study.task_train_by_task) - set(known))
   if unknown:
-    raise ValueError(f"task_train_by_task names tasks not in tasks: {unknown} (tasks: {names})")
+    raise ValueError(
+      f"task_train_by_task names unknown tasks: {unknown} (task names: {known}; entries of tasks not in "
+      f"tasks {names} are ignored)"
+    )
+  for target, source in study.task_init.items():
+    if target not in known or source not in known:
+      raise ValueError(
+        f"task_init {target}: {source}: both must be task names ({known}; entries whose target is not in "
+        f"tasks {names} are ignored)"
+      )
+    if target in names and source not in names:
+      raise ValueError(
+        f"task_init {target}: {source}: {target} is run but {source} is not in tasks ({names}): its models "
+        f"must train first; add {source} before {target} in tasks, or drop task_init.{target}"
+      )
   for target, source in study.task_init.items():
     where = f"task_init {target}: {source}"
-    if target not in names or source not in names:
-      raise ValueError(f"{where}: both must be names of tasks ({names})")
+    if target not in names:  # a task not run: its entry is ignored
+      continue
     if source == target:
       raise ValueError(f"{where}: a task cannot start from its own models (name an earlier task of {names})")
     if names.index(source) >= names.index(target):
@@ -299,8 +321,9 @@ def model_train_config(
     KeyError: unknown name.
     ValueError: ``seed`` outside ``0 .. study.seeds - 1``.
   """
-  if not isinstance(seed, int) or not 0 <= seed < study.seeds:
+  if not _checks.is_int(seed) or not 0 <= seed < study.seeds:
     raise ValueError(f"seed must be an int in 0..{study.seeds - 1} (study.seeds - 1), got {seed!r}")
+  seed = int(seed)
   enc = ENCODINGS[name]
   name = enc.base or name
   base = _base_config(study, task)

@@ -23,7 +23,8 @@ from flax import nnx
 
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig
-from jaxpe.train import run_checks, run_files, trainer
+from jaxpe.ops import checks as _checks
+from jaxpe.train import run_checks, run_files, run_guard, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 from jaxpe.train.steps import next_token_loss
@@ -123,9 +124,13 @@ def finetune(
 
   Raises:
     ValueError: ``steps`` < 0, or ``learning_rate`` not finite and > 0.
+    jaxpe.train.run_guard.NonFiniteError: a step whose loss, gradient norm or updated parameters are
+      not finite (each step is checked after its update, the last one too, as the trainer's), naming
+      the step; no non-finite parameters are returned.
   """
-  if not isinstance(steps, int) or steps < 0:
+  if not _checks.is_int(steps) or steps < 0:
     raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+  steps = int(steps)
   if not (np.isfinite(learning_rate) and learning_rate > 0):
     raise ValueError(f"learning_rate must be finite and > 0, got {learning_rate!r}")
   model = build_model(cfg, params)
@@ -137,12 +142,17 @@ def finetune(
   def step(weights, opt_state, batch):
     loss, grads = jax.value_and_grad(lambda w: next_token_loss(nnx.merge(graphdef, w, rest), batch))(weights)
     updates, opt_state = tx.update(grads, opt_state, weights)
-    return optax.apply_updates(weights, updates), opt_state, loss
+    weights = optax.apply_updates(weights, updates)
+    return weights, opt_state, jnp.stack([loss, optax.tree.norm(grads), optax.tree.norm(weights)])
 
   for i in range(steps):
-    weights, opt_state, loss = step(weights, opt_state, jnp.asarray(batch_at(i)))
-    if not np.isfinite(float(loss)):
-      raise ValueError(f"fine-tuning diverged at step {i} (loss {float(loss)}); lower finetune_learning_rate")
+    weights, opt_state, norms = step(weights, opt_state, jnp.asarray(batch_at(i)))
+    loss, grad_norm, param_norm = (float(x) for x in np.asarray(norms))
+    if not np.isfinite([loss, grad_norm, param_norm]).all():  # after the update: the last one too
+      raise run_guard.NonFiniteError(
+        f"fine-tuning step {i + 1} of {steps} is not finite: loss {loss}, gradient norm {grad_norm}, "
+        f"parameter norm after the update {param_norm}; lower finetune_learning_rate"
+      )
   return model_params(nnx.merge(graphdef, weights, rest))
 
 

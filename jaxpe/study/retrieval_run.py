@@ -37,6 +37,9 @@ __all__ = ["EVAL_SEED", "finetuned_params", "run_retrieval"]
 
 EVAL_SEED = 20260
 """Seed of the held-out task samples (``tasks.held_out``): the same for every row, seed and run."""
+SCORES_VERSION = 2
+"""Bumped when ``score_task``'s dict changes (2: each sample's ``answers``), so older cached scores are
+scored again."""
 
 
 def finetuned_params(
@@ -107,6 +110,7 @@ def _row(
     models[tag] = train_model(cfg, tag, tasks.fingerprint(task)["sha256"], progress)
   enc = ENCODINGS[name]
   key = cache_key(
+    SCORES_VERSION,
     cfg.model_dump(mode="json"),
     models[tag]["step"],
     EVAL_SEED,

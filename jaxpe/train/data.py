@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxpe.ops import checks as _checks
+
 BINARY_SNIFF_BYTES = 8192
 """How many leading bytes of a file decide whether it is text (``is_binary``)."""
 CONTROL_SHARE = 0.1
@@ -270,8 +272,9 @@ def load_corpus(path: str | None, *, max_bytes: int, eval_fraction: float) -> Co
     FileNotFoundError, ValueError: see ``scan_corpus``; also ValueError for ``max_bytes`` <= 0,
       ``eval_fraction`` outside (0, 1), or when the train or held-out part is empty.
   """
-  if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+  if not _checks.is_int(max_bytes):
     raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__}")
+  max_bytes = int(max_bytes)
   if max_bytes <= 0:
     raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
   if not isinstance(eval_fraction, (int, float)) or isinstance(eval_fraction, bool):

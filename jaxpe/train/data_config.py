@@ -26,9 +26,10 @@ class TaskConfig(StrictConfig):
     the sample (the queries take its last 2n tokens).
   - ``copy`` (Jelassi et al. arXiv 2402.01032): a string of n distinct symbols (from ``num_symbols``; n
     uniform in [max(1, L // 8), L // 2]), the separator, then the string again (the answers).
-  - ``flipflop`` (Liu et al. arXiv 2306.00946): L // 2 instruction-bit pairs; write (p (1 - ``ignore``) / 2),
-    read (the same), ignore (``ignore``); the first is a write and the last a read; the bit after each
-    read is the answer (the last bit written).
+  - ``flipflop`` (Liu et al. arXiv 2306.00946): (L + 1) // 2 instruction-bit pairs (L >= 3; an odd L's
+    last bit is the sample's last target); write (p (1 - ``ignore``) / 2), read (the same), ignore
+    (``ignore``); the first is a write and the last a read; the bit after each read is the answer (the
+    last bit written).
   """
 
   name: Literal["mqar", "copy", "flipflop"] = "mqar"

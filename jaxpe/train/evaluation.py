@@ -44,14 +44,18 @@ def held_out(cfg: TrainConfig, corpus: data.Corpus | None) -> tuple[list[np.ndar
 def evaluate(
   eval_step: Callable, state, eval_set: list[np.ndarray], batch_sharding: jax.sharding.NamedSharding
 ) -> float:
-  """Held-out cross-entropy in bits per byte: the mean of ``eval_step(state, batch)`` (nats/token,
-  ``steps.make_eval_step``) over ``eval_set``, each batch placed by ``batch_sharding`` (every
-  process builds only its rows). One program in flight at a time: each loss is fetched before the
-  next batch is dispatched."""
-  losses = [
-    float(eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape))) for b in eval_set
-  ]
-  return data.bits_per_byte(float(np.mean(losses)))
+  """Held-out cross-entropy in bits per scored byte (token) over ``eval_set``: the sum of the batches'
+  losses divided once by the sum of their weights, each batch's ``(loss_sum, weight)`` from
+  ``eval_step(state, batch)`` (``steps.make_eval_step`` with ``next_token_loss_sum``; a scalar mean
+  counts as weight 1, right only for batches of equal weight), each batch placed by
+  ``batch_sharding`` (every process builds only its rows). One program in flight at a time: each
+  loss is fetched before the next batch is dispatched."""
+  total = weight = 0.0
+  for b in eval_set:
+    out = eval_step(state, sharding.global_batch(b.__getitem__, batch_sharding, b.shape))
+    loss_sum, w = out if isinstance(out, tuple) else (out, 1.0)
+    total, weight = total + float(loss_sum), weight + float(w)
+  return data.bits_per_byte(total / max(weight, 1.0))
 
 
 def sample_text(model: Decoder, prompt: str, length: int, *, seed: int, temperature: float = 0.8) -> str:

@@ -46,15 +46,20 @@ this order); from the vendors' data sheets (NVIDIA H100/H200 SXM, A100, L4; Goog
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   """Model FLOPs of one training token (forward and backward) of a decoder ``cfg`` on sequences of
-  ``seq_len`` tokens: per layer the q, k, v, o projections, the MLP and causal attention's two
-  products; the logits once. Raises ValueError for ``seq_len < 1``."""
+  ``seq_len`` tokens: per layer the q, k, v, o projections, the MLP, causal attention's two products
+  (q.k over the dims the encoding gives q and k: rope_alibi's 2k augmented dims too) and the
+  encoding's own matmuls (``PositionalEncoding.matmul_flops_per_token``: FIRE's MLP over the causal
+  pairs, CoPE's ``q @ pos_emb``); the logits once. Raises ValueError for ``seq_len < 1``."""
   if seq_len < 1:
     raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   d, n, kv, h, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.mlp_size
-  hq = h + encodings.for_config(cfg).qk_extra_dims()
+  enc = encodings.for_config(cfg)
+  hq = h + enc.qk_extra_dims()  # the q / k projections' outputs per head
+  hk = enc.cache_key()[0]  # the dims of q.k in attention (the encoded keys)
   projections = d * n * hq + d * kv * hq + d * kv * h + n * h * d + 2 * d * f
-  attention = n * (hq + h) * (seq_len + 1) / 2  # q k^T and p v over the causal half, per query
-  forward = 2 * (cfg.num_layers * (projections + attention) + d * cfg.vocab_size)
+  attention = n * (hk + h) * (seq_len + 1) / 2  # q k^T and p v over the causal half, per query
+  own = enc.matmul_flops_per_token(seq_len) / 2  # multiply-adds, as the terms above
+  forward = 2 * (cfg.num_layers * (projections + attention + own) + d * cfg.vocab_size)
   return 3.0 * forward
 
 

@@ -34,7 +34,7 @@ from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import learning_rate_schedule
 from jaxpe.train.run_log import TrainResult
-from jaxpe.train.steps import next_token_loss
+from jaxpe.train.steps import next_token_loss_sum
 
 __all__ = ["FIT_AFTER_STEPS", "agree_on_stop", "fit_schedule", "run_training"]
 
@@ -181,7 +181,7 @@ class _Training:
       state_shardings=self.state_shardings,
       batch_sharding=self.batch_sharding,
     )
-    self.eval_step = steps.make_eval_step(self.run.graphdef, loss_fn=next_token_loss, **self.placement)
+    self.eval_step = steps.make_eval_step(self.run.graphdef, loss_fn=next_token_loss_sum, **self.placement)
     self._make_train_step()
 
   def _make_train_step(self) -> None:
@@ -190,7 +190,7 @@ class _Training:
     state stays the last finite one (never saved otherwise)."""
     cfg, run = self.cfg, self.run
     self.train_step = steps.make_train_step(
-      run.graphdef, grad_accum_steps=cfg.grad_accum_steps, loss_fn=next_token_loss, **self.placement
+      run.graphdef, grad_accum_steps=cfg.grad_accum_steps, loss_fn=next_token_loss_sum, **self.placement
     )
     self.lr = learning_rate_schedule(
       cfg.learning_rate,

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpe.model.generate import generate
+from jaxpe.ops import checks as _checks
 from jaxpe.train import load, run_guard
 from jaxpe.train.config import TrainConfig
 
@@ -103,7 +104,7 @@ def sample(
         f"the prompt is {len(tokens)} bytes; pos_encoding={model_cfg.pos_encoding!r} serves a context of "
         f"{limit[model_cfg.pos_encoding]} tokens: shorten the prompt"
       )
-    max_new_tokens = min(max_new_tokens, room) if isinstance(max_new_tokens, int) else max_new_tokens
+    max_new_tokens = min(max_new_tokens, room) if _checks.is_int(max_new_tokens) else max_new_tokens
   model = load.load_trained(cfg)
   ids = jnp.asarray([tokens], jnp.int32)
 

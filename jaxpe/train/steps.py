@@ -9,6 +9,10 @@ use them directly::
     train_step = make_train_step(graphdef)
     state, metrics = train_step(state, batch)  # batch [B, T + 1] int32
 
+Losses combine as sums and weights (``next_token_loss_sum``), divided once: micro-batches, batches
+and processes of unequal weight (task batches, whose rows hold different numbers of answers) then give
+the weighted mean, not a mean of means.
+
 Shape alphabet: B batch, T query positions, V vocab.
 """
 
@@ -27,17 +31,21 @@ from jaxpe.attention import context
 from jaxpe.train import sharding
 
 
-def next_token_loss(model: Callable[..., jax.Array], batch: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy in nats per token (scalar float32) of ``batch [B, T + 1]`` int32:
-  inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``); ``model`` maps ``[B, T]``
-  tokens to ``[B, T, V]`` logits. A ``[B, 2, T + 1]`` batch (a synthetic task, ``jaxpe.train.tasks``)
-  is tokens ``[:, 0]`` and a 0/1 answer mask ``[:, 1]``: the mean over the answer targets only
-  (``mask[:, 1:]``; 0 for a batch without answers). Context parallelism takes only the 2-d form.
+def next_token_loss_sum(model: Callable[..., jax.Array], batch: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(loss_sum, weight)``: the sum of the next-token cross-entropies (nats, float32) of ``batch``'s
+  scored targets and their number (float32), so that losses over micro-batches, batches or processes
+  of unequal weight combine as one weighted mean: ``sum(loss_sums) / max(sum(weights), 1)``.
+
+  ``batch [B, T + 1]`` int32: inputs ``[:, :-1]``, targets ``[:, 1:]`` (token ids in ``[0, V)``), every
+  target scored (weight ``B T``); ``model`` maps ``[B, T]`` tokens to ``[B, T, V]`` logits. A
+  ``[B, 2, T + 1]`` batch (a synthetic task, ``jaxpe.train.tasks``) is tokens ``[:, 0]`` and a 0/1
+  answer mask ``[:, 1]``: only the answer targets (``mask[:, 1:]``) are scored, and rows hold different
+  numbers of them. Context parallelism takes only the 2-d form.
 
   Under a mesh that splits the sequence over C > 1 devices (``sharding.sequence_shards()``, inside
   ``activation_sharding``: context parallelism), inputs and targets go in the zig-zag order
   (``sharding.zigzag_inputs``; the model, a ``Decoder``, also gets each token's position and
-  original slot), so every device holds the same causal work; the mean over tokens is the same.
+  original slot), so every device holds the same causal work; the sum over tokens is the same.
   """
   weights = None
   if batch.ndim == 3:  # [B, 2, T + 1]: tokens and the answer mask of a synthetic task (jaxpe.train.tasks)
@@ -51,20 +59,49 @@ def next_token_loss(model: Callable[..., jax.Array], batch: jax.Array) -> jax.Ar
     targets = context.to_zigzag(targets, shards)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
   if weights is None:
-    return losses.mean()
-  return (losses * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+    return losses.sum(), jnp.float32(losses.size)
+  return (losses * weights).sum(), weights.sum()
+
+
+def next_token_loss(model: Callable[..., jax.Array], batch: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy in nats per scored target (scalar float32) of ``batch``
+  (``[B, T + 1]`` text or a ``[B, 2, T + 1]`` task batch: the mean over its answer targets, 0 for a
+  batch without answers): ``next_token_loss_sum``'s sum divided by its weight. To combine several
+  batches, combine ``next_token_loss_sum``'s pairs (a mean of these means is wrong when the batches hold
+  different numbers of answers)."""
+  return weighted_mean(next_token_loss_sum(model, batch))
+
+
+def weighted_mean(loss: jax.Array | tuple[jax.Array, jax.Array]) -> jax.Array:
+  """``loss_sum / max(weight, 1)`` of a ``(loss_sum, weight)`` pair (``next_token_loss_sum``); a
+  scalar is returned as it is (a loss function that returns a mean)."""
+  if isinstance(loss, tuple):
+    total, weight = loss
+    return total / jnp.maximum(weight, 1.0)
+  return loss
+
+
+def _sum_and_weight(loss: jax.Array | tuple[jax.Array, jax.Array], rows: int) -> tuple[jax.Array, jax.Array]:
+  """A loss function's result as ``(loss_sum, weight)``: a pair as it is, a scalar mean over ``rows``
+  rows of equal weight as ``(mean * rows, rows)``."""
+  if isinstance(loss, tuple):
+    return loss
+  return loss * rows, jnp.float32(rows)
 
 
 def accumulated_value_and_grad(
-  loss_fn: Callable[[Any, jax.Array], jax.Array], model: nnx.Module, batch: jax.Array, num_microbatches: int
+  loss_fn: Callable[[Any, jax.Array], Any], model: nnx.Module, batch: jax.Array, num_microbatches: int
 ) -> tuple[jax.Array, nnx.State]:
-  """``(loss, grads)`` of ``loss_fn(model, batch)`` w.r.t. the model's ``nnx.Param``s, computed
-  over ``num_microbatches`` equal micro-batches of ``batch [B, ...]`` in a ``jax.lax.scan``.
+  """``(loss, grads)`` of the whole ``batch [B, ...]``'s mean loss w.r.t. the model's ``nnx.Param``s,
+  computed over ``num_microbatches`` equal micro-batches in a ``jax.lax.scan``, holding only one
+  micro-batch's activations.
 
-  ``loss_fn`` must be a mean over rows; the result is the mean of the micro-batch losses and
-  gradients, which equals the whole batch's to float32 rounding while holding only one
-  micro-batch's activations. Micro-batch j takes rows j, j + m, j + 2m, ... (m =
-  ``num_microbatches``), so every device keeps its own rows.
+  ``loss_fn(model, batch)`` returns either a ``(loss_sum, weight)`` pair (``next_token_loss_sum``: the
+  micro-batches' sums and weights are added and divided once, so the result is the batch's weighted
+  mean, equal to the result without accumulation to float32 rounding, whatever the weight of each
+  micro-batch), or a scalar mean over rows of equal weight (then the mean of the micro-batch means).
+  Micro-batch j takes rows j, j + m, j + 2m, ... (m = ``num_microbatches``), so every device keeps its
+  own rows.
 
   Raises:
     ValueError: B not divisible by ``num_microbatches`` (or ``num_microbatches`` < 1).
@@ -74,23 +111,24 @@ def accumulated_value_and_grad(
       f"grad_accum_steps ({num_microbatches}) must be >= 1 and divide the batch size ({batch.shape[0]})"
     )
   if num_microbatches == 1:
-    return nnx.value_and_grad(loss_fn)(model, batch)
+    return nnx.value_and_grad(lambda m, b: weighted_mean(loss_fn(m, b)))(model, batch)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   rows = batch.shape[0] // num_microbatches
   micro = batch.reshape(rows, num_microbatches, *batch.shape[1:]).swapaxes(0, 1)  # [m, B/m, ...]
 
-  def loss_of(p, mb):
-    return loss_fn(nnx.merge(graphdef, p, rest), mb)
+  def sum_of(p, mb):
+    return _sum_and_weight(loss_fn(nnx.merge(graphdef, p, rest), mb), rows)
 
   def body(carry, mb):
-    loss_sum, grad_sum = carry
+    loss_sum, weight_sum, grad_sum = carry
     mb = sharding.constrain(mb, ("batch",) + (None,) * (mb.ndim - 1))
-    loss, grads = jax.value_and_grad(loss_of)(params, mb)
-    return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+    (total, weight), grads = jax.value_and_grad(sum_of, has_aux=True)(params, mb)
+    return (loss_sum + total, weight_sum + weight, jax.tree.map(jnp.add, grad_sum, grads)), None
 
-  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-  (loss, grads), _ = jax.lax.scan(body, zeros, micro)
-  return loss / num_microbatches, jax.tree.map(lambda g: g / num_microbatches, grads)
+  zeros = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (total, weight, grads), _ = jax.lax.scan(body, zeros, micro)
+  weight = jnp.maximum(weight, 1.0)  # a batch without answers: loss and gradient 0
+  return total / weight, jax.tree.map(lambda g: g / weight, grads)
 
 
 def _tracing_context(mesh, rules):
@@ -101,7 +139,7 @@ def make_train_step(
   graphdef: nnx.GraphDef,
   *,
   grad_accum_steps: int = 1,
-  loss_fn: Callable[[Any, jax.Array], jax.Array] = next_token_loss,
+  loss_fn: Callable[[Any, jax.Array], Any] = next_token_loss_sum,
   mesh: jax.sharding.Mesh | None = None,
   rules=sharding.DEFAULT_RULES,
   state_shardings: Any = None,
@@ -111,9 +149,10 @@ def make_train_step(
   """A jitted ``step(state, batch) -> (state, metrics)`` for the state of
   ``nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))`` (``graphdef`` is that split's).
 
-  One optimizer step on ``batch [B, T + 1]`` int32 (``grad_accum_steps`` micro-batches, see
-  ``accumulated_value_and_grad``). ``metrics``: ``loss``, the mean loss (nats/token, float32)
-  before the update; ``grad_norm``, the global L2 norm of the (accumulated, unclipped) gradient;
+  One optimizer step on ``batch [B, T + 1]`` int32 or a ``[B, 2, T + 1]`` task batch
+  (``grad_accum_steps`` micro-batches, see ``accumulated_value_and_grad``; ``loss_fn`` returns a
+  ``(loss_sum, weight)`` pair, default ``next_token_loss_sum``, or a mean over rows of equal weight).
+  ``metrics``: ``loss``, the batch's mean loss (nats per scored token, float32) before the update; ``grad_norm``, the global L2 norm of the (accumulated, unclipped) gradient;
   ``param_norm``, the parameters' L2 norm after the update; ``finite``, whether all three are
   finite. With ``skip_nonfinite`` a non-finite step is not applied (the state returned is the
   input state), so a non-finite state is never produced. The input state is
@@ -151,14 +190,16 @@ def make_train_step(
 def make_eval_step(
   graphdef: nnx.GraphDef,
   *,
-  loss_fn: Callable[[Any, jax.Array], jax.Array] = next_token_loss,
+  loss_fn: Callable[[Any, jax.Array], Any] = next_token_loss_sum,
   mesh: jax.sharding.Mesh | None = None,
   rules=sharding.DEFAULT_RULES,
   state_shardings: Any = None,
   batch_sharding: Any = None,
 ):
-  """A jitted ``eval_step(state, batch) -> loss`` (scalar float32, nats/token) for the same state
-  as ``make_train_step``; nothing is updated."""
+  """A jitted ``eval_step(state, batch) -> loss_fn(model, batch)`` for the same state as
+  ``make_train_step``; nothing is updated. With the default ``next_token_loss_sum`` that is the
+  ``(loss_sum, weight)`` pair (nats, float32) that batches of unequal weight add before one division
+  (``jaxpe.train.evaluation.evaluate``); ``weighted_mean`` gives one batch's mean."""
 
   def eval_step(state, batch):
     with _tracing_context(mesh, rules):

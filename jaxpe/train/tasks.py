@@ -7,7 +7,7 @@ those targets). A batch is ``[B, 2, L + 1]``. Token ids: 0 padding, 1 separator,
 (``vocab_size``). What each task holds is ``TaskConfig``'s docstring; the distances grow with L (MQAR:
 n = L // spacing pairs, the queries in the last 2n tokens, the i-th query of key k
 L + 1 - 2n + 2i - 2k tokens after it; copy: every answer n + 1 tokens
-after its source, n up to L // 2).
+after its source, n up to L // 2; flipflop: (L + 1) // 2 instruction-bit pairs, L >= 3).
 
 Deterministic: sample i of training step s under seed r is drawn from
 ``numpy.random.default_rng([0, r, s, i])``, held-out sample i from ``[1, r, i]``, so a resumed run sees the
@@ -22,15 +22,19 @@ import math
 
 import numpy as np
 
+from jaxpe.ops import checks as _checks
 from jaxpe.train.data_config import TaskConfig
 
 __all__ = [
   "GENERATOR_VERSION",
+  "MIN_LENGTH",
+  "TASK_NAMES",
   "answer_bits",
   "check_task_run",
   "check_task_length",
   "fingerprint",
   "held_out",
+  "min_length",
   "sample",
   "task_batch",
   "vocab_size",
@@ -57,17 +61,30 @@ def answer_bits(task: TaskConfig) -> float:
   return math.log2({"mqar": task.num_values, "copy": task.num_symbols, "flipflop": 2}[task.name])
 
 
+MIN_LENGTH = {"copy": 2, "flipflop": 3}
+"""The shortest length each task fills with an answerable sample (mqar: ``spacing``): copy one symbol,
+the separator and its copy; flipflop a write and its bit, then a read (its bit, the answer, is the
+target of L = 3; at L = 2 the one instruction would be a read with no earlier write)."""
+
+
+def min_length(task: TaskConfig) -> int:
+  """The shortest length L of an answerable sample of ``task`` (``MIN_LENGTH``; mqar: ``spacing``)."""
+  return task.spacing if task.name == "mqar" else MIN_LENGTH[task.name]
+
+
 def check_task_length(task: TaskConfig, length: int, what: str = "length") -> None:
-  """Refuses a length L the task cannot fill.
+  """Refuses a length L the task cannot fill with answerable samples.
 
   Raises:
-    ValueError: L < spacing (mqar: one pair), L < 2 (copy, flipflop); mqar with L // spacing pairs
-      > ``num_keys``; copy with L // 2 > ``num_symbols`` (the keys / symbols of a sample are distinct).
-      The message names ``what``.
+    ValueError: L < ``min_length`` (mqar: ``spacing``, one pair; copy: 2; flipflop: 3, a write before
+      the read); mqar with L // spacing pairs > ``num_keys``; copy with L // 2 > ``num_symbols`` (the
+      keys / symbols of a sample are distinct). The message names ``what`` and the range.
   """
-  if not isinstance(length, int) or length < (task.spacing if task.name == "mqar" else 2):
+  low = min_length(task)
+  if not _checks.is_int(length) or length < low:
     raise ValueError(
-      f"{what} must be an int >= {task.spacing if task.name == 'mqar' else 2} for task {task.name}, got {length!r}"
+      f"{what} must be an int >= {low} for task {task.name} (the shortest length whose samples have an "
+      f"answer), got {length!r}"
     )
   if task.name == "mqar" and length // task.spacing > task.num_keys:
     raise ValueError(
@@ -140,6 +157,8 @@ def _flipflop(rng: np.random.Generator, task: TaskConfig, length: int) -> tuple[
 
 
 _GENERATORS = {"mqar": _mqar, "copy": _copy, "flipflop": _flipflop}
+TASK_NAMES = tuple(_GENERATORS)
+"""The task names (``TaskConfig.name``)."""
 
 
 def sample(task: TaskConfig, length: int, seed_seq: list[int]) -> np.ndarray:
@@ -149,6 +168,7 @@ def sample(task: TaskConfig, length: int, seed_seq: list[int]) -> np.ndarray:
     ValueError: ``check_task_length``'s.
   """
   check_task_length(task, length)
+  length = int(length)  # a numpy integer too
   return np.stack(_GENERATORS[task.name](np.random.default_rng(seed_seq), task, length))
 
 

@@ -25,6 +25,7 @@ from jaxpe.attention import (
   IndexMask,
   attention,
   available_backends,
+  backends,
   blockwise_attention,
   combine_partials,
   context,
@@ -399,3 +400,30 @@ def test_device_memory_counts_each_process_host_once(monkeypatch):
   assert checks.device_memory_bytes() == 2000
   monkeypatch.setattr(jax, "devices", lambda: [_FakeDevice(0, 300), _FakeDevice(1, 300), _FakeDevice(1)])
   assert checks.device_memory_bytes() == 1600
+
+
+# Issue 48, kind 6a: every public helper that answers for one backend checks the name (``auto``
+# names none until a platform is known) and its sizes; padded_head_dim("auto", 64) was a raw KeyError,
+# padded_v_dim and kernel_length answered for "auto" and for any string.
+_BACKEND_HELPERS = {
+  "padded_head_dim": lambda impl, n=64: backends.padded_head_dim(impl, n),
+  "padded_v_dim": lambda impl, n=64: backends.padded_v_dim(impl, n, 72),
+  "kernel_length": lambda impl, n=100: backends.kernel_length(impl, n),
+  "emulation_dim_count": lambda impl, n=None: backends.emulation_dim_count(impl, alibi_form="lean"),
+}
+
+
+@pytest.mark.parametrize("helper", sorted(_BACKEND_HELPERS))
+def test_backend_helpers_check_the_backend_name_and_their_sizes(helper):
+  call = _BACKEND_HELPERS[helper]
+  with pytest.raises(ValueError, match=r"implementation must be one of .*got 'auto' .*resolve_backend"):
+    call("auto")
+  for bad in ("bogus", None, 3, ["xla"]):
+    with pytest.raises(ValueError, match=r"implementation must be one of \("):
+      call(bad)
+  assert call("flash") == {"padded_head_dim": 64, "padded_v_dim": 72, "kernel_length": 128}.get(helper, 0)
+  if helper != "emulation_dim_count":
+    for bad in (-1, 2.0, True, "64"):
+      with pytest.raises(ValueError, match=r"must be an integer"):
+        call("xla", bad)
+    assert call("splash", np.int64(100)) == {"padded_head_dim": 128, "padded_v_dim": 100}.get(helper, 128)

@@ -390,3 +390,50 @@ def test_cudnn_gets_no_query_row_without_a_visible_key(monkeypatch):
     want = kernels.attention(q, k, v, scale=8**-0.5, mask=mask, implementation="xla")
     ok = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(out)[ok], np.asarray(want)[ok], atol=3e-2, rtol=0)
+
+
+def _second_derivative(impl, *, interpret=False):
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, 8, 2, 16)), jnp.float32) for _ in range(3))
+  mask = masks.AttentionMask(causal=True)
+
+  def f(q, k):
+    return (
+      kernels.attention(q, k, v, scale=0.25, mask=mask, implementation=impl, interpret=interpret) ** 2
+    ).sum()
+
+  def g(q, k):
+    gq, gk = jax.grad(f, argnums=(0, 1))(q, k)
+    return (gq * jnp.cos(gk)).sum()
+
+  return jax.jit(jax.grad(g, argnums=(0, 1)))(q, k), jax.jit(jax.grad(f))(q, k)
+
+
+def test_auto_differentiates_twice_where_its_backend_does():
+  # Issue 48, kind 6b: jax differentiates every platform's branch of implementation="auto" (flash on
+  # GPUs, splash and flash on TPUs), and a kernel's backward pass cannot be differentiated: a second
+  # derivative on the CPU failed inside jax. The kernels' branches now differentiate once, their second
+  # derivative refused only where they are lowered; the CPU's branch (xla) gives xla's second derivative.
+  (auto_gq, auto_gk), auto_g = _second_derivative("auto")
+  (ref_gq, ref_gk), ref_g = _second_derivative("xla")
+  for got, want in ((auto_gq, ref_gq), (auto_gk, ref_gk), (auto_g, ref_g)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert float(jnp.abs(ref_gq).max()) > 0
+
+
+def test_a_kernels_second_derivative_is_refused_naming_the_fix_and_its_first_is_the_kernels():
+  with pytest.raises(
+    ValueError, match=r"attention implementation 'flash' differentiates once: .*implementation='xla'"
+  ):
+    _second_derivative("flash", interpret=True)
+  rng = np.random.default_rng(1)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, 8, 2, 16)), jnp.float32) for _ in range(3))
+
+  def first(impl):
+    return jax.jit(
+      jax.grad(
+        lambda q: kernels.attention(q, k, v, scale=0.25, implementation=impl, interpret=impl != "xla").sum()
+      )
+    )(q)
+
+  np.testing.assert_allclose(np.asarray(first("flash")), np.asarray(first("xla")), rtol=0, atol=2e-5)

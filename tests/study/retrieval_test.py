@@ -18,9 +18,11 @@ from study_test import text_file, tiny_study  # noqa: F401  (text_file is a fixt
 
 from jaxpe import study
 from jaxpe.model import Decoder
+from jaxpe.model.build import model_params
 from jaxpe.model.config import ModelConfig
 from jaxpe.study import models, retrieval_run
 from jaxpe.train import checkpoint, sharding, state, tasks, trainer
+from jaxpe.train.cli import resolve_config
 from jaxpe.train.config import TrainConfig
 
 COPY = study.TaskConfig(name="copy", num_symbols=64)
@@ -91,6 +93,57 @@ def test_combine_and_paired_task_match_numpy():
   assert p["x"]["2"] is None and study.combine_task([None, None]) is None
   with pytest.raises(ValueError, match="all be None or all hold"):
     study.combine_task([entries(a)[0], None])
+
+
+def _pooled(model, samples):
+  """numpy float64: per-answer hits and log2-probabilities of ``samples``' answers (all samples pooled)."""
+  logits = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(samples[:, 0, :-1])), np.float64)
+  mask = samples[:, 1, 1:].astype(bool)
+  hit = logits.argmax(-1) == samples[:, 0, 1:]
+  logp = logits - np.logaddexp.reduce(logits, axis=-1)[..., None]
+  ans = np.take_along_axis(logp, samples[:, 0, 1:, None].astype(np.int64), -1)[..., 0] / math.log(2)
+  return hit[mask], ans[mask]
+
+
+def test_answer_metrics_pool_the_answers_of_samples_of_unequal_length():
+  # Issue 48, kind 1: flip-flop and copy samples hold different numbers of answers, so the share of
+  # answers right is the pooled share, not the mean of per-sample shares.
+  flip = study.TaskConfig(name="flipflop", ignore=0.5)
+  cfg = ModelConfig(vocab_size=tasks.vocab_size(flip), d_model=16, num_layers=1, num_heads=2, max_len=32)
+  samples = tasks.held_out(flip, seed=0, count=7, length=24)
+  assert len(set(samples[:, 1].sum(1).tolist())) > 2
+  seeds = [Decoder(cfg, rngs=nnx.Rngs(s)) for s in (0, 1)]
+  fwd = nnx.jit(lambda m, x: m(x))
+  for i in (0, 3, 5):  # these samples' answers made seed 0's greedy continuation: their accuracy is 1
+    for p in np.flatnonzero(samples[i, 1]):
+      samples[i, 0, p] = int(
+        np.asarray(fwd(seeds[0], jnp.asarray(samples[i : i + 1, 0, :-1])))[0, p - 1].argmax()
+      )
+  scores = [study.score_task(m, samples, batch_size=4) for m in seeds]
+  pooled = [_pooled(m, samples) for m in seeds]
+  got = study.combine_task(scores)
+  assert 0 < pooled[0][0].mean() < 1
+  for k, m in enumerate(("token_accuracy", "answer_bits")):
+    ref_seed = [p[k].mean() for p in pooled]
+    np.testing.assert_allclose(got[m]["per_seed"], ref_seed, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[m]["mean"], np.mean(ref_seed), rtol=1e-5, atol=1e-6)
+  ref = study.paired_task({"x": [{"1": scores[0]}], "rope": [{"1": scores[1]}]}, "rope")
+  np.testing.assert_allclose(
+    ref["x"]["1"]["token_accuracy"]["mean"], pooled[0][0].mean() - pooled[1][0].mean(), rtol=1e-12, atol=1e-12
+  )
+  # Equal weights: the ratio estimator's interval is the plain one.
+  equal = [{**e, "answers": [3.0] * len(e["exact"])} for e in scores]
+  plain = [{k: v for k, v in e.items() if k != "answers"} for e in scores]
+  for m in study.METRICS:
+    assert study.combine_task(equal)[m]["ci95"] == pytest.approx(
+      study.combine_task(plain)[m]["ci95"], rel=1e-12
+    )
+  # The emulation check on retrieval: the native accuracy is the share of all answers.
+  alibi = cfg.model_copy(update={"pos_encoding": "alibi"})
+  native = Decoder(alibi, rngs=nnx.Rngs(2))
+  rows = study.task_emulation(alibi, model_params(native), {24: samples}, 4, 24)
+  hits, _ = _pooled(native, samples)
+  assert rows[0]["token_accuracy_native"] == pytest.approx(hits.mean(), rel=1e-12)
 
 
 def task_study(workdir: Path, text_file: str, **update) -> study.StudyConfig:  # noqa: F811
@@ -210,8 +263,8 @@ def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, t
   assert study.model_train_config(ok, "rope", 0, COPY).num_steps == 4
   assert study.model_train_config(ok, "rope", 0, MQAR).num_steps == 3
   bad = {
-    "names tasks not in tasks: \\['passkey'\\]": {"task_train_by_task": {"passkey": {"num_steps": 3}}},
-    "task_init mqar: nope: both must be names of tasks": {"task_init": {"mqar": "nope"}},
+    "names unknown tasks: \\['passkey'\\]": {"task_train_by_task": {"passkey": {"num_steps": 3}}},
+    "task_init mqar: nope: both must be task names": {"task_init": {"mqar": "nope"}},
     "task_init copy: mqar: the source must be listed before": {"task_init": {"copy": "mqar"}},
     "task_init mqar: mqar: a task cannot start from its own models": {"task_init": {"mqar": "mqar"}},
     "task_init mqar: flipflop: flipflop is itself started from copy \\(no chains\\)": {
@@ -238,3 +291,24 @@ def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, t
   for message, update in bad.items():
     with pytest.raises(ValueError, match=message):
       study.StudyConfig.model_validate({**raw, **update})
+
+
+@pytest.mark.parametrize("config", ["study_quick", "study"])
+def test_the_shipped_configs_run_any_subset_of_their_tasks(config):
+  # Issue 48, kind 5: study.yaml documents tasks: [] = no retrieval, but the per-task keys (task_init,
+  # task_train_by_task) named mqar and refused it. Entries of tasks not run are ignored, as task_train is
+  # without tasks; a run task whose task_init source is not run is refused, saying so.
+  path = resolve_config(config)
+  for override, run in (("tasks=[]", []), ("tasks=[{name: copy, num_symbols: 256}]", ["copy"])):
+    got = study.load_study_config(path, [override], unique_overrides=True)
+    assert [t.name for t in got.tasks] == run and set(got.task_init) == {"mqar"}
+    assert [study.model_train_config(got, "rope", 0, t).data.task.name for t in got.tasks] == run
+  with pytest.raises(
+    ValueError, match=r"task_init mqar: copy: mqar is run but copy is not in tasks \(\['mqar'\]\)"
+  ):
+    study.load_study_config(path, ["tasks=[{name: mqar}]"], unique_overrides=True)
+  flip = study.load_study_config(path, ["tasks=[{name: copy, num_symbols: 256}, {name: flipflop}]"])
+  assert [t.name for t in flip.tasks] == [
+    "copy",
+    "flipflop",
+  ]  # mqar's entries ignored, flipflop on task_train

@@ -471,7 +471,7 @@ def test_a_saved_config_that_is_not_a_mapping_is_refused_naming_its_source(tmp_p
 
 def test_skip_nonfinite_skips_bad_batches_up_to_its_limit_across_resumes(tmp_path, text_file, monkeypatch):
   # Batches whose first token is 255 (never in the ASCII corpus) get a NaN loss; steps 3 and 5 have them.
-  real_batch, real_loss = data.train_batch, loop.next_token_loss
+  real_batch, real_loss = data.train_batch, loop.next_token_loss_sum
 
   def train_batch(tokens, *, step, **kw):
     batch = real_batch(tokens, step=step, **kw)
@@ -481,10 +481,11 @@ def test_skip_nonfinite_skips_bad_batches_up_to_its_limit_across_resumes(tmp_pat
     return batch
 
   def loss(model, batch):
-    return jax.numpy.where(batch[0, 0] == 255, jax.numpy.nan, real_loss(model, batch))
+    total, weight = real_loss(model, batch)
+    return jax.numpy.where(batch[0, 0] == 255, jax.numpy.nan, total), weight
 
   monkeypatch.setattr(data, "train_batch", train_batch)
-  monkeypatch.setattr(loop, "next_token_loss", loss)
+  monkeypatch.setattr(loop, "next_token_loss_sum", loss)
   run = tmp_path / "run"
   cfg = _cfg(run, text_file, "num_steps=6", "skip_nonfinite=1")
   with pytest.raises(

@@ -77,6 +77,44 @@ def test_flipflop_samples(length):
   assert reads > 10
 
 
+def _answer_from_the_past(task, tok: np.ndarray, p: int) -> int | None:
+  """The answer at ``p`` as the tokens before it determine it (None: they do not): an independent
+  reading of each task's rule."""
+  past = tok[:p].tolist()
+  if task.name == "copy":
+    n = past.index(tasks.SEP) if tasks.SEP in past else None
+    return None if n is None or p - n - 1 >= n else past[p - n - 1]
+  if task.name == "mqar":
+    key, pairs = past[-1], {past[i]: past[i + 1] for i in range(0, len(past) - 2, 2) if past[i] != 0}
+    return pairs.get(key)
+  ops = past[0::2]  # flipflop: the bit of the last write before the read at p - 1
+  writes = [j for j, op in enumerate(ops[:-1]) if op == tasks.WRITE]
+  return past[2 * writes[-1] + 1] if writes and ops[-1] == tasks.READ else None
+
+
+@pytest.mark.parametrize("task", [MQAR, COPY, FLIP], ids=lambda t: t.name)
+def test_every_length_gives_answerable_samples_or_is_refused_naming_the_range(task):
+  # Issue 48, kind 3: flip-flop at L = 2 was one instruction, a read with no earlier write, scored.
+  for length in range(1, 25):
+    if length < tasks.min_length(task):
+      with pytest.raises(
+        ValueError, match=rf"length must be an int >= {tasks.min_length(task)} for task {task.name}"
+      ):
+        tasks.sample(task, length, [0])
+      continue
+    for i in range(30):
+      tok, mask = tasks.sample(task, length, [2, length, i])
+      answers = np.flatnonzero(mask)
+      assert answers.size > 0
+      for p in answers:
+        assert _answer_from_the_past(task, tok, p) == tok[p], (length, i, p, tok.tolist())
+  assert tasks.min_length(FLIP) == 3
+  with pytest.raises(ValueError, match=r"seq_len must be an int >= 3 for task flipflop"):
+    TrainConfig.model_validate(
+      {"data": {"task": FLIP.model_dump()}, "sample_len": 0, "seq_len": 2, "model": {"vocab_size": 7}}
+    )
+
+
 def test_determinism_rows_and_held_out():
   a = tasks.task_batch(COPY, step=4, seed=1, batch_size=6, seq_len=32)
   assert a.shape == (6, 2, 33) and a.dtype == np.int32

@@ -47,10 +47,12 @@ from jaxpe.model.config import ModelConfig
 
 class CachedSlots(Protocol):
   """What an encoding reads of the call's KV cache (``jaxpe.model.cache.KVCache``, which imports
-  this registry): ``positions`` ``[B, S]`` int32 and ``valid`` ``[B, S]`` bool."""
+  this registry): ``positions`` ``[B, S]`` int32, ``valid`` ``[B, S]`` bool and ``end`` (the slots
+  from ``end`` on are dead: read ``valid`` only below it, as ``jaxpe.model.cache.live_slots``)."""
 
   positions: jax.Array
   valid: jax.Array
+  end: jax.Array
 
 
 class PositionalEncoding:
@@ -88,6 +90,14 @@ class PositionalEncoding:
   def qk_extra_dims(self) -> int:
     """Extra outputs per head of the q and k projections (``H + extra``); default 0."""
     return 0
+
+  def matmul_flops_per_token(self, seq_len: int) -> float:
+    """Forward model FLOPs (2 per multiply-add) per token and layer of the encoding's own matmuls on
+    sequences of ``seq_len`` tokens, beyond the decoder's projections and attention products
+    (``jaxpe.train.flops``; a query's causal pairs counted as attention's, ``(T + 1) / 2``); default
+    0 (rotations, biases, lookups and gates are elementwise, no matmuls)."""
+    del seq_len
+    return 0.0
 
   def init_qk(self, q: nnx.Einsum, k: nnx.Einsum) -> None:
     """Adjusts the freshly initialised q / k projections of one ``Attention`` in place (kernels

@@ -27,6 +27,12 @@ class CoPE(PositionalEncoding):
     """P: ``cope_npos_max``, default ``max_len`` (a count never exceeds the context)."""
     return self.cfg.cope_npos_max or self.cfg.max_len
 
+  def matmul_flops_per_token(self, seq_len: int) -> float:
+    """``q @ pos_emb``: ``[H] @ [H, P]`` per head and query (P = ``npos_max``); the gates reuse the
+    attention's q.k (not counted again)."""
+    del seq_len
+    return 2.0 * self.cfg.num_heads * self.cfg.head_size * self.npos_max()
+
   def layer_params(self, rngs: nnx.Rngs) -> dict[str, nnx.Param]:
     del rngs
     table = jnp.zeros((self.cfg.head_size, self.npos_max()), jnp.float32)

@@ -54,6 +54,12 @@ class Fire(PositionalEncoding):
     cfg = self.cfg
     return {"fire": FireParams(cfg.fire_mlp_width, cfg.num_heads, cfg.fire_init_c, rngs)}
 
+  def matmul_flops_per_token(self, seq_len: int) -> float:
+    """The MLP ``1 -> F -> N`` on each of a query's ``(T + 1) / 2`` causal (query, key) pairs: ``2 (F +
+    F N)`` per pair."""
+    f, n = self.cfg.fire_mlp_width, self.cfg.num_heads
+    return 2.0 * (f + f * n) * (seq_len + 1) / 2
+
   def position_bias(self, layer, shared, positions, kv_positions) -> PositionBias:
     p = layer.fire
     params = {

@@ -100,8 +100,11 @@ class RopeAlibi(PositionalEncoding):
     if p.size == 0:
       return
     lo, hi = int(p.min()), int(p.max())
-    if cache is not None and not isinstance(cache.positions, jax.core.Tracer):
-      cached = np.asarray(cache.positions)[np.asarray(cache.valid, bool)]
+    if cache is not None and not any(
+      isinstance(x, jax.core.Tracer) for x in (cache.positions, cache.valid, cache.end)
+    ):
+      live = np.asarray(cache.valid, bool) & (np.arange(np.shape(cache.valid)[-1]) < int(cache.end))[None]
+      cached = np.asarray(cache.positions)[live]  # the slots below end (a rolled-back cache's rest is dead)
       if cached.size:
         lo, hi = min(lo, int(cached.min())), max(hi, int(cached.max()))
     if hi - lo >= context:
