@@ -60,12 +60,3 @@ def require_extra(extra: str, user: str, modules: tuple[str, ...] | None = None)
     )
     err.name = missing[0]
     raise err
-
-
-class UnverifiedFamilyError(ValueError):
-  """A Hugging Face config of a model family jaxpe has not verified against its transformers
-  modeling code (``jaxpe.ops.hf_verified``), read by ``jaxpe.rope_from_hf_config`` without the
-  facts its config does not state. The message names the ``model_type``, the arguments that state
-  those facts (``layout=``, ``rotated_slice=``, ``rotary_dim=``) and how to check them against the
-  family's ``apply_rotary_pos_emb`` (docs/rope.md). A ``ValueError``, so existing ``except``
-  clauses keep working."""

@@ -62,8 +62,20 @@ def test_emulation_pad_multiple(kind):
 
 @pytest.mark.parametrize("kind", INTS)
 def test_configs_read_from_numpy(kind):
-  hf = {"head_dim": kind(64), "hidden_size": kind(256), "num_attention_heads": kind(4), "rope_theta": 10000.0}
-  ref = {"head_dim": 64, "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0}
+  hf = {
+    "model_type": "llama",
+    "head_dim": kind(64),
+    "hidden_size": kind(256),
+    "num_attention_heads": kind(4),
+    "rope_theta": 10000.0,
+  }
+  ref = {
+    "model_type": "llama",
+    "head_dim": 64,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "rope_theta": 10000.0,
+  }
   np.testing.assert_array_equal(
     np.asarray(rope_from_hf_config(hf).frequencies()[0]),
     np.asarray(rope_from_hf_config(ref).frequencies()[0]),

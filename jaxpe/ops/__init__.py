@@ -25,6 +25,7 @@ from jaxpe.ops.alibi import (
 from jaxpe.ops.cope import cope_bias, cope_positions
 from jaxpe.ops.fire import fire_bias, fire_interpolation
 from jaxpe.ops.hf_rope import HFRope, rope_from_hf_config
+from jaxpe.ops.hf_verified import UnverifiedFamilyError
 from jaxpe.ops.layouts import convert_layout, convert_qk_proj_weight, layout_permutation
 from jaxpe.ops.positions import positions_from_mask, positions_from_segment_ids
 from jaxpe.ops.relative_bias import kerple_log_bias, kerple_power_bias, t5_bias, t5_relative_position_bucket
@@ -37,6 +38,7 @@ from jaxpe.ops.xpos import apply_xpos, xpos_scale, xpos_zeta
 __all__ = [
   "HFRope",
   "ROPE_TYPES",
+  "UnverifiedFamilyError",
   "alibi_bias",
   "alibi_bias_bloom",
   "alibi_bias_causal",

@@ -43,6 +43,7 @@ import numpy as np
 
 from jaxpe.ops import checks as _checks
 from jaxpe.ops import hf_families as _families
+from jaxpe.ops import hf_verified as _verified
 from jaxpe.ops.hf_axial import axial_rope
 from jaxpe.ops.hf_config import (
   as_dict,
@@ -354,7 +355,7 @@ def rope_from_hf_config(
 
   Raises:
     TypeError: ``config`` is neither a mapping nor has ``to_dict()``.
-    UnverifiedFamilyError (a ValueError): a ``model_type`` outside ``VERIFIED_FAMILIES`` (or none)
+    ``jaxpe.ops.UnverifiedFamilyError`` (a ValueError): a ``model_type`` outside ``VERIFIED_FAMILIES`` (or none)
       without ``layout`` / ``rotated_slice`` / ``rotary_dim`` as above, or with a key whose meaning is
       the family's (``qk_rope_head_dim``, ``mrope_section``, ``mscale_all_dim``, ...), named.
     ValueError: ``layout`` / ``rotated_slice`` not one of their values, ``rotary_dim`` not an even
@@ -390,8 +391,8 @@ def rope_from_hf_config(
   family = _families.family(model_type)
   _families.check_supported(family, model_type, cfg)
   params, nested = select_rope_params(cfg, rope_dict(cfg, family), family, layer_type)
-  if not _families.is_verified(model_type):
-    _families.refuse_unverified(
+  if not _verified.is_verified(model_type):
+    _verified.refuse_unverified(
       model_type,
       cfg,
       params,

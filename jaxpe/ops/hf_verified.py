@@ -22,6 +22,19 @@ unverified.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+
+class UnverifiedFamilyError(ValueError):
+  """A Hugging Face config of a model family jaxpe has not verified against its transformers
+  modeling code (``VERIFIED_FAMILIES``), read by ``jaxpe.rope_from_hf_config`` without the facts
+  its config does not state. The message names the ``model_type``, the arguments that state those
+  facts (``layout=``, ``rotated_slice=``, ``rotary_dim=``) and how to check them against the
+  family's ``apply_rotary_pos_emb`` (docs/rope.md). A ``ValueError``, so existing ``except``
+  clauses keep working."""
+
+
 TRANSFORMERS_VERSION = "5.25.0"  # the release the lists were checked against
 
 VERIFIED_FAMILIES: frozenset[str] = frozenset(
@@ -117,3 +130,98 @@ xclip_text_model xclip_vision_model xcodec xglm xlm xlm-roberta xlm-roberta-xl x
 yoso zoedepth
   """.split()
 )
+
+
+def is_verified(model_type: Any) -> bool:
+  """Whether the tables were checked on this ``model_type`` itself (``VERIFIED_FAMILIES``,
+  transformers ``TRANSFORMERS_VERSION``). A new ``<family>_text`` type is not taken as verified
+  because ``<family>`` is: the sweep lists each text config's type by itself."""
+  return isinstance(model_type, str) and model_type in VERIFIED_FAMILIES
+
+
+# Config keys whose meaning only a family's modeling code gives (read from the tables above for the
+# verified families): an unverified family's config with one of them is refused even with the
+# stated facts, since jaxpe would have to guess what the key does there.
+FAMILY_SPECIFIC_KEYS = {
+  "qk_rope_head_dim": "latent-attention (MLA) heads: which part of the head rotates and how wide it is",
+  "rope_interleave": "MLA heads' pair layout flag",
+  "mrope_section": "multi-axis (mRoPE) sections: their order over the head is the family's",
+  "mscale_all_dim": "a softmax scale some families multiply by yarn_get_mscale(factor, mscale_all_dim) ** 2",
+  "rotary_dim": "GPT-J-style rotated dims (the family's own key)",
+  "rope_local_base_freq": "a base for some layer types (Gemma-3 style)",
+  "local_rope_theta": "a base for some layer types (ModernBERT style)",
+  "global_rope_theta": "a base for some layer types (ModernBERT style)",
+  "rotary_emb_base": "GPT-NeoX's legacy spelling of the base",
+  "rotary_pct": "GPT-NeoX's legacy spelling of the partial rotary factor",
+  "kv_channels": "a head width under the family's own key (JetMoE)",
+  "attention_head_dim": "a head width under the family's own key (Zamba2)",
+  "rope_pct": "a partial rotary share under the family's own key (StableLM-epoch remote code)",
+  "rotary_emb_fraction": "a partial rotary share under the family's own key (nomic-bert style)",
+  "global_head_dim": "a head width for some layer types (Gemma-4 style)",
+  "per_layer_config": "per-layer overrides (Gemma-4 style)",
+  "alibi": "ALiBi instead of RoPE (Falcon style)",
+}
+_ROPE_KEYS = (
+  "rope_theta",
+  "rope_parameters",
+  "rope_scaling",
+  "rotary_emb_base",
+  "rotary_dim",
+  "partial_rotary_factor",
+)
+
+
+def refuse_unverified(
+  model_type: Any,
+  cfg: Mapping[str, Any],
+  params: Mapping[str, Any],
+  *,
+  layout: Any,
+  rotated_slice: Any,
+  rotary_dim: Any,
+) -> None:
+  """Raises ``UnverifiedFamilyError`` for a family outside ``VERIFIED_FAMILIES``: first for a config
+  key whose meaning is family-specific (``FAMILY_SPECIFIC_KEYS``, named), then unless the caller
+  stated what jaxpe cannot read from the config: ``layout`` and ``rotated_slice`` always,
+  ``rotary_dim`` unless the config states ``partial_rotary_factor`` (a config.json leaves out its
+  class's defaults, and a remote-code config class may spell its share otherwise).
+  """
+  name = f"model_type {model_type!r}" if model_type else "a config without model_type"
+  for key, meaning in FAMILY_SPECIFIC_KEYS.items():
+    value = cfg.get(key, params.get(key))
+    if value is not None and not (key == "alibi" and value is False):
+      raise UnverifiedFamilyError(
+        f"{name} is not a family jaxpe has verified (transformers {TRANSFORMERS_VERSION}, "
+        f"jaxpe.ops.hf_verified), and its config has {key!r} ({meaning}); what that key does is the "
+        "family's, so rope_from_hf_config does not read it: build the rotary embedding from "
+        "jaxpe.rope_frequencies(...) and jaxpe.apply_rope(...), checked against the family's own code"
+      )
+  partial_stated = (
+    params.get("partial_rotary_factor") is not None or cfg.get("partial_rotary_factor") is not None
+  )
+  missing = [k for k, v in (("layout", layout), ("rotated_slice", rotated_slice)) if v is None]
+  if not partial_stated and rotary_dim is None:
+    missing.append("rotary_dim")
+  if not missing:
+    return
+  no_rope = ""
+  if not any(cfg.get(k) is not None for k in _ROPE_KEYS):
+    no_rope = (
+      " Its config has none of the rotary keys (" + ", ".join(_ROPE_KEYS[:3]) + "): the model may have "
+      "no rotary embedding at all (learned, ALiBi or no positions)."
+    )
+  hints = {
+    "layout": "layout='half' if its rotate_half is cat((-x2, x1)) of the head's two halves, 'interleaved' if it "
+    "rotates pairs (2i, 2i + 1) (x[..., ::2] / x[..., 1::2], rotate_every_two, repeat_interleave of the "
+    "table, complex multiplication)",
+    "rotated_slice": "rotated_slice='leading' if the first R dims of each q/k head rotate, 'trailing' if the "
+    "last R do (latent-attention heads [nope | rope])",
+    "rotary_dim": "rotary_dim=R, the dims per head that rotate (the config states no partial_rotary_factor)",
+  }
+  raise UnverifiedFamilyError(
+    f"{name} is not a family jaxpe has verified against transformers' modeling code (transformers "
+    f"{TRANSFORMERS_VERSION}, jaxpe.ops.hf_verified): pass {', '.join(k + '=' for k in missing)} as its "
+    f"rotary code does it.{no_rope} Read them off its apply_rotary_pos_emb (transformers/models/<family>/"
+    "modeling_<family>.py, or the model's remote code): " + "; ".join(hints[k] for k in missing) + ". Then "
+    "check r.apply(q, positions) against that function as docs/rope.md shows ('Families jaxpe has not verified')."
+  )

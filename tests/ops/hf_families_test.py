@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import jaxpe
-from jaxpe.errors import UnverifiedFamilyError
-from jaxpe.ops import hf_rope
+from jaxpe.ops import UnverifiedFamilyError, hf_rope
 from jaxpe.ops.hf_rope import rope_from_hf_config
 from jaxpe.ops.hf_verified import VERIFIED_FAMILIES
 
@@ -633,7 +632,7 @@ def test_a_family_missing_from_the_tables_is_refused_not_read_as_rotate_half(mon
   """Ergo, as jaxpe saw it before it was verified (transformers 5.25 added it; it rotates
   interleaved pairs): with the family out of the verified list and the tables, it is refused by
   name; stated, it matches Ergo's own apply_rotary_pos_emb. Verified, the table reads it right."""
-  from jaxpe.ops import hf_families
+  from jaxpe.ops import hf_families, hf_verified
 
   config = transformers.AutoConfig.for_model("ergo")
   layer_type = "sliding_attention"
@@ -641,7 +640,7 @@ def test_a_family_missing_from_the_tables_is_refused_not_read_as_rotate_half(mon
   verified = rope_from_hf_config(config, layer_type=layer_type)
   assert verified.layout == "interleaved"
   np.testing.assert_allclose(_ours(verified, q), want, atol=1e-3)
-  monkeypatch.setattr(hf_families, "VERIFIED_FAMILIES", VERIFIED_FAMILIES - {"ergo"})
+  monkeypatch.setattr(hf_verified, "VERIFIED_FAMILIES", VERIFIED_FAMILIES - {"ergo"})
   monkeypatch.setattr(hf_families, "INTERLEAVED_FAMILIES", hf_families.INTERLEAVED_FAMILIES - {"ergo"})
   with pytest.raises(UnverifiedFamilyError, match="model_type 'ergo'"):
     rope_from_hf_config(config, layer_type=layer_type)
