@@ -65,16 +65,31 @@ class Config:
   target: str = "gpu"  # "gpu": these Triton kernels; "tpu": jaxpe.attention.flash_tpu (Mosaic)
 
 
+def _operands(a, b):
+  """``(a, b, precision)`` of a kernel matmul: float32 operands (either one, the other cast up) at
+  HIGHEST (Mosaic: ``contract_precision<fp32>``; Triton: IEEE float32), bf16 / float16 pairs at
+  DEFAULT (the products of two 16-bit floats are exact in the float32 accumulator; Mosaic refuses
+  ``contract_precision<fp32>`` on 16-bit operands: "Bad lhs type")."""
+  if a.dtype != b.dtype or a.dtype == jnp.float32:
+    return a.astype(jnp.float32), b.astype(jnp.float32), _HI
+  return a, b, None
+
+
+def _dot(a, b, dims):
+  a, b, precision = _operands(a, b)
+  return lax.dot_general(a, b, (dims, ((), ())), precision=precision, preferred_element_type=jnp.float32)
+
+
 def dot(a, b):  # [m, k] @ [k, n]
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+  return _dot(a, b, ((1,), (0,)))
 
 
 def dot_nt(a, b):  # [m, k] @ [n, k]^T
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+  return _dot(a, b, ((1,), (1,)))
 
 
 def dot_tn(a, b):  # [k, m]^T @ [k, n]
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+  return _dot(a, b, ((0,), (0,)))
 
 
 def _centred(x):
