@@ -112,6 +112,71 @@ def lower(fn, args, platforms=PLATFORMS) -> dict[str, str | Exception]:
   return out
 
 
+# ---------------------------------------------------------------- compiling for a TPU without one
+
+TPU_TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+"""TPU generation -> the topology ``jax.experimental.topologies.get_topology_desc`` builds
+compile-only devices of (one of them is used)."""
+TPU_ENVIRONMENT = {
+  "TPU_SKIP_MDS_QUERY": "1",  # no GCE metadata server to ask what this host is
+  "TPU_ACCELERATOR_TYPE": "v5litepod-8",  # quiets libtpu's host probing (any known type does)
+  "TPU_WORKER_HOSTNAMES": "localhost",
+  "TPU_WORKER_ID": "0",
+  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # several processes (xdist workers) may load libtpu at once
+}
+"""Environment libtpu reads when it loads (the first ``get_topology_desc``); set where unset. Without
+``ALLOW_MULTIPLE_LIBTPU_LOAD`` a second process fails on ``/tmp/libtpu_lockfile`` ("ABORTED:
+Internal error when accessing libtpu multi-process lockfile")."""
+
+
+def libtpu_installed() -> bool:
+  """Whether the ``libtpu`` package (``pip install "jax[tpu]==<jax version>"``) is importable: the
+  TPU compiler and Mosaic, which compile for a TPU generation on a host without one."""
+  import importlib.util  # noqa: PLC0415
+
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def tpu_devices(chip: str):
+  """Compile-only devices of TPU generation ``chip`` (a key of ``TPU_TOPOLOGIES``), with
+  ``TPU_ENVIRONMENT`` set where unset. ``JAX_PLATFORMS=cpu`` (the tests') does not stop it: the
+  TPU plugin is loaded here for the topology, not as a backend.
+
+  Raises:
+    ValueError: ``chip`` not a key of ``TPU_TOPOLOGIES``.
+    ImportError: libtpu is not installed.
+  """
+  import os  # noqa: PLC0415
+
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  if chip not in TPU_TOPOLOGIES:
+    raise ValueError(f"chip must be one of {sorted(TPU_TOPOLOGIES)}, got {chip!r}")
+  if not libtpu_installed():
+    raise ImportError('libtpu is not installed: pip install "jax[tpu]==<the installed jax>"')
+  for name, value in TPU_ENVIRONMENT.items():
+    os.environ.setdefault(name, value)
+  return topologies.get_topology_desc(platform="tpu", topology_name=TPU_TOPOLOGIES[chip]).devices
+
+
+def compile_tpu(fn, args, chip: str):
+  """``(lowered StableHLO text, compiled executable)`` of ``jax.jit(fn)`` for one TPU of generation
+  ``chip`` on any host: ``args`` (a pytree of ``ShapeDtypeStruct``) replicated on a one-device mesh
+  of ``tpu_devices(chip)``; XLA:TPU and Mosaic compile every kernel, ``memory_analysis()`` answers
+  for that device (temporaries: HBM only; XLA:TPU may place small buffers in VMEM, not counted).
+
+  Raises: ``tpu_devices``' errors, and whatever the lowering or the compilers raise (Mosaic:
+  ``MosaicError``).
+  """
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+
+  mesh = Mesh(tpu_devices(chip)[:1], ("chip",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
+  lowered = jax.jit(fn).lower(*structs)
+  return lowered.as_text(), lowered.compile()
+
+
 # ---------------------------------------------------------------- attention
 
 
