@@ -259,8 +259,9 @@ def _kernel_aux(qe, ke, aux):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(cfg, q, k, v, qe, ke, aux):
-  """``o [B, N, T, Dv]`` of the kernel layouts (differentiable in q, k, v, qe, ke)."""
-  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)[0]
+  """``o [B, N, T, Dv]`` of the kernel layouts (differentiable in q, k, v, qe, ke); undifferentiated,
+  the forward kernel writes no log-sum-exp (the backward's residual)."""
+  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg, residuals=False)[0]
 
 
 def _flash_fwd(cfg, q, k, v, qe, ke, aux):

@@ -257,7 +257,8 @@ def _forward_kernel(*refs, names, cfg: Config):
   )
   o, m, denom = lax.fori_loop(0, upper, body, init)
   r["o"][...] = (o / denom).astype(r["o"].dtype)
-  r["lse"][...] = m + jnp.log(denom)
+  if "lse" in r:  # the backward's residual only
+    r["lse"][...] = m + jnp.log(denom)
 
 
 def _dq_kernel(*refs, names, cfg: Config):
@@ -395,16 +396,16 @@ def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
   return dict(zip(outs, out, strict=True))
 
 
-def forward(q, k, v, aux: dict, cfg: Config):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``; ``aux``: the optional operands by name."""
+def forward(q, k, v, aux: dict, cfg: Config, residuals: bool = True):
+  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``; ``aux``: the optional operands by name;
+  ``residuals`` False: lse is None, not written (a forward that is not differentiated)."""
   batch, heads, length, _ = q.shape
   ins = {"q": q, "k": k, "v": v, **aux}
-  outs = {
-    "o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype),
-    "lse": jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32),
-  }
+  outs = {"o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype)}
+  if residuals:
+    outs["lse"] = jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32)
   got = _call(_forward_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
-  return got["o"], got["lse"]
+  return got["o"], got.get("lse")
 
 
 def backward(q, k, v, aux: dict, o, lse, do, cfg: Config):

@@ -106,7 +106,8 @@ def _forward_kernel(*refs, names, cfg: fk.Config):
   def _():
     denom = r["l_scr"][...]
     r["o"][...] = (r["acc_scr"][...] / denom).astype(r["o"].dtype)
-    r["lse"][...] = r["m_scr"][...] + jnp.log(denom)
+    if "lse" in r:  # the backward's residual only
+      r["lse"][...] = r["m_scr"][...] + jnp.log(denom)
 
 
 def _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j):
@@ -244,15 +245,15 @@ def _q_major(cfg: fk.Config):
   return coords
 
 
-def forward(q, k, v, aux: dict, cfg: fk.Config):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``, as ``flash_kernels.forward``."""
+def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
+  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``, as ``flash_kernels.forward``; ``residuals``
+  False: lse is None, not written (its minor dim of 1 takes 128 lanes in HBM: 512 bytes per row)."""
   batch, heads, length, dim = q.shape
   n, bl = length // cfg.block, cfg.block
   ins = {"q": q, "k": k, "v": v, **aux}
-  outs = {
-    "o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype),
-    "lse": jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32),
-  }
+  outs = {"o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype)}
+  if residuals:
+    outs["lse"] = jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32)
   f32 = jnp.float32
   scratch = {
     "m_scr": ((bl, 1), f32),
@@ -262,7 +263,7 @@ def forward(q, k, v, aux: dict, cfg: fk.Config):
   }
   semantics = ("parallel", "parallel", "parallel", "arbitrary")
   got = _call(_forward_kernel, ins, outs, scratch, cfg, (batch, heads, n, n), _q_major(cfg), semantics)
-  return got["o"], got["lse"]
+  return got["o"], got.get("lse")
 
 
 def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):

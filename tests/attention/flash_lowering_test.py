@@ -171,10 +171,22 @@ def test_lowers_for_a_named_tpu_generation(chip):
   assert sorted(kernel_calls(text, "tpu")) == sorted(KERNELS["tpu"])
 
 
-def test_forward_alone_is_one_kernel():
+def _forward_results(text: str, platform: str) -> str:
+  """The result types of the forward kernel's custom call in ``text`` (after its ``->``)."""
+  calls = [x for x in text.splitlines() if f"custom_call @{CUSTOM_CALL[platform]}" in x]
+  (line,) = [x for x in calls if "forward" in x]
+  return line.rsplit("->", 1)[1]
+
+
+def test_forward_alone_is_one_kernel_writing_no_log_sum_exp():
+  # undifferentiated, the forward kernel writes o alone: the log-sum-exp [B, N, T, 1] float32 is the
+  # backward's residual (on TPU its minor dim of 1 takes 128 lanes: 8 MiB at B 2 x N 8 x T 1024)
   for platform in PLATFORMS:
     text = lower_flash("rope_half_exact", platform, jnp.float32, grad=False)
     assert kernel_calls(text, platform) == [KERNELS[platform][0]]
+    assert "x1xf32>" not in _forward_results(text, platform)
+    text = lower_flash("rope_half_exact", platform, jnp.float32, grad=True)
+    assert f"{B}x{N}x{T}x1xf32>" in _forward_results(text, platform)
 
 
 def test_bad_target_and_chip_are_refused():

@@ -51,9 +51,11 @@ if not lc.libtpu_installed():
 cases = _load("flash_lowering_cases", HERE / "flash_lowering_test.py")  # OPTIONS, _program, KERNELS
 
 TINY_TEMP_BOUND = 1 << 20
-"""HBM temporaries of one tiny program (B 1, T <= 200, N <= 4, H 64): at most 1 MiB (the largest
-measured, t200 forward bf16 on v5e, 571 KiB: the log-sum-exp and per-token columns, whose minor dim
-of 1 is padded to 128 lanes)."""
+"""HBM temporaries of one tiny program (B 1, T <= 200, N <= 4, H 64) on v5e / v6e: at most 1 MiB.
+Measured 0 for every option, forward and gradient (XLA:TPU keeps these buffers in VMEM); before the
+undifferentiated forward stopped writing the log-sum-exp, up to 571 KiB (t200 forward bf16 on v5e:
+its ``[B, N, T, 1]`` float32, the minor dim padded to 128 lanes). v5p keeps less in VMEM (up to
+1.8 MiB, t200 gradient): not compiled here."""
 SUBSET = ("t200", "xpos", "gqa", "segments", "precise_dims", "rope_interleaved_float32")
 """The options v6e and float32 compile (the most code between them: every table, mask and operand
 kind): every option in bf16 on v5e, these beside it, keep the module near 30 s on 2 busy cores."""
