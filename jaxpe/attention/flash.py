@@ -45,10 +45,13 @@ What a CPU proves and what only a device does: ``jax.export`` for ``"cuda"`` (``
 or ``"tpu"`` (``target="tpu"``) runs every Pallas lowering rule, so each option above, forward and
 backward, bf16 and float32, is checked on CPU to use only ops, block shapes (Mosaic's (8, 128)
 rule) and compiler params the lowering accepts, and to emit ``__gpu$xla.gpu.triton`` /
-``tpu_custom_call`` (tests/attention/flash_lowering_test.py). Interpret mode proves the numerics of
-the kernels' arithmetic on CPU. Triton's and Mosaic's own compilation (register and VMEM limits,
-layouts), the speed, and the numerics of the GPU / TPU matmul units (HIGHEST float32, bf16
-inputs) are proven only on a device: not yet run on a GPU or TPU.
+``tpu_custom_call`` (tests/attention/flash_lowering_test.py). With libtpu installed, XLA:TPU and
+Mosaic also compile the TPU kernels on CPU for a deviceless topology: every option, forward and
+backward, bf16 and float32, compiles for v4, v5e, v5p and v6e (tests/attention/tpu_compile_test.py
+for v5e and v6e; docs/accelerator.md). Interpret mode proves the numerics of the kernels'
+arithmetic on CPU. Triton's compilation (register and shared-memory limits), the speed, and the
+numerics of the GPU / TPU matmul units (float32 operands at HIGHEST, bf16 at DEFAULT: exact
+products) are proven only on a device: not yet run on a GPU or TPU.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
 E emulation dims, D padded head dim.

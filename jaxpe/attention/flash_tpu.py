@@ -22,8 +22,13 @@ not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered b
 by count, not measured; v5e's default scoped VMEM is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
 
 Lowering (``jax.export`` for ``"tpu"`` on a CPU) proves the Pallas rules accept every block shape and
-op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, VMEM limits), speed and the
-matmul units' numerics are proven only on a TPU. ``interpret=True`` runs these kernels on CPU (tests).
+op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, matmul operand types, VMEM
+limits) runs on a CPU too where libtpu is installed, for a deviceless topology
+(tests/attention/tpu_compile_test.py: v5e and v6e; v4 and v5p compile as well). Mosaic takes
+``precision=HIGHEST`` (``contract_precision<fp32>``) on float32 operands only: bf16 x bf16 matmuls
+run at DEFAULT (``flash_kernels.dot``; HIGHEST there failed with "Bad lhs type", issue 45). Speed
+and the matmul units' numerics are proven only on a TPU. ``interpret=True`` runs these kernels on
+CPU (tests).
 
 Shape alphabet: B batch, T tokens, N heads, K kv heads, G = N / K, D q/k dims, Dv v dims, E emulation
 dims; bq = bk = ``Config.block``.
