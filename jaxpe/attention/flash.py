@@ -162,9 +162,13 @@ def attend(
   dim = padded_head_dim("flash", head_dim)
   extra_t = length - t_len
 
-  def layout(x, width):  # [B, T, ., W] -> [B, ., length, width] (zeros past T and W)
-    x = jnp.pad(x, ((0, 0), (0, extra_t), (0, 0), (0, width - x.shape[-1])))
-    return jnp.transpose(x, (0, 2, 1, 3))
+  def pad(x, width):  # [B, T, ., W] -> [B, length, ., width] (zeros past T and W; none: no copy)
+    if not extra_t and width == x.shape[-1]:
+      return x
+    return jnp.pad(x, ((0, 0), (0, extra_t), (0, 0), (0, width - x.shape[-1])))
+
+  def layout(x, width):  # gpu: [B, length, ., width], read in place; tpu: [B, ., length, width]
+    return pad(x, width) if target == "gpu" else jnp.transpose(pad(x, width), (0, 2, 1, 3))
 
   def column(x, dtype=jnp.float32):  # [B, T] -> [B, length, 1]
     return jnp.pad(x, ((0, 0), (0, extra_t)))[:, :, None].astype(dtype)
@@ -234,7 +238,9 @@ def attend(
   out = _flash(
     cfg, layout(q[..., :head_dim], dim), layout(k[..., :head_dim], dim), layout(v, dim), qe, ke, aux
   )
-  out = jnp.transpose(out, (0, 2, 1, 3))[:, :t_len, :, :head_dim]
+  if target == "tpu":
+    out = jnp.transpose(out, (0, 2, 1, 3))
+  out = out[:, :t_len, :, :head_dim]
   if valid is not None:
     out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)
@@ -262,8 +268,8 @@ def _kernel_aux(qe, ke, aux):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(cfg, q, k, v, qe, ke, aux):
-  """``o [B, N, T, Dv]`` of the kernel layouts (differentiable in q, k, v, qe, ke); undifferentiated,
-  the forward kernel writes no log-sum-exp (the backward's residual)."""
+  """``o`` in the kernel layout (``[B, T, N, Dv]`` gpu, ``[B, N, T, Dv]`` tpu), differentiable in q, k,
+  v, qe, ke; undifferentiated, the forward kernel writes no log-sum-exp (the backward's residual)."""
   return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg, residuals=False)[0]
 
 

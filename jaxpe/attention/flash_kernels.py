@@ -10,9 +10,11 @@ halves, ``Config.split``), and its transpose to the q/k gradients; ALiBi's bias 
 from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
 their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
 
-Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, T, D]``, v
-``[B, K, T, Dv]``, emulation dims ``qe [B, N, T, E]`` / ``ke [B, K, T, E]`` float32 (contracted at
-float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
+Layouts (``jaxpe.attention.flash`` builds them), token-major here: q ``[B, T, N, D]``, k ``[B, T, K, D]``,
+v ``[B, T, K, Dv]`` (the caller's own layout, read in place through the block specs as jax's Triton
+attention does: no transposed copies around the kernels; ``flash_tpu`` takes them head-major,
+``[B, N, T, D]``), emulation dims ``qe [B, T, N, E]`` / ``ke [B, T, K, E]`` float32 (contracted at
+float32 HIGHEST), row statistics ``lse`` / ``delta`` ``[B, N, T, 1]`` float32, per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
 ``p - offset`` ``xq`` / ``xk``; int32: ALiBi query positions ``aq``, segment ids ``sq``) and rows
 ``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
@@ -133,17 +135,17 @@ def _cos_sin(r, cfg: Config, pos, delta, sign: float):
   return cos, sin
 
 
-def _parts(cfg: Config, ref, rows, lead=()):
+def _parts(cfg: Config, ref, rows, head=()):
   """A block's q/k dims as a tuple of parts: ``(x [rows, D],)``; split (rotate-half, h = ``cfg.split``):
   ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D).
-  ``lead``: leading indices (a head of a ``[G, T, D]`` block) in the same indexer (Triton lowers one
-  indexer per load, not ``ref.at[g][rows]``)."""
+  ``head``: the head index of a ``[T, G, D]`` block (dk/dv's q side), after the rows in the same
+  indexer (Triton lowers one indexer per load, not ``ref.at[:, g][rows]``)."""
   if not cfg.split:
-    return (ref[(*lead, rows, slice(None))],)
+    return (ref[(rows, *head, slice(None))],)
   h, width = cfg.split, ref.shape[-1]
-  parts = [ref[(*lead, rows, pl.ds(0, h))], ref[(*lead, rows, pl.ds(h, h))]]
+  parts = [ref[(rows, *head, pl.ds(0, h))], ref[(rows, *head, pl.ds(h, h))]]
   if width > 2 * h:
-    parts.append(ref[(*lead, rows, pl.ds(2 * h, width - 2 * h))])
+    parts.append(ref[(rows, *head, pl.ds(2 * h, width - 2 * h))])
   return tuple(parts)
 
 
@@ -207,13 +209,13 @@ def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
   return s, mask
 
 
-def load_q_side(r, cfg, rows, lead=()):
+def load_q_side(r, cfg, rows, head=()):
   """A q block rotated (parts of ``[bq, D]`` in q's dtype) and its float32 emulation dims (or None);
-  ``lead``: the head index of a ``[G, T, .]`` q block (dk/dv)."""
-  q = _parts(cfg, r["q"], rows, lead)
+  ``head``: the head index of a ``[T, G, .]`` q block (dk/dv, GPU)."""
+  q = _parts(cfg, r["q"], rows, head)
   cs = q_cs(r, cfg, rows) if cfg.rope else None
   qr = tuple(x.astype(q[0].dtype) for x in _rotate(r, cfg, q, cs)) if cfg.rope else q
-  qe = r["qe"][(*lead, rows, slice(None))] if "qe" in r else None
+  qe = r["qe"][(rows, *head, slice(None))] if "qe" in r else None
   return qr, qe, cs
 
 
@@ -304,7 +306,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
   local = pl.ds(0, bk)
   kr, ke, k_cs = load_k_side(r, cfg, local)
   v = r["v"][...]
-  n_q = r["q"].shape[1] // bq
+  n_q = r["q"].shape[0] // bq
   lower = j if cfg.causal else 0
 
   def head(g, carry):
@@ -318,7 +320,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
       p = jnp.exp(s - r["lse"][g, q_rows, :])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
-      do = r["do"][g, q_rows, :]
+      do = r["do"][q_rows, g, :]
       dv = dv + dot_tn(p.astype(do.dtype), do)
       ds = p * (dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
       dk = tuple(a + dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
@@ -366,11 +368,16 @@ def _spec(name, x, cfg: Config, rows_of: str):
     return pl.BlockSpec(shape, (lambda b, h, i: (b, i, 0)) if blocked else (lambda b, h, i: (b, 0, 0)))
   head_side = "q" if name in ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe") else "k"
   width = x.shape[-1]
+  if name in ("lse", "delta"):  # row statistics [B, N, T, 1], head-major
+    if head_side == rows_of:
+      return pl.BlockSpec((None, None, bl, 1), lambda b, h, i: (b, h, i, 0))
+    return pl.BlockSpec((None, g, x.shape[2], 1), lambda b, h, i: (b, h, 0, 0))  # the G q heads
+  # token-major [B, T, heads, W]: the caller's own layout, read in place (as jax's Triton attention)
   if head_side == rows_of:  # the blocked operand of this grid
-    return pl.BlockSpec((None, None, bl, width), lambda b, h, i: (b, h, i, 0))
+    return pl.BlockSpec((None, bl, None, width), lambda b, h, i: (b, i, h, 0))
   if head_side == "k":  # whole kv sequence of this query head's kv head (grouped-query heads)
-    return pl.BlockSpec((None, None, x.shape[2], width), lambda b, h, i: (b, h // g, 0, 0))
-  return pl.BlockSpec((None, g, x.shape[2], width), lambda b, h, i: (b, h, 0, 0))  # the G q heads
+    return pl.BlockSpec((None, x.shape[1], None, width), lambda b, h, i: (b, 0, h // g, 0))
+  return pl.BlockSpec((None, x.shape[1], g, width), lambda b, h, i: (b, 0, h, 0))  # the G q heads
 
 
 def triton_params(block: int, width: int) -> plgpu.CompilerParams:
@@ -397,11 +404,12 @@ def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
 
 
 def forward(q, k, v, aux: dict, cfg: Config, residuals: bool = True):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``; ``aux``: the optional operands by name;
-  ``residuals`` False: lse is None, not written (a forward that is not differentiated)."""
-  batch, heads, length, _ = q.shape
+  """``(o [B, T, N, Dv], lse [B, N, T, 1] float32)`` of q ``[B, T, N, D]``, k ``[B, T, K, D]``, v
+  ``[B, T, K, Dv]``; ``aux``: the optional operands by name; ``residuals`` False: lse is None, not
+  written (a forward that is not differentiated)."""
+  batch, length, heads, _ = q.shape
   ins = {"q": q, "k": k, "v": v, **aux}
-  outs = {"o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype)}
+  outs = {"o": jax.ShapeDtypeStruct((batch, length, heads, v.shape[-1]), v.dtype)}
   if residuals:
     outs["lse"] = jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32)
   got = _call(_forward_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
@@ -409,17 +417,19 @@ def forward(q, k, v, aux: dict, cfg: Config, residuals: bool = True):
 
 
 def backward(q, k, v, aux: dict, o, lse, do, cfg: Config):
-  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) by recomputation."""
-  batch, heads, length, _ = q.shape
-  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
+  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) by recomputation, in the
+  layouts and dtypes of q, k, v (float32 sums, one rounding at the store), qe, ke."""
+  batch, length, heads, _ = q.shape
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # [B, T, N]
+  delta = jnp.transpose(delta, (0, 2, 1))[..., None]  # [B, N, T, 1], as lse
   ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
-  f32 = lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32)  # noqa: E731
-  outs = {"dq": f32(q)}
+  like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+  outs = {"dq": like(q)}
   if "qe" in aux:
-    outs["dqe"] = f32(aux["qe"])
+    outs["dqe"] = like(aux["qe"])
   dq = _call(_dq_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
-  outs = {"dk": f32(k), "dv": f32(v)}
+  outs = {"dk": like(k), "dv": like(v)}
   if "ke" in aux:
-    outs["dke"] = f32(aux["ke"])
-  dkv = _call(_dkv_kernel, ins, outs, cfg, "k", (batch, k.shape[1], length // cfg.block))
+    outs["dke"] = like(aux["ke"])
+  dkv = _call(_dkv_kernel, ins, outs, cfg, "k", (batch, k.shape[2], length // cfg.block))
   return dq["dq"], dkv["dk"], dkv["dv"], dq.get("dqe"), dkv.get("dke")

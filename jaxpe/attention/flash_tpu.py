@@ -1,7 +1,9 @@
 """The Mosaic (TPU) kernels of the ``flash`` backend: forward, dq and dk/dv, blocked over both sides.
 
-The layout and the block arithmetic are ``flash_kernels``' (RoPE of each block as it is loaded, ALiBi
-from the position blocks, the emulation dims in float32, the same masks); what differs is the
+The block arithmetic is ``flash_kernels``' (RoPE of each block as it is loaded, ALiBi from the
+position blocks, the emulation dims in float32, the same masks); what differs is the layout,
+head-major ``[B, N | K, T, .]`` (Mosaic's (8, 128) rule applies to a block's last two dims, which
+are then its rows and lanes; the Triton kernels read the token-major input in place), and the
 schedule, as in jax's own TPU flash attention (``jax/experimental/pallas/ops/tpu/flash_attention.py``):
 each program sees one q block and one k/v block, the grid's last axis walks the other side's
 blocks (``"arbitrary"``: sequential), and the online-softmax state (running max, sum, output) or the
@@ -251,7 +253,8 @@ def _q_major(cfg: fk.Config):
 
 
 def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``, as ``flash_kernels.forward``; ``residuals``
+  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)`` of head-major q ``[B, N, T, D]``, k ``[B, K, T,
+  D]``, v ``[B, K, T, Dv]`` (Mosaic tiles the last two dims of a block), as ``flash_kernels.forward``; ``residuals``
   False: lse is None, not written (its minor dim of 1 takes 128 lanes in HBM: 512 bytes per row)."""
   batch, heads, length, dim = q.shape
   n, bl = length // cfg.block, cfg.block
@@ -272,12 +275,13 @@ def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
 
 
 def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
-  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims), as ``flash_kernels.backward``."""
+  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) in the dtypes of q, k, v, qe,
+  ke, as ``flash_kernels.backward`` (here in the head-major layouts ``[B, N | K, T, .]``)."""
   batch, heads, length, dim = q.shape
   n, bl, f32 = length // cfg.block, cfg.block, jnp.float32
   delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1, keepdims=True)
   ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
-  outs = {"dq": jax.ShapeDtypeStruct(q.shape, f32)}
+  outs = {"dq": jax.ShapeDtypeStruct(q.shape, q.dtype)}  # float32 sums in scratch, rounded once
   scratch = {"dq_scr": ((bl, dim), f32), "qr_scr": ((bl, dim), q.dtype)}
   if "qe" in aux:
     outs["dqe"] = jax.ShapeDtypeStruct(aux["qe"].shape, f32)
@@ -288,7 +292,7 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
   def coords(b, h, j, g, i):  # a causal q block before the diagonal maps to the first one needed
     return b, h * cfg.groups + g, jnp.maximum(i, j) if cfg.causal else i, h, j
 
-  outs = {"dk": jax.ShapeDtypeStruct(k.shape, f32), "dv": jax.ShapeDtypeStruct(v.shape, f32)}
+  outs = {"dk": jax.ShapeDtypeStruct(k.shape, k.dtype), "dv": jax.ShapeDtypeStruct(v.shape, v.dtype)}
   scratch = {"dk_scr": ((bl, dim), f32), "dv_scr": ((bl, v.shape[-1]), f32), "kr_scr": ((bl, dim), k.dtype)}
   if "ke" in aux:
     outs["dke"] = jax.ShapeDtypeStruct(aux["ke"].shape, f32)
