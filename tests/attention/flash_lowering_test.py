@@ -189,6 +189,18 @@ def test_forward_alone_is_one_kernel_writing_no_log_sum_exp():
     assert f"{B}x{N}x{T}x1xf32>" in _forward_results(text, platform)
 
 
+@pytest.mark.parametrize("option", ["plain", "gqa", "precise_dims", "t200"])
+def test_the_triton_kernels_read_the_callers_layout_in_place(option):
+  # issue 45: q, k, v were transposed to [B, N, T, H] around the Triton kernels and o back (16 MiB
+  # of temporaries at B 2 x T 1024 x N 8 x H 128 bf16); now the forward program transposes nothing
+  # and the gradient only delta's [B, T, N] float32 row statistics
+  forward = lower_flash(option, "cuda", jnp.bfloat16, grad=False)
+  assert "stablehlo.transpose" not in forward
+  grad = lower_flash(option, "cuda", jnp.bfloat16, grad=True)
+  results = [line.rsplit("->", 1)[1] for line in grad.splitlines() if "stablehlo.transpose" in line]
+  assert len(results) == 1 and re.search(r"tensor<\d+x\d+x\d+xf32>", results[0]), results
+
+
 def test_bad_target_and_chip_are_refused():
   q = jnp.zeros((B, 16, N, 8))
   with pytest.raises(ValueError, match=r"target must be one of \('gpu', 'tpu'\)"):
