@@ -113,17 +113,23 @@ def _forward_kernel(*refs, names, cfg: fk.Config):
   def _():
     denom = r["l_scr"][...]
     r["o"][...] = (r["acc_scr"][...] / denom).astype(r["o"].dtype)
-    if "lse" in r:  # the backward's residual only
-      r["lse"][...] = r["m_scr"][...] + jnp.log(denom)
+    if "lse" in r:  # the backward's residual only, a lane-dense row (1, bq)
+      r["lse"][...] = (r["m_scr"][...] + jnp.log(denom)).T
+
+
+def _column(ref):
+  """A row statistic's block ``(1, bq)`` (lane-dense in HBM) as the column ``(bq, 1)`` of its q rows
+  (as splash's backward reads its log-sum-exp)."""
+  return jnp.expand_dims(ref[0], -1)
 
 
 def _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j):
   """Probabilities ``[bq, bk]`` from the saved log-sum-exp and ``ds`` (the scores' gradient)."""
   s, mask = fk.scores(r, cfg, qr, qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block)
-  p = jnp.exp(s - r["lse"][...])
+  p = jnp.exp(s - _column(r["lse"]))
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
-  ds = p * (fk.dot_nt(r["do"][...], r["v"][...]) - r["delta"][...]) * jnp.float32(cfg.scale)
+  ds = p * (fk.dot_nt(r["do"][...], r["v"][...]) - _column(r["delta"])) * jnp.float32(cfg.scale)
   return p, ds
 
 
@@ -200,7 +206,8 @@ def _dkv_kernel(*refs, names, cfg: fk.Config):
 
 # ---------------------------------------------------------------- pallas_call builders
 
-_Q_HEAD = ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe")
+_Q_HEAD = ("q", "qe", "do", "o", "dq", "dqe")
+_Q_STATS = ("lse", "delta")  # [B, N, 1, T] float32: one lane per q row
 _Q_TOKEN, _K_TOKEN, _K_ROW = ("rq", "xq", "aq", "sq"), ("rk", "xk"), ("ak", "sk")
 
 
@@ -217,6 +224,8 @@ def _spec(name, x, cfg: fk.Config, coords):
     return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[4], 0))
   if name in _K_ROW:
     return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[4]))
+  if name in _Q_STATS:
+    return pl.BlockSpec((None, None, 1, bl), lambda *idx: (*_pick(coords(*idx), 0, 1), 0, coords(*idx)[2]))
   if name in _Q_HEAD:
     return pl.BlockSpec((None, None, bl, x.shape[-1]), lambda *idx: (*_pick(coords(*idx), 0, 1, 2), 0))
   return pl.BlockSpec((None, None, bl, x.shape[-1]), lambda *idx: (*_pick(coords(*idx), 0, 3, 4), 0))
@@ -253,15 +262,16 @@ def _q_major(cfg: fk.Config):
 
 
 def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)`` of head-major q ``[B, N, T, D]``, k ``[B, K, T,
+  """``(o [B, N, T, Dv], lse [B, N, 1, T] float32)`` of head-major q ``[B, N, T, D]``, k ``[B, K, T,
   D]``, v ``[B, K, T, Dv]`` (Mosaic tiles the last two dims of a block), as ``flash_kernels.forward``; ``residuals``
-  False: lse is None, not written (its minor dim of 1 takes 128 lanes in HBM: 512 bytes per row)."""
+  False: lse is None, not written. lse is a row per head (T on the lanes): a ``[B, N, T, 1]`` column,
+  as ``flash_kernels`` keeps it, would take 128 lanes in HBM (512 bytes per q row)."""
   batch, heads, length, dim = q.shape
   n, bl = length // cfg.block, cfg.block
   ins = {"q": q, "k": k, "v": v, **aux}
   outs = {"o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype)}
   if residuals:
-    outs["lse"] = jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32)
+    outs["lse"] = jax.ShapeDtypeStruct((batch, heads, 1, length), jnp.float32)
   f32 = jnp.float32
   scratch = {
     "m_scr": ((bl, 1), f32),
@@ -279,7 +289,7 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
   ke, as ``flash_kernels.backward`` (here in the head-major layouts ``[B, N | K, T, .]``)."""
   batch, heads, length, dim = q.shape
   n, bl, f32 = length // cfg.block, cfg.block, jnp.float32
-  delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1, keepdims=True)
+  delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1)[:, :, None, :]  # [B, N, 1, T], as lse
   ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
   outs = {"dq": jax.ShapeDtypeStruct(q.shape, q.dtype)}  # float32 sums in scratch, rounded once
   scratch = {"dq_scr": ((bl, dim), f32), "qr_scr": ((bl, dim), q.dtype)}
