@@ -170,11 +170,13 @@ def attend(
   def layout(x, width):  # gpu: [B, length, ., width], read in place; tpu: [B, ., length, width]
     return pad(x, width) if target == "gpu" else jnp.transpose(pad(x, width), (0, 2, 1, 3))
 
-  def column(x, dtype=jnp.float32):  # [B, T] -> [B, length, 1]
-    return jnp.pad(x, ((0, 0), (0, extra_t)))[:, :, None].astype(dtype)
-
   def row(x, dtype=jnp.float32):  # [B, T] -> [B, 1, length]
     return jnp.pad(x, ((0, 0), (0, extra_t)))[:, None, :].astype(dtype)
+
+  def column(x, dtype=jnp.float32):  # [B, T] -> [B, length, 1] (gpu); tpu: [B, 1, length], lane-dense
+    if target == "tpu":
+      return row(x, dtype)
+    return jnp.pad(x, ((0, 0), (0, extra_t)))[:, :, None].astype(dtype)
 
   aux: dict[str, jax.Array] = {}
   qe = ke = None
@@ -234,7 +236,7 @@ def attend(
   )
   ids = kernel_segment_ids(kernel_mask, batch, length)
   if ids is not None:
-    aux.update(sq=ids[:, :, None], sk=ids[:, None, :])
+    aux.update(sq=ids[:, None, :] if target == "tpu" else ids[:, :, None], sk=ids[:, None, :])
   out = _flash(
     cfg, layout(q[..., :head_dim], dim), layout(k[..., :head_dim], dim), layout(v, dim), qe, ke, aux
   )

@@ -14,8 +14,10 @@ Layouts (``jaxpe.attention.flash`` builds them), token-major here: q ``[B, T, N,
 v ``[B, T, K, Dv]`` (the caller's own layout, read in place through the block specs as jax's Triton
 attention does: no transposed copies around the kernels; ``flash_tpu`` takes them head-major,
 ``[B, N, T, D]``), emulation dims ``qe [B, T, N, E]`` / ``ke [B, T, K, E]`` float32 (contracted at
-float32 HIGHEST), row statistics ``lse`` / ``delta`` ``[B, N, T, 1]`` float32, per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
-``p - offset`` ``xq`` / ``xk``; int32: ALiBi query positions ``aq``, segment ids ``sq``) and rows
+float32 HIGHEST), row statistics ``lse`` / ``delta`` ``[B, N, T, 1]`` float32, per-token columns
+``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's ``p - offset`` ``xq`` / ``xk``; int32:
+ALiBi query positions ``aq``, segment ids ``sq``; ``flash_tpu`` takes these and the row statistics
+as lane-dense rows ``[B, 1, T]`` / ``[B, N, 1, T]``, read through ``token``) and rows
 ``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
@@ -181,12 +183,21 @@ def rotate_t(r, cfg: Config, g, cs):
   return (g1 * cos + g2 * sin, g2 * cos - g1 * sin, *g[2:])
 
 
+def token(ref, rows):
+  """A per-token operand's ``rows`` as a column ``(rows, 1)``: from a column ref ``[T, 1]`` (Triton)
+  or a lane-dense row block ``(1, b)`` (Mosaic, where a ``[B, T, 1]`` column would take 128 lanes per
+  token in HBM; turned into a column in the kernel, as splash reads its row statistics)."""
+  if ref.shape[-1] == 1:
+    return ref[rows, :]
+  return jnp.expand_dims(ref[0, rows], -1)
+
+
 def q_cs(r, cfg, rows):
-  return _cos_sin(r, cfg, r["rq"][rows, :], r["xq"][rows, :] if cfg.xpos else None, 1.0)
+  return _cos_sin(r, cfg, token(r["rq"], rows), token(r["xq"], rows) if cfg.xpos else None, 1.0)
 
 
 def k_cs(r, cfg, rows):
-  return _cos_sin(r, cfg, r["rk"][rows, :], r["xk"][rows, :] if cfg.xpos else None, -1.0)
+  return _cos_sin(r, cfg, token(r["rk"], rows), token(r["xk"], rows) if cfg.xpos else None, -1.0)
 
 
 def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
@@ -196,10 +207,10 @@ def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
     s = s + dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
   if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
-    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols]).astype(jnp.float32)
+    s = s - slope * (token(r["aq"], q_rows) - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
-    mask = r["sq"][q_rows, :] == r["sk"][:, k_cols]
+    mask = token(r["sq"], q_rows) == r["sk"][:, k_cols]
   if cfg.causal:
     bq, bk = s.shape
     span_q = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)

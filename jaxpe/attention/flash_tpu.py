@@ -13,15 +13,17 @@ whatever T is (no whole k/v sequence per program). Causal blocks past the diagon
 
 Grids: forward and dq ``(B, N, T / bq, T / bk)``; dk/dv ``(B, K, T / bk, G, T / bq)`` (the G query
 heads of a kv head and their q blocks summed in scratch). Block shapes: ``(bq or bk, D)`` with D the
-whole (padded) head dim, per-token columns ``(b, 1)``, key rows ``(1, bk)``, slopes ``(1, 1)``, whole
-tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every block meets Mosaic's
+whole (padded) head dim, per-token operands (positions, segment ids) and the row statistics
+(log-sum-exp, delta) as lane-dense rows ``(1, b)`` of ``[B, 1, T]`` / ``[B, N, 1, T]`` arrays (a
+``[., T, 1]`` column would take 128 lanes per token in HBM; ``flash_kernels.token`` turns a row block
+into the column the arithmetic needs), slopes ``(1, 1)``, whole tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every block meets Mosaic's
 (8, 128) rule (last two dims divisible by 8 / 128 or equal to the array's) for bf16 and float32.
 The rotation is the ``[D, D]`` permutation matmul for both layouts (``Config.split`` is 0 on TPU:
 no sub-128 lane slices). The kernels use no op whose Mosaic lowering asks for the chip (jax's
 ``sign`` lowering does, and ``//`` of int32 uses it: ``lax.div`` here), and their block sizes do
-not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered blocks, with the
-``(b, 1)`` columns padded to ``(b, 128)`` tiles, the ``[D, D]`` table and the scratch are about 2 MiB,
-by count, not measured; v5e's default scoped VMEM is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
+not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered blocks, the
+``[D, D]`` table and the scratch are about 2 MiB, by count, not measured; v5e's default scoped VMEM
+is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
 
 Lowering (``jax.export`` for ``"tpu"`` on a CPU) proves the Pallas rules accept every block shape and
 op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, matmul operand types, VMEM
@@ -218,10 +220,10 @@ def _spec(name, x, cfg: fk.Config, coords):
     return pl.BlockSpec(x.shape, lambda *idx: (0, 0))
   if name == "slopes":
     return pl.BlockSpec((None, 1, 1), lambda *idx: (coords(*idx)[1], 0, 0))
-  if name in _Q_TOKEN:
-    return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[2], 0))
+  if name in _Q_TOKEN:  # per-token rows [B, 1, T] (flash.attend lays them out so for "tpu")
+    return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[2]))
   if name in _K_TOKEN:
-    return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[4], 0))
+    return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[4]))
   if name in _K_ROW:
     return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[4]))
   if name in _Q_STATS:
