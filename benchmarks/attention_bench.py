@@ -185,8 +185,9 @@ FLASH_EMULATION_DIMS = 2  # rope_alibi of order 1: float32 dims of q and k
 def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int) -> dict:
   """``{name: (shape, dtype name)}`` of the ``flash`` forward kernel's operands and output ``o`` (B 1).
 
-  From the layout rules of ``jaxpe.attention.flash`` (not traced): T' = ``kernel_length``, q/k and v
-  padded to D = ``padded_head_dim("flash", H)``; ``rope`` / ``rope + alibi`` pass an interleaved
+  From the layout rules of ``jaxpe.attention.flash`` (not traced), the Triton kernels' token-major
+  ``[B, T', heads, D]`` (the TPU kernels take the same operands head-major): T' = ``kernel_length``,
+  q/k and v padded to D = ``padded_head_dim("flash", H)``; ``rope`` / ``rope + alibi`` pass an interleaved
   ``RopeSpec`` (unrotated q/k; positions, ``perm [D, D]``, ``amp``, exact-phase ``turns``), ``rope
   half`` a rotate-half one (R = H; no ``perm`` where ``flash.rope_split`` rotates elementwise), ``alibi`` an
   ``AlibiSpec`` (positions and slopes), ``rope_alibi`` q/k rotated by ``apply_rope_alibi`` (float32,
@@ -195,15 +196,15 @@ def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head
   length, d = backends.kernel_length("flash", t_len), backends.padded_head_dim("flash", head_dim)
   qk_dtype = "float32" if form == "rope_alibi" else "bfloat16"  # apply_rope_alibi's out_dtype
   ops = {
-    "q": ((1, heads, length, d), qk_dtype),
-    "k": ((1, kv_heads, length, d), qk_dtype),
-    "v": ((1, kv_heads, length, d), "bfloat16"),
-    "o": ((1, heads, length, d), "bfloat16"),
+    "q": ((1, length, heads, d), qk_dtype),
+    "k": ((1, length, kv_heads, d), qk_dtype),
+    "v": ((1, length, kv_heads, d), "bfloat16"),
+    "o": ((1, length, heads, d), "bfloat16"),
   }
   column, row = (1, length, 1), (1, 1, length)
   if form == "rope_alibi":  # the key part is head-independent: K kv heads
-    ops["qe"] = ((1, heads, length, FLASH_EMULATION_DIMS), "float32")
-    ops["ke"] = ((1, kv_heads, length, FLASH_EMULATION_DIMS), "float32")
+    ops["qe"] = ((1, length, heads, FLASH_EMULATION_DIMS), "float32")
+    ops["ke"] = ((1, length, kv_heads, FLASH_EMULATION_DIMS), "float32")
   if form in ("rope", "rope half", "rope + alibi"):
     ops.update(rq=(column, "float32"), rk=(column, "float32"))
     ops.update(amp=((1, d), "float32"), turns=((8, d), "float32"))
@@ -229,8 +230,8 @@ def flash_flops(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int)
   elementwise ops of the native bias ``s - m (i - j)`` (3 per score, in each of the 3 kernels).
   """
   ops = flash_kernel_operands(form, t_len, heads, kv_heads, head_dim)
-  length, d = ops["q"][0][2], ops["q"][0][3]
-  dv, kk = ops["v"][0][3], ops["k"][0][1]
+  length, d = ops["q"][0][1], ops["q"][0][3]  # [B, T, N, D]
+  dv, kk = ops["v"][0][3], ops["k"][0][2]
   e = FLASH_EMULATION_DIMS if "qe" in ops else 0
   b = min(flash.MAX_BLOCK, length)
   nb = length // b
@@ -267,7 +268,7 @@ def flash_cost_row(
     "extra": FLASH_EMULATION_DIMS if "qe" in ops else 0,
     "qk_dim": ops["q"][0][3],
     "v_dim": ops["v"][0][3],
-    "k_heads": ops["k"][0][1],
+    "k_heads": ops["k"][0][2],
     "flops": got["fwd"] / rope_f["fwd"],
     "bytes": n_bytes(form, t_ref) / n_bytes("rope", t_ref),
     "flops_none": got["fwd"] / none_f["fwd"],

@@ -2,17 +2,26 @@ r"""Lower every attention backend and the whole model for GPU and TPU from any h
 
   python benchmarks/lowering_check.py              # the full table (attention and model), both platforms
   python benchmarks/lowering_check.py --quick      # one dtype, fewer encodings
+  python benchmarks/lowering_check.py --no-compile # lower the TPU rows only where libtpu is installed
   python benchmarks/accelerator_check.py --lower   # the same command
 
 ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))`` (what ``jax.export.export(...,
 platforms=...)`` runs) lowers a program for ``cuda`` or ``tpu`` on a CPU-only machine: every Pallas
 lowering rule (Triton, Mosaic TPU), jax's cuDNN attention rule and the sharding of a mesh of
 abstract devices (``jax.sharding.AbstractMesh`` with an ``AbstractDevice`` of the platform) run; the
-Triton / Mosaic / cuDNN compilers themselves do not (only a device compiles and runs the kernels:
-their speed and numerics on the matmul units). Each row prints ``lowered`` and the custom calls the
+Triton / Mosaic / cuDNN compilers themselves do not (Mosaic does where libtpu is installed: below;
+only a device runs the kernels: their speed and numerics on the matmul units). Each row prints ``lowered`` and the custom calls the
 program holds (``triton``, ``mosaic_tpu``, ``cudnn_fmha``, ``cpu_flash``: the CPU kernel, never in a
 GPU or TPU program), or the first line of the error (``refused``: a backend the platform cannot run,
 refused with its message).
+
+Where libtpu is installed (``pip install "jax[tpu]==<jax version>"``; the ``test`` extra installs it
+on Linux x86_64) the TPU column is also COMPILED, by XLA:TPU and Mosaic, for one generation
+(``--tpu-chip``, default v5e; ``--no-compile`` lowers only): compile-only devices of a deviceless
+topology (``tpu_devices``, ``compile_tpu``), the attention programs and the model's forward and
+generation on one device, its train step sharded over 8. Those rows say ``compiled for <chip>`` and
+a column gives the largest per-device HBM temporaries of the row (``memory_analysis()``: XLA:TPU keeps
+small buffers in VMEM, not counted); elsewhere rows say ``lowered``.
 
 cuDNN: jax reads the cuDNN version from its CUDA plugin when it traces ``implementation="cudnn"``; on a
 host without the plugin ``assumed_cudnn`` stands in a version (``CUDNN_VERSION``) while lowering, so
@@ -112,6 +121,104 @@ def lower(fn, args, platforms=PLATFORMS) -> dict[str, str | Exception]:
   return out
 
 
+# ---------------------------------------------------------------- compiling for a TPU without one
+
+TPU_TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x4", "v5p": "v5p:2x2x2", "v6e": "v6e:2x4"}
+"""TPU generation -> a topology of 8 devices ``jax.experimental.topologies.get_topology_desc``
+builds compile-only devices of (the attention programs use one, the model's train step all 8)."""
+TPU_ENVIRONMENT = {
+  "TPU_SKIP_MDS_QUERY": "1",  # no GCE metadata server to ask what this host is
+  "TPU_ACCELERATOR_TYPE": "v5litepod-8",  # quiets libtpu's host probing (any known type does)
+  "TPU_WORKER_HOSTNAMES": "localhost",
+  "TPU_WORKER_ID": "0",
+  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # several processes (xdist workers) may load libtpu at once
+}
+"""Environment libtpu reads when it loads (the first ``get_topology_desc``); set where unset. Without
+``ALLOW_MULTIPLE_LIBTPU_LOAD`` a second process fails on ``/tmp/libtpu_lockfile`` ("ABORTED:
+Internal error when accessing libtpu multi-process lockfile")."""
+
+
+def libtpu_installed() -> bool:
+  """Whether the ``libtpu`` package (``pip install "jax[tpu]==<jax version>"``) is importable: the
+  TPU compiler and Mosaic, which compile for a TPU generation on a host without one."""
+  import importlib.util  # noqa: PLC0415
+
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def tpu_devices(chip: str):
+  """Compile-only devices of TPU generation ``chip`` (a key of ``TPU_TOPOLOGIES``), with
+  ``TPU_ENVIRONMENT`` set where unset. ``JAX_PLATFORMS=cpu`` (the tests') does not stop it: the
+  TPU plugin is loaded here for the topology, not as a backend.
+
+  Raises:
+    ValueError: ``chip`` not a key of ``TPU_TOPOLOGIES``.
+    ImportError: libtpu is not installed.
+  """
+  import os  # noqa: PLC0415
+
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  if chip not in TPU_TOPOLOGIES:
+    raise ValueError(f"chip must be one of {sorted(TPU_TOPOLOGIES)}, got {chip!r}")
+  if not libtpu_installed():
+    raise ImportError('libtpu is not installed: pip install "jax[tpu]==<the installed jax>"')
+  for name, value in TPU_ENVIRONMENT.items():
+    os.environ.setdefault(name, value)
+  return topologies.get_topology_desc(platform="tpu", topology_name=TPU_TOPOLOGIES[chip]).devices
+
+
+def compile_tpu(fn, args, chip: str):
+  """``(lowered StableHLO text, compiled executable)`` of ``jax.jit(fn)`` for one TPU of generation
+  ``chip`` on any host: ``args`` (a pytree of ``ShapeDtypeStruct``) replicated on a one-device mesh
+  of ``tpu_devices(chip)``; XLA:TPU and Mosaic compile every kernel, ``memory_analysis()`` answers
+  for that device (temporaries: HBM only; XLA:TPU may place small buffers in VMEM, not counted).
+
+  Raises: ``tpu_devices``' errors, and whatever the lowering or the compilers raise (Mosaic:
+  ``MosaicError``).
+  """
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+
+  mesh = Mesh(tpu_devices(chip)[:1], ("chip",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
+  lowered = jax.jit(fn).lower(*structs)
+  return lowered.as_text(), lowered.compile()
+
+
+class Compiled(str):
+  """A lowered module's text whose program also compiled for one TPU generation: ``chip``, and
+  ``temp`` the per-device HBM temporaries in bytes (``memory_analysis()``)."""
+
+  def __new__(cls, text: str, chip: str, temp: int):
+    self = super().__new__(cls, text)
+    self.chip, self.temp = chip, temp
+    return self
+
+
+def compiled_row(fn, args, chip: str, *, sharded: bool = False):
+  """``Compiled`` of ``fn`` for TPU ``chip`` (``compile_tpu``; ``sharded``: ``fn`` is jitted with
+  its shardings already, ``args`` placed on ``tpu_devices(chip)``), or the exception raised."""
+  try:
+    if sharded:
+      lowered = fn.lower(*args)
+      text, compiled = lowered.as_text(), lowered.compile()
+    else:
+      text, compiled = compile_tpu(fn, args, chip)
+    return Compiled(text, chip, compiled.memory_analysis().temp_size_in_bytes)
+  except Exception as err:  # noqa: BLE001  (reported in the table)
+    return err
+
+
+def model_compiling(model_cfg, chip: str, **kw) -> dict[str, Compiled | Exception]:
+  """``{program: Compiled or exception}`` of ``model_programs`` compiled for TPU ``chip``: the train
+  step sharded over 8 compile-only devices of ``tpu_devices(chip)``, the others on one."""
+  programs = model_programs(model_cfg, "tpu", devices=tpu_devices(chip), **kw)
+  return {
+    name: compiled_row(fn, args, chip, sharded=name == "train step") for name, (fn, args) in programs.items()
+  }
+
+
 # ---------------------------------------------------------------- attention
 
 
@@ -153,10 +260,13 @@ def attention_backends() -> tuple[str, ...]:
 # ---------------------------------------------------------------- the model
 
 
-def model_programs(model_cfg, platform: str, *, mesh_shape=(2, 2, 2, 1), batch=8, seq=32, generate=True):
+def model_programs(
+  model_cfg, platform: str, *, mesh_shape=(2, 2, 2, 1), batch=8, seq=32, generate=True, devices=None
+):
   """``{"forward" | "train step" | "generate": (fn, args)}`` of a decoder on ``platform``: the train
   step (loss, grad, AdamW) as ``jaxpe.train`` builds it, sharded over an abstract mesh of
-  ``mesh_shape`` (data, fsdp, tensor, context) devices of that platform; the forward and KV-cache
+  ``mesh_shape`` (data, fsdp, tensor, context) devices of that platform, or over ``devices`` (as
+  many as the mesh has: compile-only TPU devices, ``tpu_devices``); the forward and KV-cache
   generation unsharded."""
   from flax import nnx  # noqa: PLC0415
 
@@ -167,9 +277,12 @@ def model_programs(model_cfg, platform: str, *, mesh_shape=(2, 2, 2, 1), batch=8
   from jaxpe.train.config import TrainConfig
 
   device = jax.sharding.AbstractDevice(device_kind=DEVICE_KINDS[platform], num_cores=None, platform=platform)
-  mesh = jax.sharding.AbstractMesh(
-    tuple(mesh_shape), ("data", "fsdp", "tensor", "context"), abstract_device=device
-  )
+  axes = ("data", "fsdp", "tensor", "context")
+  if devices is None:
+    mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), axes, abstract_device=device)
+  else:
+    grid = np.array(list(devices)[: int(np.prod(mesh_shape))]).reshape(mesh_shape)
+    mesh = jax.sharding.Mesh(grid, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
   tcfg = TrainConfig(model=model_cfg, batch_size=batch, seq_len=seq, mesh_shape=tuple(mesh_shape))
   graphdef, abstract = state_lib.abstract_state(tcfg, mesh)
   shardings = jax.tree.map(lambda x: x.sharding, abstract)
@@ -281,7 +394,14 @@ def describe(result) -> str:
     return f"error: {type(result).__name__}: {first[:160]}"
   kinds = call_kinds(result)
   note = getattr(result, "note", None)
-  return "lowered" + (f" ({', '.join(kinds)})" if kinds else "") + (f" ({note})" if note else "")
+  done = f"compiled for {result.chip}" if isinstance(result, Compiled) else "lowered"
+  return done + (f" ({', '.join(kinds)})" if kinds else "") + (f" ({note})" if note else "")
+
+
+def _temp(results) -> str:
+  """The largest per-device HBM temporaries (MiB) of the ``Compiled`` among ``results``, or "-"."""
+  temps = [r.temp for r in results if isinstance(r, Compiled)]
+  return f"{max(temps) / 2**20:.2f}" if temps else "-"
 
 
 def _short(dtype) -> str:
@@ -292,42 +412,65 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="float32 only, two encodings, no model rows")
   parser.add_argument("--no-model", action="store_true", help="attention rows only")
+  parser.add_argument(
+    "--no-compile", action="store_true", help="lower the TPU rows only, also where libtpu is installed"
+  )
+  parser.add_argument(
+    "--tpu-chip",
+    default="v5e",
+    choices=sorted(TPU_TOPOLOGIES),
+    help="the TPU generation the TPU rows compile for where libtpu is installed (default v5e)",
+  )
   args = parser.parse_args(argv)
   start = time.time()
+  chip = None if args.no_compile or not libtpu_installed() else args.tpu_chip
   dtypes = (jnp.float32,) if args.quick else (jnp.bfloat16, jnp.float32)
   encs = ("none", "alibi") if args.quick else ENCODINGS
-  print("| backend | encoding | pass, dtype | " + " | ".join(PLATFORMS) + " |")
-  print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
+  memory = f" tpu temp MiB ({chip}) |" if chip else ""
+  print("| backend | encoding | pass, dtype | " + " | ".join(PLATFORMS) + f" |{memory}")
+  print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |" + (" --- |" if chip else ""))
   for backend in attention_backends():
     for enc in encs:
-      rows: dict[str, list[str]] = {}  # cells -> the (pass, dtype) pairs that gave them
+      rows: dict[str, list] = {}  # cells -> the (pass, dtype) labels and tpu results that gave them
       for grad in (False, True):
         for dtype in dtypes:
           fn, fargs = attention_case(backend, enc, dtype, grad=grad)
           got = lower(fn, fargs)
+          if chip and not isinstance(got["tpu"], Exception):
+            got["tpu"] = compiled_row(fn, fargs, chip)
           cells = " | ".join(describe(got[p]) for p in PLATFORMS)
           label = f"{'grad' if grad else 'fwd'} {_short(dtype)}"
-          rows.setdefault(cells, []).append(label)
-      for cells, labels in rows.items():
-        every = len(labels) == 2 * len(dtypes)
-        print(f"| {backend} | {enc} | {'all' if every else ', '.join(labels)} | {cells} |")
+          rows.setdefault(cells, []).append((label, got["tpu"]))
+      for cells, found in rows.items():
+        every = len(found) == 2 * len(dtypes)
+        labels = "all" if every else ", ".join(label for label, _ in found)
+        extra = f" {_temp(r for _, r in found)} |" if chip else ""
+        print(f"| {backend} | {enc} | {labels} | {cells} |{extra}")
   if not (args.quick or args.no_model):
     from jaxpe.model import encodings as registry  # noqa: PLC0415
 
     print()
-    print("| backend | program | encodings | " + " | ".join(PLATFORMS) + " |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |")
-    rows: dict[tuple[str, str, str], list[str]] = {}  # (backend, program, cells) -> encodings
+    print("| backend | program | encodings | " + " | ".join(PLATFORMS) + f" |{memory}")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |" + (" --- |" if chip else ""))
+    rows: dict[tuple[str, str, str], list] = {}  # (backend, program, cells) -> encodings, tpu results
     for enc in sorted(registry.REGISTRY):
       for backend in model_backends(enc):
         cfg = tiny_model(enc, backend)
-        per = {p: model_lowering(cfg, p) for p in PLATFORMS}
+        per = {p: model_lowering(cfg, p) for p in PLATFORMS if not (chip and p == "tpu")}
+        if chip:
+          per["tpu"] = model_compiling(cfg, chip)
         for program in per[PLATFORMS[0]]:
           cells = " | ".join(describe(per[p][program]) for p in PLATFORMS)
-          rows.setdefault((backend, program, cells), []).append(enc)
-    for (backend, program, cells), encs_ in sorted(rows.items()):
-      print(f"| {backend} | {program} | {', '.join(encs_)} | {cells} |")
-  print(f"\n{time.time() - start:.0f} s on {jax.devices()[0].platform}, jax {jax.__version__}")
+          rows.setdefault((backend, program, cells), []).append((enc, per["tpu"][program]))
+    for (backend, program, cells), found in sorted(rows.items()):
+      extra = f" {_temp(r for _, r in found)} |" if chip else ""
+      print(f"| {backend} | {program} | {', '.join(e for e, _ in found)} | {cells} |{extra}")
+  how = (
+    f"TPU rows compiled for {chip} (libtpu; temporaries: the largest per-device HBM temporaries of the row)"
+    if chip
+    else "TPU rows lowered only (" + ("--no-compile" if args.no_compile else "libtpu not installed") + ")"
+  )
+  print(f"\n{time.time() - start:.0f} s on {jax.devices()[0].platform}, jax {jax.__version__}; {how}")
   return 0
 
 

@@ -45,10 +45,13 @@ What a CPU proves and what only a device does: ``jax.export`` for ``"cuda"`` (``
 or ``"tpu"`` (``target="tpu"``) runs every Pallas lowering rule, so each option above, forward and
 backward, bf16 and float32, is checked on CPU to use only ops, block shapes (Mosaic's (8, 128)
 rule) and compiler params the lowering accepts, and to emit ``__gpu$xla.gpu.triton`` /
-``tpu_custom_call`` (tests/attention/flash_lowering_test.py). Interpret mode proves the numerics of
-the kernels' arithmetic on CPU. Triton's and Mosaic's own compilation (register and VMEM limits,
-layouts), the speed, and the numerics of the GPU / TPU matmul units (HIGHEST float32, bf16
-inputs) are proven only on a device: not yet run on a GPU or TPU.
+``tpu_custom_call`` (tests/attention/flash_lowering_test.py). With libtpu installed, XLA:TPU and
+Mosaic also compile the TPU kernels on CPU for a deviceless topology: every option, forward and
+backward, bf16 and float32, compiles for v4, v5e, v5p and v6e (tests/attention/tpu_compile_test.py
+for v5e and v6e; docs/accelerator.md). Interpret mode proves the numerics of the kernels'
+arithmetic on CPU. Triton's compilation (register and shared-memory limits), the speed, and the
+numerics of the GPU / TPU matmul units (float32 operands at HIGHEST, bf16 at DEFAULT: exact
+products) are proven only on a device: not yet run on a GPU or TPU.
 
 Shape alphabet: B batch, T query positions, S key positions, N heads, K kv heads, H head dim,
 E emulation dims, D padded head dim.
@@ -161,15 +164,21 @@ def attend(
   dim = padded_head_dim("flash", head_dim)
   extra_t = length - t_len
 
-  def layout(x, width):  # [B, T, ., W] -> [B, ., length, width] (zeros past T and W)
-    x = jnp.pad(x, ((0, 0), (0, extra_t), (0, 0), (0, width - x.shape[-1])))
-    return jnp.transpose(x, (0, 2, 1, 3))
+  def pad(x, width):  # [B, T, ., W] -> [B, length, ., width] (zeros past T and W; none: no copy)
+    if not extra_t and width == x.shape[-1]:
+      return x
+    return jnp.pad(x, ((0, 0), (0, extra_t), (0, 0), (0, width - x.shape[-1])))
 
-  def column(x, dtype=jnp.float32):  # [B, T] -> [B, length, 1]
-    return jnp.pad(x, ((0, 0), (0, extra_t)))[:, :, None].astype(dtype)
+  def layout(x, width):  # gpu: [B, length, ., width], read in place; tpu: [B, ., length, width]
+    return pad(x, width) if target == "gpu" else jnp.transpose(pad(x, width), (0, 2, 1, 3))
 
   def row(x, dtype=jnp.float32):  # [B, T] -> [B, 1, length]
     return jnp.pad(x, ((0, 0), (0, extra_t)))[:, None, :].astype(dtype)
+
+  def column(x, dtype=jnp.float32):  # [B, T] -> [B, length, 1] (gpu); tpu: [B, 1, length], lane-dense
+    if target == "tpu":
+      return row(x, dtype)
+    return jnp.pad(x, ((0, 0), (0, extra_t)))[:, :, None].astype(dtype)
 
   aux: dict[str, jax.Array] = {}
   qe = ke = None
@@ -229,11 +238,13 @@ def attend(
   )
   ids = kernel_segment_ids(kernel_mask, batch, length)
   if ids is not None:
-    aux.update(sq=ids[:, :, None], sk=ids[:, None, :])
+    aux.update(sq=ids[:, None, :] if target == "tpu" else ids[:, :, None], sk=ids[:, None, :])
   out = _flash(
     cfg, layout(q[..., :head_dim], dim), layout(k[..., :head_dim], dim), layout(v, dim), qe, ke, aux
   )
-  out = jnp.transpose(out, (0, 2, 1, 3))[:, :t_len, :, :head_dim]
+  if target == "tpu":
+    out = jnp.transpose(out, (0, 2, 1, 3))
+  out = out[:, :t_len, :, :head_dim]
   if valid is not None:
     out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)
@@ -261,8 +272,9 @@ def _kernel_aux(qe, ke, aux):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(cfg, q, k, v, qe, ke, aux):
-  """``o [B, N, T, Dv]`` of the kernel layouts (differentiable in q, k, v, qe, ke)."""
-  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)[0]
+  """``o`` in the kernel layout (``[B, T, N, Dv]`` gpu, ``[B, N, T, Dv]`` tpu), differentiable in q, k,
+  v, qe, ke; undifferentiated, the forward kernel writes no log-sum-exp (the backward's residual)."""
+  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg, residuals=False)[0]
 
 
 def _flash_fwd(cfg, q, k, v, qe, ke, aux):

@@ -10,10 +10,14 @@ halves, ``Config.split``), and its transpose to the q/k gradients; ALiBi's bias 
 from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
 their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
 
-Layouts (``jaxpe.attention.flash`` builds them): q ``[B, N, T, D]``, k ``[B, K, T, D]``, v
-``[B, K, T, Dv]``, emulation dims ``qe [B, N, T, E]`` / ``ke [B, K, T, E]`` float32 (contracted at
-float32 HIGHEST), per-token columns ``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's
-``p - offset`` ``xq`` / ``xk``; int32: ALiBi query positions ``aq``, segment ids ``sq``) and rows
+Layouts (``jaxpe.attention.flash`` builds them), token-major here: q ``[B, T, N, D]``, k ``[B, T, K, D]``,
+v ``[B, T, K, Dv]`` (the caller's own layout, read in place through the block specs as jax's Triton
+attention does: no transposed copies around the kernels; ``flash_tpu`` takes them head-major,
+``[B, N, T, D]``), emulation dims ``qe [B, T, N, E]`` / ``ke [B, T, K, E]`` float32 (contracted at
+float32 HIGHEST), row statistics ``lse`` / ``delta`` ``[B, N, T, 1]`` float32, per-token columns
+``[B, T, 1]`` float32 (RoPE positions ``rq`` / ``rk``, xPos's ``p - offset`` ``xq`` / ``xk``; int32:
+ALiBi query positions ``aq``, segment ids ``sq``; ``flash_tpu`` takes these and the row statistics
+as lane-dense rows ``[B, 1, T]`` / ``[B, N, 1, T]``, read through ``token``) and rows
 ``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
@@ -65,16 +69,31 @@ class Config:
   target: str = "gpu"  # "gpu": these Triton kernels; "tpu": jaxpe.attention.flash_tpu (Mosaic)
 
 
+def _operands(a, b):
+  """``(a, b, precision)`` of a kernel matmul: float32 operands (either one, the other cast up) at
+  HIGHEST (Mosaic: ``contract_precision<fp32>``; Triton: IEEE float32), bf16 / float16 pairs at
+  DEFAULT (the products of two 16-bit floats are exact in the float32 accumulator; Mosaic refuses
+  ``contract_precision<fp32>`` on 16-bit operands: "Bad lhs type")."""
+  if a.dtype != b.dtype or a.dtype == jnp.float32:
+    return a.astype(jnp.float32), b.astype(jnp.float32), _HI
+  return a, b, None
+
+
+def _dot(a, b, dims):
+  a, b, precision = _operands(a, b)
+  return lax.dot_general(a, b, (dims, ((), ())), precision=precision, preferred_element_type=jnp.float32)
+
+
 def dot(a, b):  # [m, k] @ [k, n]
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+  return _dot(a, b, ((1,), (0,)))
 
 
 def dot_nt(a, b):  # [m, k] @ [n, k]^T
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+  return _dot(a, b, ((1,), (1,)))
 
 
 def dot_tn(a, b):  # [k, m]^T @ [k, n]
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+  return _dot(a, b, ((0,), (0,)))
 
 
 def _centred(x):
@@ -118,17 +137,17 @@ def _cos_sin(r, cfg: Config, pos, delta, sign: float):
   return cos, sin
 
 
-def _parts(cfg: Config, ref, rows, lead=()):
+def _parts(cfg: Config, ref, rows, head=()):
   """A block's q/k dims as a tuple of parts: ``(x [rows, D],)``; split (rotate-half, h = ``cfg.split``):
   ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D).
-  ``lead``: leading indices (a head of a ``[G, T, D]`` block) in the same indexer (Triton lowers one
-  indexer per load, not ``ref.at[g][rows]``)."""
+  ``head``: the head index of a ``[T, G, D]`` block (dk/dv's q side), after the rows in the same
+  indexer (Triton lowers one indexer per load, not ``ref.at[:, g][rows]``)."""
   if not cfg.split:
-    return (ref[(*lead, rows, slice(None))],)
+    return (ref[(rows, *head, slice(None))],)
   h, width = cfg.split, ref.shape[-1]
-  parts = [ref[(*lead, rows, pl.ds(0, h))], ref[(*lead, rows, pl.ds(h, h))]]
+  parts = [ref[(rows, *head, pl.ds(0, h))], ref[(rows, *head, pl.ds(h, h))]]
   if width > 2 * h:
-    parts.append(ref[(*lead, rows, pl.ds(2 * h, width - 2 * h))])
+    parts.append(ref[(rows, *head, pl.ds(2 * h, width - 2 * h))])
   return tuple(parts)
 
 
@@ -164,12 +183,21 @@ def rotate_t(r, cfg: Config, g, cs):
   return (g1 * cos + g2 * sin, g2 * cos - g1 * sin, *g[2:])
 
 
+def token(ref, rows):
+  """A per-token operand's ``rows`` as a column ``(rows, 1)``: from a column ref ``[T, 1]`` (Triton)
+  or a lane-dense row block ``(1, b)`` (Mosaic, where a ``[B, T, 1]`` column would take 128 lanes per
+  token in HBM; turned into a column in the kernel, as splash reads its row statistics)."""
+  if ref.shape[-1] == 1:
+    return ref[rows, :]
+  return jnp.expand_dims(ref[0, rows], -1)
+
+
 def q_cs(r, cfg, rows):
-  return _cos_sin(r, cfg, r["rq"][rows, :], r["xq"][rows, :] if cfg.xpos else None, 1.0)
+  return _cos_sin(r, cfg, token(r["rq"], rows), token(r["xq"], rows) if cfg.xpos else None, 1.0)
 
 
 def k_cs(r, cfg, rows):
-  return _cos_sin(r, cfg, r["rk"][rows, :], r["xk"][rows, :] if cfg.xpos else None, -1.0)
+  return _cos_sin(r, cfg, token(r["rk"], rows), token(r["xk"], rows) if cfg.xpos else None, -1.0)
 
 
 def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
@@ -179,10 +207,10 @@ def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
     s = s + dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
   if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
-    s = s - slope * (r["aq"][q_rows, :] - r["ak"][:, k_cols]).astype(jnp.float32)
+    s = s - slope * (token(r["aq"], q_rows) - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
-    mask = r["sq"][q_rows, :] == r["sk"][:, k_cols]
+    mask = token(r["sq"], q_rows) == r["sk"][:, k_cols]
   if cfg.causal:
     bq, bk = s.shape
     span_q = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
@@ -192,13 +220,13 @@ def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
   return s, mask
 
 
-def load_q_side(r, cfg, rows, lead=()):
+def load_q_side(r, cfg, rows, head=()):
   """A q block rotated (parts of ``[bq, D]`` in q's dtype) and its float32 emulation dims (or None);
-  ``lead``: the head index of a ``[G, T, .]`` q block (dk/dv)."""
-  q = _parts(cfg, r["q"], rows, lead)
+  ``head``: the head index of a ``[T, G, .]`` q block (dk/dv, GPU)."""
+  q = _parts(cfg, r["q"], rows, head)
   cs = q_cs(r, cfg, rows) if cfg.rope else None
   qr = tuple(x.astype(q[0].dtype) for x in _rotate(r, cfg, q, cs)) if cfg.rope else q
-  qe = r["qe"][(*lead, rows, slice(None))] if "qe" in r else None
+  qe = r["qe"][(rows, *head, slice(None))] if "qe" in r else None
   return qr, qe, cs
 
 
@@ -242,7 +270,8 @@ def _forward_kernel(*refs, names, cfg: Config):
   )
   o, m, denom = lax.fori_loop(0, upper, body, init)
   r["o"][...] = (o / denom).astype(r["o"].dtype)
-  r["lse"][...] = m + jnp.log(denom)
+  if "lse" in r:  # the backward's residual only
+    r["lse"][...] = m + jnp.log(denom)
 
 
 def _dq_kernel(*refs, names, cfg: Config):
@@ -288,7 +317,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
   local = pl.ds(0, bk)
   kr, ke, k_cs = load_k_side(r, cfg, local)
   v = r["v"][...]
-  n_q = r["q"].shape[1] // bq
+  n_q = r["q"].shape[0] // bq
   lower = j if cfg.causal else 0
 
   def head(g, carry):
@@ -302,7 +331,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
       p = jnp.exp(s - r["lse"][g, q_rows, :])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
-      do = r["do"][g, q_rows, :]
+      do = r["do"][q_rows, g, :]
       dv = dv + dot_tn(p.astype(do.dtype), do)
       ds = p * (dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
       dk = tuple(a + dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
@@ -350,11 +379,16 @@ def _spec(name, x, cfg: Config, rows_of: str):
     return pl.BlockSpec(shape, (lambda b, h, i: (b, i, 0)) if blocked else (lambda b, h, i: (b, 0, 0)))
   head_side = "q" if name in ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe") else "k"
   width = x.shape[-1]
+  if name in ("lse", "delta"):  # row statistics [B, N, T, 1], head-major
+    if head_side == rows_of:
+      return pl.BlockSpec((None, None, bl, 1), lambda b, h, i: (b, h, i, 0))
+    return pl.BlockSpec((None, g, x.shape[2], 1), lambda b, h, i: (b, h, 0, 0))  # the G q heads
+  # token-major [B, T, heads, W]: the caller's own layout, read in place (as jax's Triton attention)
   if head_side == rows_of:  # the blocked operand of this grid
-    return pl.BlockSpec((None, None, bl, width), lambda b, h, i: (b, h, i, 0))
+    return pl.BlockSpec((None, bl, None, width), lambda b, h, i: (b, i, h, 0))
   if head_side == "k":  # whole kv sequence of this query head's kv head (grouped-query heads)
-    return pl.BlockSpec((None, None, x.shape[2], width), lambda b, h, i: (b, h // g, 0, 0))
-  return pl.BlockSpec((None, g, x.shape[2], width), lambda b, h, i: (b, h, 0, 0))  # the G q heads
+    return pl.BlockSpec((None, x.shape[1], None, width), lambda b, h, i: (b, 0, h // g, 0))
+  return pl.BlockSpec((None, x.shape[1], g, width), lambda b, h, i: (b, 0, h, 0))  # the G q heads
 
 
 def triton_params(block: int, width: int) -> plgpu.CompilerParams:
@@ -380,30 +414,33 @@ def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
   return dict(zip(outs, out, strict=True))
 
 
-def forward(q, k, v, aux: dict, cfg: Config):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``; ``aux``: the optional operands by name."""
-  batch, heads, length, _ = q.shape
+def forward(q, k, v, aux: dict, cfg: Config, residuals: bool = True):
+  """``(o [B, T, N, Dv], lse [B, N, T, 1] float32)`` of q ``[B, T, N, D]``, k ``[B, T, K, D]``, v
+  ``[B, T, K, Dv]``; ``aux``: the optional operands by name; ``residuals`` False: lse is None, not
+  written (a forward that is not differentiated)."""
+  batch, length, heads, _ = q.shape
   ins = {"q": q, "k": k, "v": v, **aux}
-  outs = {
-    "o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype),
-    "lse": jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32),
-  }
+  outs = {"o": jax.ShapeDtypeStruct((batch, length, heads, v.shape[-1]), v.dtype)}
+  if residuals:
+    outs["lse"] = jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32)
   got = _call(_forward_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
-  return got["o"], got["lse"]
+  return got["o"], got.get("lse")
 
 
 def backward(q, k, v, aux: dict, o, lse, do, cfg: Config):
-  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) by recomputation."""
-  batch, heads, length, _ = q.shape
-  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
+  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) by recomputation, in the
+  layouts and dtypes of q, k, v (float32 sums, one rounding at the store), qe, ke."""
+  batch, length, heads, _ = q.shape
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # [B, T, N]
+  delta = jnp.transpose(delta, (0, 2, 1))[..., None]  # [B, N, T, 1], as lse
   ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
-  f32 = lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32)  # noqa: E731
-  outs = {"dq": f32(q)}
+  like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+  outs = {"dq": like(q)}
   if "qe" in aux:
-    outs["dqe"] = f32(aux["qe"])
+    outs["dqe"] = like(aux["qe"])
   dq = _call(_dq_kernel, ins, outs, cfg, "q", (batch, heads, length // cfg.block))
-  outs = {"dk": f32(k), "dv": f32(v)}
+  outs = {"dk": like(k), "dv": like(v)}
   if "ke" in aux:
-    outs["dke"] = f32(aux["ke"])
-  dkv = _call(_dkv_kernel, ins, outs, cfg, "k", (batch, k.shape[1], length // cfg.block))
+    outs["dke"] = like(aux["ke"])
+  dkv = _call(_dkv_kernel, ins, outs, cfg, "k", (batch, k.shape[2], length // cfg.block))
   return dq["dq"], dkv["dk"], dkv["dv"], dq.get("dqe"), dkv.get("dke")

@@ -1,7 +1,9 @@
 """The Mosaic (TPU) kernels of the ``flash`` backend: forward, dq and dk/dv, blocked over both sides.
 
-The layout and the block arithmetic are ``flash_kernels``' (RoPE of each block as it is loaded, ALiBi
-from the position blocks, the emulation dims in float32, the same masks); what differs is the
+The block arithmetic is ``flash_kernels``' (RoPE of each block as it is loaded, ALiBi from the
+position blocks, the emulation dims in float32, the same masks); what differs is the layout,
+head-major ``[B, N | K, T, .]`` (Mosaic's (8, 128) rule applies to a block's last two dims, which
+are then its rows and lanes; the Triton kernels read the token-major input in place), and the
 schedule, as in jax's own TPU flash attention (``jax/experimental/pallas/ops/tpu/flash_attention.py``):
 each program sees one q block and one k/v block, the grid's last axis walks the other side's
 blocks (``"arbitrary"``: sequential), and the online-softmax state (running max, sum, output) or the
@@ -11,19 +13,26 @@ whatever T is (no whole k/v sequence per program). Causal blocks past the diagon
 
 Grids: forward and dq ``(B, N, T / bq, T / bk)``; dk/dv ``(B, K, T / bk, G, T / bq)`` (the G query
 heads of a kv head and their q blocks summed in scratch). Block shapes: ``(bq or bk, D)`` with D the
-whole (padded) head dim, per-token columns ``(b, 1)``, key rows ``(1, bk)``, slopes ``(1, 1)``, whole
-tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every block meets Mosaic's
+whole (padded) head dim, per-token operands (positions, segment ids) and the row statistics
+(log-sum-exp, delta) as lane-dense rows ``(1, b)`` of ``[B, 1, T]`` / ``[B, N, 1, T]`` arrays (a
+``[., T, 1]`` column would take 128 lanes per token in HBM; ``flash_kernels.token`` turns a row block
+into the column the arithmetic needs), slopes ``(1, 1)``, whole tables: with b = 128 or the whole padded T (``flash.attend``'s blocks), every block meets Mosaic's
 (8, 128) rule (last two dims divisible by 8 / 128 or equal to the array's) for bf16 and float32.
 The rotation is the ``[D, D]`` permutation matmul for both layouts (``Config.split`` is 0 on TPU:
 no sub-128 lane slices). The kernels use no op whose Mosaic lowering asks for the chip (jax's
 ``sign`` lowering does, and ``//`` of int32 uses it: ``lax.div`` here), and their block sizes do
-not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered blocks, with the
-``(b, 1)`` columns padded to ``(b, 128)`` tiles, the ``[D, D]`` table and the scratch are about 2 MiB,
-by count, not measured; v5e's default scoped VMEM is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
+not depend on the chip (at b = 128, D = 128 the dk/dv kernel's double-buffered blocks, the
+``[D, D]`` table and the scratch are about 2 MiB, by count, not measured; v5e's default scoped VMEM
+is 16 MiB), so they lower on any host; ``tpu_chip`` lowers as on a named generation (the way jax's Mosaic lowering reads it).
 
 Lowering (``jax.export`` for ``"tpu"`` on a CPU) proves the Pallas rules accept every block shape and
-op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, VMEM limits), speed and the
-matmul units' numerics are proven only on a TPU. ``interpret=True`` runs these kernels on CPU (tests).
+op and emits ``tpu_custom_call``; Mosaic's own compilation (layouts, matmul operand types, VMEM
+limits) runs on a CPU too where libtpu is installed, for a deviceless topology
+(tests/attention/tpu_compile_test.py: v5e and v6e; v4 and v5p compile as well). Mosaic takes
+``precision=HIGHEST`` (``contract_precision<fp32>``) on float32 operands only: bf16 x bf16 matmuls
+run at DEFAULT (``flash_kernels.dot``; HIGHEST there failed with "Bad lhs type", issue 45). Speed
+and the matmul units' numerics are proven only on a TPU. ``interpret=True`` runs these kernels on
+CPU (tests).
 
 Shape alphabet: B batch, T tokens, N heads, K kv heads, G = N / K, D q/k dims, Dv v dims, E emulation
 dims; bq = bk = ``Config.block``.
@@ -106,16 +115,23 @@ def _forward_kernel(*refs, names, cfg: fk.Config):
   def _():
     denom = r["l_scr"][...]
     r["o"][...] = (r["acc_scr"][...] / denom).astype(r["o"].dtype)
-    r["lse"][...] = r["m_scr"][...] + jnp.log(denom)
+    if "lse" in r:  # the backward's residual only, a lane-dense row (1, bq)
+      r["lse"][...] = (r["m_scr"][...] + jnp.log(denom)).T
+
+
+def _column(ref):
+  """A row statistic's block ``(1, bq)`` (lane-dense in HBM) as the column ``(bq, 1)`` of its q rows
+  (as splash's backward reads its log-sum-exp)."""
+  return jnp.expand_dims(ref[0], -1)
 
 
 def _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j):
   """Probabilities ``[bq, bk]`` from the saved log-sum-exp and ``ds`` (the scores' gradient)."""
   s, mask = fk.scores(r, cfg, qr, qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block)
-  p = jnp.exp(s - r["lse"][...])
+  p = jnp.exp(s - _column(r["lse"]))
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
-  ds = p * (fk.dot_nt(r["do"][...], r["v"][...]) - r["delta"][...]) * jnp.float32(cfg.scale)
+  ds = p * (fk.dot_nt(r["do"][...], r["v"][...]) - _column(r["delta"])) * jnp.float32(cfg.scale)
   return p, ds
 
 
@@ -192,7 +208,8 @@ def _dkv_kernel(*refs, names, cfg: fk.Config):
 
 # ---------------------------------------------------------------- pallas_call builders
 
-_Q_HEAD = ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe")
+_Q_HEAD = ("q", "qe", "do", "o", "dq", "dqe")
+_Q_STATS = ("lse", "delta")  # [B, N, 1, T] float32: one lane per q row
 _Q_TOKEN, _K_TOKEN, _K_ROW = ("rq", "xq", "aq", "sq"), ("rk", "xk"), ("ak", "sk")
 
 
@@ -203,12 +220,14 @@ def _spec(name, x, cfg: fk.Config, coords):
     return pl.BlockSpec(x.shape, lambda *idx: (0, 0))
   if name == "slopes":
     return pl.BlockSpec((None, 1, 1), lambda *idx: (coords(*idx)[1], 0, 0))
-  if name in _Q_TOKEN:
-    return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[2], 0))
+  if name in _Q_TOKEN:  # per-token rows [B, 1, T] (flash.attend lays them out so for "tpu")
+    return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[2]))
   if name in _K_TOKEN:
-    return pl.BlockSpec((None, bl, 1), lambda *idx: (coords(*idx)[0], coords(*idx)[4], 0))
+    return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[4]))
   if name in _K_ROW:
     return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[4]))
+  if name in _Q_STATS:
+    return pl.BlockSpec((None, None, 1, bl), lambda *idx: (*_pick(coords(*idx), 0, 1), 0, coords(*idx)[2]))
   if name in _Q_HEAD:
     return pl.BlockSpec((None, None, bl, x.shape[-1]), lambda *idx: (*_pick(coords(*idx), 0, 1, 2), 0))
   return pl.BlockSpec((None, None, bl, x.shape[-1]), lambda *idx: (*_pick(coords(*idx), 0, 3, 4), 0))
@@ -244,15 +263,17 @@ def _q_major(cfg: fk.Config):
   return coords
 
 
-def forward(q, k, v, aux: dict, cfg: fk.Config):
-  """``(o [B, N, T, Dv], lse [B, N, T, 1] float32)``, as ``flash_kernels.forward``."""
+def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
+  """``(o [B, N, T, Dv], lse [B, N, 1, T] float32)`` of head-major q ``[B, N, T, D]``, k ``[B, K, T,
+  D]``, v ``[B, K, T, Dv]`` (Mosaic tiles the last two dims of a block), as ``flash_kernels.forward``; ``residuals``
+  False: lse is None, not written. lse is a row per head (T on the lanes): a ``[B, N, T, 1]`` column,
+  as ``flash_kernels`` keeps it, would take 128 lanes in HBM (512 bytes per q row)."""
   batch, heads, length, dim = q.shape
   n, bl = length // cfg.block, cfg.block
   ins = {"q": q, "k": k, "v": v, **aux}
-  outs = {
-    "o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype),
-    "lse": jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32),
-  }
+  outs = {"o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype)}
+  if residuals:
+    outs["lse"] = jax.ShapeDtypeStruct((batch, heads, 1, length), jnp.float32)
   f32 = jnp.float32
   scratch = {
     "m_scr": ((bl, 1), f32),
@@ -262,16 +283,17 @@ def forward(q, k, v, aux: dict, cfg: fk.Config):
   }
   semantics = ("parallel", "parallel", "parallel", "arbitrary")
   got = _call(_forward_kernel, ins, outs, scratch, cfg, (batch, heads, n, n), _q_major(cfg), semantics)
-  return got["o"], got["lse"]
+  return got["o"], got.get("lse")
 
 
 def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
-  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims), as ``flash_kernels.backward``."""
+  """``(dq, dk, dv, dqe, dke)`` (dqe / dke None without emulation dims) in the dtypes of q, k, v, qe,
+  ke, as ``flash_kernels.backward`` (here in the head-major layouts ``[B, N | K, T, .]``)."""
   batch, heads, length, dim = q.shape
   n, bl, f32 = length // cfg.block, cfg.block, jnp.float32
-  delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1, keepdims=True)
+  delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1)[:, :, None, :]  # [B, N, 1, T], as lse
   ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
-  outs = {"dq": jax.ShapeDtypeStruct(q.shape, f32)}
+  outs = {"dq": jax.ShapeDtypeStruct(q.shape, q.dtype)}  # float32 sums in scratch, rounded once
   scratch = {"dq_scr": ((bl, dim), f32), "qr_scr": ((bl, dim), q.dtype)}
   if "qe" in aux:
     outs["dqe"] = jax.ShapeDtypeStruct(aux["qe"].shape, f32)
@@ -282,7 +304,7 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
   def coords(b, h, j, g, i):  # a causal q block before the diagonal maps to the first one needed
     return b, h * cfg.groups + g, jnp.maximum(i, j) if cfg.causal else i, h, j
 
-  outs = {"dk": jax.ShapeDtypeStruct(k.shape, f32), "dv": jax.ShapeDtypeStruct(v.shape, f32)}
+  outs = {"dk": jax.ShapeDtypeStruct(k.shape, k.dtype), "dv": jax.ShapeDtypeStruct(v.shape, v.dtype)}
   scratch = {"dk_scr": ((bl, dim), f32), "dv_scr": ((bl, v.shape[-1]), f32), "kr_scr": ((bl, dim), k.dtype)}
   if "ke" in aux:
     outs["dke"] = jax.ShapeDtypeStruct(aux["ke"].shape, f32)

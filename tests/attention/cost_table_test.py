@@ -210,7 +210,7 @@ def test_flash_cost_rows_match_the_kernels_jaxpr(head_dim):
     assert {
       k: v for k, v in bench.flash_flops(form, T_FLASH, N, K, head_dim).items() if k != "alibi_ops"
     } == flops
-    (_, _, _, dqk), (_, kk, _, _), (_, _, _, dv) = (want[x][0] for x in ("q", "k", "v"))
+    (_, _, _, dqk), (_, _, kk, _), (_, _, _, dv) = (want[x][0] for x in ("q", "k", "v"))  # [B, T, ., D]
     assert dqk == dv == backends.padded_head_dim("flash", head_dim)  # a power of two
     assert kk == K  # grouped-query heads kept (index map, no repeat)
     if form == "none":

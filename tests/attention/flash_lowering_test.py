@@ -171,10 +171,36 @@ def test_lowers_for_a_named_tpu_generation(chip):
   assert sorted(kernel_calls(text, "tpu")) == sorted(KERNELS["tpu"])
 
 
-def test_forward_alone_is_one_kernel():
+def _forward_results(text: str, platform: str) -> str:
+  """The result types of the forward kernel's custom call in ``text`` (after its ``->``)."""
+  calls = [x for x in text.splitlines() if f"custom_call @{CUSTOM_CALL[platform]}" in x]
+  (line,) = [x for x in calls if "forward" in x]
+  return line.rsplit("->", 1)[1]
+
+
+def test_forward_alone_is_one_kernel_writing_no_log_sum_exp():
+  # undifferentiated, the forward kernel writes o alone: the log-sum-exp is the backward's residual,
+  # [B, N, T, 1] float32 on GPU, [B, N, 1, T] on TPU (a lane-dense row: as a column, its minor dim of
+  # 1 took 128 lanes, 8 MiB at B 2 x N 8 x T 1024)
+  lse = {"cuda": f"{B}x{N}x{T}x1xf32>", "tpu": f"{B}x{N}x1x{T}xf32>"}
   for platform in PLATFORMS:
     text = lower_flash("rope_half_exact", platform, jnp.float32, grad=False)
     assert kernel_calls(text, platform) == [KERNELS[platform][0]]
+    assert _forward_results(text, platform).strip().startswith("tensor<")  # one result: o (no tuple)
+    text = lower_flash("rope_half_exact", platform, jnp.float32, grad=True)
+    assert lse[platform] in _forward_results(text, platform)
+
+
+@pytest.mark.parametrize("option", ["plain", "gqa", "precise_dims", "t200"])
+def test_the_triton_kernels_read_the_callers_layout_in_place(option):
+  # issue 45: q, k, v were transposed to [B, N, T, H] around the Triton kernels and o back (16 MiB
+  # of temporaries at B 2 x T 1024 x N 8 x H 128 bf16); now the forward program transposes nothing
+  # and the gradient only delta's [B, T, N] float32 row statistics
+  forward = lower_flash(option, "cuda", jnp.bfloat16, grad=False)
+  assert "stablehlo.transpose" not in forward
+  grad = lower_flash(option, "cuda", jnp.bfloat16, grad=True)
+  results = [line.rsplit("->", 1)[1] for line in grad.splitlines() if "stablehlo.transpose" in line]
+  assert len(results) == 1 and re.search(r"tensor<\d+x\d+x\d+xf32>", results[0]), results
 
 
 def test_bad_target_and_chip_are_refused():

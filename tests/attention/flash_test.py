@@ -2,8 +2,6 @@
 written here from the formulas (RoFormer's rotation, xPos's decay, ALiBi's bias), forward and
 gradients; ``RopeSpec`` on the other backends; bad inputs."""
 
-import functools
-
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -28,11 +26,18 @@ def _small_blocks(monkeypatch):
 
 @pytest.fixture(params=flash.TARGETS)
 def target(request, monkeypatch):
-  """Each kernel family in interpret mode: ``attention(implementation="flash")`` calls ``flash.attend``
-  with its default target ("gpu", the Triton kernels); "tpu" runs the Mosaic kernels (flash_tpu:
-  blocked over k/v, VMEM scratch) through the same public path."""
+  """Each kernel family in interpret mode: ``attention(implementation="flash", interpret=True)`` calls
+  ``flash.attend`` with ``target="gpu"`` (the Triton kernels); "tpu" runs the Mosaic kernels
+  (flash_tpu: blocked over k/v, VMEM scratch) through the same public path. The target is forced
+  over the caller's keyword (a ``functools.partial`` default was overridden by it: the "tpu" cases
+  ran the Triton kernels)."""
   if request.param != "gpu":
-    monkeypatch.setattr(flash, "attend", functools.partial(flash.attend, target=request.param))
+    attend = flash.attend
+
+    def forced(*args, **kwargs):
+      return attend(*args, **{**kwargs, "target": request.param})
+
+    monkeypatch.setattr(flash, "attend", forced)
   return request.param
 
 
@@ -285,8 +290,9 @@ def _pallas_calls(jaxpr) -> list[list[tuple[int, ...]]]:
   return calls
 
 
-def test_grouped_query_kv_reaches_the_kernel_with_k_heads():
-  # forward, dq and dk/dv kernels read k and v as [B, K, T, D]: no repeat to N heads
+def test_grouped_query_kv_reaches_the_kernel_with_k_heads(target):
+  # forward, dq and dk/dv kernels read k and v with K heads (no repeat to N): token-major
+  # [B, T, K, D] on gpu (the caller's layout, no transposed copy), head-major [B, K, T, D] on tpu
   q, k, v, ct = _data()
   mask, pos = _mask(True), _positions()
   inv_freq, _ = rope_frequencies(None, head_dim=H)
@@ -294,8 +300,11 @@ def test_grouped_query_kv_reaches_the_kernel_with_k_heads():
   loss = lambda q, k, v: jnp.sum(fn(q, k, v, inv_freq, pos) * ct)  # noqa: E731
   calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
   assert len(calls) == 3
+  expected = [(B, 16, N, H), (B, 16, K, H), (B, 16, K, H)]
+  if target == "tpu":
+    expected = [(B, N, 16, H), (B, K, 16, H), (B, K, 16, H)]
   for shapes in calls:  # operands q, k, v first
-    assert shapes[:3] == [(B, N, 16, H), (B, K, 16, H), (B, K, 16, H)], shapes[:3]
+    assert shapes[:3] == expected, shapes[:3]
 
 
 @pytest.mark.parametrize(
