@@ -45,7 +45,7 @@ _MIN_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
 
 
 def _check_max_new_tokens(max_new_tokens) -> int:
-  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+  if not _checks.is_int(max_new_tokens):
     raise TypeError(f"max_new_tokens must be a Python int >= 1, got {max_new_tokens!r}")
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -67,7 +67,7 @@ def _check_temperature(temperature) -> float:
 def _check_top_k(top_k, vocab_size: int) -> int | None:
   if top_k is None:
     return None
-  if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+  if not _checks.is_int(top_k):
     raise TypeError(f"top_k must be None or a Python int in [1, vocab_size={vocab_size}], got {top_k!r}")
   if not 1 <= top_k <= vocab_size:
     raise ValueError(f"top_k must be in [1, vocab_size={vocab_size}], got {top_k}")
@@ -92,7 +92,7 @@ def _check_token_ids(name: str, ids, vocab_size: int) -> tuple[int, ...]:
     raise ValueError(f"{name} must be a token id or a 1-D sequence of them, got shape {ids.shape}")
   out = []
   for i in many:
-    if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+    if not _checks.is_int(i):
       raise TypeError(f"{name} must be token ids (ints in [0, vocab_size={vocab_size})), got {ids!r}")
     if not 0 <= i < vocab_size:
       raise ValueError(f"{name} must be token ids in [0, vocab_size={vocab_size}), got {int(i)}")
