@@ -12,14 +12,14 @@ class CheckpointError(OSError, ValueError):
 
 
 EXTRAS: dict[str, tuple[str, ...]] = {
-  "model": ("flax", "pydantic", "yaml"),
-  "train": ("flax", "pydantic", "yaml", "optax", "orbax.checkpoint", "tqdm", "matplotlib"),
-  "bloom": ("flax", "pydantic", "yaml", "torch", "transformers", "safetensors"),
+  "model": ("flax", "pydantic", "ruamel.yaml"),
+  "train": ("flax", "pydantic", "ruamel.yaml", "optax", "orbax.checkpoint", "tqdm", "matplotlib"),
+  "bloom": ("flax", "pydantic", "ruamel.yaml", "torch", "transformers", "safetensors"),
 }
 """The modules each of pyproject.toml's extras installs (by import name), checked by
 ``require_extra``; ``tests/extras_test.py`` checks them against pyproject.toml."""
 
-_DISTRIBUTIONS = {"yaml": "pyyaml", "orbax.checkpoint": "orbax-checkpoint"}
+_DISTRIBUTIONS = {"orbax.checkpoint": "orbax-checkpoint"}
 
 
 class MissingExtraError(ModuleNotFoundError):

@@ -76,7 +76,7 @@ def imported(module, blocked, call=None):
     return {"code": type(e).__name__, "stderr": str(e)}
 
 out = {
-  "train_core": script("jaxpe-train", ["--help"], ["pydantic", "flax", "yaml", "optax", "orbax", "tqdm"]),
+  "train_core": script("jaxpe-train", ["--help"], ["pydantic", "flax", "ruamel", "optax", "orbax", "tqdm"]),
   "train_model_only": script("jaxpe-train", ["--help"], ["optax", "orbax", "tqdm", "matplotlib"]),
   "study_core": script("jaxpe-study", ["--help"], ["flax", "pydantic"]),
   "sample_core": script("jaxpe-sample", ["--help"], ["flax", "optax"]),
@@ -85,9 +85,9 @@ out = {
   "model": imported("jaxpe.model", ["flax"]),
   "model_config": imported("jaxpe.model.config", ["pydantic"]),
   "train_data": imported("jaxpe.train.data", ["tqdm"]),
-  "bloom": imported("jaxpe.bloom", ["yaml"]),
+  "bloom": imported("jaxpe.bloom", ["ruamel"]),
   "study": imported("jaxpe.study", ["orbax"]),
-  "core": imported("jaxpe", ["flax", "pydantic", "yaml", "optax", "orbax", "tqdm", "torch"]),
+  "core": imported("jaxpe", ["flax", "pydantic", "ruamel", "optax", "orbax", "tqdm", "torch"]),
   "bloom_torch": imported("jaxpe.bloom.hf_import", ["torch"], ("_read_torch_bin", "x.bin")),
   "bloom_safetensors": imported("jaxpe.bloom.hf_import", ["safetensors"], ("_read_safetensors", "x.st")),
   "bloom_transformers": imported("jaxpe.bloom.hf_export", ["transformers"], ("to_transformers", None)),
@@ -128,7 +128,7 @@ def test_a_console_script_names_the_extra_in_one_line(cases, case, extra, module
     ("model", "model", "flax"),
     ("model_config", "model", "pydantic"),
     ("train_data", "train", "tqdm"),
-    ("bloom", "model", "pyyaml"),
+    ("bloom", "model", "ruamel.yaml"),
     ("study", "train", "orbax-checkpoint"),
     ("bloom_torch", "bloom", "torch"),
     ("bloom_safetensors", "bloom", "safetensors"),

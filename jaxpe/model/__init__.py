@@ -1,7 +1,7 @@
 # ruff: noqa: E402  (the extra is checked before the imports that need it)
 """The Flax NNX decoder: its configuration (``config``), layers (``layers``), the decoder
 (``decoder``), its KV cache (``cache``), the positional encodings it composes (``encodings``, one
-module per family) and generation (``generate``). Needs the ``model`` extra (flax, pydantic, pyyaml): without it the
+module per family) and generation (``generate``). Needs the ``model`` extra (flax, pydantic, ruamel.yaml): without it the
 import fails naming it (``jaxpe.errors.MissingExtraError``)."""
 
 from jaxpe.errors import require_extra

@@ -174,6 +174,7 @@ class StudyConfig(pydantic.BaseModel):
           raise ValueError(f"{where} must not set data (the task is the data: give it under tasks)")
         if "init_from" in keys:
           raise ValueError(f"{where} must not set init_from (task_init starts a task from another's models)")
+        _refuse_study_set_keys(where, keys)
       for (
         task
       ) in self.tasks:  # every task model's TrainConfig, and every eval length the generators must fill
@@ -205,6 +206,33 @@ class StudyConfig(pydantic.BaseModel):
   def longest(self) -> int:
     """Longest eval length in tokens (``max(eval_multiples) * train.seq_len``)."""
     return self.eval_multiples[-1] * self.train.seq_len
+
+
+STUDY_SET_KEYS = {
+  "workdir": "each model's workdir is <workdir>/models/<task>/<name>",
+  "sample_len": "a task model generates no text sample (sample_len 0)",
+  "model.vocab_size": "a task model's vocabulary is its task's (the task_init source's)",
+  "model.pos_encoding": "each model's encoding is its row's (encodings)",
+  "model.max_len": "each model's max_len is its seq_len",
+  "model.rope_alibi_context": "rope_alibi's context is the longest eval length",
+  "model.rope_scaling": "the eval-time scalings are rows of encodings (rope_linear, ...)",
+  "model.cope_npos_max": "cope's position count is the training length",
+}
+"""Train keys the study sets per model, over whatever ``task_train`` / ``task_train_by_task`` give:
+given there they would be replaced without a word, so they are refused (issue 48 kind 6)."""
+
+
+def _refuse_study_set_keys(where: str, keys: dict[str, Any]) -> None:
+  """Refuses a ``STUDY_SET_KEYS`` key in ``keys`` (a ``task_train`` / ``task_train_by_task`` entry).
+
+  Raises:
+    ValueError: naming ``where``, the key and what the study sets it to.
+  """
+  for dotted, why in STUDY_SET_KEYS.items():
+    section, _, key = dotted.rpartition(".")
+    holder = keys.get(section) if section else keys
+    if isinstance(holder, dict) and key in holder:
+      raise ValueError(f"{where} must not set {dotted} (the study sets it: {why}), got {holder[key]!r}")
 
 
 def _check_curriculum(study: StudyConfig, names: list[str]) -> None:

@@ -58,6 +58,29 @@ def write_atomic(path: Path, text: str) -> None:
   run_files.write_atomic(path, text)  # through a flushed (fsync) temporary file and a rename
 
 
+NOT_TRAINING_KEYS = (
+  "workdir",
+  "async_checkpoints",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "eval_every",
+  "eval_batches",
+  "sample_len",
+  "sample_prompt",
+  "stop_at",
+  "max_seconds",
+  "cpu_devices",
+  "distributed",
+  "mesh_shape",
+  "logical_rules",
+  "skip_nonfinite",
+  *run_checks.RESUME_CHANGEABLE,
+)
+"""Keys (dotted, or sections) that do not change a finished model's weights (where and how it was
+run, what it logged, its time limits; ``max_seconds``'s fitted schedule is ``summary.json``'s
+``num_steps``): ``finished`` reuses a model when only these differ."""
+
+
 def finished(cfg: TrainConfig, fingerprint: str) -> dict[str, Any] | None:
   """The run's ``summary.json`` when it reached ``num_steps``, else None.
 
@@ -75,6 +98,15 @@ def finished(cfg: TrainConfig, fingerprint: str) -> dict[str, Any] | None:
   saved = run_files.read_saved_config(Path(cfg.workdir) / "config.json")
   if saved is not None:  # a finished model of another seed, model, data or batch stream is not reused
     run_checks.check_resume_config(saved, cfg, source=str(Path(cfg.workdir) / "config.json"))
+    # Nor one trained under other training keys that a resume may change (learning rate, steps,
+    # warmup, ...): reused only on the same config (issue 48 kind 5).
+    differing = run_checks.config_differences(saved, cfg, ignore=NOT_TRAINING_KEYS)
+    if differing:
+      raise ValueError(
+        f"the finished model in {cfg.workdir} was trained with other settings than the study now gives "
+        f"({differing}; saved in {Path(cfg.workdir) / 'config.json'}): it is not reused under the new "
+        "config; use a new study workdir (or the saved values)"
+      )
   run = summary.get("run")
   old = (
     run.get("data", {}).get("sha256") if isinstance(run, dict) and isinstance(run.get("data"), dict) else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import platform
 import time
@@ -126,6 +127,12 @@ def _run_study(study: StudyConfig, out: Path, progress: bool) -> dict[str, Any]:
     "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     "wall_seconds_this_process": time.time() - start,
   }
+  outputs = ["study.json", "study.md", "bits_per_byte.png", "loss_vs_position.png"]
+  outputs += ["retrieval.png"] if study.tasks else []
+  if all((out / name).is_file() for name in outputs) and _same_report(out / "study.json", report):
+    # A rerun that trained and evaluated nothing new writes nothing (the outputs' dates stay the run's).
+    print(f"[study] nothing changed: {', '.join(outputs)} in {out} are kept as they are", flush=True)
+    return report
   write_atomic(out / "study.json", run_files.json_text(report, indent=1))  # NaN as null
   write_atomic(out / "study.md", markdown(study, report))
   plot_bits_per_byte(study, report, out / "bits_per_byte.png")
@@ -133,6 +140,30 @@ def _run_study(study: StudyConfig, out: Path, progress: bool) -> dict[str, Any]:
   if study.tasks:
     plot_retrieval(study, report, out / "retrieval.png")
   return report
+
+
+_VOLATILE = ("machine", "date_utc", "wall_seconds_this_process")
+"""``study.json`` keys that say when and where the report was made, not what it holds."""
+
+
+def _same_report(path: Path, report: dict[str, Any]) -> bool:
+  """Whether ``path`` (an earlier ``study.json``) holds ``report``'s results, config and models, apart
+  from ``_VOLATILE`` keys and each model's ``trained_now``."""
+  saved = read_json(path, "it is written again")
+  if saved is None:
+    return False
+
+  def essence(value: dict[str, Any]) -> dict[str, Any]:
+    value = {k: v for k, v in value.items() if k not in _VOLATILE}
+    models = value.get("models")
+    if isinstance(models, dict):
+      value["models"] = {
+        k: {kk: vv for kk, vv in m.items() if kk != "trained_now"} if isinstance(m, dict) else m
+        for k, m in models.items()
+      }
+    return value
+
+  return essence(saved) == essence(json.loads(run_files.json_text(report)))
 
 
 def _evaluate_row(

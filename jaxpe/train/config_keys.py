@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pydantic
-import yaml
 
+from jaxpe.train import yaml_text
 from jaxpe.train.config import TrainConfig
 
 __all__ = ["Key", "config_keys", "format_config", "help_listing"]
@@ -59,9 +59,9 @@ def config_keys(schema: type[pydantic.BaseModel] = TrainConfig, prefix: str = ""
 
 
 def _yaml_value(value: Any) -> str:
-  """``value`` in YAML flow style as ``--config`` and ``key=value`` read it back (``1.0e-05``, not
-  ``1e-05``, which YAML 1.1 reads as a string)."""
-  return yaml.safe_dump(value, default_flow_style=True, width=10_000).removesuffix("\n...\n").strip()
+  """``value`` in YAML 1.2 flow style as ``--config`` and ``key=value`` read it back
+  (``yaml_text.dump_flow``: strings that would read as numbers are quoted)."""
+  return yaml_text.dump_flow(value)
 
 
 def format_config(cfg: TrainConfig) -> str:

@@ -47,14 +47,21 @@ def trained_params(cfg: TrainConfig) -> dict[str, np.ndarray]:
 def _restored(cfg: TrainConfig) -> tuple[Decoder, int]:
   """The ``Decoder`` of ``cfg.workdir``'s latest intact checkpoint (host-local) and its step."""
   tx = make_optimizer(cfg)
-
-  def make():
-    model = Decoder(cfg.model, rngs=nnx.Rngs(cfg.seed))
-    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-  graphdef, state = nnx.split(nnx.eval_shape(make))  # shapes only: no initialisation, no compile
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+  def abstract(scan_layers: bool):
+    model_cfg = cfg.model.model_copy(update={"scan_layers": scan_layers})
+
+    def make():
+      model = Decoder(model_cfg, rngs=nnx.Rngs(cfg.seed))
+      return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    graphdef, state = nnx.split(nnx.eval_shape(make))  # shapes only: no initialisation, no compile
+    return graphdef, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+  def target(meta):  # the layer layout the checkpoint was written in (its metadata's config), else cfg's
+    return abstract(_saved_scan(meta, cfg))[1]
+
   ckpt_dir = Path(cfg.workdir) / "checkpoints"
   if not ckpt_dir.is_dir():
     raise FileNotFoundError(f"no checkpoint in {cfg.workdir!r} (no directory {str(ckpt_dir)!r})")
@@ -65,8 +72,23 @@ def _restored(cfg: TrainConfig) -> tuple[Decoder, int]:
     mngr.close()
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {cfg.workdir!r}")
-  trained, _ = nnx.merge(graphdef, restored[0])
-  return trained, int(restored[1].get("step", -1))
+  state, meta = restored
+  graphdef, target_state = abstract(cfg.model.scan_layers)
+  if _saved_scan(meta, cfg) != cfg.model.scan_layers:  # loop <-> scanned layers: into cfg.model's layout
+    convert = to_scan_layout if cfg.model.scan_layers else to_loop_layout
+    nnx.replace_by_pure_dict(target_state, convert(nnx.to_pure_dict(state)))
+    state = target_state
+  trained, _ = nnx.merge(graphdef, state)
+  return trained, int(meta.get("step", -1))
+
+
+def _saved_scan(meta: dict[str, Any], cfg: TrainConfig) -> bool:
+  """``model.scan_layers`` of the run that wrote a checkpoint (its metadata's config), else ``cfg``'s."""
+  config = meta.get("config")
+  model = config.get("model") if isinstance(config, dict) else None
+  if isinstance(model, dict) and isinstance(model.get("scan_layers"), bool):
+    return model["scan_layers"]
+  return cfg.model.scan_layers
 
 
 def init_source(cfg: TrainConfig) -> tuple[dict[str, Any], int]:

@@ -23,6 +23,7 @@ from jaxpe.train import (
   evaluation,
   flops,
   pacing,
+  run_checks,
   run_files,
   run_guard,
   run_log,
@@ -155,10 +156,20 @@ class _Training:
       )
     if jax.process_count() > 1:  # every process has read the saved config before process 0 rewrites it
       multihost_utils.sync_global_devices("jaxpe: restored")
-    if self.primary:
-      run_files.write_atomic(self.workdir / "config.json", cfg.model_dump_json(indent=2))  # restore succeeded
+    self.meta = meta
+    # A command that does nothing writes nothing: a finished run's files are left as they are, and a
+    # resumed run's config.json is replaced only with its first checkpoint (``save``), so that it
+    # always describes the checkpoints beside it (a rerun with, e.g., another scan_layers that trains
+    # nothing leaves it alone). A fresh run writes it now (no checkpoint yet to disagree with).
+    self.config_pending = self.primary and meta is not None and not self.finished
+    if self.primary and meta is None:
+      run_files.write_atomic(self.workdir / "config.json", cfg.model_dump_json(indent=2))
+    if self.primary and not self.finished:
       previous = run_files.truncate_metrics(self.workdir / "metrics.jsonl", self.run.step)
       self.loss = previous[-1]["loss"] if previous else self.loss
+    elif self.primary:
+      previous = run_files.read_metrics(self.workdir / "metrics.jsonl")
+      self.loss = next((r["loss"] for r in reversed(previous) if r["step"] <= self.run.step), self.loss)
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
@@ -218,6 +229,9 @@ class _Training:
       **({"init_from": run.init_from} if run.init_from is not None else {}),
     }
     checkpoint.save(self.mngr, run.step, run.state, meta)
+    if self.config_pending:  # a resumed run's first checkpoint: config.json describes it from now on
+      run_files.write_atomic(self.workdir / "config.json", self.cfg.model_dump_json(indent=2))
+      self.config_pending = False
 
   def loop(self, log: run_log.RunLog) -> str:
     """Steps until the target (``num_steps``, the fitted schedule or ``stop_at``), a signal or
@@ -362,10 +376,20 @@ class _Training:
     else:
       what = f"at stop_at={cfg.stop_at} (step {run.step} of {run.schedule_steps})"
       hint = "raise or drop stop_at to continue"
-    if self.primary:
-      print(f"the run in {self.workdir} is {what}; nothing to train ({hint}); summary.json kept")
     saved = run_log.read_summary(self.workdir)
-    if saved is not None and saved.step == run.step:
+    kept = saved is not None and saved.step == run.step
+    if self.primary:
+      files = (
+        "its files are left as they are" if kept else "only its missing or damaged summary.json is written"
+      )
+      print(f"the run in {self.workdir} is {what}; nothing to train ({hint}); {files}")
+      differing = run_checks.config_differences(self.meta.get("config"), cfg)
+      if differing:
+        print(
+          f"these settings differ from the run's (its checkpoint of step {run.step}) and were not applied "
+          f"(config.json keeps the run's): {differing}"
+        )
+    if kept:
       return saved
     return self.finish("schedule_done" if run.step >= run.schedule_steps else "stop_at")
 

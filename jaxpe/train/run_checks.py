@@ -32,6 +32,7 @@ __all__ = [
   "check_resume_data",
   "check_shared_workdir",
   "check_workdir_is_ours",
+  "config_differences",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,16 +75,14 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def check_resume_config(
-  saved: str | dict[str, Any], cfg: TrainConfig, *, source: str = "config.json"
-) -> None:
-  """Compares a run's saved config (``config.json`` text or the dict a checkpoint's metadata
-  carries) with ``cfg`` before resuming it.
+def _compared(
+  saved: str | dict[str, Any], cfg: TrainConfig, source: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, bool]]:
+  """The saved config and ``cfg`` flattened to dotted keys, and whether each key is the same (paths
+  compared as the file they name).
 
   Raises:
-    ValueError: a key under ``RUN_DEFINING_KEYS`` differs; the message names the dotted keys with
-      both values, where the saved values come from (``source``) and suggests a new workdir; or
-      the saved config is not a mapping.
+    ValueError: the saved config is not a mapping.
   """
   try:
     text = saved if isinstance(saved, str) else run_files.json_text(saved)  # JSON mode: lists as tuples
@@ -97,9 +96,43 @@ def check_resume_config(
       ) from None
   old, new = _flatten(saved), _flatten(cfg.model_dump(mode="json"))
   same = {k: old.get(k) == new.get(k) for k in old.keys() | new.keys()}
-  for key in PATH_KEYS:  # the same file or directory however written (relative or absolute, ./, /, a symlink)
+  for key in PATH_KEYS + ("workdir",):  # the same file or directory however written (./, /, a symlink)
     if isinstance(old.get(key), str) and isinstance(new.get(key), str):
       same[key] = _same_path(old[key], new[key])
+  return old, new, same
+
+
+def config_differences(
+  saved: str | dict[str, Any] | None, cfg: TrainConfig, *, ignore: tuple[str, ...] = ()
+) -> str:
+  """The keys in which ``cfg`` differs from a run's saved config (``config.json`` text or a
+  checkpoint's metadata dict), as ``"key: saved -> given"`` joined by ``", "``; ``""`` when none
+  differ, when ``saved`` is None or is not a mapping. ``workdir`` and ``data.path`` compare as the
+  directory they name; keys in ``ignore`` (dotted, or a section such as ``distributed``) are left out."""
+  if saved is None:
+    return ""
+  try:
+    old, new, same = _compared(saved, cfg, "the run")
+  except (ValueError, TypeError):
+    return ""
+  keys = sorted(
+    k for k, s in same.items() if not s and not any(k == i or k.startswith(i + ".") for i in ignore)
+  )
+  return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
+
+
+def check_resume_config(
+  saved: str | dict[str, Any], cfg: TrainConfig, *, source: str = "config.json"
+) -> None:
+  """Compares a run's saved config (``config.json`` text or the dict a checkpoint's metadata
+  carries) with ``cfg`` before resuming it.
+
+  Raises:
+    ValueError: a key under ``RUN_DEFINING_KEYS`` differs; the message names the dotted keys with
+      both values, where the saved values come from (``source``) and suggests a new workdir; or
+      the saved config is not a mapping.
+  """
+  old, new, same = _compared(saved, cfg, source)
   differing = sorted(
     k for k in same if k.split(".")[0] in RUN_DEFINING_KEYS and k not in RESUME_CHANGEABLE and not same[k]
   )

@@ -6,6 +6,7 @@ training a task model whose resumed tables equal an uninterrupted one's, the cur
 and the quick config's task models (copy, then MQAR from copy) reaching their accuracy goal at 1x."""
 
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -286,6 +287,26 @@ def test_task_init_and_task_train_by_task_are_checked_at_config_time(tmp_path, t
       "task_train_by_task": {"mqar": {"num_stepz": 3}}
     },
   }
+  # Issue 48 kind 6: keys the study sets per model, given in task_train or task_train_by_task, were
+  # accepted and then replaced without a word (model.vocab_size 1000 -> the task's 258): refused.
+  set_by_study = {
+    "model.vocab_size": 1000,
+    "model.pos_encoding": "alibi",
+    "model.max_len": 64,
+    "model.rope_alibi_context": 256,
+    "model.rope_scaling": {"rope_type": "linear", "factor": 2.0},
+    "model.cope_npos_max": 8,
+    "workdir": "elsewhere",
+    "sample_len": 50,
+  }
+  for dotted, value in set_by_study.items():
+    section, _, key = dotted.rpartition(".")
+    keys = {section: {key: value}} if section else {key: value}
+    for where, update in [
+      ("task_train_by_task.mqar", {"task_train_by_task": {"mqar": keys}}),
+      ("task_train", {"task_train": {**ok.task_train, **keys}}),
+    ]:
+      bad[f"{where} must not set {dotted} \\(the study sets it: .*\\), got {re.escape(repr(value))}"] = update
   raw = ok.model_dump(mode="python")
   study.StudyConfig.model_validate({**raw, "task_init": {"mqar": "copy"}})  # the valid curriculum
   for message, update in bad.items():

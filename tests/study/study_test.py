@@ -6,6 +6,7 @@ keeps the first edition's directory and whose rerun trains nothing)."""
 
 import json
 import math
+import re
 import sysconfig
 from pathlib import Path
 
@@ -77,9 +78,19 @@ def test_study_outputs_resume_and_recomputation(tmp_path, text_file, monkeypatch
     raise AssertionError("a finished model was trained again")
 
   monkeypatch.setattr(trainer, "train", no_training)
+  outputs = sorted(p for p in tmp_path.rglob("*") if p.is_file() and "xla_cache" not in p.parts)
+  before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in outputs}
+  capsys.readouterr()
   again = study.run_study(cfg, progress=False)
   assert again["results"] == report["results"]
   assert not any(m["trained_now"] for m in again["models"].values())
+  # Issue 48: a rerun that trains and evaluates nothing writes nothing (main rewrote study.json, study.md
+  # and the plots with a new date): every file but XLA's compilation cache is as it was.
+  assert "[study] nothing changed: study.json, study.md, bits_per_byte.png, loss_vs_position.png in" in (
+    capsys.readouterr().out
+  )
+  after = sorted(p for p in tmp_path.rglob("*") if p.is_file() and "xla_cache" not in p.parts)
+  assert after == outputs and {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in after} == before
 
   # A damaged evaluation cache is named, recomputed and rewritten (was a JSONDecodeError naming no file).
   cache = tmp_path / "models" / "rope" / "eval_rope_linear.json"
@@ -212,7 +223,7 @@ def test_combine_and_paired_seeds_match_numpy():
     study.combine_seeds([])
 
 
-def test_two_seeds_train_apart_and_resume(tmp_path, text_file, monkeypatch):
+def test_two_seeds_train_apart_and_resume(tmp_path, text_file, monkeypatch, capsys):
   train = trainer.train
 
   def train_standard(*args, **kwargs):
@@ -239,9 +250,19 @@ def test_two_seeds_train_apart_and_resume(tmp_path, text_file, monkeypatch):
     raise AssertionError("a finished (encoding, seed) model was trained again")
 
   monkeypatch.setattr(trainer, "train", no_training)
+  outputs = sorted(p for p in tmp_path.rglob("*") if p.is_file() and "xla_cache" not in p.parts)
+  before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in outputs}
+  capsys.readouterr()
   again = study.run_study(cfg, progress=False)
   assert again["results"] == report["results"]
   assert not any(m["trained_now"] for m in again["models"].values())
+  # Issue 48: a rerun that trains and evaluates nothing writes nothing (main rewrote study.json, study.md
+  # and the plots with a new date): every file but XLA's compilation cache is as it was.
+  assert "[study] nothing changed: study.json, study.md, bits_per_byte.png, loss_vs_position.png in" in (
+    capsys.readouterr().out
+  )
+  after = sorted(p for p in tmp_path.rglob("*") if p.is_file() and "xla_cache" not in p.parts)
+  assert after == outputs and {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in after} == before
 
 
 def test_every_encoding_evaluates_with_its_trained_parameter_shapes():
@@ -301,7 +322,7 @@ def test_finished_model_of_another_seed_or_other_data_is_not_reused(tmp_path):
   cfg = study.StudyConfig(workdir=str(tmp_path), encodings=("rope",))
   old = study.model_train_config(cfg, "rope")
   Path(old.workdir).mkdir(parents=True)
-  (Path(old.workdir) / "config.json").write_text(old.model_dump_json())
+  (Path(old.workdir) / "config.json").write_text(old.model_copy(update={"num_steps": 3}).model_dump_json())
   summary = {"step": 3, "num_steps": 3, "run": {"data": {"sha256": "a" * 64}}}
   (Path(old.workdir) / "summary.json").write_text(json.dumps(summary))
   assert models.finished(old.model_copy(update={"num_steps": 3}), "a" * 64)["step"] == 3
@@ -318,6 +339,34 @@ def test_finished_model_of_another_seed_or_other_data_is_not_reused(tmp_path):
     update={"num_steps": 3, "data": old.data.model_copy(update={"allow_changed": True})}
   )
   assert models.finished(allowed, "b" * 64)["step"] == 3
+
+
+def test_finished_model_trained_under_other_training_keys_is_not_reused(tmp_path):
+  """Issue 48 kind 5: a finished model is reused only on the same config: one trained with another
+  learning rate (a key a resume may change) was reported under the new config without training. Keys
+  that do not change the weights (where and how it ran, what it logged) still reuse it."""
+  from jaxpe.study import models
+
+  cfg = study.StudyConfig(workdir=str(tmp_path), encodings=("rope",))
+  old = study.model_train_config(cfg, "rope").model_copy(update={"num_steps": 3})
+  Path(old.workdir).mkdir(parents=True)
+  (Path(old.workdir) / "config.json").write_text(old.model_dump_json())
+  summary = {"step": 3, "num_steps": 3, "run": {"data": {"sha256": "a" * 64}}}
+  (Path(old.workdir) / "summary.json").write_text(json.dumps(summary))
+  for key, value, shown in [
+    ("learning_rate", 0.5, "learning_rate: 0.003 -> 0.5"),
+    ("warmup_steps", 2, "warmup_steps: 100 -> 2"),
+    ("weight_decay", 0.5, "weight_decay: 0.1 -> 0.5"),
+    ("grad_accum_steps", 2, "grad_accum_steps: 1 -> 2"),
+  ]:
+    with pytest.raises(
+      ValueError, match=re.escape(f"was trained with other settings than the study now gives ({shown};")
+    ):
+      models.finished(old.model_copy(update={key: value}), "a" * 64)
+  for key, value in [("eval_every", 7), ("checkpoint_every", 1), ("sample_len", 9), ("keep_checkpoints", 5)]:
+    assert models.finished(old.model_copy(update={key: value}), "a" * 64)["step"] == 3
+  scanned = old.model_copy(update={"model": old.model.model_copy(update={"scan_layers": True})})
+  assert models.finished(scanned, "a" * 64)["step"] == 3
 
 
 def test_every_float_key_of_the_study_config_is_finite_and_in_range():

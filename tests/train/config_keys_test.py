@@ -8,11 +8,11 @@ import re
 
 import pydantic
 import pytest
-import yaml
 
 from jaxpe.model.config import MESH_AXES
 from jaxpe.model.encodings import REGISTRY
 from jaxpe.train import cli, config, config_keys
+from jaxpe.train.yaml_text import load_yaml
 
 TRAINING_CONFIGS = sorted(p for p in cli.CONFIGS.glob("*.yaml") if not p.stem.startswith("study"))
 KEYS = {k.name: k for k in config_keys.config_keys()}
@@ -72,7 +72,7 @@ def _comments(path) -> list[tuple[str, object, str]]:
     depth = len(m[1]) // 2
     stack = stack[:depth] + [m[2]]
     if m[3].strip():
-      out.append((".".join(stack), yaml.safe_load(m[3]), m[4] or ""))
+      out.append((".".join(stack), load_yaml(m[3], path.name), m[4] or ""))
   return out
 
 

@@ -76,14 +76,18 @@ TRAIN_ERRORS = [
   (["mesh_shape=[1"], r"override mesh_shape='\[1' line 1 column 3"),
   # values YAML reads as another type than the schema's: refused, not coerced
   (["workdir=1e3"], r"workdir: Input should be a valid string \(got 1000\.0\)"),
-  (["workdir=2024-01-01"], r"workdir: Input should be a valid string"),
-  (["sample_prompt=yes"], r"sample_prompt: Input should be a valid string \(got True\)"),
+  (
+    ["workdir=true"],
+    r"workdir: Input should be a valid string \(got True\)",
+  ),  # YAML 1.2: 2024-01-01, yes are strings
+  (["sample_prompt=true"], r"sample_prompt: Input should be a valid string \(got True\)"),
   (["workdir=''"], r"workdir: String should have at least 1 character"),
   (["data.path=''"], r"data\.path: String should have at least 1 character"),
   (["num_steps=1e3"], r"num_steps: Input should be a valid integer \(got 1000\.0\)"),
   (["num_steps=true"], r"num_steps: Input should be a valid integer \(got True\)"),
   (["learning_rate=true"], r"learning_rate: Input should be a valid number \(got True\)"),
-  (["learning_rate=nan"], r"learning_rate: Input should be a finite number"),
+  (["learning_rate=.nan"], r"learning_rate: Input should be a finite number"),
+  (["learning_rate=nan"], r"learning_rate: Input should be a valid number"),  # YAML 1.2: the string 'nan'
   (["model.layernorm_eps=-.inf"], r"model\.layernorm_eps: Input should be a finite number"),
   (["data.eval_fraction=1"], r"data\.eval_fraction: Input should be less than 1"),
   (["seed=-1"], r"seed: Input should be greater than or equal to 0"),

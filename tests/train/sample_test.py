@@ -4,6 +4,8 @@ the KV cache (the full prefix through the model at each step)."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,16 +42,16 @@ def _greedy_without_cache(workdir, prompt: bytes, n: int) -> bytes:
   return bytes(tokens[len(prompt) :])
 
 
-def test_greedy_sample_matches_a_decoding_loop_without_cache(workdir, capsys):
+def test_greedy_sample_matches_a_decoding_loop_without_cache(workdir, capsysbinary):
   assert sample.main([str(workdir), "--prompt", "def ", "--temperature", "0", "--max-new-tokens", "12"]) == 0
-  captured = capsys.readouterr()
-  expected = "def " + _greedy_without_cache(workdir, b"def ", 12).decode(errors="replace")
-  assert captured.out == expected + "\n"
-  line = captured.err.strip()
+  captured = capsysbinary.readouterr()
+  expected = b"def " + _greedy_without_cache(workdir, b"def ", 12)
+  assert captured.out == expected + b"\n"  # the model's bytes as they are (issue 48 kind 7)
+  line = captured.err.decode().strip()
   assert (
     line.startswith("jaxpe-sample: checkpoint step 4: 12 tokens in ") and " tokens/s (compilation" in line
   ), line
-  # top-k 1 sampling is greedy whatever the temperature; a prompt file gives the same text.
+  # top-k 1 sampling is greedy whatever the temperature; a prompt file gives the same bytes.
   (workdir.parent / "prompt.txt").write_text("def ")
   argv = [
     str(workdir),
@@ -61,7 +63,30 @@ def test_greedy_sample_matches_a_decoding_loop_without_cache(workdir, capsys):
     "12",
   ]
   assert sample.main(argv) == 0
-  assert capsys.readouterr().out == expected + "\n"
+  assert capsysbinary.readouterr().out == expected + b"\n"
+  # --text: the same bytes decoded as UTF-8 with replacement characters.
+  assert sample.main([*argv, "--text"]) == 0
+  assert capsysbinary.readouterr().out == (expected.decode(errors="replace") + "\n").encode()
+
+
+def test_prompt_bytes_that_are_not_utf8_reach_the_model_as_they_are(workdir, capsysbinary):
+  """Issue 48 kind 7: a byte-level model's prompt file is bytes, not UTF-8 text (main replaced each
+  invalid byte by U+FFFD's three bytes before the model saw it). Members: --prompt-file, --prompt (the
+  argument's own bytes), sample_bytes(bytes), and the output (the model's bytes on stdout)."""
+  prompt = b"\xff\xfe\x80def \xc3("
+  (workdir.parent / "bytes.bin").write_bytes(prompt)
+  expected = prompt + _greedy_without_cache(workdir, prompt, 8)
+  argv = [str(workdir), "--prompt-file", str(workdir.parent / "bytes.bin"), "--temperature", "0"]
+  assert sample.main([*argv, "--max-new-tokens", "8"]) == 0
+  assert capsysbinary.readouterr().out == expected + b"\n"
+  # A command-line argument with undecodable bytes reaches Python surrogate-escaped: its bytes are the prompt.
+  argv = [str(workdir), "--prompt", os.fsdecode(prompt), "--temperature", "0", "--max-new-tokens", "8"]
+  assert sample.main(argv) == 0
+  assert capsysbinary.readouterr().out == expected + b"\n"
+  got, stats = sample.sample_bytes(workdir, prompt, max_new_tokens=8, temperature=0.0)
+  assert got == expected and stats["tokens"] == 8
+  with pytest.raises(TypeError, match="prompt must be str or bytes, got list"):
+    sample.sample_bytes(workdir, [1, 2], max_new_tokens=8)
 
 
 def test_sampling_is_seeded(workdir):
