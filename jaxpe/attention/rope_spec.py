@@ -148,7 +148,7 @@ def apply_rope_spec(spec: RopeSpec, q: jax.Array, k: jax.Array, head_dim: int) -
       pos,
       inv_freq=spec.inv_freq,
       layout=spec.layout,
-      scale=scale,
+      attention_factor=scale,
       phase_precision=spec.phase_precision,
     )
     out.append(rotated if x.shape[-1] == head_dim else jnp.concatenate([rotated, x[..., head_dim:]], -1))

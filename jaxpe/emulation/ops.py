@@ -107,7 +107,8 @@ def apply_rope_alibi(
   pad_multiple: int = 1,
   content_inv_freq=None,
   content_layout: str = "interleaved",
-  content_scale: float = 1.0,
+  content_attention_factor: float = _rope._UNSET,
+  content_scale: float = _rope._UNSET,
 ) -> tuple[jax.Array, jax.Array]:
   """Appends the 2k emulation dims to q and k and rotates them (content dims at frequency 0, or at
   ``content_inv_freq``: RoPE and emulated ALiBi in one head).
@@ -142,8 +143,11 @@ def apply_rope_alibi(
       position-free). Default None: content at frequency 0 (the published form).
     content_layout: pair layout of the content rotation, ``"interleaved"`` (default) or ``"half"``
       (``jaxpe.ops.layouts``); read only with ``content_inv_freq``.
-    content_scale: multiplies the rotated content pairs (HF's attention factor of YaRN/LongRoPE);
-      default 1; read only with ``content_inv_freq``.
+    content_attention_factor: multiplies the rotated content pairs (``apply_rope``'s
+      ``attention_factor``: ``RopeSpec.attention_factor``, HF's ``attention_scaling`` of
+      YaRN/LongRoPE; not position interpolation, which divides ``content_inv_freq``); default 1;
+      read only with ``content_inv_freq``.
+    content_scale: the deprecated spelling of ``content_attention_factor`` (``DeprecationWarning``).
 
   Returns:
     ``(q_aug [B, T, N, Ha], k_aug [B, S, K', Ha])`` of ``out_dtype``, ``Ha = H + 2k`` rounded up to
@@ -152,13 +156,21 @@ def apply_rope_alibi(
   Raises:
     ValueError: wrong ranks or sizes, slope count != N, bad theta/order/slopes/positions, an
       amplitude that overflows ``out_dtype``; ``content_inv_freq`` with more than H/2 entries, not
-      finite, or a bad ``content_layout`` / ``content_scale`` (``apply_rope``'s checks).
+      finite, or a bad ``content_layout`` / ``content_attention_factor`` (``apply_rope``'s checks).
 
   Source: the content rotation is RoPE (Su et al., arXiv 2104.09864) on the emulation's content dims;
   the combination is jaxpe's (docs/emulation.md, "RoPE and emulated ALiBi in one head").
     TypeError: non-float q/k, non-integer positions, non-numeric slopes (or theta). Traced slopes or
       theta: ValueError.
   """
+  content_attention_factor = _rope.renamed_attention_factor(
+    "apply_rope_alibi",
+    "content_scale",
+    "content_attention_factor",
+    content_scale,
+    content_attention_factor,
+    1.0,
+  )
   _check_qk(q, k, q_positions, k_positions)
   num_heads, head_dim = q.shape[2], q.shape[3]
   out_name = dtype_name(out_dtype)
@@ -200,7 +212,7 @@ def apply_rope_alibi(
 
   q_cont, k_cont = q.astype(jnp.float32), k.astype(jnp.float32)
   if content_inv_freq is not None:  # RoPE on the content dims, in float32
-    kw = dict(inv_freq=content_inv_freq, layout=content_layout, scale=content_scale)
+    kw = dict(inv_freq=content_inv_freq, layout=content_layout, attention_factor=content_attention_factor)
     q_cont = _rope.apply_rope(q_cont, q_positions, **kw)
     k_cont = _rope.apply_rope(k_cont, k_positions, **kw)
   qp, kp = phases(q_positions), phases(k_positions)

@@ -94,7 +94,7 @@ class HFRope:
       1-D table, the split over (temporal, height, width) positions is the caller's.
     inv_freq: ``[R/2]`` float32 radians per token at transformers' init (``seq_len=None``:
       ``dynamic`` unscaled, ``longrope`` short factors).
-    attention_factor: multiplies cos and sin (``jaxpe.apply_rope(scale=...)``); yarn and longrope.
+    attention_factor: multiplies cos and sin (``jaxpe.apply_rope(attention_factor=...)``); yarn and longrope.
     softmax_scale_factor: multiplies the attention softmax scale ``1/sqrt(qk_head_dim)``
       (``yarn_get_mscale(factor, mscale_all_dim) ** 2`` in DeepSeek-V2/V3 style models; else 1).
     length_dependent: True for ``dynamic`` and ``longrope``: use ``frequencies(seq_len)``.
@@ -259,7 +259,7 @@ class HFRope:
       positions,
       inv_freq=inv_freq,
       layout=self.layout,
-      scale=attention_factor,
+      attention_factor=attention_factor,
       rotated_slice=self.rotated_slice,
       mrope_section=section,
       phase_precision=phase_precision,
@@ -340,7 +340,7 @@ def rope_from_hf_config(
     cos and sin), ``head_dim``, ``rotary_dim``, ``layout``, ``rotated_slice``,
     ``softmax_scale_factor``, ``length_dependent`` and ``frequencies(seq_len)``; see ``HFRope``.
     Apply with ``r.apply(x, positions)``, which is ``jaxpe.apply_rope(x, positions,
-    inv_freq=r.inv_freq, layout=r.layout, scale=r.attention_factor, rotated_slice=r.rotated_slice,
+    inv_freq=r.inv_freq, layout=r.layout, attention_factor=r.attention_factor, rotated_slice=r.rotated_slice,
     mrope_section=r.mrope_section)``.
 
   Family rules beyond the rope dict (see ``HFRope`` and docs/rope.md): mRoPE (``mrope_axes``:

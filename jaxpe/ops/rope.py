@@ -203,19 +203,52 @@ def rope_cos_sin(
   return cos, sin
 
 
-def _check_scale(scale, target: tuple[int, ...]):
+_UNSET = object()
+"""The default of a deprecated keyword (``apply_rope(scale=)``): tells "not given" from any value."""
+
+ATTENTION_FACTOR_IS_NOT = (
+  "attention_factor multiplies cos and sin (RopeSpec.attention_factor, HF's attention_scaling: YaRN's "
+  "0.1 ln(s) + 1, LongRoPE's); it is NOT position interpolation (gemma's scale_factor, HF's rope_scaling "
+  "'factor' with rope_type 'linear'), which divides the frequencies: pass inv_freq=rope_inv_freq(H, "
+  "base=...) / factor, or rope_from_hf_config(...) with rope_scaling {'rope_type': 'linear', 'factor': f}"
+)
+"""What ``attention_factor`` is and is not: the deprecation message of its old spellings."""
+
+
+def renamed_attention_factor(fn: str, old: str, new: str, old_value, new_value, default):
+  """The value of ``new`` (``attention_factor``) given either spelling: ``old`` (deprecated, with a
+  ``DeprecationWarning`` that says what the argument is not) or ``new``.
+
+  Raises:
+    TypeError: both spellings given.
+  """
+  if old_value is _UNSET:
+    return default if new_value is _UNSET else new_value
+  if new_value is not _UNSET:
+    raise TypeError(f"{fn}: give {new}= only ({old}= is its deprecated spelling), not both")
+  import warnings  # noqa: PLC0415 (only a deprecated call needs it)
+
+  warnings.warn(
+    f"{fn}({old}=) is deprecated: use {new}= (the same value). {ATTENTION_FACTOR_IS_NOT}",
+    DeprecationWarning,
+    stacklevel=3,
+  )
+  return old_value
+
+
+def _check_scale(scale, target: tuple[int, ...], name: str = "attention_factor"):
   """``scale``: a real number or a real array broadcastable to ``target`` ``[B, T, N, R/2]``; finite
   when concrete. ArgTypeError for strings, bools, complex; ValueError otherwise."""
   if isinstance(scale, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
-    raise _checks.ArgTypeError(f"scale must be a float (or float array), got {scale!r}")
-  scale = _checks.as_array("scale", scale)
+    raise _checks.ArgTypeError(f"{name} must be a float (or float array), got {scale!r}")
+  scale = _checks.as_array(name, scale)
   if not (jnp.issubdtype(scale.dtype, jnp.floating) or jnp.issubdtype(scale.dtype, jnp.integer)):
-    raise _checks.ArgTypeError(f"scale must be a float (or float array), got dtype {scale.dtype}")
+    raise _checks.ArgTypeError(f"{name} must be a float (or float array), got dtype {scale.dtype}")
   if jnp.ndim(scale) > 0:
-    _checks.broadcastable("scale", scale.shape, target, "[B, T, N, R/2]")
+    _checks.broadcastable(name, scale.shape, target, "[B, T, N, R/2]")
   if not isinstance(scale, jax.core.Tracer):
     if not np.all(np.isfinite(np.asarray(scale, np.float64))):
-      raise ValueError("scale must be finite")
+      raise ValueError(f"{name} must be finite")
     if jnp.ndim(scale) == 0:
       return float(scale)
   return scale
@@ -260,10 +293,11 @@ def apply_rope(
   inv_freq: jax.Array | np.ndarray | None = None,
   base: float = 10000.0,
   layout: Layout = REQUIRED,
-  scale: float | jax.Array = 1.0,
+  attention_factor: float | jax.Array = _UNSET,
   rotated_slice: RotatedSlice = "leading",
   mrope_section=None,
   phase_precision: PhasePrecision = "exact",
+  scale: float | jax.Array = _UNSET,
 ) -> jax.Array:
   """Rotates queries or keys by their positions: ``x_pair * exp(1j * position * inv_freq)``.
 
@@ -282,8 +316,12 @@ def apply_rope(
       model, and weights of one convention under the other give wrong scores without an error
       (``jaxpe.ops.layouts`` cites them). ``rope_from_hf_config(config).layout`` reads it from an
       HF config; ``convert_qk_proj_weight`` moves weights between the layouts.
-    scale: multiplies each rotated pair: a scalar (HF's ``attention_scaling`` for YaRN/LongRoPE)
-      or a float array broadcastable to ``[B, T, N, R/2]`` (xPos). Default 1.
+    attention_factor: multiplies each rotated pair (cos and sin): a scalar (``RopeSpec`` /
+      ``HFRope.attention_factor``, HF's ``attention_scaling`` for YaRN/LongRoPE) or a float array
+      broadcastable to ``[B, T, N, R/2]`` (xPos). Default 1. It is not position interpolation
+      (gemma's ``scale_factor``, HF's linear ``rope_scaling`` factor): that divides ``inv_freq``.
+    scale: the deprecated spelling of ``attention_factor`` (a ``DeprecationWarning`` saying what it
+      is not); giving both is a TypeError.
     rotated_slice: which R dims rotate: ``"leading"`` (``x[..., :R]``, default) or ``"trailing"``
       (``x[..., H-R:]``, MLA-style ``[nope | rope]`` heads such as DeepSeek-V2/V3).
     mrope_section: multi-axis RoPE (Qwen2-VL); see ``rope_cos_sin``.
@@ -296,10 +334,11 @@ def apply_rope(
     TypeError: ``layout`` not given (the message names both values).
     ValueError: wrong ranks, positions not ``[B, T]``/``[1, T]``/``[T]`` for x's B and T, odd H,
       ``R > H``, empty ``inv_freq``, unknown ``layout``/``rotated_slice``/``phase_precision``,
-      concrete positions negative, >= 2^31, not finite or (float64) not held by float32, ``scale``
-      not finite or not broadcastable to ``[B, T, N, R/2]``, bad ``mrope_section``.
+      concrete positions negative, >= 2^31, not finite or (float64) not held by float32,
+      ``attention_factor`` not finite or not broadcastable to ``[B, T, N, R/2]``, bad ``mrope_section``.
     TypeError: non-float ``x`` or ``inv_freq`` (int, bool, complex, strings), positions neither
-      integer nor float, ``scale`` a string, bool or complex, ``base`` not a real number.
+      integer nor float, ``attention_factor`` a string, bool or complex, ``base`` not a real
+      number; both ``attention_factor`` and ``scale``.
 
   Under jit, traced positions are not checked: see ``rope_cos_sin`` for what negative, non-finite
   and too-wide positions give (exact rotations, or NaN rows). ``x`` of any float dtype (bfloat16,
@@ -309,6 +348,7 @@ def apply_rope(
   ``apply_rotary_pos_emb`` (half), HF ``Qwen2VLRotaryEmbedding`` (mrope_section).
   """
   check_layout(layout, "apply_rope")
+  scale = renamed_attention_factor("apply_rope", "scale", "attention_factor", scale, attention_factor, 1.0)
   x = _checks.as_array("x", x)
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   _checks.check_float("x", x)
@@ -326,7 +366,7 @@ def apply_rope(
       f"inv_freq has {inv_freq.shape[0]} frequencies (rotary_dim {rotary_dim}) but head_dim is "
       f"{head_dim}; rotary_dim must be <= head_dim"
     )
-  scale = _check_scale(scale, (*x.shape[:3], rotary_dim // 2))
+  scale = _check_scale(scale, (*x.shape[:3], rotary_dim // 2))  # the attention factor, checked
   cos, sin = rope_cos_sin(positions, inv_freq, mrope_section=mrope_section, phase_precision=phase_precision)
   cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B or 1, T, 1, R/2]
   if isinstance(scale, jax.Array | np.ndarray) or float(scale) != 1.0:

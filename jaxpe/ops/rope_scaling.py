@@ -4,7 +4,7 @@
 (``{"rope_type": "yarn", "factor": 4.0, ...}``; the old key ``"type"`` is accepted too) into
 ``(inv_freq, attention_factor)``: the inverse frequencies ``[R/2]`` float32 in radians per token and
 the factor that multiplies cos and sin (so q.k scales by its square). Pass them to
-``jaxpe.apply_rope(x, positions, inv_freq=inv_freq, layout=..., scale=attention_factor)`` with the
+``jaxpe.apply_rope(x, positions, inv_freq=inv_freq, layout=..., attention_factor=attention_factor)`` with the
 model's pair layout. The dict's spelling, keys and values are read by ``jaxpe.ops.rope_parameters``.
 
 Types (``ROPE_TYPES``) and their sources:

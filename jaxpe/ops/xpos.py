@@ -107,7 +107,7 @@ def xpos_scale(
       for far positions pass one near them, e.g. the centre of all query and key positions.
 
   Returns:
-    ``[B, T, 1, R/2]`` float32, broadcastable against ``[B, T, N, R/2]`` (``apply_rope``'s ``scale``).
+    ``[B, T, 1, R/2]`` float32, broadcastable against ``[B, T, N, R/2]`` (``apply_rope``'s ``attention_factor``).
     Under ``jax.jit`` (traced positions, not checked), entries whose ``|p - offset|`` is outside the
     window are NaN.
 
@@ -218,5 +218,5 @@ def apply_xpos(
     offset=offset,
   )
   return apply_rope(
-    x, positions, inv_freq=inv_freq, layout=layout, scale=scale * jnp.float32(attention_factor)
+    x, positions, inv_freq=inv_freq, layout=layout, attention_factor=scale * jnp.float32(attention_factor)
   )

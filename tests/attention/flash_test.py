@@ -324,7 +324,9 @@ def test_rope_spec_gives_what_rotating_first_gives(impl, precision):
   got = jax.jit(_run(impl, mask, rope_spec=spec))(q, k, v)
 
   def rot(x):
-    return apply_rope(x, pos, inv_freq=inv_freq, layout="half", scale=factor, phase_precision=precision)
+    return apply_rope(
+      x, pos, inv_freq=inv_freq, layout="half", attention_factor=factor, phase_precision=precision
+    )
 
   want = _run("xla", mask)(rot(jnp.asarray(q)), rot(jnp.asarray(k)), v)
   assert float(jnp.max(jnp.abs(got - want))) < (1e-6 if impl == "xla" else TOL)

@@ -86,7 +86,7 @@ def test_hybrid_scores_are_rope_plus_alibi_within_the_solver_bound(scaling, layo
       order=order,
       content_inv_freq=inv_freq,
       content_layout=layout,
-      content_scale=factor,
+      content_attention_factor=factor,
     )
   )
   qa, ka = fn(q, k, qpos, kpos)

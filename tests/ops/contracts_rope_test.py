@@ -145,20 +145,35 @@ CASES = [
   ("rope-base-bool", lambda: rope(X(), P(), base=True), TypeError, "base must be a finite number"),
   ("rope-layout", lambda: apply_rope(X(), P(), layout="complex"), ValueError, "layout must be one of"),
   ("rope-layout-none", lambda: apply_rope(X(), P(), layout=None), ValueError, "layout must be one of"),
-  ("rope-scale-nan", lambda: rope(X(), P(), scale=NAN), ValueError, "scale must be finite"),
-  ("rope-scale-str", lambda: rope(X(), P(), scale="2"), TypeError, "scale must be a float"),
-  ("rope-scale-complex", lambda: rope(X(), P(), scale=1j), TypeError, "scale must be a float"),
   (
-    "rope-scale-shape",
-    lambda: rope(X(), P(), scale=jnp.ones((2, 3, 2, 5))),
+    "rope-attention-factor-nan",
+    lambda: rope(X(), P(), attention_factor=NAN),
     ValueError,
-    "scale must broadcast",
+    "attention_factor must be finite",
   ),
   (
-    "rope-scale-nan-arr",
-    lambda: rope(X(), P(), scale=jnp.full((1, 1, 1, 4), NAN)),
+    "rope-attention-factor-str",
+    lambda: rope(X(), P(), attention_factor="2"),
+    TypeError,
+    "attention_factor must be a float",
+  ),
+  (
+    "rope-attention-factor-complex",
+    lambda: rope(X(), P(), attention_factor=1j),
+    TypeError,
+    "attention_factor must be a float",
+  ),
+  (
+    "rope-attention-factor-shape",
+    lambda: rope(X(), P(), attention_factor=jnp.ones((2, 3, 2, 5))),
     ValueError,
-    "scale must be finite",
+    "attention_factor must broadcast",
+  ),
+  (
+    "rope-attention-factor-nan-arr",
+    lambda: rope(X(), P(), attention_factor=jnp.full((1, 1, 1, 4), NAN)),
+    ValueError,
+    "attention_factor must be finite",
   ),
   ("rope-slice", lambda: rope(X(), P(), rotated_slice="middle"), ValueError, "rotated_slice must be"),
   (
@@ -369,3 +384,50 @@ def test_int64_positions_without_x64_equal_int32_ones():
     apply_rope(XR, p64, inv_freq=INV, layout="interleaved"),
     apply_rope(XR, p64.astype(np.int32), inv_freq=INV, layout="interleaved"),
   )
+
+
+def test_apply_rope_scale_is_the_deprecated_spelling_of_attention_factor():
+  """Issue 48 "one idea, two names": apply_rope(scale=) is RopeSpec's / HFRope's attention_factor (HF:
+  attention_scaling). The old spelling still works, with a DeprecationWarning that says what it is not
+  (position interpolation: gemma's scale_factor passed as scale=8.0 ran without a word, 24.7 off);
+  apply_rope_alibi's content_scale alike. The reference: the pairs rotated by hand in numpy float64."""
+  import warnings
+
+  from jaxpe.emulation import apply_rope_alibi
+
+  x, p = np.asarray(X(), np.float64), np.asarray(P())
+  inv = 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)
+  phase = p[:, :, None, None] * inv  # [B, T, 1, 4]
+  z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * phase) * 1.5
+  want = np.stack([z.real, z.imag], -1).reshape(x.shape)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # the new name warns nothing
+    new = rope(X(), P(), attention_factor=1.5)
+  np.testing.assert_allclose(np.asarray(new, np.float64), want, rtol=2e-6, atol=2e-6)
+  with pytest.warns(DeprecationWarning) as caught:
+    old = rope(X(), P(), scale=1.5)
+  message = str(caught[0].message)
+  assert message.startswith("apply_rope(scale=) is deprecated: use attention_factor= (the same value).")
+  assert "it is NOT position interpolation (gemma's scale_factor" in message and "/ factor" in message
+  np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
+  with pytest.raises(TypeError, match=r"apply_rope: give attention_factor= only \(scale= is its deprecated"):
+    rope(X(), P(), scale=1.5, attention_factor=1.5)
+
+  q, k = X(n=2), X(n=2)
+  kw = dict(
+    slopes=[0.5, 0.25],
+    theta=0.01,
+    content_inv_freq=jnp.asarray(inv, jnp.float32),
+    content_layout="interleaved",
+  )
+  new = apply_rope_alibi(q, k, P(), P(), content_attention_factor=1.5, **kw)
+  with pytest.warns(
+    DeprecationWarning,
+    match=r"apply_rope_alibi\(content_scale=\) is deprecated: use content_attention_factor=",
+  ):
+    old = apply_rope_alibi(q, k, P(), P(), content_scale=1.5, **kw)
+  for a, b in zip(old, new):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_allclose(np.asarray(new[0][..., :8], np.float64), want, rtol=2e-6, atol=2e-6)
+  with pytest.raises(TypeError, match="give content_attention_factor= only"):
+    apply_rope_alibi(q, k, P(), P(), content_scale=1.5, content_attention_factor=1.5, **kw)

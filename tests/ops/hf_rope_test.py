@@ -237,7 +237,7 @@ def test_layout_and_rotated_slice_match_transformers_apply():
         jnp.asarray(positions, jnp.int32),
         inv_freq=r.inv_freq,
         layout=r.layout,
-        scale=r.attention_factor,
+        attention_factor=r.attention_factor,
         phase_precision="float32",  # transformers' float32 phases (exact ones differ by its rounding)
       )
     )
@@ -264,7 +264,7 @@ def test_apply_uses_the_config_layout_slice_sections_and_length():
   assert r.layout == "half" and r.length_dependent
   for seq_len in (None, 4096, 8192):
     inv, att = (r.inv_freq, r.attention_factor) if seq_len is None else r.frequencies(seq_len)
-    want = jaxpe.apply_rope(x, pos, inv_freq=inv, layout="half", scale=att)
+    want = jaxpe.apply_rope(x, pos, inv_freq=inv, layout="half", attention_factor=att)
     np.testing.assert_array_equal(r.apply(x, pos, seq_len=seq_len), want)
   assert not np.array_equal(r.apply(x, pos, seq_len=8192), r.apply(x, pos))  # the long factors
   qwen = {

@@ -361,8 +361,12 @@ def test_rotated_q_k_match_hf_llama_rotary_embedding(params):
   inv, att = rope_frequencies(
     params, head_dim=head_dim, max_position_embeddings=max_pos, seq_len=int(pos.max()) + 1
   )
-  jq = rope.apply_rope(jnp.asarray(q), jnp.asarray(pos, jnp.int32), inv_freq=inv, layout="half", scale=att)
-  jk = rope.apply_rope(jnp.asarray(k), jnp.asarray(pos, jnp.int32), inv_freq=inv, layout="half", scale=att)
+  jq = rope.apply_rope(
+    jnp.asarray(q), jnp.asarray(pos, jnp.int32), inv_freq=inv, layout="half", attention_factor=att
+  )
+  jk = rope.apply_rope(
+    jnp.asarray(k), jnp.asarray(pos, jnp.int32), inv_freq=inv, layout="half", attention_factor=att
+  )
   # Both compute float32 phases p * inv_freq (p < 3000); inv_freq differ by < 1e-6 relative.
   np.testing.assert_allclose(jq, hq.numpy(), atol=2e-3, rtol=0)
   np.testing.assert_allclose(jk, hk.numpy(), atol=2e-3, rtol=0)

@@ -107,7 +107,9 @@ class RopeParityTest(chex.TestCase):
     inv, att = rope_scaling.rope_frequencies(params, head_dim=32)
     x = _rand(2, (1, 7, 2, 32))
     pos = _positions(3, (1, 7), 4000)
-    out = self.variant(lambda x, p: rope.apply_rope(x, p, inv_freq=inv, layout="half", scale=att))(x, pos)
+    out = self.variant(lambda x, p: rope.apply_rope(x, p, inv_freq=inv, layout="half", attention_factor=att))(
+      x, pos
+    )
     ref = hf_rotate_half_rope(x, pos, np.asarray(inv, np.float64), attention_scaling=att)
     np.testing.assert_allclose(out, ref, atol=3e-4, rtol=0)
 
@@ -251,10 +253,10 @@ def test_rope_errors_name_the_argument():
     rope.apply_rope(x, p, layout="neox")
   with pytest.raises(ValueError, match="rotary_dim must be even"):
     rope.rope_inv_freq(8, rotary_dim=3)
-  with pytest.raises(ValueError, match="scale must broadcast"):
-    rope.apply_rope(x, p, scale=jnp.ones((1, 4, 2, 3), jnp.float32), layout="interleaved")
-  with pytest.raises(ValueError, match="scale must be finite"):
-    rope.apply_rope(x, p, scale=float("nan"), layout="interleaved")
+  with pytest.raises(ValueError, match="attention_factor must broadcast"):
+    rope.apply_rope(x, p, attention_factor=jnp.ones((1, 4, 2, 3), jnp.float32), layout="interleaved")
+  with pytest.raises(ValueError, match="attention_factor must be finite"):
+    rope.apply_rope(x, p, attention_factor=float("nan"), layout="interleaved")
   with pytest.raises(ValueError, match="inv_freq must have shape"):
     rope.rope_phases(p, jnp.ones((2, 2), jnp.float32))
   with pytest.raises(TypeError, match="positions must be an integer"):

@@ -20,7 +20,7 @@ class Rope(PositionalEncoding):
   def encode_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     cfg = self.cfg
     inv_freq, factor = cfg.rope_frequencies()  # rope_scaling + rotary_dim
-    kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, scale=factor)
+    kw = dict(inv_freq=inv_freq, layout=cfg.rope_layout, attention_factor=factor)
     return rope.apply_rope(q, positions, **kw), rope.apply_rope(k, positions, **kw)
 
   def rope_spec(self, positions: jax.Array, kv_positions: jax.Array) -> RopeSpec:

@@ -52,7 +52,9 @@ class RopeAlibi(PositionalEncoding):
     content = {}
     if cfg.rope_alibi_content_rope:  # the hybrid: content dims at the RoPE config's frequencies
       inv_freq, factor = cfg.rope_frequencies()
-      content = dict(content_inv_freq=inv_freq, content_layout=cfg.rope_layout, content_scale=factor)
+      content = dict(
+        content_inv_freq=inv_freq, content_layout=cfg.rope_layout, content_attention_factor=factor
+      )
     return self._emulate(q, k, positions, **content)
 
   def encode_qk_nope(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
