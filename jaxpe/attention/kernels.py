@@ -40,7 +40,7 @@ from jaxpe.attention.backends import (
 )
 from jaxpe.attention.masks import AttentionMask, IndexMask
 from jaxpe.attention.position_bias import PositionBias, check_position_bias, refuse_on_fused
-from jaxpe.attention.reference import check_scale, default_precise_dims
+from jaxpe.attention.reference import check_scale, default_precise_dims, torch_layout_named
 from jaxpe.attention.rope_spec import RopeSpec, apply_rope_spec, check_rope_spec
 from jaxpe.ops import checks as _checks
 
@@ -123,9 +123,17 @@ def attention(
   name = check_implementation(implementation)
   if precise_dims is None and all(getattr(x, "ndim", 0) == 4 for x in (q, v)):
     precise_dims = default_precise_dims(None, q.shape[-1], v.shape[-1])
-  q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims)
-  if rope_spec is not None:
-    rope_spec = check_rope_spec(rope_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[-1] - precise_dims)
+
+  def check(q, k, v):  # the size checks, run again on q, k, v as [B, N, T, H] to name that layout
+    checked = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims)
+    spec = None
+    if rope_spec is not None:
+      spec = check_rope_spec(rope_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[-1] - precise_dims)
+    return checked, spec
+
+  with torch_layout_named(q, k, v, check):
+    (q, k, v, scale, mask, alibi_spec), checked_rope = check(q, k, v)
+  rope_spec = checked_rope if rope_spec is not None else rope_spec
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, q.shape[2])
   if position_bias is not None:

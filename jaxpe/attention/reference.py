@@ -6,6 +6,7 @@ Einsum equations use the shape alphabet of the package docstring (B, T, S, N, K,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -84,6 +85,59 @@ def check_not_forward_mode(name: str, *arrays) -> None:
       "mode) with mask=mask.dense(...) and ALiBi as bias=jaxpe.alibi_bias(...), or reverse mode "
       "(jax.jacrev, jax.vjp, jax.grad), which gives the same derivatives"
     )
+
+
+def _check_shapes(q, k, v, bias, mask) -> None:
+  """``dot_product_attention``'s size checks (ranks are checked before).
+
+  Raises:
+    ValueError: no heads, mismatched batch/length/head/dim sizes, a bias or mask that does not
+      broadcast to ``[B, N, T, S]``.
+  """
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
+  if num_kv == 0 or num_heads == 0:
+    raise ValueError(f"q and k need at least one head (N >= 1, K >= 1), got N={num_heads}, K={num_kv}")
+  if k.shape[0] != batch or k.shape[3] != qk_dim:
+    raise ValueError(f"k must have shape [B, S, K, Hq] with B={batch}, Hq={qk_dim}, got {k.shape}")
+  if v.shape[:3] != k.shape[:3]:
+    raise ValueError(f"v must have shape [B, S, K, H] with [B, S, K] = {k.shape[:3]}, got {v.shape}")
+  if num_heads % num_kv:
+    raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv}")
+  full = (batch, num_heads, t_len, s_len)
+  for name, arr in (("bias", bias), ("mask", mask)):
+    if arr is not None:
+      _checks.broadcastable(name, arr.shape, full, "[B, N, T, S]")
+
+
+@contextlib.contextmanager
+def torch_layout_named(q, k, v, check):
+  """Within the block, a ``ValueError`` from a shape check gains a note when q, k and v look like
+  PyTorch's ``[B, N, T, H]`` layout (``torch.nn.functional.scaled_dot_product_attention``'s): when
+  ``check`` (the same checks) passes on them with axes 1 and 2 swapped. jaxpe takes jax.nn's
+  ``[B, T, N, H]``. Where nothing else fixes T and N (no mask, bias or mask fields; N == K and
+  T == S) the layouts cannot be told apart from shapes.
+
+  Raises:
+    ValueError: the block's, with ``"; q, k, v look like PyTorch's [B, N, T, H] layout ..."`` added.
+  """
+  try:
+    yield
+  except ValueError as e:
+    if not all(len(getattr(x, "shape", ())) == 4 for x in (q, k, v)):
+      raise
+    swapped = [
+      jax.ShapeDtypeStruct((x.shape[0], x.shape[2], x.shape[1], x.shape[3]), x.dtype) for x in (q, k, v)
+    ]
+    try:
+      check(*swapped)
+    except (ValueError, TypeError):
+      raise e from None
+    raise ValueError(
+      f"{e}; q, k, v look like PyTorch's [B, N, T, H] layout (q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+      f"{tuple(v.shape)}, which fit as [B, N, T, H]): jaxpe takes [B, T, N, H] (jax.nn's); pass "
+      "q.transpose(0, 2, 1, 3) (and k, v alike) and transpose the [B, T, N, H] output back"
+    ) from None
 
 
 def dot_product_attention(
@@ -174,21 +228,9 @@ def dot_product_attention(
   is_causal = _checks.check_bool("is_causal", is_causal)
   if scale is not None:
     scale = check_scale("scale", scale, traced_ok=True)
-  batch, t_len, num_heads, qk_dim = q.shape
-  s_len, num_kv = k.shape[1], k.shape[2]
-  if num_kv == 0 or num_heads == 0:
-    raise ValueError(f"q and k need at least one head (N >= 1, K >= 1), got N={num_heads}, K={num_kv}")
-  if k.shape[0] != batch or k.shape[3] != qk_dim:
-    raise ValueError(f"k must have shape [B, S, K, Hq] with B={batch}, Hq={qk_dim}, got {k.shape}")
-  if v.shape[:3] != k.shape[:3]:
-    raise ValueError(f"v must have shape [B, S, K, H] with [B, S, K] = {k.shape[:3]}, got {v.shape}")
-  if num_heads % num_kv:
-    raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv}")
-  full = (batch, num_heads, t_len, s_len)
   if bias is not None:
     bias = _checks.as_array("bias", bias)
     _checks.check_float("bias", bias)
-    _checks.broadcastable("bias", bias.shape, full, "[B, N, T, S]")
   if mask is not None:
     if isinstance(mask, AttentionMask):
       raise TypeError(
@@ -196,9 +238,12 @@ def dot_product_attention(
         "(or use mask.dense(B, T))"
       )
     mask = _checks.as_array("mask", mask)
-    _checks.broadcastable("mask", mask.shape, full, "[B, N, T, S]")
     if jnp.result_type(mask) != jnp.bool_:
       raise TypeError(f"mask must be a bool array (True = may attend), got dtype {jnp.result_type(mask)}")
+  with torch_layout_named(q, k, v, lambda q, k, v: _check_shapes(q, k, v, bias, mask)):
+    _check_shapes(q, k, v, bias, mask)
+  batch, t_len, num_heads, qk_dim = q.shape
+  s_len, num_kv = k.shape[1], k.shape[2]
 
   precise_dims = default_precise_dims(precise_dims, qk_dim, v.shape[-1])
   if not _checks.is_int(precise_dims) or not 0 <= precise_dims <= qk_dim:

@@ -25,7 +25,7 @@ import numpy as np
 from jaxpe.ops import checks as _checks
 from jaxpe.ops.exact_phases import _turn_words
 from jaxpe.ops.layouts import LAYOUTS
-from jaxpe.ops.rope import apply_rope
+from jaxpe.ops.rope import apply_rope, check_frequency_dtype
 from jaxpe.ops.xpos import xpos_scale, xpos_zeta
 
 
@@ -71,7 +71,7 @@ def check_rope_spec(spec, batch: int, t_len: int, s_len: int, head_dim: int) -> 
   """``spec`` checked against q ``[B, T, ., H + E]`` / k ``[B, S, ., H + E]`` (H content dims).
 
   Raises:
-    TypeError: not a RopeSpec; non-float ``inv_freq``; non-integer positions; non-number scalars.
+    TypeError: not a RopeSpec; non-float ``inv_freq``, or one narrower than float32 (bfloat16, float16); non-integer positions; non-number scalars.
     ValueError: ``inv_freq`` not ``[R/2]`` with ``1 <= R/2``, ``R <= H``, or not finite; positions
       not ``[B, T]`` / ``[B, S]`` (mrope's ``[A, B, T]`` named) or (concrete) negative; bad
       ``layout`` / ``phase_precision``; ``attention_factor`` / xPos scalars not finite > 0.
@@ -80,6 +80,7 @@ def check_rope_spec(spec, batch: int, t_len: int, s_len: int, head_dim: int) -> 
     raise TypeError(f"rope_spec must be a RopeSpec or None, got {type(spec).__name__}")
   inv_freq = _checks.as_array("RopeSpec.inv_freq", spec.inv_freq)
   _checks.check_float("RopeSpec.inv_freq", inv_freq)
+  check_frequency_dtype("RopeSpec.inv_freq", inv_freq.dtype)  # bfloat16 / float16: phases lose precision
   if jnp.ndim(inv_freq) != 1 or inv_freq.shape[0] == 0:
     raise ValueError(f"RopeSpec.inv_freq must have shape [R/2] with R/2 >= 1, got {jnp.shape(inv_freq)}")
   if 2 * inv_freq.shape[0] > head_dim:

@@ -153,6 +153,16 @@ def apply_rope_alibi(
     ``(q_aug [B, T, N, Ha], k_aug [B, S, K', Ha])`` of ``out_dtype``, ``Ha = H + 2k`` rounded up to
     ``pad_multiple``; ``K' = K`` for a shared theta, N (keys repeated per group) for per-head theta.
 
+  In your own attention: q_aug and k_aug are ``Ha - H`` dims (2k, plus padding) wider than v
+  (``[B, S, K, H]``): code that reads the head dim from q to reshape v or the output (Gemma's
+  grouped-query reshape, ``q.reshape(B, T, K, N // K, H)`` then ``v`` alike) must take H from v,
+  and the softmax scale stays ``1 / sqrt(H)`` of the original head dim. The 2k emulation dims hold
+  values of ~1e5-1e6 whose products cancel down to the ALiBi bias: contract them in float32 at
+  ``precision=jax.lax.Precision.HIGHEST`` (on GPUs the default float32 matmul is TF32, on TPUs one
+  bfloat16 pass, which costs whole logits); ``jaxpe.dot_product_attention`` / ``kernels.attention``
+  do that for the last ``precise_dims`` dims (default: the dims beyond v's width), e.g.
+  ``jnp.einsum("btnh,bsnh->bnts", q_aug, k_aug, precision="highest")`` in a hand-written one.
+
   Raises:
     ValueError: wrong ranks or sizes, slope count != N, bad theta/order/slopes/positions, an
       amplitude that overflows ``out_dtype``; ``content_inv_freq`` with more than H/2 entries, not

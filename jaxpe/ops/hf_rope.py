@@ -108,8 +108,9 @@ class HFRope:
     rotation_sign: 1, or -1 where the family's ``rotate_half`` has flipped signs (NanoChat: q
       rotates by ``-theta``; ``apply`` passes ``-inv_freq``). cos/sin are transformers' either way.
     longrope_mscale: PhiMoE's ``(short_mscale, long_mscale)``: the cos/sin scale for ``seq_len <=
-      original_max_position_embeddings`` and past it, replacing longrope's attention factor; its
-      module keeps the short-factor ``inv_freq`` at every length (transformers 5.24). Else None.
+      original_max_position_embeddings`` and past it, replacing longrope's attention factor, with
+      longrope's long factors past that length (``frequencies``; the model's authors' rule, where
+      transformers 5.x's module keeps the short-factor table at every length). Else None.
   """
 
   model_type: str | None
@@ -170,8 +171,9 @@ class HFRope:
     max_position_embeddings`` (stateless: a fresh transformers module, no cache of the longest
     length seen). Other types ignore ``seq_len``. A traced int scalar works under ``jax.jit``.
 
-    PhiMoE (``longrope_mscale``): the short-factor table at every length, scaled by
-    ``short_mscale`` up to the original length and ``long_mscale`` past it.
+    PhiMoE (``longrope_mscale``): longrope's tables (the long factors past the original length, as
+    Microsoft's model code, transformers 4.x and vLLM; transformers 5.x keeps the short table at
+    every length), scaled by ``short_mscale`` up to the original length and ``long_mscale`` past it.
 
     Raises:
       ValueError: ``seq_len`` negative or not an integer.
@@ -182,11 +184,18 @@ class HFRope:
     if self.longrope_mscale is not None:
       seq_len = check_seq_len(seq_len)
       short, long = self.longrope_mscale
+      inv_freq, _ = rope_frequencies(  # longrope's table: the long factors past the original length
+        self.parameters,
+        head_dim=self.head_dim,
+        rotary_dim=self.rotary_dim,
+        max_position_embeddings=self.max_position_embeddings,
+        seq_len=seq_len,
+      )
       if seq_len is None:
-        return self.inv_freq, short
+        return inv_freq, short
       if isinstance(seq_len, jax.core.Tracer):
-        return self.inv_freq, jnp.where(seq_len > self.original_max_position_embeddings, long, short)
-      return self.inv_freq, long if seq_len > self.original_max_position_embeddings else short
+        return inv_freq, jnp.where(seq_len > self.original_max_position_embeddings, long, short)
+      return inv_freq, long if seq_len > self.original_max_position_embeddings else short
     return rope_frequencies(
       self.parameters,
       head_dim=self.head_dim,

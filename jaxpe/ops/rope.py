@@ -254,12 +254,33 @@ def _check_scale(scale, target: tuple[int, ...], name: str = "attention_factor")
   return scale
 
 
+def check_frequency_dtype(name: str, dtype) -> None:
+  """Refuses frequencies in a float narrower than float32 (bfloat16, float16): the phase
+  ``position * inv_freq`` carries the frequency's rounding times the position.
+
+  Raises:
+    TypeError: naming ``name``, the dtype, the phase error it causes and what to pass instead.
+  """
+  info = jnp.finfo(dtype)
+  if info.nmant >= 23:
+    return
+  rel = 2.0 ** -(info.nmant + 1)
+  raise TypeError(
+    f"{name} must be float32 or float64, got {jnp.dtype(dtype).name}: its {info.nmant + 1}-bit significand rounds "
+    f"each frequency by up to {rel:.2g} of itself, so the phase position * {name} is off by up to "
+    f"{rel:.2g} x position rad ({1000 * rel:.2g} rad at position 1000 for a frequency of 1); pass the "
+    "frequencies as float32 (or float64: rope_inv_freq(..., dtype=np.float64)); q and k may stay "
+    f"{jnp.dtype(dtype).name}"
+  )
+
+
 def _check_inv_freq(inv_freq):
   inv_freq = _checks.as_array("inv_freq", inv_freq)
   if isinstance(inv_freq, np.ndarray) and inv_freq.dtype.kind in "iu":
     inv_freq = inv_freq.astype(np.float64)  # a list or tuple of Python numbers, e.g. [1, 0.5]
   _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")
   _checks.check_float("inv_freq", inv_freq)
+  check_frequency_dtype("inv_freq", inv_freq.dtype)
   if inv_freq.shape[0] == 0:
     raise ValueError("inv_freq must have at least one frequency ([R/2] with R >= 2), got shape (0,)")
   if not isinstance(inv_freq, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(inv_freq, np.float64))):
@@ -291,7 +312,7 @@ def apply_rope(
   positions: jax.Array,
   *,
   inv_freq: jax.Array | np.ndarray | None = None,
-  base: float = 10000.0,
+  base: float | None = None,
   layout: Layout = REQUIRED,
   attention_factor: float | jax.Array = _UNSET,
   rotated_slice: RotatedSlice = "leading",
@@ -308,7 +329,8 @@ def apply_rope(
       ``rope_cos_sin``). With ``mrope_section``: ``[A, B, T]``, ``[A, 1, T]`` or ``[A, T]``.
     inv_freq: ``[R/2]`` float radians per token, ``R <= H``; the other ``H - R`` dims pass
       through. Default: ``rope_inv_freq(H, base=base)`` in float64.
-    base: rope_theta used when ``inv_freq`` is None.
+    base: rope_theta (> 0) of the default ``inv_freq``; None = 10000. Only without ``inv_freq``:
+      giving both is a ValueError (the base would be ignored).
     layout: required, the pair layout within the rotated slice: ``"half"`` (rotate-half, pairs
       ``(i, i + R/2)``: HF transformers' Llama, Mistral, Qwen, Gemma, GPT-NeoX checkpoints) or
       ``"interleaved"`` (complex, pairs ``(2i, 2i+1)``: Meta's llama reference, EasyLM, GPT-J). No
@@ -333,11 +355,12 @@ def apply_rope(
   Raises:
     TypeError: ``layout`` not given (the message names both values).
     ValueError: wrong ranks, positions not ``[B, T]``/``[1, T]``/``[T]`` for x's B and T, odd H,
-      ``R > H``, empty ``inv_freq``, unknown ``layout``/``rotated_slice``/``phase_precision``,
+      ``R > H``, empty ``inv_freq``, ``base`` given with ``inv_freq``, unknown ``layout``/``rotated_slice``/``phase_precision``,
       concrete positions negative, >= 2^31, not finite or (float64) not held by float32,
       ``attention_factor`` not finite or not broadcastable to ``[B, T, N, R/2]``, bad ``mrope_section``.
-    TypeError: non-float ``x`` or ``inv_freq`` (int, bool, complex, strings), positions neither
-      integer nor float, ``attention_factor`` a string, bool or complex, ``base`` not a real
+    TypeError: non-float ``x`` or ``inv_freq`` (int, bool, complex, strings), an ``inv_freq``
+      narrower than float32 (bfloat16, float16: the phases would carry its rounding times the
+      position), positions neither integer nor float, ``attention_factor`` a string, bool or complex, ``base`` not a real
       number; both ``attention_factor`` and ``scale``.
 
   Under jit, traced positions are not checked: see ``rope_cos_sin`` for what negative, non-finite
@@ -358,7 +381,13 @@ def apply_rope(
   head_dim = x.shape[-1]
   if inv_freq is None:
     _checks.check_positive_int("x.shape[-1] (head_dim)", head_dim, even=True)
-    inv_freq = rope_inv_freq(head_dim, base=base, dtype=np.float64)
+    inv_freq = rope_inv_freq(head_dim, base=10000.0 if base is None else base, dtype=np.float64)
+  elif base is not None:
+    raise ValueError(
+      f"apply_rope: give base= or inv_freq=, not both (got base={base!r}): inv_freq fixes the frequencies "
+      "and base would be ignored; build them from the base with rope_inv_freq(H, base=...) (or a scaled "
+      "rope_frequencies(...)) and pass inv_freq only"
+    )
   inv_freq = _check_inv_freq(inv_freq)
   rotary_dim = 2 * inv_freq.shape[0]
   if rotary_dim > head_dim:

@@ -163,7 +163,7 @@ def apply_xpos(
   *,
   kind: Literal["query", "key"],
   inv_freq: jax.Array | None = None,
-  base: float = 10000.0,
+  base: float | None = None,
   layout: Layout = REQUIRED,
   scale_base: float = 512.0,
   gamma: float = 0.4,
@@ -178,7 +178,7 @@ def apply_xpos(
       by the batch. Phases are exact (``apply_rope``'s default).
     kind: ``"query"`` or ``"key"``.
     inv_freq: ``[R/2]`` float radians per token (``R <= H``, dims R..H-1 pass through unscaled);
-      default ``rope_inv_freq(H, base=base)`` in float64.
+      default ``rope_inv_freq(H, base=base)`` in float64 (base None = 10000; giving both is a ValueError).
     base: rope_theta when ``inv_freq`` is None.
     layout: required, ``"interleaved"`` (torchscale's ``rotate_every_two``) or ``"half"``
       (rotate-half); no default, as ``apply_rope`` (``jaxpe.ops.layouts`` says why).
@@ -203,7 +203,12 @@ def apply_xpos(
   _checks.check_float("x", x)
   if inv_freq is None:
     head_dim = _checks.check_positive_int("x.shape[-1] (head_dim)", x.shape[-1], even=True)
-    inv_freq = rope_inv_freq(head_dim, base=base, dtype=np.float64)
+    inv_freq = rope_inv_freq(head_dim, base=10000.0 if base is None else base, dtype=np.float64)
+  elif base is not None:
+    raise ValueError(
+      f"apply_xpos: give base= or inv_freq=, not both (got base={base!r}): inv_freq fixes the frequencies "
+      "and base would be ignored; pass inv_freq=rope_inv_freq(H, base=...) only"
+    )
   elif not isinstance(inv_freq, jax.Array | np.ndarray):
     inv_freq = np.asarray(inv_freq, np.float64)
   _checks.check_rank("inv_freq", inv_freq, 1, "[R/2]")

@@ -492,3 +492,29 @@ def test_empty_sizes_give_empty_or_zero_results_on_every_backend():
         x[0], x[1], x[1], scale=0.5, mask=AttentionMask(), implementation=impl, interpret=True
       )
       assert out.shape == (b, t, N, H), impl
+
+
+def test_pytorch_layout_inputs_are_named():
+  """Issue 48 (a newcomer's walk): q, k, v in PyTorch's [B, N, T, H] layout
+  (scaled_dot_product_attention's) fed to dot_product_attention / kernels.attention. Where a mask, a
+  bias, GQA or the AttentionMask's fields fix T and N, the size error says the layout and the
+  transpose; the swapped shapes are checked to fit (no hint for a plain size error)."""
+  b, t, n, kv, h = 2, 5, 4, 2, 8
+  q, k = jnp.ones((b, n, t, h)), jnp.ones((b, kv, t, h))
+  layout = r"q, k, v look like PyTorch's \[B, N, T, H\] layout .*: jaxpe takes \[B, T, N, H\] \(jax\.nn's\); pass q\.transpose\(0, 2, 1, 3\)"
+  for kw in (dict(mask=jnp.ones((b, 1, t, t), bool)), dict(bias=jnp.zeros((b, n, t, t)))):
+    with pytest.raises(ValueError, match="must broadcast to .*; " + layout):
+      attention.dot_product_attention(q, k, k, **kw)
+  mask = AttentionMask(valid=jnp.ones((b, t), bool))
+  with pytest.raises(ValueError, match="an AttentionMask is for self-attention .*; " + layout):
+    kernels.attention(q, k, k, scale=0.3, mask=mask, implementation="xla")
+  # The same call in jaxpe's layout runs; a size error that no layout explains gets no hint.
+  out = attention.dot_product_attention(
+    q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+  )
+  assert out.shape == (b, t, n, h)
+  with pytest.raises(ValueError, match=r"must broadcast") as refused:
+    attention.dot_product_attention(
+      q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), mask=jnp.ones((3, 3), bool)
+    )
+  assert "PyTorch" not in str(refused.value)

@@ -252,3 +252,24 @@ def test_a_failing_compiler_is_named_with_its_exit(tmp_path, monkeypatch, body, 
   with pytest.raises(RuntimeError, match=said):
     native.build(_source(tmp_path))
   assert not list((tmp_path / "cache").glob("*.so"))  # nothing cached
+
+
+def test_the_build_limit_is_on_the_compilers_cpu_time_and_stalls_not_wall_time():
+  """Issue 48: the limit was 120 s of wall time where a build takes about 4 s of CPU (2-14 s wall
+  idle, 50 s on a 2-core machine at load 15): a hung compiler blocked the first attention call for
+  two minutes, and a shorter wall limit would kill healthy builds on a loaded machine. Now: 30 s of
+  the compiler's CPU time or of no progress. A compiler slower in wall time than the limit that keeps
+  working finishes (main: killed at 1.5 s); one that stalls, or spins, is killed."""
+  assert native.BUILD_TIMEOUT_S == 30.0
+  working = (
+    "for r in 1 2 3 4; do i=0; while [ $i -lt 60000 ]; do i=$((i+1)); done; sleep 0.5; done; echo built"
+  )
+  t = time.monotonic()
+  done = native._run_killable(["sh", "-c", working], 1.5)
+  assert done.returncode == 0 and done.stdout.strip() == "built"
+  assert time.monotonic() - t > 2.0  # it ran past the limit in wall time (4 sleeps alone take 2 s)
+  for stuck in ("sleep 30", "while :; do :; done"):  # stalled; spinning (1.5 s of CPU)
+    t = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+      native._run_killable(["sh", "-c", stuck], 1.5)
+    assert time.monotonic() - t < 15.5  # the wall-time backstop at the latest

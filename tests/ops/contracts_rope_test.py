@@ -431,3 +431,46 @@ def test_apply_rope_scale_is_the_deprecated_spelling_of_attention_factor():
   np.testing.assert_allclose(np.asarray(new[0][..., :8], np.float64), want, rtol=2e-6, atol=2e-6)
   with pytest.raises(TypeError, match="give content_attention_factor= only"):
     apply_rope_alibi(q, k, P(), P(), content_scale=1.5, content_attention_factor=1.5, **kw)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_frequencies_narrower_than_float32_are_refused_naming_the_phase_error(dtype):
+  """Issue 48: a bfloat16 inv_freq rotated silently; its rounding (2^-9 of each frequency) times the
+  position is the phase error (here checked against float64: 1000 x that bound is reached)."""
+  inv = np.asarray(1.0 / 10000 ** (np.arange(0, 8, 2) / 8))
+  narrow = jnp.asarray(inv, dtype)
+  err = np.max(np.abs(np.asarray(narrow, np.float64) - inv) / inv)
+  assert err > 2.0 ** -(jnp.finfo(dtype).nmant + 4)  # the rounding the message speaks of is real
+  name = jnp.dtype(dtype).name
+  message = rf"inv_freq must be float32 or float64, got {name}: .* pass the frequencies as float32"
+  for call in (
+    lambda: rope(X(), P(), inv_freq=narrow),
+    lambda: rope_cos_sin(P(), narrow),
+    lambda: apply_xpos(X(), P(), kind="query", layout="interleaved", inv_freq=narrow),
+  ):
+    with pytest.raises(TypeError, match=message):
+      call()
+  from jaxpe.attention.rope_spec import RopeSpec, check_rope_spec
+
+  spec = RopeSpec(inv_freq=narrow, q_positions=P(), k_positions=P(), layout="interleaved")
+  with pytest.raises(TypeError, match=rf"RopeSpec\.inv_freq must be float32 or float64, got {name}"):
+    check_rope_spec(spec, 2, 3, 3, 8)
+  rope(X(), P(), inv_freq=jnp.asarray(inv, jnp.float32))  # float32 and float64 rotate
+  rope(X(), P(), inv_freq=inv)
+
+
+def test_base_with_inv_freq_is_refused():
+  """Issue 48: base= was ignored without a word when inv_freq= was given."""
+  inv = 1.0 / 500.0 ** (np.arange(0, 8, 2) / 8)
+  for call in (
+    lambda: rope(X(), P(), inv_freq=inv, base=500.0),
+    lambda: apply_xpos(X(), P(), kind="query", layout="interleaved", inv_freq=inv, base=500.0),
+  ):
+    with pytest.raises(ValueError, match=r"give base= or inv_freq=, not both \(got base=500\.0\)"):
+      call()
+  # base alone builds the frequencies it names; the default is 10000.
+  np.testing.assert_array_equal(
+    np.asarray(rope(X(), P(), base=500.0)), np.asarray(rope(X(), P(), inv_freq=inv))
+  )
+  default = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)
+  np.testing.assert_array_equal(np.asarray(rope(X(), P())), np.asarray(rope(X(), P(), inv_freq=default)))

@@ -3,6 +3,7 @@ with a rotary embedding (matched or refused by name), composite models' text con
 PretrainedConfig object against its dict, the errors naming the key, and Ministral-3's query scale.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -504,6 +505,8 @@ def test_family_keys_match_transformers():
   )
   cases.append(("qwen3_omni_moe", omni, POSITIONS3))
   for family, config, positions in cases:
+    if family == "phimoe" and positions.max() >= 4096:
+      continue  # past the original length: transformers 5.x keeps the short table (checked below)
     r = rope_from_hf_config(config)
     module = _rotary(family, config)
     np.testing.assert_allclose(r.inv_freq, module.inv_freq.double().numpy(), rtol=1e-6, err_msg=family)
@@ -518,7 +521,29 @@ def test_family_keys_match_transformers():
       want = _per_pair(want, r.rotary_dim // 2, family)
       np.testing.assert_allclose(np.asarray(g, np.float64) * float(att), want, atol=2e-3, err_msg=family)
     assert _apply_matches(module, r, positions, None) in (None, True), family
-  assert rope_from_hf_config(phimoe).frequencies(8001)[1] == 1.3  # long_mscale past 4096
+  # Issue 48: PhiMoE switches to the long factors past original_max_position_embeddings, as
+  # Microsoft's modeling_phimoe.py, transformers 4.x and vLLM (transformers 5.x does not): the
+  # reference is that rule in numpy float64, inv_freq = 1 / (long_factor * base^(2i/d)), cos/sin
+  # scaled by long_mscale; up to the original length the short table with short_mscale.
+  r = rope_from_hf_config(phimoe)
+  exponents = np.arange(0, 128, 2) / 128
+  for seq_len, factors, mscale in ((4096, short, 1.2431), (4097, long, 1.3), (8001, long, 1.3)):
+    inv_freq, att = r.frequencies(seq_len)
+    want = 1.0 / (np.asarray(factors, np.float64) * 1e4**exponents)
+    np.testing.assert_allclose(np.asarray(inv_freq, np.float64), want, rtol=1e-6)
+    assert att == mscale
+    pos = np.arange(seq_len - 5, seq_len)[None]
+    cos, sin = jaxpe.rope_cos_sin(jnp.asarray(pos, jnp.int32), inv_freq)
+    np.testing.assert_allclose(
+      np.asarray(cos, np.float64) * att,
+      np.cos(pos[..., None] * want) * mscale,
+      atol=1e-3,  # float32 inv_freq x p ~ 8000
+    )
+    np.testing.assert_allclose(
+      np.asarray(sin, np.float64) * att, np.sin(pos[..., None] * want) * mscale, atol=1e-3
+    )
+  jitted = jax.jit(lambda n: r.frequencies(n))(jnp.int32(8001))
+  np.testing.assert_allclose(np.asarray(jitted[0]), np.asarray(r.frequencies(8001)[0]), rtol=0)
   assert rope_from_hf_config(cases[2][1]).rope_type == "default"  # a static base
   for key, value, words in (
     ("short_mscale", 1.2, "PhiMoE"),
