@@ -4,7 +4,7 @@
   python benchmarks/run.py --quick          # small shapes
   python benchmarks/run.py --only ops train # some groups (ceiling always runs)
   python benchmarks/run.py --plot           # also plot the history of the records
-  python benchmarks/run.py --update-readme  # rewrite README's "Measured" block from the newest record
+  python benchmarks/run.py --update-readme  # rewrite docs/results.md's "Measured" block from the newest record
   python benchmarks/run.py --results-dir benchmarks/results   # keep the record in the checkout
 
 Groups (each row is a figure and, where there is one, a ratio against a reference measured in the
@@ -425,9 +425,9 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--no-record", action="store_true", help="do not write a JSON record")
   parser.add_argument("--plot", action="store_true", help="plot the history to <results-dir>/history.png")
   parser.add_argument(
-    "--update-readme", action="store_true", help="rewrite the README block from the newest record"
+    "--update-readme", action="store_true", help="rewrite docs/results.md's block from the newest record"
   )
-  parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+  parser.add_argument("--readme", type=Path, default=ROOT / "docs" / "results.md")
   parser.add_argument("--no-run", action="store_true", help="run nothing (with --plot / --update-readme)")
   args = parser.parse_args(argv)
   record = None

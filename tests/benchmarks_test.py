@@ -64,7 +64,7 @@ def test_goal_met_reads_the_goal_on_the_ratio():
 
 def test_readme_has_the_generated_block():
   run = _load_run()
-  text = (ROOT / "README.md").read_text()
+  text = (ROOT / "docs" / "results.md").read_text()  # the README's measurements live there (issue 48)
   assert text.count(run.BEGIN) == 1 and text.index(run.BEGIN) < text.index(run.END)
 
 

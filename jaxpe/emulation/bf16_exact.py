@@ -25,7 +25,7 @@ bf16-exact parts over a few extra dims:
 Either layout is read by every kernel at its native precision without loss in the products; the
 fused-kernel path of ``jaxpe.attention`` (``jaxpe.attention.fused``) places these dims after the
 content dims, so the float32 accumulator sums the content at its own size before it meets them (an
-accumulation-order assumption stated in the README's precision table; measured with content in
+accumulation-order assumption stated in the precision table of docs/results.md; measured with content in
 ``benchmarks/kernel_precision.py``: summed the other way the augmented form misses 1e-2 logits at
 65536 positions). The lean form (``jaxpe.emulation.lean``, the kernels' default) needs 2..6 dims.
 
