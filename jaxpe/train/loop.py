@@ -380,7 +380,9 @@ class _Training:
     kept = saved is not None and saved.step == run.step
     if self.primary:
       files = (
-        "its files are left as they are" if kept else "only its missing or damaged summary.json is written"
+        "its files are left as they are"
+        if kept
+        else "only its missing or damaged summary.json (and loss.png) are written again"
       )
       print(f"the run in {self.workdir} is {what}; nothing to train ({hint}); {files}")
       differing = run_checks.config_differences(self.meta.get("config"), cfg)
