@@ -41,7 +41,7 @@ MAY_IMPORT["errors"] = set()
 MAY_IMPORT["commands"] = {"errors"}  # the console scripts: their commands are imported when run
 # Third-party packages a layer imports at module level (pyproject.toml's extras install them).
 _CORE = {"jax", "numpy"}
-_MODEL = _CORE | {"flax", "pydantic", "pydantic_core", "yaml", "annotated_types"}
+_MODEL = _CORE | {"flax", "pydantic", "pydantic_core", "ruamel", "annotated_types"}
 _TRAIN = _MODEL | {"optax", "orbax", "tqdm", "tensorboardX"}
 THIRD_PARTY = {
   "jaxpe": _CORE,

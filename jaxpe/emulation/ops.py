@@ -107,8 +107,8 @@ def apply_rope_alibi(
   pad_multiple: int = 1,
   content_inv_freq=None,
   content_layout: str = "interleaved",
-  content_attention_factor: float = _rope._UNSET,
-  content_scale: float = _rope._UNSET,
+  content_attention_factor: float = _checks.UNSET,
+  content_scale: float = _checks.UNSET,
 ) -> tuple[jax.Array, jax.Array]:
   """Appends the 2k emulation dims to q and k and rotates them (content dims at frequency 0, or at
   ``content_inv_freq``: RoPE and emulated ALiBi in one head).
@@ -173,7 +173,7 @@ def apply_rope_alibi(
     TypeError: non-float q/k, non-integer positions, non-numeric slopes (or theta). Traced slopes or
       theta: ValueError.
   """
-  content_attention_factor = _rope.renamed_attention_factor(
+  content_attention_factor = _checks.renamed_attention_factor(
     "apply_rope_alibi",
     "content_scale",
     "content_attention_factor",

@@ -347,3 +347,36 @@ def checked_positions(name: str, positions, shape: tuple[int, int]):
       f"{name} must have shape {list(shape)} (q/k's [B, T] / [B, S]), got {tuple(positions.shape)}"
     )
   return positions
+
+
+UNSET = object()
+"""The default of a deprecated keyword (``apply_rope(scale=)``): tells "not given" from any value."""
+
+ATTENTION_FACTOR_IS_NOT = (
+  "attention_factor multiplies cos and sin (RopeSpec.attention_factor, HF's attention_scaling: YaRN's "
+  "0.1 ln(s) + 1, LongRoPE's); it is NOT position interpolation (gemma's scale_factor, HF's rope_scaling "
+  "'factor' with rope_type 'linear'), which divides the frequencies: pass inv_freq=rope_inv_freq(H, "
+  "base=...) / factor, or rope_from_hf_config(...) with rope_scaling {'rope_type': 'linear', 'factor': f}"
+)
+"""What ``attention_factor`` is and is not: the deprecation message of its old spellings."""
+
+
+def renamed_attention_factor(fn: str, old: str, new: str, old_value, new_value, default):
+  """The value of ``new`` (``attention_factor``) given either spelling: ``old`` (deprecated, with a
+  ``DeprecationWarning`` that says what the argument is not) or ``new``.
+
+  Raises:
+    TypeError: both spellings given.
+  """
+  if old_value is UNSET:
+    return default if new_value is UNSET else new_value
+  if new_value is not UNSET:
+    raise TypeError(f"{fn}: give {new}= only ({old}= is its deprecated spelling), not both")
+  import warnings  # noqa: PLC0415 (only a deprecated call needs it)
+
+  warnings.warn(
+    f"{fn}({old}=) is deprecated: use {new}= (the same value). {ATTENTION_FACTOR_IS_NOT}",
+    DeprecationWarning,
+    stacklevel=3,
+  )
+  return old_value

@@ -203,39 +203,6 @@ def rope_cos_sin(
   return cos, sin
 
 
-_UNSET = object()
-"""The default of a deprecated keyword (``apply_rope(scale=)``): tells "not given" from any value."""
-
-ATTENTION_FACTOR_IS_NOT = (
-  "attention_factor multiplies cos and sin (RopeSpec.attention_factor, HF's attention_scaling: YaRN's "
-  "0.1 ln(s) + 1, LongRoPE's); it is NOT position interpolation (gemma's scale_factor, HF's rope_scaling "
-  "'factor' with rope_type 'linear'), which divides the frequencies: pass inv_freq=rope_inv_freq(H, "
-  "base=...) / factor, or rope_from_hf_config(...) with rope_scaling {'rope_type': 'linear', 'factor': f}"
-)
-"""What ``attention_factor`` is and is not: the deprecation message of its old spellings."""
-
-
-def renamed_attention_factor(fn: str, old: str, new: str, old_value, new_value, default):
-  """The value of ``new`` (``attention_factor``) given either spelling: ``old`` (deprecated, with a
-  ``DeprecationWarning`` that says what the argument is not) or ``new``.
-
-  Raises:
-    TypeError: both spellings given.
-  """
-  if old_value is _UNSET:
-    return default if new_value is _UNSET else new_value
-  if new_value is not _UNSET:
-    raise TypeError(f"{fn}: give {new}= only ({old}= is its deprecated spelling), not both")
-  import warnings  # noqa: PLC0415 (only a deprecated call needs it)
-
-  warnings.warn(
-    f"{fn}({old}=) is deprecated: use {new}= (the same value). {ATTENTION_FACTOR_IS_NOT}",
-    DeprecationWarning,
-    stacklevel=3,
-  )
-  return old_value
-
-
 def _check_scale(scale, target: tuple[int, ...], name: str = "attention_factor"):
   """``scale``: a real number or a real array broadcastable to ``target`` ``[B, T, N, R/2]``; finite
   when concrete. ArgTypeError for strings, bools, complex; ValueError otherwise."""
@@ -314,11 +281,11 @@ def apply_rope(
   inv_freq: jax.Array | np.ndarray | None = None,
   base: float | None = None,
   layout: Layout = REQUIRED,
-  attention_factor: float | jax.Array = _UNSET,
+  attention_factor: float | jax.Array = _checks.UNSET,
   rotated_slice: RotatedSlice = "leading",
   mrope_section=None,
   phase_precision: PhasePrecision = "exact",
-  scale: float | jax.Array = _UNSET,
+  scale: float | jax.Array = _checks.UNSET,
 ) -> jax.Array:
   """Rotates queries or keys by their positions: ``x_pair * exp(1j * position * inv_freq)``.
 
@@ -371,7 +338,9 @@ def apply_rope(
   ``apply_rotary_pos_emb`` (half), HF ``Qwen2VLRotaryEmbedding`` (mrope_section).
   """
   check_layout(layout, "apply_rope")
-  scale = renamed_attention_factor("apply_rope", "scale", "attention_factor", scale, attention_factor, 1.0)
+  scale = _checks.renamed_attention_factor(
+    "apply_rope", "scale", "attention_factor", scale, attention_factor, 1.0
+  )
   x = _checks.as_array("x", x)
   _checks.check_rank("x", x, 4, "[B, T, N, H]")
   _checks.check_float("x", x)

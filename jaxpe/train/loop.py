@@ -157,18 +157,13 @@ class _Training:
     if jax.process_count() > 1:  # every process has read the saved config before process 0 rewrites it
       multihost_utils.sync_global_devices("jaxpe: restored")
     self.meta = meta
-    # A command that does nothing writes nothing: a finished run's files are left as they are, and a
-    # resumed run's config.json is replaced only with its first checkpoint (``save``), so that it
-    # always describes the checkpoints beside it (a rerun with, e.g., another scan_layers that trains
-    # nothing leaves it alone). A fresh run writes it now (no checkpoint yet to disagree with).
+    # config.json: a fresh run's now, a resumed run's with its first checkpoint (``save``); none if finished
     self.config_pending = self.primary and meta is not None and not self.finished
     if self.primary and meta is None:
       run_files.write_atomic(self.workdir / "config.json", cfg.model_dump_json(indent=2))
-    if self.primary and not self.finished:
-      previous = run_files.truncate_metrics(self.workdir / "metrics.jsonl", self.run.step)
-      self.loss = previous[-1]["loss"] if previous else self.loss
-    elif self.primary:
-      previous = run_files.read_metrics(self.workdir / "metrics.jsonl")
+    if self.primary:  # a finished run's metrics are only read
+      path, step = self.workdir / "metrics.jsonl", self.run.step
+      previous = run_files.read_metrics(path) if self.finished else run_files.truncate_metrics(path, step)
       self.loss = next((r["loss"] for r in reversed(previous) if r["step"] <= self.run.step), self.loss)
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
@@ -379,18 +374,9 @@ class _Training:
     saved = run_log.read_summary(self.workdir)
     kept = saved is not None and saved.step == run.step
     if self.primary:
-      files = (
-        "its files are left as they are"
-        if kept
-        else "only its missing or damaged summary.json (and loss.png) are written again"
-      )
+      files = "its files are left as they are" if kept else "its missing summary.json and plot are written"
       print(f"the run in {self.workdir} is {what}; nothing to train ({hint}); {files}")
-      differing = run_checks.config_differences(self.meta.get("config"), cfg)
-      if differing:
-        print(
-          f"these settings differ from the run's (its checkpoint of step {run.step}) and were not applied "
-          f"(config.json keeps the run's): {differing}"
-        )
+      print(run_checks.unapplied_settings(self.meta.get("config"), cfg, run.step), end="")
     if kept:
       return saved
     return self.finish("schedule_done" if run.step >= run.schedule_steps else "stop_at")

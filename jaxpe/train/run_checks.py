@@ -33,6 +33,7 @@ __all__ = [
   "check_shared_workdir",
   "check_workdir_is_ours",
   "config_differences",
+  "unapplied_settings",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,18 @@ def config_differences(
     k for k, s in same.items() if not s and not any(k == i or k.startswith(i + ".") for i in ignore)
   )
   return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
+
+
+def unapplied_settings(saved: dict[str, Any] | None, cfg: TrainConfig, step: int) -> str:
+  """The line a rerun of a finished run prints when ``cfg`` differs from the config of its checkpoint
+  of ``step`` (``saved``): the differing keys, not applied; ``""`` when none differ."""
+  differing = config_differences(saved, cfg)
+  if not differing:
+    return ""
+  return (
+    f"these settings differ from the run's (its checkpoint of step {step}) and were not applied "
+    f"(config.json keeps the run's): {differing}\n"
+  )
 
 
 def check_resume_config(
