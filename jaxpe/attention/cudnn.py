@@ -78,5 +78,12 @@ def attend(
   ids = kernel_segment_ids(mask, q.shape[0], q.shape[1])
   dense = None if ids is None else ids[:, None, :, None] == ids[:, None, None, :]
   return jax.nn.dot_product_attention(
-    q, k, v, mask=dense, scale=scale, is_causal=mask.causal, implementation="cudnn", local_window_size=window
+    q,
+    k,
+    v,
+    mask=dense,
+    scale=scale,
+    is_causal=mask.causal,
+    implementation="cudnn",
+    **({} if window is None else {"local_window_size": window}),
   )
