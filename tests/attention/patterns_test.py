@@ -116,8 +116,9 @@ def test_dense_reference(name):
   _check(fn, q, k, v, w, allowed, cap=opts.get("logits_soft_cap"))
 
 
-@pytest.mark.parametrize("path", ["cpu_kernel", "xla_loops"])
-@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize(
+  "name, path", [(n, "cpu_kernel") for n in OPTIONS] + [(n, "xla_loops") for n in COMPOSED]
+)
 def test_blockwise_padding_packing_alibi_sinks(name, path):
   """AttentionMask (left padding, two packed documents), odd T = 37, GQA, native ALiBi and sinks, on
   the xla backend's blockwise path: attention (on the CPU: the C++ kernel) and the XLA loops
