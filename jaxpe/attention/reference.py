@@ -203,12 +203,10 @@ def dot_product_attention(
     causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
       caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
       ``t`` (so T == S); keys past a block's last query are then skipped, not computed and masked.
-    local_window_size: optional ``(left, right)`` ints >= 0 (an int w: ``(w, w)``), as
-      ``jax.nn.dot_product_attention``: query ``t`` sees key ``s`` only if ``t - left <= s <= t + right``
-      (indices aligned at the top left, as ``is_causal``), combined with the other masks.
-      transformers' ``sliding_window = w`` is ``(w - 1, 0)`` (with ``is_causal``).
-    chunk_size: optional int >= 1 (Llama 4's ``attention_chunk_size``): query ``t`` sees key ``s``
-      only if ``t // chunk_size == s // chunk_size``.
+    local_window_size, chunk_size: optional window ``(left, right)`` ints >= 0 (int w: ``(w, w)``;
+      ``jax.nn.dot_product_attention``'s): query ``t`` sees key ``s`` only if ``t - left <= s <= t +
+      right``; transformers' ``sliding_window = w`` is ``(w - 1, 0)``. Chunk: int >= 1 (Llama 4's
+      ``attention_chunk_size``): ``t // chunk_size == s // chunk_size``. Top-left aligned indices.
     logits_soft_cap: optional finite float > 0 (Gemma 2's ``attn_logit_softcapping``): the scaled
       scores become ``cap * tanh(q.k * scale / cap)`` before ``bias`` and the mask (transformers'
       ``gemma2.eager_attention_forward``). Not with ``precise_dims > 0`` (an emulated bias in q.k).
@@ -219,14 +217,12 @@ def dot_product_attention(
   Raises:
     ValueError: wrong ranks, mismatched batch/length/head/dim sizes, no heads (N or K = 0), float32
       scores ``[B, N, T, S]`` larger than the device's memory (named before allocation), bias
-      or mask that do not broadcast, a concrete ``scale`` not a finite number > 0,
-      ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0, given with T != S, or given
-      with neither ``mask`` nor ``bias``; ``local_window_size`` sides < 0 or not a pair,
-      ``chunk_size`` < 1, ``logits_soft_cap`` NaN, inf or <= 0, or given with ``precise_dims > 0``.
-    TypeError: ``local_window_size`` / ``chunk_size`` not ints (bools, floats), ``logits_soft_cap``
-      not a concrete real number; non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
-      ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array),
-      a non-bool ``is_causal``.
+      or mask that do not broadcast, a concrete ``scale`` not a finite number > 0, ``precise_dims``
+      outside 0..Hq, ``causal_block`` not an int > 0, given with T != S or with neither ``mask`` nor
+      ``bias``; window sides < 0 / not a pair, chunk < 1, cap NaN, inf, <= 0 or with precise dims.
+    TypeError: window / chunk not ints, ``logits_soft_cap`` not a real number; non-float q/k/v/bias,
+      a non-bool mask (an ``AttentionMask`` too: it goes to ``jaxpe.kernels.attention``), a ``scale``
+      that is not a real number (bool, string, array), a non-bool ``is_causal``.
 
   Under jit: a traced ``scale`` is not checked (NaN or inf give NaN outputs); a bias of -inf on a
   whole row, or a mask that hides a whole row, gives zeros for that row (and zero gradients); NaN in
