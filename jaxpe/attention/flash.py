@@ -95,6 +95,9 @@ def attend(
   sinks: jax.Array | None = None,
   block: int | None = None,
   target: str = "gpu",
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``flash``, its shared checks done: ``[B, T, N, H]`` of v's dtype.
 
@@ -109,24 +112,50 @@ def attend(
     alibi_spec, rope_spec: checked specs (``check_alibi_spec`` / ``check_rope_spec``).
     precise_dims: E, trailing float32 dims of q and k (contracted in float32).
     interpret: run the kernels of ``target`` in Pallas interpret mode (CPU).
-    sinks: must be None.
+    sinks: None or ``[N]`` float attention-sink logits (gpt-oss; arXiv 2309.17453): ``exp(sink_h)``
+      starts each row's online softmax (running max ``sink_h``, sum 1), a term with no value;
+      differentiable (``d sink_h = -sum_rows exp(sink_h - lse) * delta``, delta = ``sum(o * do)``,
+      from the forward's log-sum-exp, which includes the sink).
     block: rows per block, a power of two >= 8 (tests); default ``kernel_length`` (T up to 128
       as one block, else 128). ``target="tpu"`` outside interpret mode: a multiple of 128 or at
       least the padded T (Mosaic's tiling of the key-row operands).
     target: ``"gpu"`` (Triton kernels, ``flash_kernels``) or ``"tpu"`` (Mosaic kernels blocked
       over k/v, ``flash_tpu``); lower them for ``"cuda"`` / ``"tpu"`` respectively.
+    local_window_size: None, an int w (``(w, w)``) or ``(left, right)`` ints >= 0 in tokens: query i
+      sees key j only if ``i - left <= j <= i + right`` (jax.nn.dot_product_attention's meaning;
+      with ``mask.causal``, ``(left, 0)``). Key blocks wholly outside every row's window of a q
+      block are skipped (GPU: the loop bounds; TPU: not on the grid), the rest masked per element.
+    chunk_size: None or an int >= 1 (Llama 4's ``attention_chunk_size``): query i sees key j only if
+      ``i // chunk_size == j // chunk_size``; key blocks of other chunks are skipped as above.
+      i and j are token indices in the row (in a packed row, document boundaries come from the
+      segment ids; chunks and windows count from the row's start).
+    logits_soft_cap: None or a finite float > 0 (Gemma 2's ``attn_logit_softcapping``): the scaled
+      scores become ``cap * tanh(s / cap)`` before the native ALiBi bias, the mask and the sinks;
+      the backward multiplies ``ds`` by ``1 - tanh^2``. Refused with ``precise_dims`` > 0 (the
+      ``rope_alibi`` emulation dims put ALiBi inside ``q.k``, which the cap would bend).
 
   Raises:
-    ValueError: a bias, a dense mask or an IndexMask, sinks, T != S, H = 0, q/k not H + E dims,
+    ValueError: a bias, a dense mask or an IndexMask, sinks not ``[N]``, T != S, H = 0, q/k not H + E dims,
       concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``,
-      a ``target`` not in ``TARGETS``.
+      a ``target`` not in ``TARGETS``, a window side < 0, ``chunk_size`` < 1, ``logits_soft_cap``
+      not finite > 0, ``logits_soft_cap`` with ``precise_dims`` > 0.
+    TypeError: a window, chunk size or cap of the wrong type (bool, float window, traced).
   """
   if target not in TARGETS:
     raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-  if sinks is not None:
+  window, chunk, cap = check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  if cap is not None and precise_dims:
     raise ValueError(
-      "attention implementation 'flash' takes no attention sinks; sinks run on 'xla' and 'splash'"
+      f"attention implementation 'flash' cannot take logits_soft_cap with precise_dims={precise_dims} "
+      "(emulated ALiBi dims inside q.k would be soft-capped); give ALiBi as alibi_spec (added after "
+      "the cap in the kernel) and precise_dims=0"
     )
+  if sinks is not None:
+    sinks = jnp.asarray(sinks)
+    if sinks.shape != (q.shape[2],) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+      raise ValueError(
+        f"sinks must be a float array [N] = [{q.shape[2]}], got {sinks.dtype}{list(sinks.shape)}"
+      )
   if bias is not None:
     raise ValueError(
       "attention implementation 'flash' takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
@@ -186,6 +215,9 @@ def attend(
     width = padded_head_dim("flash", precise_dims)  # a power of two: Triton loads power-of-two blocks
     qe = layout(q[..., head_dim:].astype(jnp.float32), width)
     ke = layout(k[..., head_dim:].astype(jnp.float32), width)
+  if window is not None:  # a side reaching the padded T restricts nothing (and stays int32-safe)
+    window = tuple(None if side >= length else side for side in window)
+    window = None if window == (None, None) else window
   cfg = flash_kernels.Config(
     scale=float(scale),
     causal=mask.causal,
@@ -193,6 +225,11 @@ def attend(
     groups=num_heads // num_kv,
     interpret=interpret,
     target=target,
+    window=window,
+    chunk=chunk if chunk is not None and chunk < length else None,
+    soft_cap=cap,
+    sinks=sinks is not None,
+    length=length,
   )
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
@@ -239,8 +276,16 @@ def attend(
   ids = kernel_segment_ids(kernel_mask, batch, length)
   if ids is not None:
     aux.update(sq=ids[:, None, :] if target == "tpu" else ids[:, :, None], sk=ids[:, None, :])
+  sink_logits = None if sinks is None else sinks.astype(jnp.float32)
   out = _flash(
-    cfg, layout(q[..., :head_dim], dim), layout(k[..., :head_dim], dim), layout(v, dim), qe, ke, aux
+    cfg,
+    layout(q[..., :head_dim], dim),
+    layout(k[..., :head_dim], dim),
+    layout(v, dim),
+    qe,
+    ke,
+    sink_logits,
+    aux,
   )
   if target == "tpu":
     out = jnp.transpose(out, (0, 2, 1, 3))
@@ -263,30 +308,91 @@ def rope_split(layout: str, half: int, dim: int) -> int:
 _KERNELS = {"gpu": flash_kernels, "tpu": flash_tpu}
 
 
-def _kernel_aux(qe, ke, aux):
+def _kernel_aux(qe, ke, aux, sinks=None):
   extra = dict(aux)
   if qe is not None:
     extra.update(qe=qe, ke=ke)
+  if sinks is not None:  # the forward kernel's only: [N, 1, 1], read as slopes are
+    extra["sinks"] = sinks.reshape(-1, 1, 1)
   return extra
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q, k, v, qe, ke, aux):
+def _flash(cfg, q, k, v, qe, ke, sinks, aux):
   """``o`` in the kernel layout (``[B, T, N, Dv]`` gpu, ``[B, N, T, Dv]`` tpu), differentiable in q, k,
-  v, qe, ke; undifferentiated, the forward kernel writes no log-sum-exp (the backward's residual)."""
-  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg, residuals=False)[0]
+  v, qe, ke and the float32 sink logits ``[N]`` (or None); undifferentiated, the forward kernel writes
+  no log-sum-exp (the backward's residual)."""
+  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux, sinks), cfg, residuals=False)[0]
 
 
-def _flash_fwd(cfg, q, k, v, qe, ke, aux):
-  o, lse = _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)
-  return o, (q, k, v, qe, ke, aux, o, lse)
+def _flash_fwd(cfg, q, k, v, qe, ke, sinks, aux):
+  o, lse = _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux, sinks), cfg)
+  return o, (q, k, v, qe, ke, sinks, aux, o, lse)
 
 
 def _flash_bwd(cfg, res, do):
-  q, k, v, qe, ke, aux, o, lse = res
+  q, k, v, qe, ke, sinks, aux, o, lse = res
   dq, dk, dv, dqe, dke = _KERNELS[cfg.target].backward(q, k, v, _kernel_aux(qe, ke, aux), o, lse, do, cfg)
   zeros = jax.tree.map(jnp.zeros_like, aux)  # positions, tables, slopes, ids: constants
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqe, dke, zeros
+  dsinks = None if sinks is None else _sink_grad(cfg, sinks, o, lse, do)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqe, dke, dsinks, zeros
+
+
+def _sink_grad(cfg, sinks, o, lse, do):
+  """``d sink_h = -sum_{b, t} P_sink * delta``: the sink is one more score with no value (its
+  ``dP = 0``), so its ``ds = P_sink (0 - delta)``, ``P_sink = exp(sink_h - lse)`` (lse includes the
+  sink: finite), ``delta = sum(o * do)`` over the value dims (zero on padding rows: no cotangent)."""
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # gpu [B, T, N]; tpu [B, N, T]
+  if cfg.target == "gpu":
+    delta = jnp.transpose(delta, (0, 2, 1))
+  lse = lse.reshape(delta.shape)  # [B, N, T, 1] (gpu) or [B, N, 1, T] (tpu) -> [B, N, T]
+  return -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * delta, axis=(0, 2))
+
+
+def check_pattern(local_window_size, chunk_size, logits_soft_cap):
+  """``(window, chunk, cap)``: ``local_window_size`` as ``(left, right)`` ints >= 0 (an int w:
+  ``(w, w)``) or None, ``chunk_size`` an int >= 1 or None, ``logits_soft_cap`` a finite float > 0
+  or None (the contract of ``jaxpe.attention.attention``; static Python values).
+
+  Raises:
+    TypeError: a bool, float or traced window side or chunk size; a cap that is not a real number.
+    ValueError: a window side < 0 or a pair not of two items; ``chunk_size`` < 1; a cap NaN, inf or <= 0.
+  """
+  window = None
+  if local_window_size is not None:
+    what = (
+      "local_window_size must be None, an int w >= 0 (the window (w, w)) or a pair (left, right) of ints >= 0"
+    )
+    sides = local_window_size
+    if _checks.is_int(sides):
+      sides = (sides, sides)
+    if not isinstance(sides, tuple | list):
+      raise TypeError(f"{what}, got {local_window_size!r}")
+    if len(sides) != 2:
+      raise ValueError(f"{what}, got {len(sides)} items: {local_window_size!r}")
+    if not all(_checks.is_int(x) for x in sides):
+      raise TypeError(f"{what}, got {local_window_size!r}")
+    if any(x < 0 for x in sides):
+      raise ValueError(f"{what}, got {local_window_size!r}")
+    window = (int(sides[0]), int(sides[1]))
+  chunk = None
+  if chunk_size is not None:
+    if not _checks.is_int(chunk_size):
+      raise TypeError(f"chunk_size must be None or an int >= 1 (tokens per chunk), got {chunk_size!r}")
+    if chunk_size < 1:
+      raise ValueError(f"chunk_size must be None or an int >= 1 (tokens per chunk), got {chunk_size!r}")
+    chunk = int(chunk_size)
+  cap = None
+  if logits_soft_cap is not None:
+    what = "logits_soft_cap must be None or a finite float > 0"
+    if isinstance(logits_soft_cap, bool) or not isinstance(
+      logits_soft_cap, int | float | np.integer | np.floating
+    ):
+      raise TypeError(f"{what}, got {logits_soft_cap!r}")
+    if not np.isfinite(logits_soft_cap) or logits_soft_cap <= 0:
+      raise ValueError(f"{what}, got {logits_soft_cap!r}")
+    cap = float(logits_soft_cap)
+  return window, chunk, cap
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -67,6 +67,76 @@ class Config:
   interpret: bool = False
   split: int = 0  # rotate-half width h (elementwise rotation of lane ranges); 0: the perm matmul
   target: str = "gpu"  # "gpu": these Triton kernels; "tpu": jaxpe.attention.flash_tpu (Mosaic)
+  window: tuple[int, int] | None = None  # local_window_size (left, right), each at most the padded T
+  chunk: int | None = None  # chunk_size (only when smaller than the padded T)
+  soft_cap: float | None = None  # logits_soft_cap
+  sinks: bool = False  # a "sinks" operand [N, 1, 1] joins the forward's online softmax
+  length: int = 0  # the padded T (a whole number of blocks): flash_tpu's grids and block ranges
+
+
+def _max(a, b):
+  return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+
+
+def _min(a, b):
+  return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
+
+
+def _div(a, b: int):
+  """``a // b`` for ``a >= 0`` (Python ints, or int32 through ``lax.div``: Mosaic's ``//`` asks for the chip)."""
+  return a // b if isinstance(a, int) else lax.div(a, jnp.int32(b))
+
+
+def _sides(cfg: Config):
+  """``(left, right)`` of the window with the causal mask folded in (right 0), None for an unbounded side."""
+  left, right = cfg.window if cfg.window is not None else (None, None)
+  if cfg.causal:
+    right = 0
+  return left, right
+
+
+def _chunk_blocks(cfg: Config, first, last, lo, hi):
+  """``[lo, hi)`` narrowed to the blocks of the chunks of tokens ``first..last`` (same-chunk pairs only)."""
+  if cfg.chunk is None:
+    return lo, hi
+  c, b = cfg.chunk, cfg.block
+  lo = _max(lo, _div(_div(first, c) * c, b))
+  hi = _min(hi, _div(_div(last, c) * c + (c - 1), b) + 1)
+  return lo, hi
+
+
+def key_blocks(cfg: Config, i, n: int):
+  """``[lo, hi)``: the key blocks with a key that some query of q block ``i`` sees (causal, window,
+  chunks); the others are never loaded. ``i`` a Python int or a traced int32 (a grid index)."""
+  b = cfg.block
+  first, last = i * b, i * b + (b - 1)
+  left, right = _sides(cfg)
+  lo, hi = 0, n
+  if left is not None:
+    lo = _max(lo, _div(_max(first - left, 0), b))
+  if right is not None:
+    hi = _min(hi, _div(last + right, b) + 1)
+  return _chunk_blocks(cfg, first, last, lo, hi)
+
+
+def query_blocks(cfg: Config, j, n: int):
+  """``[lo, hi)``: the q blocks with a query that sees some key of key block ``j`` (query i sees key
+  j when ``j - right <= i <= j + left``, in the same chunk)."""
+  b = cfg.block
+  first, last = j * b, j * b + (b - 1)
+  left, right = _sides(cfg)
+  lo, hi = 0, n
+  if right is not None:
+    lo = _max(lo, _div(_max(first - right, 0), b))
+  if left is not None:
+    hi = _min(hi, _div(last + left, b) + 1)
+  return _chunk_blocks(cfg, first, last, lo, hi)
+
+
+def span(blocks, cfg: Config, n: int) -> int:
+  """The most blocks ``blocks`` (``key_blocks`` / ``query_blocks``) gives any of the n blocks: the
+  length of the Mosaic grid's sequential axis."""
+  return max(hi - lo for lo, hi in (blocks(cfg, x, n) for x in range(n)))
 
 
 def _operands(a, b):
@@ -201,23 +271,37 @@ def k_cs(r, cfg, rows):
 
 
 def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
-  """Masked float32 scores ``[bq, bk]`` of a q block and a k block (parts, rotated, with ALiBi)."""
+  """Float32 scores ``[bq, bk]`` of a q block and a k block (parts, rotated), soft-capped, with ALiBi
+  added after the cap (``cap tanh(s / cap) - m (i - j)``), the mask (None: every pair visible) and the
+  cap's derivative ``1 - tanh^2`` (None without a cap; the backward's chain rule)."""
   s = sum(dot_nt(a, b) for a, b in zip(qr, kr, strict=True))
   if qe is not None:
     s = s + dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
+  dcap = None
+  if cfg.soft_cap is not None:  # Gemma 2's attn_logit_softcapping, before the bias and the mask
+    t = jnp.tanh(s * jnp.float32(1.0 / cfg.soft_cap))
+    s, dcap = t * jnp.float32(cfg.soft_cap), 1.0 - t * t
   if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
     s = s - slope * (token(r["aq"], q_rows) - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
     mask = token(r["sq"], q_rows) == r["sk"][:, k_cols]
-  if cfg.causal:
+  left, right = _sides(cfg)
+  if left is not None or right is not None or cfg.chunk is not None:
     bq, bk = s.shape
     span_q = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
     span_k = k_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    causal = span_q >= span_k
-    mask = causal if mask is None else jnp.logical_and(mask, causal)
-  return s, mask
+    parts = []
+    if right is not None:
+      parts.append(span_k <= span_q + right)
+    if left is not None:
+      parts.append(span_k >= span_q - left)
+    if cfg.chunk is not None:  # token indices >= 0: lax.div is floor division
+      parts.append(lax.div(span_q, jnp.int32(cfg.chunk)) == lax.div(span_k, jnp.int32(cfg.chunk)))
+    for part in parts:
+      mask = part if mask is None else jnp.logical_and(mask, part)
+  return s, mask, dcap
 
 
 def load_q_side(r, cfg, rows, head=()):
@@ -251,7 +335,7 @@ def _forward_kernel(*refs, names, cfg: Config):
     o, m, denom = carry
     k_rows = pl.ds(j * bk, bk)
     kr, ke, _ = load_k_side(r, cfg, k_rows)
-    s, mask = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    s, mask, _ = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
     if mask is not None:
       s = jnp.where(mask, s, MASK_VALUE)
     m_next = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
@@ -261,14 +345,12 @@ def _forward_kernel(*refs, names, cfg: Config):
     o = o * corr + dot(p.astype(v.dtype), v)
     return o, m_next, denom * corr + jnp.sum(p, axis=-1, keepdims=True)
 
-  n_k = r["k"].shape[0] // bk
-  upper = i + 1 if cfg.causal else n_k
-  init = (
-    jnp.zeros((bq, dv), jnp.float32),
-    jnp.full((bq, 1), -jnp.inf, jnp.float32),
-    jnp.zeros((bq, 1), jnp.float32),
-  )
-  o, m, denom = lax.fori_loop(0, upper, body, init)
+  lower, upper = key_blocks(cfg, i, r["k"].shape[0] // bk)
+  if cfg.sinks:  # the sink as the first term of the online softmax: m = sink, sum exp(sink - m) = 1
+    m0, l0 = jnp.broadcast_to(r["sinks"][...], (bq, 1)), jnp.ones((bq, 1), jnp.float32)
+  else:
+    m0, l0 = jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32)
+  o, m, denom = lax.fori_loop(lower, upper, body, (jnp.zeros((bq, dv), jnp.float32), m0, l0))
   r["o"][...] = (o / denom).astype(r["o"].dtype)
   if "lse" in r:  # the backward's residual only
     r["lse"][...] = m + jnp.log(denom)
@@ -287,22 +369,23 @@ def _dq_kernel(*refs, names, cfg: Config):
     dq, dqe = carry
     k_rows = pl.ds(j * bk, bk)
     kr, ke, _ = load_k_side(r, cfg, k_rows)
-    s, mask = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    s, mask, dcap = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
     p = jnp.exp(s - lse)
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
     v = r["v"][k_rows, :]
     ds = p * (dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
+    if dcap is not None:
+      ds = ds * dcap
     dq = tuple(a + dot(ds.astype(b.dtype), b) for a, b in zip(dq, kr, strict=True))
     if dqe is not None:
       dqe = dqe + dot(ds, ke)
     return dq, dqe
 
-  n_k = r["k"].shape[0] // bk
-  upper = i + 1 if cfg.causal else n_k
+  lower, upper = key_blocks(cfg, i, r["k"].shape[0] // bk)
   zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in qr)
   init = (zeros, None if qe is None else jnp.zeros(qe.shape, jnp.float32))
-  dq, dqe = lax.fori_loop(0, upper, body, init)
+  dq, dqe = lax.fori_loop(lower, upper, body, init)
   if cfg.rope:
     dq = rotate_t(r, cfg, dq, q_cs)
   store(r["dq"], dq)
@@ -317,8 +400,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
   local = pl.ds(0, bk)
   kr, ke, k_cs = load_k_side(r, cfg, local)
   v = r["v"][...]
-  n_q = r["q"].shape[0] // bq
-  lower = j if cfg.causal else 0
+  lower, upper = query_blocks(cfg, j, r["q"].shape[0] // bq)
 
   def head(g, carry):
     slope = r["slopes"][g] if "slopes" in r else None
@@ -327,19 +409,21 @@ def _dkv_kernel(*refs, names, cfg: Config):
       dk, dke, dv = carry
       q_rows = pl.ds(i * bq, bq)
       qr, qe, _ = load_q_side(r, cfg, q_rows, (g,))
-      s, mask = scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
+      s, mask, dcap = scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
       p = jnp.exp(s - r["lse"][g, q_rows, :])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
       do = r["do"][q_rows, g, :]
       dv = dv + dot_tn(p.astype(do.dtype), do)
       ds = p * (dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
+      if dcap is not None:
+        ds = ds * dcap
       dk = tuple(a + dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
       if dke is not None:
         dke = dke + dot_tn(ds, qe)
       return dk, dke, dv
 
-    return lax.fori_loop(lower, n_q, body, carry)
+    return lax.fori_loop(lower, upper, body, carry)
 
   init = (
     tuple(jnp.zeros(x.shape, jnp.float32) for x in kr),
@@ -365,7 +449,7 @@ def _spec(name, x, cfg: Config, rows_of: str):
   bl, g = cfg.block, cfg.groups
   if name in ("freq", "amp", "logz", "perm", "turns"):
     return pl.BlockSpec(x.shape, lambda b, h, i: (0, 0))
-  if name == "slopes":
+  if name in ("slopes", "sinks"):
     if rows_of == "k":  # dk/dv: the G query heads of kv head h
       return pl.BlockSpec((g, 1, 1), lambda b, h, i: (h, 0, 0))
     return pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0))

@@ -61,6 +61,9 @@ def attention(
   sinks: jax.Array | None = None,
   position_bias: PositionBias | None = None,
   rope_spec: RopeSpec | None = None,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias + ALiBi, masked) . v`` on the chosen backend.
 
@@ -92,6 +95,10 @@ def attention(
       2309.17453): ``exp(sink_h)`` joins each row's softmax denominator, with no value. ``xla``
       (blockwise from the lse, dense as one more key slot) and ``splash`` (native ``sinks``);
       differentiable (q, k, v, sinks). cudnn and pallas_gpu refuse them.
+    local_window_size, chunk_size, logits_soft_cap: the attention pattern (a sliding window
+      ``(left, right)``, Llama 4's chunks, Gemma 2's soft cap; ``flash.check_pattern``); in this
+      branch only ``flash`` runs them (in its kernel, skipping the key blocks outside the window
+      or chunk), the other backends refuse them.
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
@@ -142,6 +149,7 @@ def attention(
     position_bias=position_bias,
     rope_spec=rope_spec,
     interpret=interpret,
+    pattern=flash.check_pattern(local_window_size, chunk_size, logits_soft_cap),
   )
 
   def run(impl, target="gpu"):
@@ -267,6 +275,7 @@ def _run(
   position_bias,
   rope_spec,
   interpret,
+  pattern=(None, None, None),
 ):
   """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
   if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
@@ -293,7 +302,12 @@ def _run(
       sinks=sinks,
       position_bias=position_bias,
     )
+  if impl != "flash" and pattern != (None, None, None):
+    names = ("local_window_size", "chunk_size", "logits_soft_cap")
+    given = ", ".join(n for n, x in zip(names, pattern, strict=True) if x is not None)
+    raise ValueError(f"attention implementation {impl!r} does not take {given} (use implementation='flash')")
   if impl == "flash":
+    window, chunk, cap = pattern
     return flash.attend(
       q,
       k,
@@ -307,6 +321,9 @@ def _run(
       interpret=interpret,
       sinks=sinks,
       target=target,
+      local_window_size=window,
+      chunk_size=chunk,
+      logits_soft_cap=cap,
     )
   if impl == "tokamax":  # native broadcast bias: ALiBi as BLOOM's key-only bias, no emulation
     return tokamax_backend.attend(
