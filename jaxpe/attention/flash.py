@@ -32,6 +32,19 @@ kernels compute per block from positions:
 - Masks: causal (key blocks past the diagonal are skipped), padding and packed documents as
   segment ids (``masks.kernel_segment_ids``); rows of padding queries return zeros, as on the
   other fused backends. Grouped-query heads read their kv head through the index map (no repeat).
+- Attention patterns (``attend``'s ``local_window_size``, ``chunk_size``, ``logits_soft_cap``; the
+  contract of ``jaxpe.attention.attention``): a sliding window ``(left, right)`` and Llama 4's chunks
+  on token indices, masked per element inside the blocks they cut, and the key blocks wholly outside
+  every row's window / chunk of a q block never loaded nor computed (``flash_kernels.key_blocks`` /
+  ``query_blocks``: the Triton loops run over the needed blocks only; the Mosaic grids' sequential
+  axis has as many steps as the widest row of blocks needs, not T / block: ``flash_kernels.span``);
+  Gemma 2's soft cap ``cap tanh(s / cap)`` on the scaled scores before the native ALiBi bias and the
+  mask (the backward multiplies ``ds`` by ``1 - tanh^2``).
+- Attention sinks (``sinks [N]``, gpt-oss; arXiv 2309.17453): the online softmax of each row
+  starts from the sink (running max ``sink_h``, sum 1), so ``exp(sink_h)`` is in the denominator
+  and the saved log-sum-exp; the backward kernels need nothing more (the probabilities from that
+  lse already include it) and the sink logits' gradient ``-sum_rows exp(sink_h - lse) delta`` is
+  one elementwise pass over the row statistics (``_sink_grad``).
 - T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two.
 
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
@@ -135,7 +148,7 @@ def attend(
       ``rope_alibi`` emulation dims put ALiBi inside ``q.k``, which the cap would bend).
 
   Raises:
-    ValueError: a bias, a dense mask or an IndexMask, sinks not ``[N]``, T != S, H = 0, q/k not H + E dims,
+    ValueError: a bias, a dense mask or an IndexMask, sinks not a float ``[N]``, T != S, H = 0, q/k not H + E dims,
       concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``,
       a ``target`` not in ``TARGETS``, a window side < 0, ``chunk_size`` < 1, ``logits_soft_cap``
       not finite > 0, ``logits_soft_cap`` with ``precise_dims`` > 0.

@@ -9,6 +9,10 @@ the per-dim frequency; rotate-half with power-of-two widths elementwise on the l
 halves, ``Config.split``), and its transpose to the q/k gradients; ALiBi's bias ``-m_h (i - j)`` is built
 from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
 their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
+Attention patterns (``Config.window`` / ``chunk`` / ``soft_cap``): the loops over the other side's
+blocks run from ``key_blocks`` / ``query_blocks``' ``[lo, hi)`` (causal, window and chunks: blocks
+wholly outside are not loaded), ``scores`` masks the rest per element and soft-caps before ALiBi;
+``Config.sinks``: the forward's online softmax starts at the sink logit (max ``sink_h``, sum 1).
 
 Layouts (``jaxpe.attention.flash`` builds them), token-major here: q ``[B, T, N, D]``, k ``[B, T, K, D]``,
 v ``[B, T, K, Dv]`` (the caller's own layout, read in place through the block specs as jax's Triton

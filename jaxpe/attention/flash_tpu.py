@@ -8,11 +8,17 @@ schedule, as in jax's own TPU flash attention (``jax/experimental/pallas/ops/tpu
 each program sees one q block and one k/v block, the grid's last axis walks the other side's
 blocks (``"arbitrary"``: sequential), and the online-softmax state (running max, sum, output) or the
 gradient sums live in VMEM scratch between the steps of that axis. VMEM then holds a few blocks
-whatever T is (no whole k/v sequence per program). Causal blocks past the diagonal are skipped
-(``pl.when``) and their index maps clamped to the last needed block, so no DMA fetches them.
+whatever T is (no whole k/v sequence per program). The sequential axis walks only the blocks
+``fk.key_blocks`` (forward, dq) or ``fk.query_blocks`` (dk/dv) give the program's block (causal,
+``local_window_size``, ``chunk_size``): its length is the widest such range (``fk.span``: about
+``(left + right) / block + 2`` steps for a window, not T / block), step s is block ``lo + s``, and a
+step past ``hi`` (a narrower range) is skipped (``pl.when``) with its index map clamped to the last
+needed block, so no DMA fetches it. Sinks start the forward's online softmax in scratch (max
+``sink_h``, sum 1); the soft cap is ``fk.scores``'.
 
-Grids: forward and dq ``(B, N, T / bq, T / bk)``; dk/dv ``(B, K, T / bk, G, T / bq)`` (the G query
-heads of a kv head and their q blocks summed in scratch). Block shapes: ``(bq or bk, D)`` with D the
+Grids: forward and dq ``(B, N, T / bq, span_k)``; dk/dv ``(B, K, T / bk, G, span_q)`` (span: T / b
+without a window or chunks; dk/dv: the G query heads of a kv head and their q blocks summed in
+scratch). Block shapes: ``(bq or bk, D)`` with D the
 whole (padded) head dim, per-token operands (positions, segment ids) and the row statistics
 (log-sum-exp, delta) as lane-dense rows ``(1, b)`` of ``[B, 1, T]`` / ``[B, N, 1, T]`` arrays (a
 ``[., T, 1]`` column would take 128 lanes per token in HBM; ``flash_kernels.token`` turns a row block

@@ -93,7 +93,8 @@ def attention(
       its kernel; q and k are then given unrotated.
     sinks: optional ``[N]`` float attention-sink logits (``jaxpe.attention.sinks``; gpt-oss, arXiv
       2309.17453): ``exp(sink_h)`` joins each row's softmax denominator, with no value. ``xla``
-      (blockwise from the lse, dense as one more key slot) and ``splash`` (native ``sinks``);
+      (blockwise from the lse, dense as one more key slot), ``splash`` (native ``sinks``) and
+      ``flash`` (in its online softmax);
       differentiable (q, k, v, sinks). cudnn and pallas_gpu refuse them.
     local_window_size, chunk_size, logits_soft_cap: the attention pattern (a sliding window
       ``(left, right)``, Llama 4's chunks, Gemma 2's soft cap; ``flash.check_pattern``); in this
