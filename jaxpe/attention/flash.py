@@ -35,9 +35,9 @@ kernels compute per block from positions:
 - Attention patterns (``attend``'s ``local_window_size``, ``chunk_size``, ``logits_soft_cap``; the
   contract of ``jaxpe.attention.attention``): a sliding window ``(left, right)`` and Llama 4's chunks
   on token indices, masked per element inside the blocks they cut, and the key blocks wholly outside
-  every row's window / chunk of a q block never loaded nor computed (``flash_kernels.key_blocks`` /
+  every row's window / chunk of a q block never loaded nor computed (``flash_patterns.key_blocks`` /
   ``query_blocks``: the Triton loops run over the needed blocks only; the Mosaic grids' sequential
-  axis has as many steps as the widest row of blocks needs, not T / block: ``flash_kernels.span``);
+  axis has as many steps as the widest row of blocks needs, not T / block: ``flash_patterns.span``);
   Gemma 2's soft cap ``cap tanh(s / cap)`` on the scaled scores before the native ALiBi bias and the
   mask (the backward multiplies ``ds`` by ``1 - tanh^2``).
 - Attention sinks (``sinks [N]``, gpt-oss; arXiv 2309.17453): the online softmax of each row

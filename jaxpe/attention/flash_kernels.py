@@ -9,10 +9,8 @@ the per-dim frequency; rotate-half with power-of-two widths elementwise on the l
 halves, ``Config.split``), and its transpose to the q/k gradients; ALiBi's bias ``-m_h (i - j)`` is built
 from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
 their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
-Attention patterns (``Config.window`` / ``chunk`` / ``soft_cap``): the loops over the other side's
-blocks run from ``key_blocks`` / ``query_blocks``' ``[lo, hi)`` (causal, window and chunks: blocks
-wholly outside are not loaded), ``scores`` masks the rest per element and soft-caps before ALiBi;
-``Config.sinks``: the forward's online softmax starts at the sink logit (max ``sink_h``, sum 1).
+Windows, chunks, the soft cap and sinks: ``flash_patterns`` (the loops run over the blocks it
+gives; blocks wholly outside are not loaded).
 
 Layouts (``jaxpe.attention.flash`` builds them), token-major here: q ``[B, T, N, D]``, k ``[B, T, K, D]``,
 v ``[B, T, K, Dv]`` (the caller's own layout, read in place through the block specs as jax's Triton
@@ -52,6 +50,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxpe.attention import flash_patterns as patterns
+
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked block gives no NaN
 _HI = lax.Precision.HIGHEST
 
@@ -76,71 +76,6 @@ class Config:
   soft_cap: float | None = None  # logits_soft_cap
   sinks: bool = False  # a "sinks" operand [N, 1, 1] joins the forward's online softmax
   length: int = 0  # the padded T (a whole number of blocks): flash_tpu's grids and block ranges
-
-
-def _max(a, b):
-  return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
-
-
-def _min(a, b):
-  return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
-
-
-def _div(a, b: int):
-  """``a // b`` for ``a >= 0`` (Python ints, or int32 through ``lax.div``: Mosaic's ``//`` asks for the chip)."""
-  return a // b if isinstance(a, int) else lax.div(a, jnp.int32(b))
-
-
-def _sides(cfg: Config):
-  """``(left, right)`` of the window with the causal mask folded in (right 0), None for an unbounded side."""
-  left, right = cfg.window if cfg.window is not None else (None, None)
-  if cfg.causal:
-    right = 0
-  return left, right
-
-
-def _chunk_blocks(cfg: Config, first, last, lo, hi):
-  """``[lo, hi)`` narrowed to the blocks of the chunks of tokens ``first..last`` (same-chunk pairs only)."""
-  if cfg.chunk is None:
-    return lo, hi
-  c, b = cfg.chunk, cfg.block
-  lo = _max(lo, _div(_div(first, c) * c, b))
-  hi = _min(hi, _div(_div(last, c) * c + (c - 1), b) + 1)
-  return lo, hi
-
-
-def key_blocks(cfg: Config, i, n: int):
-  """``[lo, hi)``: the key blocks with a key that some query of q block ``i`` sees (causal, window,
-  chunks); the others are never loaded. ``i`` a Python int or a traced int32 (a grid index)."""
-  b = cfg.block
-  first, last = i * b, i * b + (b - 1)
-  left, right = _sides(cfg)
-  lo, hi = 0, n
-  if left is not None:
-    lo = _max(lo, _div(_max(first - left, 0), b))
-  if right is not None:
-    hi = _min(hi, _div(last + right, b) + 1)
-  return _chunk_blocks(cfg, first, last, lo, hi)
-
-
-def query_blocks(cfg: Config, j, n: int):
-  """``[lo, hi)``: the q blocks with a query that sees some key of key block ``j`` (query i sees key
-  j when ``j - right <= i <= j + left``, in the same chunk)."""
-  b = cfg.block
-  first, last = j * b, j * b + (b - 1)
-  left, right = _sides(cfg)
-  lo, hi = 0, n
-  if right is not None:
-    lo = _max(lo, _div(_max(first - right, 0), b))
-  if left is not None:
-    hi = _min(hi, _div(last + left, b) + 1)
-  return _chunk_blocks(cfg, first, last, lo, hi)
-
-
-def span(blocks, cfg: Config, n: int) -> int:
-  """The most blocks ``blocks`` (``key_blocks`` / ``query_blocks``) gives any of the n blocks: the
-  length of the Mosaic grid's sequential axis."""
-  return max(hi - lo for lo, hi in (blocks(cfg, x, n) for x in range(n)))
 
 
 def _operands(a, b):
@@ -282,30 +217,13 @@ def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
   if qe is not None:
     s = s + dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
-  dcap = None
-  if cfg.soft_cap is not None:  # Gemma 2's attn_logit_softcapping, before the bias and the mask
-    t = jnp.tanh(s * jnp.float32(1.0 / cfg.soft_cap))
-    s, dcap = t * jnp.float32(cfg.soft_cap), 1.0 - t * t
+  s, dcap = patterns.soft_cap(cfg, s)  # before the bias and the mask
   if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
     s = s - slope * (token(r["aq"], q_rows) - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
     mask = token(r["sq"], q_rows) == r["sk"][:, k_cols]
-  left, right = _sides(cfg)
-  if left is not None or right is not None or cfg.chunk is not None:
-    bq, bk = s.shape
-    span_q = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-    span_k = k_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    parts = []
-    if right is not None:
-      parts.append(span_k <= span_q + right)
-    if left is not None:
-      parts.append(span_k >= span_q - left)
-    if cfg.chunk is not None:  # token indices >= 0: lax.div is floor division
-      parts.append(lax.div(span_q, jnp.int32(cfg.chunk)) == lax.div(span_k, jnp.int32(cfg.chunk)))
-    for part in parts:
-      mask = part if mask is None else jnp.logical_and(mask, part)
-  return s, mask, dcap
+  return s, patterns.pattern_mask(cfg, q_start, k_start, s.shape, mask), dcap
 
 
 def load_q_side(r, cfg, rows, head=()):
@@ -349,11 +267,8 @@ def _forward_kernel(*refs, names, cfg: Config):
     o = o * corr + dot(p.astype(v.dtype), v)
     return o, m_next, denom * corr + jnp.sum(p, axis=-1, keepdims=True)
 
-  lower, upper = key_blocks(cfg, i, r["k"].shape[0] // bk)
-  if cfg.sinks:  # the sink as the first term of the online softmax: m = sink, sum exp(sink - m) = 1
-    m0, l0 = jnp.broadcast_to(r["sinks"][...], (bq, 1)), jnp.ones((bq, 1), jnp.float32)
-  else:
-    m0, l0 = jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32)
+  lower, upper = patterns.key_blocks(cfg, i, r["k"].shape[0] // bk)
+  m0, l0 = patterns.softmax_start(cfg, r.get("sinks"), bq)
   o, m, denom = lax.fori_loop(lower, upper, body, (jnp.zeros((bq, dv), jnp.float32), m0, l0))
   r["o"][...] = (o / denom).astype(r["o"].dtype)
   if "lse" in r:  # the backward's residual only
@@ -386,7 +301,7 @@ def _dq_kernel(*refs, names, cfg: Config):
       dqe = dqe + dot(ds, ke)
     return dq, dqe
 
-  lower, upper = key_blocks(cfg, i, r["k"].shape[0] // bk)
+  lower, upper = patterns.key_blocks(cfg, i, r["k"].shape[0] // bk)
   zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in qr)
   init = (zeros, None if qe is None else jnp.zeros(qe.shape, jnp.float32))
   dq, dqe = lax.fori_loop(lower, upper, body, init)
@@ -404,7 +319,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
   local = pl.ds(0, bk)
   kr, ke, k_cs = load_k_side(r, cfg, local)
   v = r["v"][...]
-  lower, upper = query_blocks(cfg, j, r["q"].shape[0] // bq)
+  lower, upper = patterns.query_blocks(cfg, j, r["q"].shape[0] // bq)
 
   def head(g, carry):
     slope = r["slopes"][g] if "slopes" in r else None

@@ -9,8 +9,8 @@ each program sees one q block and one k/v block, the grid's last axis walks the 
 blocks (``"arbitrary"``: sequential), and the online-softmax state (running max, sum, output) or the
 gradient sums live in VMEM scratch between the steps of that axis. VMEM then holds a few blocks
 whatever T is (no whole k/v sequence per program). The sequential axis walks only the blocks
-``fk.key_blocks`` (forward, dq) or ``fk.query_blocks`` (dk/dv) give the program's block (causal,
-``local_window_size``, ``chunk_size``): its length is the widest such range (``fk.span``: about
+``flash_patterns.key_blocks`` (forward, dq) or ``query_blocks`` (dk/dv) give the program's block (causal,
+``local_window_size``, ``chunk_size``): its length is the widest such range (``flash_patterns.span``: about
 ``(left + right) / block + 2`` steps for a window, not T / block), step s is block ``lo + s``, and a
 step past ``hi`` (a narrower range) is skipped (``pl.when``) with its index map clamped to the last
 needed block, so no DMA fetches it. Sinks start the forward's online softmax in scratch (max
@@ -57,6 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxpe.attention import flash_kernels as fk
+from jaxpe.attention import flash_patterns as patterns
 
 CHIPS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 lite"}
 """Generations ``tpu_chip`` names, with the device kind jax's ``tpu_info`` knows them by."""
@@ -118,17 +119,14 @@ def _clamped(cfg: fk.Config, blocks, x, step, n: int):
 def _forward_kernel(*refs, names, cfg: fk.Config):
   r = dict(zip(names, refs, strict=True))
   i, step, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
-  j, needed = _visited(cfg, fk.key_blocks, i, step, cfg.length // cfg.block)
+  j, needed = _visited(cfg, patterns.key_blocks, i, step, cfg.length // cfg.block)
   rows = pl.ds(0, cfg.block)  # every ref is one block
 
   @pl.when(step == 0)
   def _():
-    if cfg.sinks:  # the sink as the first term of the online softmax: m = sink, l = exp(sink - m) = 1
-      r["m_scr"][...] = jnp.broadcast_to(r["sinks"][...], r["m_scr"].shape)
-      r["l_scr"][...] = jnp.ones(r["l_scr"].shape, jnp.float32)
-    else:
-      r["m_scr"][...] = jnp.full(r["m_scr"].shape, -jnp.inf, jnp.float32)
-      r["l_scr"][...] = jnp.zeros(r["l_scr"].shape, jnp.float32)
+    r["m_scr"][...], r["l_scr"][...] = patterns.softmax_start(
+      cfg, r.get("sinks"), cfg.block
+    )  # sinks: (sink_h, 1)
     r["acc_scr"][...] = jnp.zeros(r["acc_scr"].shape, jnp.float32)
     r["qr_scr"][...] = fk.load_q_side(r, cfg, rows)[0][0]  # the rotated q block, once per row block
 
@@ -171,7 +169,7 @@ def _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j):
 def _dq_kernel(*refs, names, cfg: fk.Config):
   r = dict(zip(names, refs, strict=True))
   i, step, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
-  j, needed = _visited(cfg, fk.key_blocks, i, step, cfg.length // cfg.block)
+  j, needed = _visited(cfg, patterns.key_blocks, i, step, cfg.length // cfg.block)
   rows = pl.ds(0, cfg.block)
 
   @pl.when(step == 0)
@@ -204,7 +202,7 @@ def _dq_kernel(*refs, names, cfg: fk.Config):
 def _dkv_kernel(*refs, names, cfg: fk.Config):
   r = dict(zip(names, refs, strict=True))
   j, g, step = pl.program_id(2), pl.program_id(3), pl.program_id(4)
-  i, needed = _visited(cfg, fk.query_blocks, j, step, cfg.length // cfg.block)
+  i, needed = _visited(cfg, patterns.query_blocks, j, step, cfg.length // cfg.block)
   first = jnp.logical_and(g == 0, step == 0)
   last = jnp.logical_and(g == pl.num_programs(3) - 1, step == pl.num_programs(4) - 1)
   rows = pl.ds(0, cfg.block)
@@ -289,12 +287,12 @@ def _call(kernel, ins: dict, outs: dict, scratch: dict, cfg: fk.Config, grid, co
 
 
 def _q_major(cfg: fk.Config, n: int):
-  """Coordinates of the (b, h, i, step) grid: step walks the k blocks ``fk.key_blocks`` gives q block
+  """Coordinates of the (b, h, i, step) grid: step walks the k blocks ``patterns.key_blocks`` gives q block
   i (causal, window, chunks: the others are not on the grid); a step past them maps to the last one
   needed (fetched already: no DMA for skipped steps)."""
 
   def coords(b, h, i, step):
-    return b, h, i, lax.div(h, cfg.groups), _clamped(cfg, fk.key_blocks, i, step, n)  # no //: sign
+    return b, h, i, lax.div(h, cfg.groups), _clamped(cfg, patterns.key_blocks, i, step, n)  # no //: sign
 
   return coords
 
@@ -319,7 +317,7 @@ def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
     "qr_scr": ((bl, dim), q.dtype),
   }
   semantics = ("parallel", "parallel", "parallel", "arbitrary")
-  grid = (batch, heads, n, fk.span(fk.key_blocks, cfg, n))  # only the k blocks some q block needs
+  grid = (batch, heads, n, patterns.span(patterns.key_blocks, cfg, n))  # only the k blocks some q block needs
   got = _call(_forward_kernel, ins, outs, scratch, cfg, grid, _q_major(cfg, n), semantics)
   return got["o"], got.get("lse")
 
@@ -338,11 +336,11 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
     outs["dqe"] = jax.ShapeDtypeStruct(aux["qe"].shape, f32)
     scratch["dqe_scr"] = ((bl, aux["qe"].shape[-1]), f32)
   semantics = ("parallel", "parallel", "parallel", "arbitrary")
-  grid = (batch, heads, n, fk.span(fk.key_blocks, cfg, n))
+  grid = (batch, heads, n, patterns.span(patterns.key_blocks, cfg, n))
   dq = _call(_dq_kernel, ins, outs, scratch, cfg, grid, _q_major(cfg, n), semantics)
 
-  def coords(b, h, j, g, step):  # step walks fk.query_blocks(j); past them: the last one needed
-    return b, h * cfg.groups + g, _clamped(cfg, fk.query_blocks, j, step, n), h, j
+  def coords(b, h, j, g, step):  # step walks patterns.query_blocks(j); past them: the last one needed
+    return b, h * cfg.groups + g, _clamped(cfg, patterns.query_blocks, j, step, n), h, j
 
   outs = {"dk": jax.ShapeDtypeStruct(k.shape, k.dtype), "dv": jax.ShapeDtypeStruct(v.shape, v.dtype)}
   scratch = {"dk_scr": ((bl, dim), f32), "dv_scr": ((bl, v.shape[-1]), f32), "kr_scr": ((bl, dim), k.dtype)}
@@ -350,6 +348,6 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
     outs["dke"] = jax.ShapeDtypeStruct(aux["ke"].shape, f32)
     scratch["dke_scr"] = ((bl, aux["ke"].shape[-1]), f32)
   semantics = ("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
-  grid = (batch, k.shape[1], n, cfg.groups, fk.span(fk.query_blocks, cfg, n))
+  grid = (batch, k.shape[1], n, cfg.groups, patterns.span(patterns.query_blocks, cfg, n))
   dkv = _call(_dkv_kernel, ins, outs, scratch, cfg, grid, coords, semantics)
   return dq["dq"], dkv["dk"], dkv["dv"], dq.get("dqe"), dkv.get("dke")

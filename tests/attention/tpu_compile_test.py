@@ -62,9 +62,9 @@ SUBSET = ("t200", "xpos", "gqa", "segments", "precise_dims", "rope_interleaved_f
 """The options v6e and float32 compile (the most code between them: every table, mask and operand
 kind): every option in bf16 on v5e, these beside it, keep the module near 30 s on 2 busy cores."""
 PATTERNS = ("window", "window_two_sided", "chunk", "soft_cap", "sinks", "patterns_all")
-"""The attention patterns and sinks (issue 47 / 48): every one on v5e and v6e, forward and gradient
-(Mosaic's grids over the needed key / query blocks only, the sink logits' gradient); all of them
-together in float32 too."""
+"""The attention patterns and sinks (issue 47 / 48): every one on v5e and v6e, gradient (one program
+with the forward, dq and dk/dv kernels: Mosaic's grids over the needed key / query blocks only, the
+sink logits' gradient); all of them together in float32 and as a forward alone too."""
 
 
 def _compile(fn, args, chip):
@@ -96,8 +96,9 @@ def test_flash_gradient_compiles_for_v6e(option):
 
 
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
-@pytest.mark.parametrize("option", ("t200", *PATTERNS))
+@pytest.mark.parametrize("option", ("t200", "patterns_all"))
 def test_flash_forward_alone_compiles(chip, option):
+  # undifferentiated: the forward kernel without the log-sum-exp (the sinks, windows and chunks in it)
   _flash_case(option, chip, "bfloat16", grad=False)
 
 
