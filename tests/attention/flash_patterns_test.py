@@ -165,11 +165,13 @@ INV_FREQ = 1.0 / 10000.0 ** (np.arange(0, H, 2) / H)
 SLOPES = np.array([0.5, 0.25, 0.0, 1.0])
 
 CASES = {  # name: (target, dtype, causal, options); every case: padding, packed segments, GQA, T 21
+  # each option alone (with the masks above), then together with causal, ALiBi, RoPE, bf16
   "window": ("gpu", jnp.float32, False, dict(window=(5, 2))),
-  "chunk-window": ("tpu", jnp.float32, False, dict(chunk=6, window=3)),  # an int window: (3, 3)
+  "chunk": ("tpu", jnp.float32, False, dict(chunk=6)),
+  "cap": ("tpu", jnp.float32, False, dict(cap=1.5)),
+  "sinks": ("gpu", jnp.float32, False, dict(use_sinks=True)),
   "window-chunk-causal": ("gpu", jnp.float32, True, dict(window=(7, 3), chunk=6)),  # causal: right 0
-  "cap-alibi-rope-sinks": ("gpu", jnp.float32, True, dict(cap=1.5, alibi=True, rope=True, use_sinks=True)),
-  "cap-rope-sinks": ("tpu", jnp.float32, False, dict(cap=1.5, rope=True, use_sinks=True)),
+  "cap-alibi-rope-sinks": ("tpu", jnp.float32, True, dict(cap=1.5, alibi=True, rope=True, use_sinks=True)),
   "all-bf16": (
     "tpu",
     jnp.bfloat16,
@@ -180,7 +182,7 @@ CASES = {  # name: (target, dtype, causal, options); every case: padding, packed
     "gpu",
     jnp.bfloat16,
     False,
-    dict(window=(4, 9), chunk=12, cap=2.0, alibi=True, use_sinks=True),
+    dict(window=3, chunk=12, cap=2.0, alibi=True, rope=True, use_sinks=True),
   ),
 }
 
@@ -199,7 +201,7 @@ def test_patterns_and_sinks_match_the_float64_reference(name, monkeypatch):
   use_sinks = options.pop("use_sinks", False)
   got = _kernel(q, k, v, ct, sinks, m, use_sinks=use_sinks, **options)
   want = _reference(q, k, v, ct, m, sinks=np.asarray(sinks, np.float64) if use_sinks else None, **options)
-  tol = 2e-4 if dtype == jnp.float32 else 2.5e-2
+  tol = 1e-5 if dtype == jnp.float32 else 1.5e-2  # measured: <= 7.8e-7 and <= 5.0e-3
   names = ("out", "dq", "dk", "dv", "dsinks")
   for what, a, b in zip(names, got, want, strict=True):
     if what == "dsinks" and not use_sinks:
