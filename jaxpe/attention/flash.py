@@ -79,7 +79,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import flash_kernels, flash_tpu
+from jaxpe.attention import flash_kernels, flash_tpu, patterns
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
 from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
@@ -152,11 +152,11 @@ def attend(
       concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``,
       a ``target`` not in ``TARGETS``, a window side < 0, ``chunk_size`` < 1, ``logits_soft_cap``
       not finite > 0, ``logits_soft_cap`` with ``precise_dims`` > 0.
-    TypeError: a window, chunk size or cap of the wrong type (bool, float window, traced).
+    TypeError: a window, chunk size or cap of the wrong type (``patterns.check_pattern``).
   """
   if target not in TARGETS:
     raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-  window, chunk, cap = check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  window, chunk, cap = patterns.check_pattern(local_window_size, chunk_size, logits_soft_cap)
   if cap is not None and precise_dims:
     raise ValueError(
       f"attention implementation 'flash' cannot take logits_soft_cap with precise_dims={precise_dims} "
@@ -360,52 +360,6 @@ def _sink_grad(cfg, sinks, o, lse, do):
     delta = jnp.transpose(delta, (0, 2, 1))
   lse = lse.reshape(delta.shape)  # [B, N, T, 1] (gpu) or [B, N, 1, T] (tpu) -> [B, N, T]
   return -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * delta, axis=(0, 2))
-
-
-def check_pattern(local_window_size, chunk_size, logits_soft_cap):
-  """``(window, chunk, cap)``: ``local_window_size`` as ``(left, right)`` ints >= 0 (an int w:
-  ``(w, w)``) or None, ``chunk_size`` an int >= 1 or None, ``logits_soft_cap`` a finite float > 0
-  or None (the contract of ``jaxpe.attention.attention``; static Python values).
-
-  Raises:
-    TypeError: a bool, float or traced window side or chunk size; a cap that is not a real number.
-    ValueError: a window side < 0 or a pair not of two items; ``chunk_size`` < 1; a cap NaN, inf or <= 0.
-  """
-  window = None
-  if local_window_size is not None:
-    what = (
-      "local_window_size must be None, an int w >= 0 (the window (w, w)) or a pair (left, right) of ints >= 0"
-    )
-    sides = local_window_size
-    if _checks.is_int(sides):
-      sides = (sides, sides)
-    if not isinstance(sides, tuple | list):
-      raise TypeError(f"{what}, got {local_window_size!r}")
-    if len(sides) != 2:
-      raise ValueError(f"{what}, got {len(sides)} items: {local_window_size!r}")
-    if not all(_checks.is_int(x) for x in sides):
-      raise TypeError(f"{what}, got {local_window_size!r}")
-    if any(x < 0 for x in sides):
-      raise ValueError(f"{what}, got {local_window_size!r}")
-    window = (int(sides[0]), int(sides[1]))
-  chunk = None
-  if chunk_size is not None:
-    if not _checks.is_int(chunk_size):
-      raise TypeError(f"chunk_size must be None or an int >= 1 (tokens per chunk), got {chunk_size!r}")
-    if chunk_size < 1:
-      raise ValueError(f"chunk_size must be None or an int >= 1 (tokens per chunk), got {chunk_size!r}")
-    chunk = int(chunk_size)
-  cap = None
-  if logits_soft_cap is not None:
-    what = "logits_soft_cap must be None or a finite float > 0"
-    if isinstance(logits_soft_cap, bool) or not isinstance(
-      logits_soft_cap, int | float | np.integer | np.floating
-    ):
-      raise TypeError(f"{what}, got {logits_soft_cap!r}")
-    if not np.isfinite(logits_soft_cap) or logits_soft_cap <= 0:
-      raise ValueError(f"{what}, got {logits_soft_cap!r}")
-    cap = float(logits_soft_cap)
-  return window, chunk, cap
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -27,6 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.attention import patterns
+from jaxpe.attention.block_loops import guarded as _guarded
+from jaxpe.attention.block_loops import pairs as _pairs
+from jaxpe.attention.block_loops import partners as _partners
 from jaxpe.attention.numerics import LOWEST as _LOWEST
 from jaxpe.attention.numerics import row_seen
 
@@ -45,6 +49,8 @@ class Config(NamedTuple):
   natural: bool  # q_index = k_index = 0..T-1 (an AttentionMask): the causal skip is static
   # PositionBias.fn: fn(params, q_pos [B, bq], k_pos [B, bk]) -> [B, N, bq, bk], added per block pair
   bias_fn: Any = None
+  # patterns.Pattern: local window / chunks on the slots qi, ki; soft cap of the scaled scores
+  pattern: Any = None
 
 
 class _Blocks(NamedTuple):
@@ -102,16 +108,22 @@ def _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg: Config
 
 def _needed(b: _Blocks, cfg: Config):
   """Which block pairs to compute: (static ``[nq, nk]`` numpy bool or None, dynamic ``[nq, nk]`` bool
-  array or None); None means every pair. Natural slots (an ``AttentionMask``): the causal skip is
-  static (key block j starts after query block i ends). Other slots: a pair is needed when its first
-  valid key slot is at most its last query slot, and its key block holds a valid key."""
+  array or None); None means every pair. Natural slots (an ``AttentionMask``): the causal skip and
+  the window / chunks (``patterns.static_block_need``) are static. Other slots: a pair is needed
+  when its first valid key slot is at most its last query slot, its key block holds a valid key,
+  and the window / chunks may join its slots (``patterns.dynamic_block_need``)."""
   nq, nk = b.q.shape[0], b.k.shape[0]
+  pattern = cfg.pattern if cfg.pattern is not None and cfg.pattern.masks else None
   if cfg.natural:
-    if not cfg.causal:
-      return None, None
-    first_key = np.arange(nk)[None, :] * cfg.block_k
-    last_query = np.arange(nq)[:, None] * cfg.block_q + cfg.block_q - 1
-    return first_key <= last_query, None
+    static = None
+    if cfg.causal:
+      first_key = np.arange(nk)[None, :] * cfg.block_k
+      last_query = np.arange(nq)[:, None] * cfg.block_q + cfg.block_q - 1
+      static = first_key <= last_query
+    if pattern is not None:
+      local = patterns.static_block_need(pattern, nq, cfg.block_q, nk, cfg.block_k)
+      static = local if static is None else static & local
+    return static, None
   need = None
   if cfg.causal:
     q_last = jnp.max(b.qi, axis=(1, 2))
@@ -120,6 +132,13 @@ def _needed(b: _Blocks, cfg: Config):
   if b.k_valid is not None:
     any_key = jnp.any(b.k_valid, axis=(1, 2))[None, :]
     need = any_key if need is None else need & any_key
+  if pattern is not None:
+    valid = jnp.ones(b.ki.shape, bool) if b.k_valid is None else b.k_valid
+    k_min = jnp.min(jnp.where(valid, b.ki, _INT_MAX), axis=(1, 2))
+    k_max = jnp.max(jnp.where(valid, b.ki, -1), axis=(1, 2))
+    q_min, q_max = jnp.min(b.qi, axis=(1, 2)), jnp.max(b.qi, axis=(1, 2))
+    local = patterns.dynamic_block_need(pattern, q_min, q_max, k_min, k_max)
+    need = local if need is None else need & local
   return None, None if need is None else jnp.broadcast_to(need, (nq, nk))
 
 
@@ -141,17 +160,33 @@ def _position_bias(b: _Blocks, i, j, bias_params, cfg: Config):
 
 
 def _scores(
-  b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False, bias_params=None, bias=None
+  b: _Blocks,
+  i,
+  j,
+  slopes,
+  cfg: Config,
+  *,
+  off_diagonal: bool = False,
+  bias_params=None,
+  bias=None,
+  cap_grad: bool = False,
 ):
   """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j
   (``off_diagonal``: a pair of ``_triangular`` blocks with j < i, where every key precedes every
-  query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed)."""
+  query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed). With
+  ``cap_grad``: ``(scores, d capped / d raw)`` (``1 - tanh^2``; None without a soft cap)."""
   q, k = b.q[i], b.k[j]
   split = q.shape[-1] - cfg.precise_dims
   s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
   if cfg.precise_dims:
     s = s + _precise("BKGQH,BKSH->BKGQS", q[..., split:], k[..., split:])
   s = s * jnp.float32(cfg.scale)
+  d_cap = None
+  pattern = cfg.pattern
+  if pattern is not None and pattern.cap is not None:  # Gemma 2: before the bias and the mask
+    t = jnp.tanh(s / jnp.float32(pattern.cap))
+    s = jnp.float32(pattern.cap) * t
+    d_cap = 1.0 - t * t if cap_grad else None
   if slopes is not None:
     distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
     s = jnp.maximum(s - slopes[None, :, :, None, None] * distance[:, None, None], _LOWEST)
@@ -167,9 +202,12 @@ def _scores(
   if b.q_seg is not None:
     same = b.q_seg[i][:, :, None] == b.k_seg[j][:, None, :]
     visible = same if visible is None else visible & same
+  if pattern is not None and pattern.masks:
+    local = pattern.visible(b.qi[i][:, :, None], b.ki[j][:, None, :])
+    visible = local if visible is None else visible & local
   if visible is not None:
     s = jnp.where(visible[:, None, None], s, _LOWEST)
-  return s
+  return (s, d_cap) if cap_grad else s
 
 
 def _precise(eq: str, a, b):
@@ -180,20 +218,6 @@ def _precise(eq: str, a, b):
     precision=jax.lax.Precision.HIGHEST,
     preferred_element_type=jnp.float32,
   )
-
-
-def _guarded(step, static, need, i, j, carry):
-  """``step(i, j, carry)`` where block pair (i, j) is needed, else ``carry``; i, j Python ints
-  (straight-line code: static pairs are left out) or traced (loops: a ``lax.cond``)."""
-  if static is not None:
-    if isinstance(i, int) and isinstance(j, int):
-      if not static[i, j]:
-        return carry
-    else:
-      need = jnp.asarray(static) if need is None else need & jnp.asarray(static)
-  if need is None:
-    return step(i, j, carry)
-  return jax.lax.cond(need[i, j], lambda c: step(i, j, c), lambda c: c, carry)
 
 
 def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
@@ -232,12 +256,14 @@ def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
   guarded = functools.partial(_guarded, step, static, need)
 
   if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
+    band = _partners(static, True, nk)
 
     def triangle_row(i):
       # fixed trip counts (a loop up to i would be a while loop, which reverse mode cannot
-      # differentiate: grad of grad goes through this forward and the backward below)
-      off_diagonal = lambda j, c: jax.lax.cond(j < i, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
-      return finish(step(i, i, jax.lax.fori_loop(0, nk, off_diagonal, init())))
+      # differentiate: grad of grad goes through this forward and the backward below); with a
+      # window or chunks only the band of key blocks they reach
+      carry = _pairs(step, static, None, band, nk, i, init(), row=True, strict=True)
+      return finish(step(i, i, carry))
 
     return jax.lax.map(triangle_row, jnp.arange(nq))
 
@@ -252,8 +278,10 @@ def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
       lses.append(lse)
     return jnp.stack(outs), jnp.stack(lses)
 
+  band = _partners(static, True, nk)
+
   def per_query_block(i):
-    return finish(jax.lax.fori_loop(0, nk, lambda j, c: guarded(i, j, c), init()))
+    return finish(_pairs(step, static, need, band, nk, i, init(), row=True))
 
   return jax.lax.map(per_query_block, jnp.arange(nq))
 
@@ -276,11 +304,15 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
     bias = bias_vjp = None
     if cfg.bias_fn is not None:  # the pair's bias and its vjp, computed once
       bias, bias_vjp = jax.vjp(lambda p: _position_bias(b, i, j, p, cfg), bias_params)
-    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias=bias)
+    s, d_cap = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias=bias, cap_grad=True)
     p = jnp.exp(s - lse_safe[i])
     dv = dv + jnp.einsum("BKGQS,BKGQH->BKSH", p.astype(b.v.dtype), d_out[i].astype(b.v.dtype), **f32)
     dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
     ds = p * (dp - delta[i][..., None])
+    if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled, uncapped
+      d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])
+    if d_cap is not None:  # through the soft cap to the raw scaled scores
+      ds = ds * d_cap
     q, k = b.q[i], b.k[j]
     dq_i = jnp.einsum("BKGQS,BKSH->BKGQH", ds.astype(k.dtype), k[..., :split], **f32)
     dk_j = jnp.einsum("BKGQS,BKGQH->BKSH", ds.astype(q.dtype), q[..., :split], **f32)
@@ -288,8 +320,6 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
       dq_i = jnp.concatenate([dq_i, _precise("BKGQS,BKSH->BKGQH", ds, k[..., split:])], axis=-1)
       dk_j = jnp.concatenate([dk_j, _precise("BKGQS,BKGQH->BKSH", ds, q[..., split:])], axis=-1)
     dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i * scale, i, 0)
-    if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled
-      d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])
     return dq, dk + dk_j * scale, dv, d_bias
 
   guarded = functools.partial(_guarded, step, static, need)
@@ -298,12 +328,12 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
   d_bias = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), bias_params)
   zeros_k, zeros_v = jnp.zeros(b.k.shape[1:], jnp.float32), jnp.zeros(b.v.shape[1:], jnp.float32)
   if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
+    band = _partners(static, False, nq)
 
     def triangle_column(acc, j):
       dq, d_bias = acc
       carry = step(j, j, (dq, zeros_k, zeros_v, d_bias))
-      off_diagonal = lambda i, c: jax.lax.cond(i > j, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
-      dq, dk_j, dv_j, d_bias = jax.lax.fori_loop(0, nq, off_diagonal, carry)
+      dq, dk_j, dv_j, d_bias = _pairs(step, static, None, band, nq, j, carry, row=False, strict=True)
       return (dq, d_bias), (dk_j, dv_j)
 
     (dq, d_bias), (dk, dv) = jax.lax.scan(triangle_column, (dq, d_bias), jnp.arange(nk))
@@ -320,10 +350,12 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
       dvs.append(dv_j)
     return dq, jnp.stack(dks), jnp.stack(dvs), d_bias
 
+  band = _partners(static, False, nq)
+
   def per_key_block(acc, j):
     dq, d_bias = acc
-    dq, dk_j, dv_j, d_bias = jax.lax.fori_loop(
-      0, nq, lambda i, c: guarded(i, j, c), (dq, zeros_k, zeros_v, d_bias)
+    dq, dk_j, dv_j, d_bias = _pairs(
+      step, static, need, band, nq, j, (dq, zeros_k, zeros_v, d_bias), row=False
     )
     return (dq, d_bias), (dk_j, dv_j)
 

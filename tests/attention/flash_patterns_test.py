@@ -293,8 +293,10 @@ def test_soft_cap_with_emulated_alibi_dims_is_refused():
   # precise_dims: rope_alibi's emulation dims carry ALiBi inside q.k, which a cap would bend
   q, k, v, _, _ = _data(0, jnp.float32)
   qe, ke = jnp.concatenate([q, q[..., :2]], -1), jnp.concatenate([k, k[..., :2]], -1)
-  with pytest.raises(ValueError, match="'flash' cannot take logits_soft_cap with precise_dims=2"):
+  with pytest.raises(ValueError, match="logits_soft_cap with precise_dims=2 > 0"):
     attention(qe, ke, v, scale=SCALE, implementation="flash", interpret=True, logits_soft_cap=5.0)
+  with pytest.raises(ValueError, match="'flash' cannot take logits_soft_cap with precise_dims=2"):
+    flash.attend(qe, ke, v, scale=SCALE, mask=None, precise_dims=2, interpret=True, logits_soft_cap=5.0)
   attention(
     qe, ke, v, scale=SCALE, implementation="flash", interpret=True, local_window_size=3
   )  # no cap: runs
