@@ -143,3 +143,30 @@ def test_auto_lowered_for_tpu_passes_over_refusing_kernels():
   assert "tpu_custom_call" in lowered(AttentionMask(), local_window_size=(16, 0))
   chunked = lowered(AttentionMask(causal=False), chunk_size=32)
   assert "jaxpe_flash_tpu_forward_kernel" in chunked and "tpu_custom_call" in chunked
+
+
+@pytest.mark.parametrize("name", ["window", "chunk"])
+def test_splash_window_with_emulated_alibi(name):
+  """splash runs ALiBi as its bias-free lean emulation (extra q/k dims) beside the window / chunks:
+  the float64 reference with the native bias -m (i - j)."""
+  opts = OPTIONS[name]
+  t = 100
+  q, k, v, _ = _data(t)
+  pos = np.broadcast_to(np.arange(t), (B, t))
+  slopes = np.array([0.5, 0.25, 0.125, 0.0625])
+  spec = AlibiSpec(slopes, pos, pos, max_position=1024)
+  bias = -slopes[None, :, None, None] * (pos[:, None, :, None] - pos[:, None, None, :])
+  allowed = _allowed(pos, pos, causal=True, **_pattern(opts))
+  out = attention(
+    q,
+    k,
+    v,
+    scale=SCALE,
+    mask=AttentionMask(),
+    alibi_spec=spec,
+    implementation="splash",
+    interpret=True,
+    **opts,
+  )
+  want = _reference(np, *(np.asarray(x, np.float64) for x in (q, k, v)), allowed, bias=bias)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=1e-4)
