@@ -32,6 +32,19 @@ kernels compute per block from positions:
 - Masks: causal (key blocks past the diagonal are skipped), padding and packed documents as
   segment ids (``masks.kernel_segment_ids``); rows of padding queries return zeros, as on the
   other fused backends. Grouped-query heads read their kv head through the index map (no repeat).
+- Attention patterns (``attend``'s ``local_window_size``, ``chunk_size``, ``logits_soft_cap``; the
+  contract of ``jaxpe.attention.attention``): a sliding window ``(left, right)`` and Llama 4's chunks
+  on token indices, masked per element inside the blocks they cut, and the key blocks wholly outside
+  every row's window / chunk of a q block never loaded nor computed (``flash_patterns.key_blocks`` /
+  ``query_blocks``: the Triton loops run over the needed blocks only; the Mosaic grids' sequential
+  axis has as many steps as the widest row of blocks needs, not T / block: ``flash_patterns.span``);
+  Gemma 2's soft cap ``cap tanh(s / cap)`` on the scaled scores before the native ALiBi bias and the
+  mask (the backward multiplies ``ds`` by ``1 - tanh^2``).
+- Attention sinks (``sinks [N]``, gpt-oss; arXiv 2309.17453): the online softmax of each row
+  starts from the sink (running max ``sink_h``, sum 1), so ``exp(sink_h)`` is in the denominator
+  and the saved log-sum-exp; the backward kernels need nothing more (the probabilities from that
+  lse already include it) and the sink logits' gradient ``-sum_rows exp(sink_h - lse) delta`` is
+  one elementwise pass over the row statistics (``_sink_grad``).
 - T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two.
 
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
@@ -66,7 +79,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import flash_kernels, flash_tpu
+from jaxpe.attention import flash_kernels, flash_tpu, patterns
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
 from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
@@ -95,6 +108,9 @@ def attend(
   sinks: jax.Array | None = None,
   block: int | None = None,
   target: str = "gpu",
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``flash``, its shared checks done: ``[B, T, N, H]`` of v's dtype.
 
@@ -109,24 +125,50 @@ def attend(
     alibi_spec, rope_spec: checked specs (``check_alibi_spec`` / ``check_rope_spec``).
     precise_dims: E, trailing float32 dims of q and k (contracted in float32).
     interpret: run the kernels of ``target`` in Pallas interpret mode (CPU).
-    sinks: must be None.
+    sinks: None or ``[N]`` float attention-sink logits (gpt-oss; arXiv 2309.17453): ``exp(sink_h)``
+      starts each row's online softmax (running max ``sink_h``, sum 1), a term with no value;
+      differentiable (``d sink_h = -sum_rows exp(sink_h - lse) * delta``, delta = ``sum(o * do)``,
+      from the forward's log-sum-exp, which includes the sink).
     block: rows per block, a power of two >= 8 (tests); default ``kernel_length`` (T up to 128
       as one block, else 128). ``target="tpu"`` outside interpret mode: a multiple of 128 or at
       least the padded T (Mosaic's tiling of the key-row operands).
     target: ``"gpu"`` (Triton kernels, ``flash_kernels``) or ``"tpu"`` (Mosaic kernels blocked
       over k/v, ``flash_tpu``); lower them for ``"cuda"`` / ``"tpu"`` respectively.
+    local_window_size: None, an int w (``(w, w)``) or ``(left, right)`` ints >= 0 in tokens: query i
+      sees key j only if ``i - left <= j <= i + right`` (jax.nn.dot_product_attention's meaning;
+      with ``mask.causal``, ``(left, 0)``). Key blocks wholly outside every row's window of a q
+      block are skipped (GPU: the loop bounds; TPU: not on the grid), the rest masked per element.
+    chunk_size: None or an int >= 1 (Llama 4's ``attention_chunk_size``): query i sees key j only if
+      ``i // chunk_size == j // chunk_size``; key blocks of other chunks are skipped as above.
+      i and j are token indices in the row (in a packed row, document boundaries come from the
+      segment ids; chunks and windows count from the row's start).
+    logits_soft_cap: None or a finite float > 0 (Gemma 2's ``attn_logit_softcapping``): the scaled
+      scores become ``cap * tanh(s / cap)`` before the native ALiBi bias, the mask and the sinks;
+      the backward multiplies ``ds`` by ``1 - tanh^2``. Refused with ``precise_dims`` > 0 (the
+      ``rope_alibi`` emulation dims put ALiBi inside ``q.k``, which the cap would bend).
 
   Raises:
-    ValueError: a bias, a dense mask or an IndexMask, sinks, T != S, H = 0, q/k not H + E dims,
+    ValueError: a bias, a dense mask or an IndexMask, sinks not a float ``[N]``, T != S, H = 0, q/k not H + E dims,
       concrete positions >= 2^24 with ``RopeSpec.phase_precision="exact"``, a bad ``block``,
-      a ``target`` not in ``TARGETS``.
+      a ``target`` not in ``TARGETS``, a window side < 0, ``chunk_size`` < 1, ``logits_soft_cap``
+      not finite > 0, ``logits_soft_cap`` with ``precise_dims`` > 0.
+    TypeError: a window, chunk size or cap of the wrong type (``patterns.check_pattern``).
   """
   if target not in TARGETS:
     raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-  if sinks is not None:
+  window, chunk, cap = patterns.check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  if cap is not None and precise_dims:
     raise ValueError(
-      "attention implementation 'flash' takes no attention sinks; sinks run on 'xla' and 'splash'"
+      f"attention implementation 'flash' cannot take logits_soft_cap with precise_dims={precise_dims} "
+      "(emulated ALiBi dims inside q.k would be soft-capped); give ALiBi as alibi_spec (added after "
+      "the cap in the kernel) and precise_dims=0"
     )
+  if sinks is not None:
+    sinks = jnp.asarray(sinks)
+    if sinks.shape != (q.shape[2],) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+      raise ValueError(
+        f"sinks must be a float array [N] = [{q.shape[2]}], got {sinks.dtype}{list(sinks.shape)}"
+      )
   if bias is not None:
     raise ValueError(
       "attention implementation 'flash' takes no bias tensor: for ALiBi pass alibi_spec=AlibiSpec(...) "
@@ -186,6 +228,9 @@ def attend(
     width = padded_head_dim("flash", precise_dims)  # a power of two: Triton loads power-of-two blocks
     qe = layout(q[..., head_dim:].astype(jnp.float32), width)
     ke = layout(k[..., head_dim:].astype(jnp.float32), width)
+  if window is not None:  # a side reaching the padded T restricts nothing (and stays int32-safe)
+    window = tuple(None if side >= length else side for side in window)
+    window = None if window == (None, None) else window
   cfg = flash_kernels.Config(
     scale=float(scale),
     causal=mask.causal,
@@ -193,6 +238,11 @@ def attend(
     groups=num_heads // num_kv,
     interpret=interpret,
     target=target,
+    window=window,
+    chunk=chunk if chunk is not None and chunk < length else None,
+    soft_cap=cap,
+    sinks=sinks is not None,
+    length=length,
   )
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
@@ -239,8 +289,16 @@ def attend(
   ids = kernel_segment_ids(kernel_mask, batch, length)
   if ids is not None:
     aux.update(sq=ids[:, None, :] if target == "tpu" else ids[:, :, None], sk=ids[:, None, :])
+  sink_logits = None if sinks is None else sinks.astype(jnp.float32)
   out = _flash(
-    cfg, layout(q[..., :head_dim], dim), layout(k[..., :head_dim], dim), layout(v, dim), qe, ke, aux
+    cfg,
+    layout(q[..., :head_dim], dim),
+    layout(k[..., :head_dim], dim),
+    layout(v, dim),
+    qe,
+    ke,
+    sink_logits,
+    aux,
   )
   if target == "tpu":
     out = jnp.transpose(out, (0, 2, 1, 3))
@@ -263,30 +321,45 @@ def rope_split(layout: str, half: int, dim: int) -> int:
 _KERNELS = {"gpu": flash_kernels, "tpu": flash_tpu}
 
 
-def _kernel_aux(qe, ke, aux):
+def _kernel_aux(qe, ke, aux, sinks=None):
   extra = dict(aux)
   if qe is not None:
     extra.update(qe=qe, ke=ke)
+  if sinks is not None:  # the forward kernel's only: [N, 1, 1], read as slopes are
+    extra["sinks"] = sinks.reshape(-1, 1, 1)
   return extra
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q, k, v, qe, ke, aux):
+def _flash(cfg, q, k, v, qe, ke, sinks, aux):
   """``o`` in the kernel layout (``[B, T, N, Dv]`` gpu, ``[B, N, T, Dv]`` tpu), differentiable in q, k,
-  v, qe, ke; undifferentiated, the forward kernel writes no log-sum-exp (the backward's residual)."""
-  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg, residuals=False)[0]
+  v, qe, ke and the float32 sink logits ``[N]`` (or None); undifferentiated, the forward kernel writes
+  no log-sum-exp (the backward's residual)."""
+  return _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux, sinks), cfg, residuals=False)[0]
 
 
-def _flash_fwd(cfg, q, k, v, qe, ke, aux):
-  o, lse = _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux), cfg)
-  return o, (q, k, v, qe, ke, aux, o, lse)
+def _flash_fwd(cfg, q, k, v, qe, ke, sinks, aux):
+  o, lse = _KERNELS[cfg.target].forward(q, k, v, _kernel_aux(qe, ke, aux, sinks), cfg)
+  return o, (q, k, v, qe, ke, sinks, aux, o, lse)
 
 
 def _flash_bwd(cfg, res, do):
-  q, k, v, qe, ke, aux, o, lse = res
+  q, k, v, qe, ke, sinks, aux, o, lse = res
   dq, dk, dv, dqe, dke = _KERNELS[cfg.target].backward(q, k, v, _kernel_aux(qe, ke, aux), o, lse, do, cfg)
   zeros = jax.tree.map(jnp.zeros_like, aux)  # positions, tables, slopes, ids: constants
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqe, dke, zeros
+  dsinks = None if sinks is None else _sink_grad(cfg, sinks, o, lse, do)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dqe, dke, dsinks, zeros
+
+
+def _sink_grad(cfg, sinks, o, lse, do):
+  """``d sink_h = -sum_{b, t} P_sink * delta``: the sink is one more score with no value (its
+  ``dP = 0``), so its ``ds = P_sink (0 - delta)``, ``P_sink = exp(sink_h - lse)`` (lse includes the
+  sink: finite), ``delta = sum(o * do)`` over the value dims (zero on padding rows: no cotangent)."""
+  delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # gpu [B, T, N]; tpu [B, N, T]
+  if cfg.target == "gpu":
+    delta = jnp.transpose(delta, (0, 2, 1))
+  lse = lse.reshape(delta.shape)  # [B, N, T, 1] (gpu) or [B, N, 1, T] (tpu) -> [B, N, T]
+  return -jnp.sum(jnp.exp(sinks[None, :, None] - lse) * delta, axis=(0, 2))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

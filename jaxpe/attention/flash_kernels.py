@@ -9,6 +9,8 @@ the per-dim frequency; rotate-half with power-of-two widths elementwise on the l
 halves, ``Config.split``), and its transpose to the q/k gradients; ALiBi's bias ``-m_h (i - j)`` is built
 from the position blocks. Nothing rotated or biased is written to memory. Grouped-query heads read
 their kv head through the index map (``h // (N // K)``); dk/dv of a kv head sum its N / K query heads.
+Windows, chunks, the soft cap and sinks: ``flash_patterns`` (the loops run over the blocks it
+gives; blocks wholly outside are not loaded).
 
 Layouts (``jaxpe.attention.flash`` builds them), token-major here: q ``[B, T, N, D]``, k ``[B, T, K, D]``,
 v ``[B, T, K, Dv]`` (the caller's own layout, read in place through the block specs as jax's Triton
@@ -48,6 +50,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxpe.attention import flash_patterns as patterns
+
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked block gives no NaN
 _HI = lax.Precision.HIGHEST
 
@@ -67,6 +71,11 @@ class Config:
   interpret: bool = False
   split: int = 0  # rotate-half width h (elementwise rotation of lane ranges); 0: the perm matmul
   target: str = "gpu"  # "gpu": these Triton kernels; "tpu": jaxpe.attention.flash_tpu (Mosaic)
+  window: tuple[int, int] | None = None  # local_window_size (left, right), each at most the padded T
+  chunk: int | None = None  # chunk_size (only when smaller than the padded T)
+  soft_cap: float | None = None  # logits_soft_cap
+  sinks: bool = False  # a "sinks" operand [N, 1, 1] joins the forward's online softmax
+  length: int = 0  # the padded T (a whole number of blocks): flash_tpu's grids and block ranges
 
 
 def _operands(a, b):
@@ -201,23 +210,20 @@ def k_cs(r, cfg, rows):
 
 
 def scores(r, cfg, qr, qe, kr, ke, q_rows, k_cols, slope, q_start, k_start):
-  """Masked float32 scores ``[bq, bk]`` of a q block and a k block (parts, rotated, with ALiBi)."""
+  """Float32 scores ``[bq, bk]`` of a q block and a k block (parts, rotated), soft-capped, with ALiBi
+  added after the cap (``cap tanh(s / cap) - m (i - j)``), the mask (None: every pair visible) and the
+  cap's derivative ``1 - tanh^2`` (None without a cap; the backward's chain rule)."""
   s = sum(dot_nt(a, b) for a, b in zip(qr, kr, strict=True))
   if qe is not None:
     s = s + dot_nt(qe, ke)
   s = s * jnp.float32(cfg.scale)
+  s, dcap = patterns.soft_cap(cfg, s)  # before the bias and the mask
   if slope is not None:  # ALiBi: -m_h (i - j) from the int32 position blocks (alibi_bias: one rounding)
     s = s - slope * (token(r["aq"], q_rows) - r["ak"][:, k_cols]).astype(jnp.float32)
   mask = None
   if "sq" in r:
     mask = token(r["sq"], q_rows) == r["sk"][:, k_cols]
-  if cfg.causal:
-    bq, bk = s.shape
-    span_q = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-    span_k = k_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    causal = span_q >= span_k
-    mask = causal if mask is None else jnp.logical_and(mask, causal)
-  return s, mask
+  return s, patterns.pattern_mask(cfg, q_start, k_start, s.shape, mask), dcap
 
 
 def load_q_side(r, cfg, rows, head=()):
@@ -251,7 +257,7 @@ def _forward_kernel(*refs, names, cfg: Config):
     o, m, denom = carry
     k_rows = pl.ds(j * bk, bk)
     kr, ke, _ = load_k_side(r, cfg, k_rows)
-    s, mask = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    s, mask, _ = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
     if mask is not None:
       s = jnp.where(mask, s, MASK_VALUE)
     m_next = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
@@ -261,14 +267,9 @@ def _forward_kernel(*refs, names, cfg: Config):
     o = o * corr + dot(p.astype(v.dtype), v)
     return o, m_next, denom * corr + jnp.sum(p, axis=-1, keepdims=True)
 
-  n_k = r["k"].shape[0] // bk
-  upper = i + 1 if cfg.causal else n_k
-  init = (
-    jnp.zeros((bq, dv), jnp.float32),
-    jnp.full((bq, 1), -jnp.inf, jnp.float32),
-    jnp.zeros((bq, 1), jnp.float32),
-  )
-  o, m, denom = lax.fori_loop(0, upper, body, init)
+  lower, upper = patterns.key_blocks(cfg, i, r["k"].shape[0] // bk)
+  m0, l0 = patterns.softmax_start(cfg, r.get("sinks"), bq)
+  o, m, denom = lax.fori_loop(lower, upper, body, (jnp.zeros((bq, dv), jnp.float32), m0, l0))
   r["o"][...] = (o / denom).astype(r["o"].dtype)
   if "lse" in r:  # the backward's residual only
     r["lse"][...] = m + jnp.log(denom)
@@ -287,22 +288,23 @@ def _dq_kernel(*refs, names, cfg: Config):
     dq, dqe = carry
     k_rows = pl.ds(j * bk, bk)
     kr, ke, _ = load_k_side(r, cfg, k_rows)
-    s, mask = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
+    s, mask, dcap = scores(r, cfg, qr, qe, kr, ke, local, k_rows, slope, i * bq, j * bk)
     p = jnp.exp(s - lse)
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
     v = r["v"][k_rows, :]
     ds = p * (dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
+    if dcap is not None:
+      ds = ds * dcap
     dq = tuple(a + dot(ds.astype(b.dtype), b) for a, b in zip(dq, kr, strict=True))
     if dqe is not None:
       dqe = dqe + dot(ds, ke)
     return dq, dqe
 
-  n_k = r["k"].shape[0] // bk
-  upper = i + 1 if cfg.causal else n_k
+  lower, upper = patterns.key_blocks(cfg, i, r["k"].shape[0] // bk)
   zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in qr)
   init = (zeros, None if qe is None else jnp.zeros(qe.shape, jnp.float32))
-  dq, dqe = lax.fori_loop(0, upper, body, init)
+  dq, dqe = lax.fori_loop(lower, upper, body, init)
   if cfg.rope:
     dq = rotate_t(r, cfg, dq, q_cs)
   store(r["dq"], dq)
@@ -317,8 +319,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
   local = pl.ds(0, bk)
   kr, ke, k_cs = load_k_side(r, cfg, local)
   v = r["v"][...]
-  n_q = r["q"].shape[0] // bq
-  lower = j if cfg.causal else 0
+  lower, upper = patterns.query_blocks(cfg, j, r["q"].shape[0] // bq)
 
   def head(g, carry):
     slope = r["slopes"][g] if "slopes" in r else None
@@ -327,19 +328,21 @@ def _dkv_kernel(*refs, names, cfg: Config):
       dk, dke, dv = carry
       q_rows = pl.ds(i * bq, bq)
       qr, qe, _ = load_q_side(r, cfg, q_rows, (g,))
-      s, mask = scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
+      s, mask, dcap = scores(r, cfg, qr, qe, kr, ke, q_rows, local, slope, i * bq, j * bk)
       p = jnp.exp(s - r["lse"][g, q_rows, :])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
       do = r["do"][q_rows, g, :]
       dv = dv + dot_tn(p.astype(do.dtype), do)
       ds = p * (dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
+      if dcap is not None:
+        ds = ds * dcap
       dk = tuple(a + dot_tn(ds.astype(b.dtype), b) for a, b in zip(dk, qr, strict=True))
       if dke is not None:
         dke = dke + dot_tn(ds, qe)
       return dk, dke, dv
 
-    return lax.fori_loop(lower, n_q, body, carry)
+    return lax.fori_loop(lower, upper, body, carry)
 
   init = (
     tuple(jnp.zeros(x.shape, jnp.float32) for x in kr),
@@ -365,7 +368,7 @@ def _spec(name, x, cfg: Config, rows_of: str):
   bl, g = cfg.block, cfg.groups
   if name in ("freq", "amp", "logz", "perm", "turns"):
     return pl.BlockSpec(x.shape, lambda b, h, i: (0, 0))
-  if name == "slopes":
+  if name in ("slopes", "sinks"):
     if rows_of == "k":  # dk/dv: the G query heads of kv head h
       return pl.BlockSpec((g, 1, 1), lambda b, h, i: (h, 0, 0))
     return pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0))

@@ -8,11 +8,17 @@ schedule, as in jax's own TPU flash attention (``jax/experimental/pallas/ops/tpu
 each program sees one q block and one k/v block, the grid's last axis walks the other side's
 blocks (``"arbitrary"``: sequential), and the online-softmax state (running max, sum, output) or the
 gradient sums live in VMEM scratch between the steps of that axis. VMEM then holds a few blocks
-whatever T is (no whole k/v sequence per program). Causal blocks past the diagonal are skipped
-(``pl.when``) and their index maps clamped to the last needed block, so no DMA fetches them.
+whatever T is (no whole k/v sequence per program). The sequential axis walks only the blocks
+``flash_patterns.key_blocks`` (forward, dq) or ``query_blocks`` (dk/dv) give the program's block (causal,
+``local_window_size``, ``chunk_size``): its length is the widest such range (``flash_patterns.span``: about
+``(left + right) / block + 2`` steps for a window, not T / block), step s is block ``lo + s``, and a
+step past ``hi`` (a narrower range) is skipped (``pl.when``) with its index map clamped to the last
+needed block, so no DMA fetches it. Sinks start the forward's online softmax in scratch (max
+``sink_h``, sum 1); the soft cap is ``fk.scores``'.
 
-Grids: forward and dq ``(B, N, T / bq, T / bk)``; dk/dv ``(B, K, T / bk, G, T / bq)`` (the G query
-heads of a kv head and their q blocks summed in scratch). Block shapes: ``(bq or bk, D)`` with D the
+Grids: forward and dq ``(B, N, T / bq, span_k)``; dk/dv ``(B, K, T / bk, G, span_q)`` (span: T / b
+without a window or chunks; dk/dv: the G query heads of a kv head and their q blocks summed in
+scratch). Block shapes: ``(bq or bk, D)`` with D the
 whole (padded) head dim, per-token operands (positions, segment ids) and the row statistics
 (log-sum-exp, delta) as lane-dense rows ``(1, b)`` of ``[B, 1, T]`` / ``[B, N, 1, T]`` arrays (a
 ``[., T, 1]`` column would take 128 lanes per token in HBM; ``flash_kernels.token`` turns a row block
@@ -41,6 +47,7 @@ dims; bq = bk = ``Config.block``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import jax
@@ -50,6 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxpe.attention import flash_kernels as fk
+from jaxpe.attention import flash_patterns as patterns
 
 CHIPS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 lite"}
 """Generations ``tpu_chip`` names, with the device kind jax's ``tpu_info`` knows them by."""
@@ -89,29 +97,50 @@ def _online_softmax_step(r, cfg, s, mask, v):
   r["m_scr"][...] = m_next
 
 
+def _visited(cfg: fk.Config, blocks, x, step, n: int):
+  """``(y, needed)``: the other side's block at step ``step`` of the sequential axis for block ``x``
+  (``blocks(cfg, x, n)`` = ``[lo, hi)``, ``lo + step``) and whether it is in range (None: always)."""
+  lo, hi = blocks(cfg, x, n)
+  if isinstance(lo, int) and isinstance(hi, int) and lo == 0 and hi == n:
+    return step, None
+  y = lo + step
+  return y, y < hi
+
+
+def _clamped(cfg: fk.Config, blocks, x, step, n: int):
+  """The block an index map fetches at step ``step``: ``lo + step`` clamped to the last needed one
+  (``hi - 1``), so a skipped step fetches what the pipeline holds already (no DMA)."""
+  lo, hi = blocks(cfg, x, n)
+  if isinstance(lo, int) and isinstance(hi, int) and lo == 0 and hi == n:
+    return step
+  return jnp.minimum(lo + step, hi - 1)
+
+
 def _forward_kernel(*refs, names, cfg: fk.Config):
   r = dict(zip(names, refs, strict=True))
-  i, j, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
+  i, step, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
+  j, needed = _visited(cfg, patterns.key_blocks, i, step, cfg.length // cfg.block)
   rows = pl.ds(0, cfg.block)  # every ref is one block
 
-  @pl.when(j == 0)
+  @pl.when(step == 0)
   def _():
-    r["m_scr"][...] = jnp.full(r["m_scr"].shape, -jnp.inf, jnp.float32)
-    r["l_scr"][...] = jnp.zeros(r["l_scr"].shape, jnp.float32)
+    r["m_scr"][...], r["l_scr"][...] = patterns.softmax_start(
+      cfg, r.get("sinks"), cfg.block
+    )  # sinks: (sink_h, 1)
     r["acc_scr"][...] = jnp.zeros(r["acc_scr"].shape, jnp.float32)
     r["qr_scr"][...] = fk.load_q_side(r, cfg, rows)[0][0]  # the rotated q block, once per row block
 
-  @_when(j <= i if cfg.causal else None)
+  @_when(needed)
   def _():
     kr, ke, _ = fk.load_k_side(r, cfg, rows)
     qe = r["qe"][...] if "qe" in r else None
     slope = r["slopes"][...] if "slopes" in r else None
-    s, mask = fk.scores(
+    s, mask, _ = fk.scores(
       r, cfg, (r["qr_scr"][...],), qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block
     )
     _online_softmax_step(r, cfg, s, mask, r["v"][...])
 
-  @pl.when(j == n_k - 1)
+  @pl.when(step == n_k - 1)
   def _():
     denom = r["l_scr"][...]
     r["o"][...] = (r["acc_scr"][...] / denom).astype(r["o"].dtype)
@@ -127,27 +156,30 @@ def _column(ref):
 
 def _probs(r, cfg, qr, qe, kr, ke, rows, slope, i, j):
   """Probabilities ``[bq, bk]`` from the saved log-sum-exp and ``ds`` (the scores' gradient)."""
-  s, mask = fk.scores(r, cfg, qr, qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block)
+  s, mask, dcap = fk.scores(r, cfg, qr, qe, kr, ke, rows, rows, slope, i * cfg.block, j * cfg.block)
   p = jnp.exp(s - _column(r["lse"]))
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
   ds = p * (fk.dot_nt(r["do"][...], r["v"][...]) - _column(r["delta"])) * jnp.float32(cfg.scale)
+  if dcap is not None:  # through the soft cap: d(cap tanh(s / cap)) / ds = 1 - tanh^2
+    ds = ds * dcap
   return p, ds
 
 
 def _dq_kernel(*refs, names, cfg: fk.Config):
   r = dict(zip(names, refs, strict=True))
-  i, j, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
+  i, step, n_k = pl.program_id(2), pl.program_id(3), pl.num_programs(3)
+  j, needed = _visited(cfg, patterns.key_blocks, i, step, cfg.length // cfg.block)
   rows = pl.ds(0, cfg.block)
 
-  @pl.when(j == 0)
+  @pl.when(step == 0)
   def _():
     r["dq_scr"][...] = jnp.zeros(r["dq_scr"].shape, jnp.float32)
     if "dqe_scr" in r:
       r["dqe_scr"][...] = jnp.zeros(r["dqe_scr"].shape, jnp.float32)
     r["qr_scr"][...] = fk.load_q_side(r, cfg, rows)[0][0]
 
-  @_when(j <= i if cfg.causal else None)
+  @_when(needed)
   def _():
     kr, ke, _ = fk.load_k_side(r, cfg, rows)
     qe = r["qe"][...] if "qe" in r else None
@@ -157,7 +189,7 @@ def _dq_kernel(*refs, names, cfg: fk.Config):
     if ke is not None:
       r["dqe_scr"][...] += fk.dot(ds, ke)
 
-  @pl.when(j == n_k - 1)
+  @pl.when(step == n_k - 1)
   def _():
     dq = (r["dq_scr"][...],)
     if cfg.rope:
@@ -169,9 +201,10 @@ def _dq_kernel(*refs, names, cfg: fk.Config):
 
 def _dkv_kernel(*refs, names, cfg: fk.Config):
   r = dict(zip(names, refs, strict=True))
-  j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
-  first = jnp.logical_and(g == 0, i == 0)
-  last = jnp.logical_and(g == pl.num_programs(3) - 1, i == pl.num_programs(4) - 1)
+  j, g, step = pl.program_id(2), pl.program_id(3), pl.program_id(4)
+  i, needed = _visited(cfg, patterns.query_blocks, j, step, cfg.length // cfg.block)
+  first = jnp.logical_and(g == 0, step == 0)
+  last = jnp.logical_and(g == pl.num_programs(3) - 1, step == pl.num_programs(4) - 1)
   rows = pl.ds(0, cfg.block)
 
   @pl.when(first)
@@ -181,7 +214,7 @@ def _dkv_kernel(*refs, names, cfg: fk.Config):
         r[name][...] = jnp.zeros(r[name].shape, jnp.float32)
     r["kr_scr"][...] = fk.load_k_side(r, cfg, rows)[0][0]  # the rotated k block, once per k block
 
-  @_when(i >= j if cfg.causal else None)
+  @_when(needed)
   def _():
     kr = (r["kr_scr"][...],)
     ke = r["ke"][...] if "ke" in r else None
@@ -218,7 +251,7 @@ def _spec(name, x, cfg: fk.Config, coords):
   bl = cfg.block
   if name in ("freq", "amp", "logz", "perm", "turns"):
     return pl.BlockSpec(x.shape, lambda *idx: (0, 0))
-  if name == "slopes":
+  if name in ("slopes", "sinks"):
     return pl.BlockSpec((None, 1, 1), lambda *idx: (coords(*idx)[1], 0, 0))
   if name in _Q_TOKEN:  # per-token rows [B, 1, T] (flash.attend lays them out so for "tpu")
     return pl.BlockSpec((None, 1, bl), lambda *idx: (coords(*idx)[0], 0, coords(*idx)[2]))
@@ -253,12 +286,13 @@ def _call(kernel, ins: dict, outs: dict, scratch: dict, cfg: fk.Config, grid, co
   return dict(zip(outs, out, strict=True))
 
 
-def _q_major(cfg: fk.Config):
-  """Coordinates of the (b, h, i, j) grid: a causal k block past the diagonal maps to the last one
+def _q_major(cfg: fk.Config, n: int):
+  """Coordinates of the (b, h, i, step) grid: step walks the k blocks ``patterns.key_blocks`` gives q block
+  i (causal, window, chunks: the others are not on the grid); a step past them maps to the last one
   needed (fetched already: no DMA for skipped steps)."""
 
-  def coords(b, h, i, j):
-    return b, h, i, lax.div(h, cfg.groups), jnp.minimum(j, i) if cfg.causal else j  # no //: sign
+  def coords(b, h, i, step):
+    return b, h, i, lax.div(h, cfg.groups), _clamped(cfg, patterns.key_blocks, i, step, n)  # no //: sign
 
   return coords
 
@@ -270,6 +304,7 @@ def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
   as ``flash_kernels`` keeps it, would take 128 lanes in HBM (512 bytes per q row)."""
   batch, heads, length, dim = q.shape
   n, bl = length // cfg.block, cfg.block
+  cfg = dataclasses.replace(cfg, length=length)
   ins = {"q": q, "k": k, "v": v, **aux}
   outs = {"o": jax.ShapeDtypeStruct((batch, heads, length, v.shape[-1]), v.dtype)}
   if residuals:
@@ -282,7 +317,8 @@ def forward(q, k, v, aux: dict, cfg: fk.Config, residuals: bool = True):
     "qr_scr": ((bl, dim), q.dtype),
   }
   semantics = ("parallel", "parallel", "parallel", "arbitrary")
-  got = _call(_forward_kernel, ins, outs, scratch, cfg, (batch, heads, n, n), _q_major(cfg), semantics)
+  grid = (batch, heads, n, patterns.span(patterns.key_blocks, cfg, n))  # only the k blocks some q block needs
+  got = _call(_forward_kernel, ins, outs, scratch, cfg, grid, _q_major(cfg, n), semantics)
   return got["o"], got.get("lse")
 
 
@@ -291,6 +327,7 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
   ke, as ``flash_kernels.backward`` (here in the head-major layouts ``[B, N | K, T, .]``)."""
   batch, heads, length, dim = q.shape
   n, bl, f32 = length // cfg.block, cfg.block, jnp.float32
+  cfg = dataclasses.replace(cfg, length=length)
   delta = jnp.sum(o.astype(f32) * do.astype(f32), axis=-1)[:, :, None, :]  # [B, N, 1, T], as lse
   ins = {"q": q, "k": k, "v": v, **aux, "do": do, "lse": lse, "delta": delta}
   outs = {"dq": jax.ShapeDtypeStruct(q.shape, q.dtype)}  # float32 sums in scratch, rounded once
@@ -299,10 +336,11 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
     outs["dqe"] = jax.ShapeDtypeStruct(aux["qe"].shape, f32)
     scratch["dqe_scr"] = ((bl, aux["qe"].shape[-1]), f32)
   semantics = ("parallel", "parallel", "parallel", "arbitrary")
-  dq = _call(_dq_kernel, ins, outs, scratch, cfg, (batch, heads, n, n), _q_major(cfg), semantics)
+  grid = (batch, heads, n, patterns.span(patterns.key_blocks, cfg, n))
+  dq = _call(_dq_kernel, ins, outs, scratch, cfg, grid, _q_major(cfg, n), semantics)
 
-  def coords(b, h, j, g, i):  # a causal q block before the diagonal maps to the first one needed
-    return b, h * cfg.groups + g, jnp.maximum(i, j) if cfg.causal else i, h, j
+  def coords(b, h, j, g, step):  # step walks patterns.query_blocks(j); past them: the last one needed
+    return b, h * cfg.groups + g, _clamped(cfg, patterns.query_blocks, j, step, n), h, j
 
   outs = {"dk": jax.ShapeDtypeStruct(k.shape, k.dtype), "dv": jax.ShapeDtypeStruct(v.shape, v.dtype)}
   scratch = {"dk_scr": ((bl, dim), f32), "dv_scr": ((bl, v.shape[-1]), f32), "kr_scr": ((bl, dim), k.dtype)}
@@ -310,6 +348,6 @@ def backward(q, k, v, aux: dict, o, lse, do, cfg: fk.Config):
     outs["dke"] = jax.ShapeDtypeStruct(aux["ke"].shape, f32)
     scratch["dke_scr"] = ((bl, aux["ke"].shape[-1]), f32)
   semantics = ("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
-  grid = (batch, k.shape[1], n, cfg.groups, n)
+  grid = (batch, k.shape[1], n, cfg.groups, patterns.span(patterns.query_blocks, cfg, n))
   dkv = _call(_dkv_kernel, ins, outs, scratch, cfg, grid, coords, semantics)
   return dq["dq"], dkv["dk"], dkv["dv"], dq.get("dqe"), dkv.get("dke")

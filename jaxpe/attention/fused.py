@@ -87,8 +87,8 @@ def attend(
   impl = implementation
   if sinks is not None and impl not in SINK_KERNELS:
     raise ValueError(
-      f"attention implementation {impl!r} takes no attention sinks; sinks run on 'xla' and "
-      f"{', '.join(repr(n) for n in SINK_KERNELS)} (native sinks)"
+      f"attention implementation {impl!r} takes no attention sinks; sinks run on 'xla', "
+      f"{', '.join(repr(n) for n in SINK_KERNELS)} (native sinks) and 'flash'"
     )
   if bias is not None:
     raise ValueError(

@@ -94,7 +94,8 @@ def attention(
       its kernel; q and k are then given unrotated.
     sinks: optional ``[N]`` float attention-sink logits (``jaxpe.attention.sinks``; gpt-oss, arXiv
       2309.17453): ``exp(sink_h)`` joins each row's softmax denominator, with no value. ``xla``
-      (blockwise from the lse, dense as one more key slot) and ``splash`` (native ``sinks``);
+      (blockwise from the lse, dense as one more key slot), ``splash`` (native ``sinks``) and
+      ``flash`` (in its online softmax);
       differentiable (q, k, v, sinks). cudnn and pallas_gpu refuse them.
     local_window_size: optional ``(left, right)`` ints >= 0 in tokens (an int w: ``(w, w)``),
       ``jax.nn.dot_product_attention``'s name and meaning: query i sees key j only if
@@ -110,8 +111,9 @@ def attention(
       ``s = q.k * scale`` become ``cap * tanh(s / cap)`` before the mask, the bias / ALiBi and the
       sinks (transformers' ``gemma2.eager_attention_forward``). Refused with ``precise_dims > 0``
       and, on a fused kernel, with an ``alibi_spec`` emulated inside q.k (the cap would squash ALiBi).
-      ``flash`` refuses all three options for now (its kernel gains them separately);
-      ``implementation="auto"`` passes over a kernel that refuses one.
+      ``flash`` runs all three in its kernel (key blocks outside the window / chunks skipped;
+      ``jaxpe.attention.flash_patterns``); ``implementation="auto"`` passes over a kernel that
+      refuses one.
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
@@ -348,6 +350,9 @@ def _run(
       interpret=interpret,
       sinks=sinks,
       target=target,
+      local_window_size=pattern.window,
+      chunk_size=pattern.chunk,
+      logits_soft_cap=pattern.cap,
     )
   if impl == "tokamax":  # native broadcast bias: ALiBi as BLOOM's key-only bias, no emulation
     return tokamax_backend.attend(

@@ -100,11 +100,11 @@ PATTERN_OPTIONS: dict[str, tuple[str, ...]] = {
   "splash": ("local_window_size", "chunk_size", "logits_soft_cap"),
   "cudnn": ("local_window_size",),
   "tokamax": ("local_window_size", "logits_soft_cap"),
+  "flash": ("local_window_size", "chunk_size", "logits_soft_cap"),
 }
 """Backend -> the options it runs (splash: chunks with a causal mask; cudnn: a causal left window;
 tokamax: the cap without a bias, as its cap comes after the bias); the other backends refuse them."""
 REFUSAL_REASONS: dict[str, str] = {
-  "flash": "jaxpe's Pallas flash kernel does not take the attention patterns yet",
   "pallas_gpu": "jax's Pallas GPU mha kernel has no window, chunks or soft cap",
   "cudnn": "cuDNN's fused attention through jax.nn.dot_product_attention has a causal left window only",
   "tokamax": "tokamax.dot_product_attention has local_window_size and logits_soft_cap, no chunks",

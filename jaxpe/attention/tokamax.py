@@ -87,7 +87,7 @@ def attend(
   del interpret
   if sinks is not None:
     raise ValueError(
-      "attention implementation 'tokamax' takes no attention sinks; sinks run on 'xla' and 'splash'"
+      "attention implementation 'tokamax' takes no attention sinks; sinks run on 'xla', 'splash' (native sinks) and 'flash'"
     )
   if isinstance(mask, IndexMask):
     raise ValueError(

@@ -34,7 +34,7 @@ with a fused ``attn_implementation`` is refused (``auto`` runs them on ``xla`` o
 def check_bias_options(cfg: BiasKeys) -> None:
   """Raises ValueError naming the key: ``cope_npos_max`` without ``pos_encoding='cope'``; an
   ``XLA_ONLY_ENCODINGS`` encoding with a fused ``attn_implementation``; ``attention_sinks`` on
-  ``cudnn``, ``pallas_gpu`` or ``flash``; T5's ``relative_attention_max_distance`` not above half the buckets;
+  ``cudnn`` or ``pallas_gpu``; T5's ``relative_attention_max_distance`` not above half the buckets;
   FIRE's ``fire_init_c x max(fire_init_L, max_len)`` above ``FLOAT32_MAX`` (its log(c x + 1) would be inf)."""
   if cfg.cope_npos_max is not None and cfg.pos_encoding != "cope":
     raise ValueError(f"cope_npos_max needs pos_encoding='cope', got pos_encoding={cfg.pos_encoding!r}")
@@ -43,9 +43,9 @@ def check_bias_options(cfg: BiasKeys) -> None:
       f"pos_encoding={cfg.pos_encoding!r} is an additive bias that only the xla backend computes "
       f"(fused kernels take no bias): attn_implementation must be 'xla', got {cfg.attn_implementation!r}"
     )
-  if cfg.attention_sinks and cfg.attn_implementation in ("cudnn", "pallas_gpu", "flash"):
+  if cfg.attention_sinks and cfg.attn_implementation in ("cudnn", "pallas_gpu"):
     raise ValueError(
-      f"attention_sinks runs on attn_implementation 'xla' or 'splash', got {cfg.attn_implementation!r}"
+      f"attention_sinks runs on attn_implementation 'xla', 'splash' or 'flash', got {cfg.attn_implementation!r}"
     )
   if (
     cfg.pos_encoding == "t5"

@@ -177,7 +177,7 @@ class ModelConfig(StrictConfig):
   attention_sinks: bool = pydantic.Field(
     False,
     description="a learned sink logit per head and layer in the softmax denominator (gpt-oss; arXiv "
-    "2309.17453; jaxpe.attention.sinks), with any pos_encoding; runs on xla and splash",
+    "2309.17453; jaxpe.attention.sinks), with any pos_encoding; runs on xla, splash and flash",
   )
   cope_npos_max: int | None = pydantic.Field(
     None,

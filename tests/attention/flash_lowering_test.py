@@ -50,6 +50,24 @@ OPTIONS = {  # option -> settings of one program (defaults: T, N, K above, no ma
   "xpos": dict(causal=True, rope=("interleaved", "exact"), xpos=True),
   "precise_dims": dict(causal=True, precise=6),  # E 6 (order 3): padded to 8 lanes
   "t200": dict(causal=True, valid=True, t_len=200, alibi=True, rope=("half", "exact")),
+  # attention patterns and sinks (T 384: three blocks of 128, key blocks outside skipped)
+  "window": dict(causal=True, window=(100, 0), t_len=384),
+  "window_two_sided": dict(window=(130, 60), valid=True, t_len=384),
+  "chunk": dict(causal=True, chunk=160, t_len=384),
+  "soft_cap": dict(causal=True, cap=30.0, alibi=True),
+  "sinks": dict(causal=True, sinks=True, segments=True),
+  "patterns_all": dict(
+    causal=True,
+    valid=True,
+    window=(200, 0),
+    chunk=256,
+    cap=50.0,
+    sinks=True,
+    alibi=True,
+    rope=("half", "exact"),
+    heads=(4, 2),
+    t_len=384,
+  ),
 }
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -71,7 +89,7 @@ def _program(option: str, platform: str, grad: bool):
     )
   slopes = 2.0 ** -np.arange(1, heads + 1)
 
-  def fn(q, k, v, pos, valid, segments):
+  def fn(q, k, v, sinks, pos, valid, segments):
     mask = AttentionMask(
       causal=o.get("causal", False),
       valid=valid if o.get("valid") else None,
@@ -103,14 +121,18 @@ def _program(option: str, platform: str, grad: bool):
       precise_dims=extra,
       interpret=False,
       target=target,
+      sinks=sinks if o.get("sinks") else None,
+      local_window_size=o.get("window"),
+      chunk_size=o.get("chunk"),
+      logits_soft_cap=o.get("cap"),
     )
 
   if grad:
     value = fn
 
-    def fn(q, k, v, *rest):  # noqa: F811
-      loss = lambda q, k, v: jnp.sum(value(q, k, v, *rest).astype(jnp.float32))  # noqa: E731
-      return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+    def fn(q, k, v, sinks, *rest):  # noqa: F811
+      loss = lambda q, k, v, sinks: jnp.sum(value(q, k, v, sinks, *rest).astype(jnp.float32))  # noqa: E731
+      return jax.value_and_grad(loss, argnums=(0, 1, 2, 3) if o.get("sinks") else (0, 1, 2))(q, k, v, sinks)
 
   def structs(dtype):
     s = jax.ShapeDtypeStruct
@@ -118,6 +140,7 @@ def _program(option: str, platform: str, grad: bool):
       s((B, t_len, heads, H + extra), dtype),
       s((B, t_len, kv, H + extra), dtype),
       s((B, t_len, kv, H), dtype),
+      s((heads,), jnp.float32),  # sink logits (used by the "sinks" options)
       s((B, t_len), jnp.int32),
       s((B, t_len), jnp.bool_),
       s((B, t_len), jnp.int32),

@@ -47,6 +47,7 @@ MODEL_CASES = [
   ("flash", dict(pos_encoding="rope", rope_scaling=dict(rope_type="yarn", factor=2.0), rotary_dim=32)),
   ("flash", dict(pos_encoding="xpos")),
   ("flash", dict(pos_encoding="alibi")),  # native ALiBi in the kernel
+  ("flash", dict(pos_encoding="rope", attention_sinks=True)),  # sinks in the kernel's online softmax
 ]
 
 

@@ -90,7 +90,6 @@ def test_cudnn_window_is_jax_nn_local_window_size(monkeypatch):
     ("pallas_gpu", dict(local_window_size=4), AttentionMask(), "'pallas_gpu' cannot run local_window_size"),
     ("pallas_gpu", dict(chunk_size=4), AttentionMask(), "'pallas_gpu' cannot run chunk_size"),
     ("pallas_gpu", dict(logits_soft_cap=5.0), AttentionMask(), "'pallas_gpu' cannot run logits_soft_cap"),
-    ("flash", dict(chunk_size=4), AttentionMask(), "'flash' cannot run chunk_size"),
     (
       "splash",
       dict(chunk_size=4),
@@ -134,7 +133,7 @@ def test_soft_cap_refused_with_emulated_alibi():
 
 def test_auto_lowered_for_tpu_passes_over_refusing_kernels():
   """implementation='auto' lowered for TPU: splash takes a causal window, a non-causal chunk goes to
-  xla (splash refuses it, flash refuses every option for now)."""
+  flash (splash refuses it; flash runs every option in its Mosaic kernel)."""
   q = jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.float32)
 
   def lowered(mask, **opts):
@@ -142,7 +141,8 @@ def test_auto_lowered_for_tpu_passes_over_refusing_kernels():
     return fn.trace(q, q, q).lower(lowering_platforms=("tpu",)).as_text()
 
   assert "tpu_custom_call" in lowered(AttentionMask(), local_window_size=(16, 0))
-  assert "tpu_custom_call" not in lowered(AttentionMask(causal=False), chunk_size=32)
+  chunked = lowered(AttentionMask(causal=False), chunk_size=32)
+  assert "jaxpe_flash_tpu_forward_kernel" in chunked and "tpu_custom_call" in chunked
 
 
 @pytest.mark.parametrize("name", ["window", "chunk"])

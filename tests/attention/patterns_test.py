@@ -330,12 +330,15 @@ def test_cap_refused_with_precise_dims():
       fn(q2, k2, v, scale=SCALE, logits_soft_cap=5.0)
 
 
-def test_flash_refuses_by_name():
+def test_flash_runs_every_option_as_xla():
+  # flash runs the patterns in its kernel (tests/attention/flash_patterns_test.py: against float64,
+  # gradients, every combination); here the same call on flash and xla agree
   q, k, v, _ = _data(16)
   for opts in ({"local_window_size": 3}, {"chunk_size": 4}, {"logits_soft_cap": 5.0}):
-    (option,) = opts
-    with pytest.raises(ValueError, match=f"'flash' cannot run {option}"):
-      attention(q, k, v, scale=SCALE, mask=AttentionMask(), implementation="flash", interpret=True, **opts)
+    run = lambda impl, opts=opts: attention(  # noqa: E731
+      q, k, v, scale=SCALE, mask=AttentionMask(), implementation=impl, interpret=True, **opts
+    )
+    np.testing.assert_allclose(np.asarray(run("flash")), np.asarray(run("xla")), atol=2e-5, err_msg=str(opts))
 
 
 @pytest.mark.parametrize("mask_kind", ["attention_mask", "index_mask", "triangular"])

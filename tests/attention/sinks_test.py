@@ -200,5 +200,7 @@ def test_sink_errors():
   with pytest.raises(TypeError, match="sinks must be a float array"):
     kernels.attention(q, k, v, scale=SCALE, sinks=np.zeros(N, np.int32))
   x = jnp.zeros((1, 128, 2, 16), jnp.float32)
-  with pytest.raises(ValueError, match="'pallas_gpu' takes no attention sinks.*'xla' and 'splash'"):
+  with pytest.raises(
+    ValueError, match=r"'pallas_gpu' takes no attention sinks.*'xla', 'splash' \(native sinks\) and 'flash'"
+  ):
     kernels.attention(x, x, x, scale=1.0, sinks=jnp.zeros(2), implementation="pallas_gpu", interpret=True)

@@ -61,6 +61,10 @@ its ``[B, N, T, 1]`` float32, the minor dim padded to 128 lanes). v5p keeps less
 SUBSET = ("t200", "xpos", "gqa", "segments", "precise_dims", "rope_interleaved_float32")
 """The options v6e and float32 compile (the most code between them: every table, mask and operand
 kind): every option in bf16 on v5e, these beside it, keep the module near 30 s on 2 busy cores."""
+PATTERNS = ("window", "window_two_sided", "chunk", "soft_cap", "sinks", "patterns_all")
+"""The attention patterns and sinks (issue 47 / 48): every one on v5e and v6e, gradient (one program
+with the forward, dq and dk/dv kernels: Mosaic's grids over the needed key / query blocks only, the
+sink logits' gradient); all of them together in float32 and as a forward alone too."""
 
 
 def _compile(fn, args, chip):
@@ -78,21 +82,24 @@ def _flash_case(option: str, chip: str, dtype: str, grad: bool):
 
 
 @pytest.mark.parametrize(
-  "option, dtype", [(o, "bfloat16") for o in cases.OPTIONS] + [(o, "float32") for o in SUBSET]
+  "option, dtype",
+  [(o, "bfloat16") for o in cases.OPTIONS] + [(o, "float32") for o in (*SUBSET, "patterns_all")],
 )
 def test_flash_gradient_compiles_for_v5e(option, dtype):
   # value_and_grad: one program holding the forward, dq and dk/dv kernels
   _flash_case(option, "v5e", dtype, grad=True)
 
 
-@pytest.mark.parametrize("option", SUBSET)
+@pytest.mark.parametrize("option", SUBSET + PATTERNS)
 def test_flash_gradient_compiles_for_v6e(option):
   _flash_case(option, "v6e", "bfloat16", grad=True)
 
 
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
-def test_flash_forward_alone_compiles(chip):
-  _flash_case("t200", chip, "bfloat16", grad=False)
+@pytest.mark.parametrize("option", ("t200", "patterns_all"))
+def test_flash_forward_alone_compiles(chip, option):
+  # undifferentiated: the forward kernel without the log-sum-exp (the sinks, windows and chunks in it)
+  _flash_case(option, chip, "bfloat16", grad=False)
 
 
 def _attention_grad(impl: str, length: int, dtype=jnp.bfloat16, heads=2, dim=128):
