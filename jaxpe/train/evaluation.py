@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from jaxpe.model.decoder import Decoder
 from jaxpe.model.generate import generate
-from jaxpe.train import data, sharding, tasks
+from jaxpe.train import data, packing, sharding, tasks
 from jaxpe.train.config import TrainConfig
 
 __all__ = ["evaluate", "held_out", "sample_run", "sample_text"]
@@ -35,6 +35,12 @@ def held_out(cfg: TrainConfig, corpus: data.Corpus | None) -> tuple[list[np.ndar
     b = cfg.batch_size
     rows = tasks.held_out(task, seed=cfg.seed, count=b * cfg.eval_batches, length=cfg.seq_len)
     return [rows[i : i + b] for i in range(0, len(rows), b)], tasks.answer_bits(task)
+  if cfg.data.packing is not None:  # [B, 3, T + 1]; the unigram of the scored targets
+    eval_set = packing.eval_batches(
+      corpus, cfg.data.packing, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.eval_batches
+    )
+    scored = [b[:, 0, 1:][b[:, 1, 1:] != 0] for b in eval_set]
+    return eval_set, data.unigram_bits_per_byte(np.concatenate(scored))
   eval_set = data.eval_batches(
     corpus.eval, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.eval_batches
   )

@@ -23,6 +23,7 @@ from jaxpe.train import (
   evaluation,
   flops,
   pacing,
+  packing,
   run_files,
   run_guard,
   run_log,
@@ -137,6 +138,8 @@ class _Training:
     """Held-out data, mesh and shardings, the state (restored or created), the run files, steps."""
     cfg = self.cfg
     self.eval_set, self.unigram = evaluation.held_out(cfg, self.corpus)
+    if cfg.data.packing is not None:  # packed once (first_fit), then rows by (seed, step)
+      self.packed_batch = packing.make_train_batch(self.corpus, cfg.data.packing, cfg.seq_len)
     self.mesh = sharding.make_mesh(cfg.mesh_shape)
     micro_batch = cfg.batch_size // cfg.grad_accum_steps
     sharding.check_divisible(cfg.model, self.mesh, micro_batch, seq_len=cfg.seq_len, rules=cfg.logical_rules)
@@ -162,6 +165,12 @@ class _Training:
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
+    packed = getattr(getattr(self, "packed_batch", None), "packed", None)
+    if cfg.data.packing is not None:  # the padding share of first_fit's rows (concat_then_split: none)
+      share = packing.padding_share(packed) if packed is not None else 0.0
+      self.info["packing"] = {"strategy": cfg.data.packing, "padding_share": share}
+      if self.progress:
+        print(f"packing: {cfg.data.packing}, {share:.2%} of the training rows' tokens are padding")
     if self.run.init_from is not None:  # where the parameters started (summary.json's run.init_from)
       self.info["init_from"] = self.run.init_from
       if self.progress and meta is None:
@@ -250,6 +259,8 @@ class _Training:
     cfg, run = self.cfg, self.run
     shape = (cfg.batch_size, cfg.seq_len + 1)
     make = functools.partial(data.train_batch, self.corpus.train) if self.corpus is not None else None
+    if cfg.data.packing is not None:  # [B, 3, T + 1]: tokens, loss weights, segment ids
+      make, shape = self.packed_batch, (shape[0], 3, shape[1])
     if cfg.data.task is not None:  # [B, 2, T + 1]: tokens and answer mask (next_token_loss)
       make, shape = functools.partial(tasks.task_batch, cfg.data.task), (shape[0], 2, shape[1])
     batch = sharding.global_batch(

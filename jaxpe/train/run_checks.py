@@ -43,7 +43,7 @@ run its parameters started from; a config saved without it read as None): a resu
 not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
 ``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
-PATH_KEYS = ("init_from", "data.path")
+PATH_KEYS = ("init_from", "data.path", "data.tokens", "data.tokenizer")
 """Keys under ``RUN_DEFINING_KEYS`` that hold paths: a resume compares them as the file or directory
 they name (``os.path.realpath``), not as strings (the data's bytes are checked by its fingerprint)."""
 
@@ -58,6 +58,8 @@ PROCESS_LOCAL_KEYS = (
   "distributed.enabled",
   "workdir",
   "data.path",
+  "data.tokens",
+  "data.tokenizer",
 )
 """Config keys the processes of one run may hold differently: their own id, how each reaches the
 coordinator, and paths (another host may mount the shared workdir or the data elsewhere; the
@@ -131,7 +133,7 @@ def check_resume_data(meta: dict[str, Any], fingerprint: dict[str, Any], cfg: Tr
   saved = meta.get("data_fingerprint")
   if not isinstance(saved, dict) or saved.get("sha256") == fingerprint["sha256"]:
     return
-  where = cfg.data.path or "the Python standard library"
+  where = cfg.data.tokens or cfg.data.path or "the Python standard library"
 
   def describe(fp):
     return (
