@@ -56,7 +56,16 @@ THIRD_PARTY = {
   "study": _TRAIN,
 }
 # Imported only inside functions, by code that needs them (an extra, or a plot).
-OPTIONAL = {"matplotlib", "torch", "transformers", "safetensors", "tensorboardX", "tokamax", "absl"}
+OPTIONAL = {
+  "matplotlib",
+  "torch",
+  "transformers",
+  "safetensors",
+  "tensorboardX",
+  "tokamax",
+  "absl",
+  "tokenizers",
+}
 HEAVY = ["flax", "optax", "orbax", "pydantic", "matplotlib", "chex", "torch", "transformers", "tensorstore"]
 
 

@@ -187,7 +187,8 @@ class Corpus:
   ``unit`` is ``"bytes"`` (text) or ``"tokens"`` (a token file, ``jaxpe.train.token_data``: then
   ``train``/``eval`` are memory-mapped ids of any integer dtype). ``train_docs`` / ``eval_docs``:
   ``[d]`` int64 start offsets of the documents (files; a token file's ``eot_token``) in each side,
-  0 first (``jaxpe.train.packing``); None = one document.
+  0 first (``jaxpe.train.packing``); None = one document. ``tokenizer``: the ``tokenizer.json`` of a
+  token file (``jaxpe.train.tokenize``), None = none (bytes).
   """
 
   train: np.ndarray
@@ -202,6 +203,7 @@ class Corpus:
   unit: str = "bytes"
   train_docs: np.ndarray | None = None
   eval_docs: np.ndarray | None = None
+  tokenizer: Path | None = None
 
   def describe(self) -> str:
     """Lines for the start of a run: the data path, the text files found, the bytes and files (a

@@ -7,7 +7,7 @@ YAML loading; ``jaxpe.train.config`` re-exports ``DataConfig``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import pydantic
 
@@ -49,7 +49,10 @@ class TaskConfig(StrictConfig):
 
 
 class DataConfig(StrictConfig):
-  """Byte-level text, or with ``task`` a synthetic retrieval task (then the text keys are unused)."""
+  """Byte-level text, a token file (``tokens``), or with ``task`` a synthetic retrieval task (then the
+  text keys are unused)."""
+
+  omit_at_default = ("tokens", "token_dtype", "eot_token", "tokenizer", "packing")  # added keys
 
   path: str | None = pydantic.Field(
     None,
@@ -105,16 +108,6 @@ class DataConfig(StrictConfig):
     "concat_then_split = today's windows with segment ids; first_fit = whole documents (cut at seq_len + 1) "
     "first-fit into padded rows; null = windows without segment ids",
   )
-
-  @pydantic.model_serializer(mode="wrap")
-  def _omit_unset(self, handler: Any) -> dict[str, Any]:
-    # Keys added for token files and packing are left out of dumps at their defaults, so the configs
-    # (config.json, checkpoint metadata, the study's cache keys) of text runs stay as they were.
-    out = handler(self)
-    for key in ("tokens", "token_dtype", "eot_token", "tokenizer", "packing"):
-      if getattr(self, key) is None:
-        out.pop(key, None)
-    return out
 
   @pydantic.model_validator(mode="after")
   def _check_source(self) -> DataConfig:

@@ -160,6 +160,8 @@ class _Training:
       multihost_utils.sync_global_devices("jaxpe: restored")
     if self.primary:
       run_files.write_atomic(self.workdir / "config.json", cfg.model_dump_json(indent=2))  # restore succeeded
+      if self.corpus is not None and self.corpus.tokenizer is not None:  # jaxpe-sample decodes with it
+        run_files.write_atomic(self.workdir / "tokenizer.json", self.corpus.tokenizer.read_text())
       previous = run_files.truncate_metrics(self.workdir / "metrics.jsonl", self.run.step)
       self.loss = previous[-1]["loss"] if previous else self.loss
     self.info = run_log.run_info(
@@ -406,7 +408,8 @@ class _Training:
     run = self.run
     if run.step < run.schedule_steps and self.primary:
       print(f"stopped at step {run.step} of {run.schedule_steps}; rerun with the same workdir to resume")
-    sample = evaluation.sample_run(run.graphdef, run.state, self.cfg)
+    tokenizer = self.corpus.tokenizer if self.corpus is not None else None
+    sample = evaluation.sample_run(run.graphdef, run.state, self.cfg, tokenizer=tokenizer)
     final_eval = self.eval_bpb if not math.isnan(self.eval_bpb) else self.evaluate()
     result = self.result(reason, eval_bpb=final_eval, sample=sample)
     if not self.primary:

@@ -124,14 +124,17 @@ def load_tokens(
   vocab_size: int,
   token_dtype: str | None = None,
   eot_token: int | None = None,
+  tokenizer: str | None = None,
 ) -> data.Corpus:
   """A ``data.Corpus`` of the token file ``path`` (``token_array``): ``train`` the first
   ``n - ceil(n * eval_fraction)`` ids, ``eval`` the rest (memory-mapped views), documents from
-  ``eot_token`` (or the sidecar's ``eot_token``).
+  ``eot_token`` (or the sidecar's ``eot_token``), ``tokenizer`` the ``tokenizer.json`` given or the
+  one the sidecar names (relative to its folder), else None.
 
   Raises:
     see ``token_array``; ValueError: an id >= ``vocab_size`` (naming the largest id, where it is and
-    the vocab size it needs), a side with fewer than 2 tokens.
+    the vocab size it needs), a side with fewer than 2 tokens. FileNotFoundError: a ``tokenizer``
+    (given or named by the sidecar) that does not exist.
   """
   p = Path(path)
   arr = token_array(p, token_dtype)
@@ -143,6 +146,11 @@ def load_tokens(
     )
   meta = read_sidecar(p)
   eot = eot_token if eot_token is not None else meta.get("eot_token")
+  tok = Path(tokenizer) if tokenizer is not None else None
+  if tok is None and isinstance(meta.get("tokenizer"), str):
+    tok = p.parent / meta["tokenizer"]
+  if tok is not None and not tok.is_file():
+    raise FileNotFoundError(f"tokenizer {str(tok)!r} of data.tokens {str(p)!r} does not exist")
   n = arr.size
   cut = n - int(np.ceil(n * eval_fraction))
   train, held = arr[:cut], arr[cut:]
@@ -163,6 +171,7 @@ def load_tokens(
     unit="tokens",
     train_docs=starts[starts < cut],
     eval_docs=np.concatenate([[0], starts[starts > cut] - cut]).astype(np.int64),
+    tokenizer=tok,
   )
 
 

@@ -94,6 +94,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
       vocab_size=cfg.model.vocab_size,
       token_dtype=d.token_dtype,
       eot_token=d.eot_token,
+      tokenizer=d.tokenizer,
     )
     fingerprint = token_data.fingerprint(corpus)
     described = corpus.describe()
