@@ -1,7 +1,7 @@
 """bfloat16 parameters against float32 on the default run (issue 46): the same config, seed and
 batches, ``model.param_dtype`` float32 then bfloat16 (float32 master weights and optimizer state).
 
-  python benchmarks/param_dtype_bench.py [--steps 550] [--workdir runs/param_dtype] [key=value ...]
+  python benchmarks/param_dtype_bench.py [--config tiny] [--steps 550] [--workdir runs/param_dtype] [key=value ...]
 
 Prints, per dtype, the final training loss (nats), the held-out bits per byte, the parameters' bytes
 and tokens/s, then the differences; the goal (issue 46) is bfloat16 within the stated tolerance of
@@ -15,11 +15,15 @@ import argparse
 import json
 
 from jaxpe.train import trainer
+from jaxpe.train.cli import resolve_config
 from jaxpe.train.config import load_config
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument(
+    "--config", default=None, help="a YAML config or a built-in name (tiny); default: defaults"
+  )
   parser.add_argument("--steps", type=int, default=550)
   parser.add_argument("--workdir", default="runs/param_dtype")
   parser.add_argument("overrides", nargs="*")
@@ -27,7 +31,7 @@ def main() -> None:
   out = {}
   for dtype in ("float32", "bfloat16"):
     cfg = load_config(
-      None,
+      None if args.config is None else resolve_config(args.config),
       [
         f"workdir={args.workdir}/{dtype}",
         f"num_steps={args.steps}",
