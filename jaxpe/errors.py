@@ -13,7 +13,7 @@ class CheckpointError(OSError, ValueError):
 
 EXTRAS: dict[str, tuple[str, ...]] = {
   "model": ("flax", "pydantic", "yaml"),
-  "train": ("flax", "pydantic", "yaml", "optax", "orbax.checkpoint", "tqdm", "matplotlib", "tokenizers"),
+  "train": ("flax", "pydantic", "yaml", "optax", "orbax.checkpoint", "tqdm", "matplotlib"),
   "bloom": ("flax", "pydantic", "yaml", "torch", "transformers", "safetensors"),
 }
 """The modules each of pyproject.toml's extras installs (by import name), checked by

@@ -65,6 +65,7 @@ OPTIONAL = {
   "tokamax",
   "absl",
   "tokenizers",
+  "grain",
 }
 HEAVY = ["flax", "optax", "orbax", "pydantic", "matplotlib", "chex", "torch", "transformers", "tensorstore"]
 

@@ -52,7 +52,7 @@ class DataConfig(StrictConfig):
   """Byte-level text, a token file (``tokens``), or with ``task`` a synthetic retrieval task (then the
   text keys are unused)."""
 
-  omit_at_default = ("tokens", "token_dtype", "eot_token", "tokenizer", "packing")  # added keys
+  omit_at_default = ("tokens", "token_dtype", "eot_token", "tokenizer", "packing", "loader", "grain_workers")
 
   path: str | None = pydantic.Field(
     None,
@@ -108,6 +108,14 @@ class DataConfig(StrictConfig):
     "concat_then_split = today's windows with segment ids; first_fit = whole documents (cut at seq_len + 1) "
     "first-fit into padded rows; null = windows without segment ids",
   )
+
+  loader: Literal["numpy", "grain"] = pydantic.Field(
+    "numpy",
+    description="numpy = each batch made when its step starts; grain = the same batches from a grain "
+    "pipeline (jaxpe.train.input_pipeline), prefetched by grain_workers threads, its iterator state saved "
+    "with each checkpoint",
+  )
+  grain_workers: int = pydantic.Field(2, gt=0, le=64, description="grain: threads that prefetch batches")
 
   @pydantic.model_validator(mode="after")
   def _check_source(self) -> DataConfig:

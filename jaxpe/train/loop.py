@@ -6,7 +6,6 @@ end of the run (a signal's checkpoint, or the sample, the plot and ``summary.jso
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from jaxpe.train import (
   data,
   evaluation,
   flops,
+  input_pipeline,
   pacing,
   packing,
   run_files,
@@ -29,7 +29,6 @@ from jaxpe.train import (
   run_log,
   sharding,
   steps,
-  tasks,
 )
 from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
@@ -140,6 +139,7 @@ class _Training:
     self.eval_set, self.unigram = evaluation.held_out(cfg, self.corpus)
     if cfg.data.packing is not None:  # packed once (first_fit), then rows by (seed, step)
       self.packed_batch = packing.make_train_batch(self.corpus, cfg.data.packing, cfg.seq_len)
+    self.pipeline = None  # data.loader=grain: made once the step is known (set_up, after the restore)
     self.mesh = sharding.make_mesh(cfg.mesh_shape)
     micro_batch = cfg.batch_size // cfg.grad_accum_steps
     sharding.check_divisible(cfg.model, self.mesh, micro_batch, seq_len=cfg.seq_len, rules=cfg.logical_rules)
@@ -156,6 +156,8 @@ class _Training:
         f"resumed from {self.workdir / 'checkpoints'} at step {self.run.step} "
         f"(schedule of {self.run.schedule_steps} steps)"
       )
+    if cfg.data.loader == "grain":  # from the iterator state saved with the checkpoint restored (if any)
+      self.pipeline = input_pipeline.for_run(cfg, self._batch_maker()[0], self.batch_sharding, self.run.step)
     if jax.process_count() > 1:  # every process has read the saved config before process 0 rewrites it
       multihost_utils.sync_global_devices("jaxpe: restored")
     if self.primary:
@@ -167,12 +169,8 @@ class _Training:
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
-    packed = getattr(getattr(self, "packed_batch", None), "packed", None)
     if cfg.data.packing is not None:  # the padding share of first_fit's rows (concat_then_split: none)
-      share = packing.padding_share(packed) if packed is not None else 0.0
-      self.info["packing"] = {"strategy": cfg.data.packing, "padding_share": share}
-      if self.progress:
-        print(f"packing: {cfg.data.packing}, {share:.2%} of the training rows' tokens are padding")
+      self.info["packing"] = packing.report(cfg.data.packing, self.packed_batch, progress=self.progress)
     if self.run.init_from is not None:  # where the parameters started (summary.json's run.init_from)
       self.info["init_from"] = self.run.init_from
       if self.progress and meta is None:
@@ -228,6 +226,8 @@ class _Training:
       "data_fingerprint": self.fingerprint,
       **({"init_from": run.init_from} if run.init_from is not None else {}),
     }
+    if self.pipeline is not None:  # grain's iterator state, keyed by the step, before the checkpoint
+      self.pipeline.save(self.workdir, run.step, kept=self.mngr.all_steps())
     checkpoint.save(self.mngr, run.step, run.state, meta)
 
   def loop(self, log: run_log.RunLog) -> str:
@@ -255,23 +255,21 @@ class _Training:
         return "max_seconds"
     return "schedule_done" if self.run.step >= self.run.schedule_steps else "stop_at"
 
+  def _batch_maker(self) -> tuple[Any, tuple[int, ...]]:
+    return input_pipeline.batch_maker(self.cfg, self.corpus, getattr(self, "packed_batch", None))
+
   def train_one_step(self) -> tuple[dict[str, Any], bool]:
     """One update on the step's batch (each process builds only its rows of the global batch);
     returns its record and whether it was finite (else it was not applied)."""
     cfg, run = self.cfg, self.run
-    shape = (cfg.batch_size, cfg.seq_len + 1)
-    make = functools.partial(data.train_batch, self.corpus.train) if self.corpus is not None else None
-    if cfg.data.packing is not None:  # [B, 3, T + 1]: tokens, loss weights, segment ids
-      make, shape = self.packed_batch, (shape[0], 3, shape[1])
-    if cfg.data.task is not None:  # [B, 2, T + 1]: tokens and answer mask (next_token_loss)
-      make, shape = functools.partial(tasks.task_batch, cfg.data.task), (shape[0], 2, shape[1])
-    batch = sharding.global_batch(
-      lambda rows, step=run.step: make(
-        step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len, rows=rows
-      ),
-      self.batch_sharding,
-      shape,
-    )
+    make, shape = self._batch_maker()
+    if self.pipeline is not None:  # grain: this process's rows, prefetched
+      local = self.pipeline.next(run.step)
+      batch = sharding.global_batch(lambda rows: local, self.batch_sharding, shape)
+    else:
+      batch = sharding.global_batch(
+        lambda rows, step=run.step: make(step=step, rows=rows), self.batch_sharding, shape
+      )
     learning_rate = float(self.lr(run.updates))  # the rate this update uses
     t0 = time.time()
     run.state, out = self.train_step(run.state, batch)

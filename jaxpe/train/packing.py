@@ -43,6 +43,7 @@ __all__ = [
   "make_train_batch",
   "packed_row",
   "padding_share",
+  "report",
   "segment_ids",
 ]
 
@@ -134,6 +135,16 @@ def first_fit(doc_starts: np.ndarray, size: int, row_len: int, *, bins: int = FI
 def padding_share(packed: PackedRows) -> float:
   """The share of padding tokens in ``packed``'s rows."""
   return 1.0 - float(packed.piece_len.sum()) / (packed.num_rows * packed.row_len)
+
+
+def report(strategy: str, make: Callable[..., np.ndarray], *, progress: bool) -> dict[str, object]:
+  """``{"strategy", "padding_share"}`` of a run's ``make_train_batch`` (first_fit: its rows' padding
+  share; concat_then_split: 0), printed as one line with ``progress``."""
+  packed = getattr(make, "packed", None)
+  share = padding_share(packed) if packed is not None else 0.0
+  if progress:
+    print(f"packing: {strategy}, {share:.2%} of the training rows' tokens are padding")
+  return {"strategy": strategy, "padding_share": share}
 
 
 def _docs(corpus: data.Corpus, side: str) -> np.ndarray:

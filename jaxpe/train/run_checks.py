@@ -47,10 +47,18 @@ PATH_KEYS = ("init_from", "data.path", "data.tokens", "data.tokenizer")
 """Keys under ``RUN_DEFINING_KEYS`` that hold paths: a resume compares them as the file or directory
 they name (``os.path.realpath``), not as strings (the data's bytes are checked by its fingerprint)."""
 
-RESUME_CHANGEABLE = ("model.scan_layers", "model.remat", "model.context_attention", "data.allow_changed")
+RESUME_CHANGEABLE = (
+  "model.scan_layers",
+  "model.remat",
+  "model.context_attention",
+  "data.allow_changed",
+  "data.loader",
+  "data.grain_workers",
+)
 """Keys under ``RUN_DEFINING_KEYS`` that a resume may change: how the layers are run (loop or
 scanned, rematerialised, attention across the context axis by all-gather or ring: not their
-parameters), and the permission to continue on changed data (``check_resume_data``)."""
+parameters), the permission to continue on changed data (``check_resume_data``), and the loader
+(numpy or grain: the same batches)."""
 
 PROCESS_LOCAL_KEYS = (
   "distributed.process_id",
