@@ -149,3 +149,35 @@ def test_two_processes_read_disjoint_rows_and_train_as_one_process(tmp_path, tex
     for w in ("one", "two")
   ]
   np.testing.assert_allclose(losses[1], losses[0], rtol=0, atol=1e-5)
+
+
+def test_a_grain_run_killed_inside_a_save_resumes_bit_identically(tmp_path, text_file):
+  args = [f"data.path={text_file}", "seq_len=16", "batch_size=8", "num_steps=8", "warmup_steps=1"]
+  args += ["eval_every=100", "eval_batches=1", "sample_len=0", "model.d_model=16", "model.num_layers=1"]
+  args += ["model.num_heads=2", "model.max_len=16", "data.loader=grain", "checkpoint_every=1"]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  train_py = str(Path(__file__).resolve().parents[2] / "train" / "train.py")
+
+  def start(workdir, *extra):  # train/train.py, as the fault tests run it (one device)
+    cmd = [sys.executable, train_py, f"workdir={workdir}", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  reference = start(tmp_path / "ref", *args[:-2], "checkpoint_every=8")  # uninterrupted, the default loader
+  run = tmp_path / "run"
+  proc = start(run, *args)
+  ckpts, metrics = run / "checkpoints", run / "metrics.jsonl"
+
+  def steps_done():
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return json.loads(lines[-1])["step"] if lines and lines[-1].endswith("}") else 0
+
+  while not (steps_done() >= 3 and any(".orbax-checkpoint-tmp" in p.name for p in ckpts.iterdir())):
+    assert proc.poll() is None, proc.communicate()
+  proc.kill()  # SIGKILL inside a checkpoint save
+  proc.wait()
+  resumed = start(run, *args)
+  for p in (resumed, reference):
+    assert p.wait(timeout=600) == 0, p.communicate()[1][-3000:]
+  (a, _), (b, meta) = (_params(load_config(None, [f"workdir={w}", *args])) for w in (tmp_path / "ref", run))
+  assert meta["step"] == 8
+  jax.tree.map(np.testing.assert_array_equal, a, b)
