@@ -1,5 +1,5 @@
-"""The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``, ``jaxpe-sample``),
-importable with the core install alone.
+"""The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``, ``jaxpe-sample``,
+``jaxpe-tokenize``), importable with the core install alone.
 
 Each imports its command's module only when run, so a missing extra is one line naming the extra
 and the pip command (``jaxpe-train: error: jaxpe.train needs the 'train' extra (not installed:
@@ -13,12 +13,13 @@ import sys
 
 from jaxpe.errors import MissingExtraError
 
-__all__ = ["COMMANDS", "sample", "study", "train"]
+__all__ = ["COMMANDS", "sample", "study", "tokenize", "train"]
 
 COMMANDS = {
   "jaxpe-train": "jaxpe.train.cli",
   "jaxpe-study": "jaxpe.study.cli",
   "jaxpe-sample": "jaxpe.train.sample",
+  "jaxpe-tokenize": "jaxpe.train.tokenize",
 }
 """Console script -> the module whose ``run(prog)`` it calls."""
 
@@ -45,3 +46,8 @@ def study() -> None:
 def sample() -> None:
   """``jaxpe-sample`` (``jaxpe.train.sample``)."""
   _run("jaxpe-sample")
+
+
+def tokenize() -> None:
+  """``jaxpe-tokenize`` (``jaxpe.train.tokenize``)."""
+  _run("jaxpe-tokenize")

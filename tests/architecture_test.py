@@ -56,7 +56,17 @@ THIRD_PARTY = {
   "study": _TRAIN,
 }
 # Imported only inside functions, by code that needs them (an extra, or a plot).
-OPTIONAL = {"matplotlib", "torch", "transformers", "safetensors", "tensorboardX", "tokamax", "absl"}
+OPTIONAL = {
+  "matplotlib",
+  "torch",
+  "transformers",
+  "safetensors",
+  "tensorboardX",
+  "tokamax",
+  "absl",
+  "tokenizers",
+  "grain",
+}
 HEAVY = ["flax", "optax", "orbax", "pydantic", "matplotlib", "chex", "torch", "transformers", "tensorstore"]
 
 

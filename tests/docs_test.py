@@ -173,9 +173,9 @@ def check_shell_line(cmd: str, where: str) -> None:
     _check_jaxpe_command(prog.removeprefix("jaxpe-"), args, where)
     scripts = _pyproject()["project"]["scripts"]
     assert prog in scripts, f"{where}: pyproject declares no console script {prog}"
-  elif prog == "jaxpe-sample":  # WORKDIR and options: the options exist
+  elif prog in ("jaxpe-sample", "jaxpe-tokenize"):  # positional arguments and options: the options exist
     assert prog in _pyproject()["project"]["scripts"], f"{where}: pyproject declares no console script {prog}"
-    _check_options(args, _help_text(("-m", "jaxpe.train.sample")), where)
+    _check_options(args, _help_text(("-m", f"jaxpe.train.{prog.removeprefix('jaxpe-')}")), where)
   elif prog == "python" and args[:1] == ["-m"]:
     module = args[1]
     if module == "pytest":

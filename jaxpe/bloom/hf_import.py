@@ -200,6 +200,7 @@ def from_hf(
   hf_config=None,
   dtype: str = "float32",
   max_len: int = BLOOM_CONTEXT,
+  param_dtype: str = "float32",
 ) -> Decoder:
   """Imports a BLOOM model into a jaxpe ``Decoder`` (ALiBi, BLOOM options on).
 
@@ -209,8 +210,10 @@ def from_hf(
       ``model.safetensors.index.json``, or ``pytorch_model.bin``), or a state dict (key -> torch
       tensor or numpy array; then ``hf_config`` is required).
     hf_config: config dict or ``BloomConfig``; default the module's or the directory's config.
-    dtype: compute dtype of the jaxpe model; parameters are stored in float32.
+    dtype: compute dtype of the jaxpe model.
     max_len: context the model is meant for, in tokens (default 2048).
+    param_dtype: the parameters' dtype (``ModelConfig.param_dtype``): float32 (default) or bfloat16
+      (the checkpoint's weights rounded to nearest; a bfloat16 checkpoint's are exact).
 
   Returns:
     ``Decoder``; call it as ``model(tokens [B, T], attention_mask=mask [B, T]) -> [B, T, V]``
@@ -236,5 +239,5 @@ def from_hf(
       "source must be a BloomForCausalLM, a checkpoint directory or a state dict, "
       f"got {type(source).__name__}"
     )
-  cfg = config_from_hf(hf_config, dtype=dtype, max_len=max_len)
+  cfg = config_from_hf(hf_config, dtype=dtype, max_len=max_len, param_dtype=param_dtype)
   return build_model(cfg, params_from_hf(state_dict, cfg))

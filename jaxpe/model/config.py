@@ -90,6 +90,7 @@ class ModelConfig(StrictConfig):
   """Decoder hyper-parameters. Shape letters: V vocab, D model dim, N heads, K kv heads, H head
   dim, F MLP dim, L layers."""
 
+  omit_at_default = ("param_dtype",)  # added later: older configs and cache keys unchanged
   vocab_size: int = pydantic.Field(256, gt=0, description="V; 256 for byte-level text")
   d_model: int = pydantic.Field(128, le=MAX_DIM, gt=0, description="D")
   num_layers: int = pydantic.Field(4, gt=0, description="L")
@@ -207,6 +208,9 @@ class ModelConfig(StrictConfig):
   gelu_approximate: bool = pydantic.Field(False, description="tanh GELU (BLOOM: true), else erf")
   tie_embeddings: bool = pydantic.Field(True, description="the output head shares the embedding matrix")
   dtype: DType = pydantic.Field("float32", description="activation dtype")
+  param_dtype: Literal["float32", "bfloat16"] = pydantic.Field(
+    "float32", description="parameter dtype; bfloat16: float32 master weights in training (docs/training.md)"
+  )
   init_std: float = pydantic.Field(0.02, gt=0, description="normal init std (output projections / sqrt(2L))")
   scan_layers: bool = pydantic.Field(
     False,

@@ -141,6 +141,9 @@ class Decoder(nnx.Module):
     # ``jaxpe.train.sharding.create_sharded`` places them on a mesh.
     with nnx.use_eager_sharding(False):
       self._build(cfg, rngs)
+    if cfg.param_dtype != "float32":  # drawn in float32 (the same values, rounded), stored narrower
+      params = nnx.state(self, nnx.Param)
+      nnx.update(self, jax.tree.map(lambda x: x.astype(cfg.param_dtype), params))
 
   def _build(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
     self.cfg = cfg

@@ -5,7 +5,7 @@ config is read, naming the dotted key, not when the op first runs (issue 39).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import annotated_types
 import pydantic
@@ -55,6 +55,17 @@ class StrictConfig(pydantic.BaseModel):
   int at most ``MAX_INT64`` in magnitude."""
 
   model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+  omit_at_default: ClassVar[tuple[str, ...]] = ()
+  """Keys left out of dumps while they hold their default (keys added later: the saved configs, and
+  the cache keys made from them, of runs that do not set them stay as they were)."""
+
+  @pydantic.model_serializer(mode="wrap")
+  def _omit_defaults(self, handler: Any) -> dict[str, Any]:
+    out = handler(self)
+    for key in self.omit_at_default:
+      if getattr(self, key) == type(self).model_fields[key].default:
+        out.pop(key, None)
+    return out
 
   @pydantic.field_validator("*", mode="after")
   @classmethod

@@ -175,7 +175,12 @@ class TrainConfig(StrictConfig):
         f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})"
       )
     m, task = self.model, self.data.task
-    if task is None and m.vocab_size < 256:
+    if self.data.packing is not None and split > 1:
+      raise ValueError(
+        f"data.packing runs without context parallelism (mesh_shape {list(self.mesh_shape)}): packed "
+        "segment ids are not split over the context axis"
+      )
+    if task is None and self.data.tokens is None and m.vocab_size < 256:
       raise ValueError(
         f"model.vocab_size ({m.vocab_size}) must be >= 256: the training data is bytes (token ids 0..255)"
       )

@@ -183,6 +183,12 @@ class Corpus:
   files not read because ``max_bytes`` was reached, ``skipped`` the ``(path, reason)`` of files
   that are not text (``scan_corpus``), ``root`` the data directory (``where`` names the data path).
   ``describe()`` says all of it in a few lines.
+
+  ``unit`` is ``"bytes"`` (text) or ``"tokens"`` (a token file, ``jaxpe.train.token_data``: then
+  ``train``/``eval`` are memory-mapped ids of any integer dtype). ``train_docs`` / ``eval_docs``:
+  ``[d]`` int64 start offsets of the documents (files; a token file's ``eot_token``) in each side,
+  0 first (``jaxpe.train.packing``); None = one document. ``tokenizer``: the ``tokenizer.json`` of a
+  token file (``jaxpe.train.tokenize``), None = none (bytes).
   """
 
   train: np.ndarray
@@ -194,18 +200,23 @@ class Corpus:
   held_files: tuple[tuple[Path, int], ...] = ()
   unread: tuple[Path, ...] = ()
   skipped: tuple[tuple[Path, str], ...] = ()
+  unit: str = "bytes"
+  train_docs: np.ndarray | None = None
+  eval_docs: np.ndarray | None = None
+  tokenizer: Path | None = None
 
   def describe(self) -> str:
     """Lines for the start of a run: the data path, the text files found, the bytes and files (a
     short list) on each side, the files not read (``data.max_bytes``) and the skipped ones by reason."""
     root = self.root or Path(".")
-    lines = [f"data: {self.where}: {self.num_files} text file{'s' * (self.num_files != 1)}"]
+    kind = "token" if self.unit == "tokens" else "text"
+    lines = [f"data: {self.where}: {self.num_files} {kind} file{'s' * (self.num_files != 1)}"]
     for side, arr, files in (
       ("training", self.train, self.train_files),
       ("held-out", self.eval, self.held_files),
     ):
       lines.append(
-        f"  {side}: {arr.size:,} bytes from {len(files)} file{'s' * (len(files) != 1)} "
+        f"  {side}: {arr.size:,} {self.unit} from {len(files)} file{'s' * (len(files) != 1)} "
         f"({_short_list(root, [f for f, _ in files])})"
       )
     if self.unread:
@@ -298,6 +309,10 @@ def load_corpus(path: str | None, *, max_bytes: int, eval_fraction: float) -> Co
   train_arr = np.frombuffer(train, np.uint8)
   eval_arr = np.frombuffer(held, np.uint8)
   where = path if path is not None else "the Python standard library"
+  train_docs = np.cumsum([0] + [n for _, n in train_read[:-1]], dtype=np.int64)
+  held_docs = np.cumsum([0] + [n for _, n in held_read[:-1]], dtype=np.int64)
+  if len(files) == 1:  # one file split by bytes: each side is one document
+    train_docs = held_docs = np.zeros(1, np.int64)
   if train_arr.size == 0 or eval_arr.size == 0:
     raise ValueError(
       f"data path {where!r} gave {train_arr.size} training and {eval_arr.size} held-out bytes; "
@@ -313,7 +328,15 @@ def load_corpus(path: str | None, *, max_bytes: int, eval_fraction: float) -> Co
     held_files=tuple(held_read),
     unread=tuple(unread),
     skipped=tuple(found.skipped),
+    train_docs=_starts(train_docs, train_arr.size),
+    eval_docs=_starts(held_docs, eval_arr.size),
   )
+
+
+def _starts(starts: np.ndarray, size: int) -> np.ndarray:
+  """Document starts without repeats (empty files) or ends (an empty last file)."""
+  starts = np.unique(starts)
+  return starts[starts < size]
 
 
 def train_batch(

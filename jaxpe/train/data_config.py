@@ -49,7 +49,10 @@ class TaskConfig(StrictConfig):
 
 
 class DataConfig(StrictConfig):
-  """Byte-level text, or with ``task`` a synthetic retrieval task (then the text keys are unused)."""
+  """Byte-level text, a token file (``tokens``), or with ``task`` a synthetic retrieval task (then the
+  text keys are unused)."""
+
+  omit_at_default = ("tokens", "token_dtype", "eot_token", "tokenizer", "packing", "loader", "grain_workers")
 
   path: str | None = pydantic.Field(
     None,
@@ -76,3 +79,50 @@ class DataConfig(StrictConfig):
     description="a synthetic retrieval task (jaxpe.train.tasks) instead of text: batches [B, 2, T + 1] of "
     "tokens and answer mask, the loss on the answer tokens only; null = text",
   )
+  tokens: str | None = pydantic.Field(
+    None,
+    min_length=1,
+    description="a flat token file instead of text: .bin (uint16/uint32 ids as nanoGPT writes them; the "
+    "dtype from token_dtype or the PATH.json sidecar jaxpe-tokenize writes) or .npy, memory-mapped; the "
+    "last eval_fraction of its tokens held out; ids checked against model.vocab_size; null = text",
+  )
+  token_dtype: Literal["uint16", "uint32"] | None = pydantic.Field(
+    None, description="dtype of a .bin token file; null = from its PATH.json sidecar (.npy: its header)"
+  )
+  eot_token: int | None = pydantic.Field(
+    None,
+    ge=0,
+    description="end-of-document token id of a token file: a document ends with it (packing's documents); "
+    "null = the sidecar's, else the file is one document",
+  )
+  tokenizer: str | None = pydantic.Field(
+    None,
+    min_length=1,
+    description="tokenizer.json (HF tokenizers) of a token file, copied into the run so jaxpe-sample "
+    "decodes with it; null = the one the sidecar names, else none (byte-level text runs need none)",
+  )
+  packing: Literal["concat_then_split", "first_fit"] | None = pydantic.Field(
+    None,
+    description="documents (files; a token file's eot_token) in rows with segment ids: positions restart and "
+    "attention stays within each document, the loss skips each document's first token and padding. "
+    "concat_then_split = today's windows with segment ids; first_fit = whole documents (cut at seq_len + 1) "
+    "first-fit into padded rows; null = windows without segment ids",
+  )
+
+  loader: Literal["numpy", "grain"] = pydantic.Field(
+    "numpy",
+    description="numpy = each batch made when its step starts; grain = the same batches from a grain "
+    "pipeline (jaxpe.train.input_pipeline), prefetched by grain_workers threads, its iterator state saved "
+    "with each checkpoint",
+  )
+  grain_workers: int = pydantic.Field(2, gt=0, le=64, description="grain: threads that prefetch batches")
+
+  @pydantic.model_validator(mode="after")
+  def _check_source(self) -> DataConfig:
+    if self.tokens is not None and self.path is not None:
+      raise ValueError("data.tokens and data.path both name the data; give one (a token file or text)")
+    if self.tokens is not None and self.task is not None:
+      raise ValueError("data.tokens and data.task both name the data; give one")
+    if self.packing is not None and self.task is not None:
+      raise ValueError("data.packing packs text or token documents; a data.task run has none")
+    return self

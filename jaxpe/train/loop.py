@@ -6,7 +6,6 @@ end of the run (a signal's checkpoint, or the sample, the plot and ``summary.jso
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass
@@ -22,14 +21,15 @@ from jaxpe.train import (
   data,
   evaluation,
   flops,
+  input_pipeline,
   pacing,
+  packing,
   run_checks,
   run_files,
   run_guard,
   run_log,
   sharding,
   steps,
-  tasks,
 )
 from jaxpe.train import state as state_lib
 from jaxpe.train.config import TrainConfig
@@ -81,24 +81,6 @@ def agree_on_stop(stop: run_guard.StopRequest) -> bool:
   return True
 
 
-def _nonfinite_message(record: dict[str, Any], skipped: int, cfg: TrainConfig, mngr) -> str:
-  last = mngr.latest_step()
-  good = (
-    f"the last good checkpoint is step {last} in {mngr.directory}"
-    if last is not None
-    else "no checkpoint yet"
-  )
-  allowed = (
-    f" ({skipped} non-finite steps, skip_nonfinite={cfg.skip_nonfinite})" if cfg.skip_nonfinite else ""
-  )
-  return (
-    f"non-finite training step {record['step']}{allowed}: loss {record['loss']}, gradient norm "
-    f"{record['grad_norm']}, parameter norm after the update {record['param_norm']}; the update was not "
-    f"applied and nothing was saved; {good}. Lower "
-    "learning_rate (or set skip_nonfinite=N to skip such batches) and rerun with the same workdir to resume"
-  )
-
-
 @dataclass
 class _Timing:
   """This process's step times: the first step (and the first after a fit) compiles and is not
@@ -138,6 +120,9 @@ class _Training:
     """Held-out data, mesh and shardings, the state (restored or created), the run files, steps."""
     cfg = self.cfg
     self.eval_set, self.unigram = evaluation.held_out(cfg, self.corpus)
+    if cfg.data.packing is not None:  # packed once (first_fit), then rows by (seed, step)
+      self.packed_batch = packing.make_train_batch(self.corpus, cfg.data.packing, cfg.seq_len)
+    self.pipeline = None  # data.loader=grain: made once the step is known (set_up, after the restore)
     self.mesh = sharding.make_mesh(cfg.mesh_shape)
     micro_batch = cfg.batch_size // cfg.grad_accum_steps
     sharding.check_divisible(cfg.model, self.mesh, micro_batch, seq_len=cfg.seq_len, rules=cfg.logical_rules)
@@ -154,6 +139,8 @@ class _Training:
         f"resumed from {self.workdir / 'checkpoints'} at step {self.run.step} "
         f"(schedule of {self.run.schedule_steps} steps)"
       )
+    if cfg.data.loader == "grain":  # from the iterator state saved with the checkpoint restored (if any)
+      self.pipeline = input_pipeline.for_run(cfg, self._batch_maker()[0], self.batch_sharding, self.run.step)
     if jax.process_count() > 1:  # every process has read the saved config before process 0 rewrites it
       multihost_utils.sync_global_devices("jaxpe: restored")
     self.meta = meta
@@ -165,9 +152,15 @@ class _Training:
       path, step = self.workdir / "metrics.jsonl", self.run.step
       previous = run_files.read_metrics(path) if self.finished else run_files.truncate_metrics(path, step)
       self.loss = next((r["loss"] for r in reversed(previous) if r["step"] <= self.run.step), self.loss)
+    if self.primary and not self.finished and self.corpus is not None and self.corpus.tokenizer is not None:
+      run_files.write_atomic(
+        self.workdir / "tokenizer.json", self.corpus.tokenizer.read_text()
+      )  # for jaxpe-sample
     self.info = run_log.run_info(
       self.mesh, state_lib.num_params(self.run.state), self.fingerprint, self.corpus
     )
+    if cfg.data.packing is not None:  # the padding share of first_fit's rows (concat_then_split: none)
+      self.info["packing"] = packing.report(cfg.data.packing, self.packed_batch, progress=self.progress)
     if self.run.init_from is not None:  # where the parameters started (summary.json's run.init_from)
       self.info["init_from"] = self.run.init_from
       if self.progress and meta is None:
@@ -223,6 +216,8 @@ class _Training:
       "data_fingerprint": self.fingerprint,
       **({"init_from": run.init_from} if run.init_from is not None else {}),
     }
+    if self.pipeline is not None:  # grain's iterator state, keyed by the step, before the checkpoint
+      self.pipeline.save(self.workdir, run.step, kept=self.mngr.all_steps())
     checkpoint.save(self.mngr, run.step, run.state, meta)
     if self.config_pending:  # a resumed run's first checkpoint: config.json describes it from now on
       run_files.write_atomic(self.workdir / "config.json", self.cfg.model_dump_json(indent=2))
@@ -253,21 +248,21 @@ class _Training:
         return "max_seconds"
     return "schedule_done" if self.run.step >= self.run.schedule_steps else "stop_at"
 
+  def _batch_maker(self) -> tuple[Any, tuple[int, ...]]:
+    return input_pipeline.batch_maker(self.cfg, self.corpus, getattr(self, "packed_batch", None))
+
   def train_one_step(self) -> tuple[dict[str, Any], bool]:
     """One update on the step's batch (each process builds only its rows of the global batch);
     returns its record and whether it was finite (else it was not applied)."""
     cfg, run = self.cfg, self.run
-    shape = (cfg.batch_size, cfg.seq_len + 1)
-    make = functools.partial(data.train_batch, self.corpus.train) if self.corpus is not None else None
-    if cfg.data.task is not None:  # [B, 2, T + 1]: tokens and answer mask (next_token_loss)
-      make, shape = functools.partial(tasks.task_batch, cfg.data.task), (shape[0], 2, shape[1])
-    batch = sharding.global_batch(
-      lambda rows, step=run.step: make(
-        step=step, seed=cfg.seed, batch_size=cfg.batch_size, seq_len=cfg.seq_len, rows=rows
-      ),
-      self.batch_sharding,
-      shape,
-    )
+    make, shape = self._batch_maker()
+    if self.pipeline is not None:  # grain: this process's rows, prefetched
+      local = self.pipeline.next(run.step)
+      batch = sharding.global_batch(lambda rows: local, self.batch_sharding, shape)
+    else:
+      batch = sharding.global_batch(
+        lambda rows, step=run.step: make(step=step, rows=rows), self.batch_sharding, shape
+      )
     learning_rate = float(self.lr(run.updates))  # the rate this update uses
     t0 = time.time()
     run.state, out = self.train_step(run.state, batch)
@@ -326,7 +321,7 @@ class _Training:
     record["skipped"] = True
     if run.skipped > self.cfg.skip_nonfinite:
       log.append(record)
-      raise run_guard.NonFiniteError(_nonfinite_message(record, run.skipped, self.cfg, self.mngr))
+      raise run_guard.NonFiniteError(run_checks.nonfinite_message(record, run.skipped, self.cfg, self.mngr))
     log.write(
       f"step {run.step}: non-finite step, update skipped ({run.skipped} of {self.cfg.skip_nonfinite})"
     )
@@ -407,7 +402,8 @@ class _Training:
     run = self.run
     if run.step < run.schedule_steps and self.primary:
       print(f"stopped at step {run.step} of {run.schedule_steps}; rerun with the same workdir to resume")
-    sample = evaluation.sample_run(run.graphdef, run.state, self.cfg)
+    tokenizer = self.corpus.tokenizer if self.corpus is not None else None
+    sample = evaluation.sample_run(run.graphdef, run.state, self.cfg, tokenizer=tokenizer)
     final_eval = self.eval_bpb if not math.isnan(self.eval_bpb) else self.evaluate()
     result = self.result(reason, eval_bpb=final_eval, sample=sample)
     if not self.primary:

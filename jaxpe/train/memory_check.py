@@ -16,7 +16,9 @@ from jaxpe.train import sharding
 from jaxpe.train.config import TrainConfig
 
 STATE_BYTES_PER_PARAM = 16
-"""Training memory per parameter, at the least: float32 parameter, gradient and AdamW's two moments."""
+"""Training memory per parameter, at the least: float32 parameter, gradient and AdamW's two moments
+(``model.param_dtype=bfloat16``: 2 + 2 bytes of parameter and gradient, 4 of float32 master weight, 8
+of moments: also 16)."""
 
 
 def memory_floor_bytes(cfg: TrainConfig) -> tuple[int, int]:

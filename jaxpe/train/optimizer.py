@@ -12,13 +12,15 @@ One factory serves a run and code without a config::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxpe.train.config import TrainConfig
 
-__all__ = ["OPTIMIZER_DEFAULTS", "decay_mask", "learning_rate_schedule", "make_optimizer"]
+__all__ = ["OPTIMIZER_DEFAULTS", "decay_mask", "learning_rate_schedule", "make_optimizer", "master_weights"]
 
 OPTIMIZER_DEFAULTS = {
   "warmup_steps": 0,
@@ -45,6 +47,43 @@ def decay_mask(params):
     return jnp.ndim(x) >= 2 and (not names or names[-1] not in ("bias", "scale"))
 
   return jax.tree_util.tree_map_with_path(decay, params)
+
+
+class MasterState(NamedTuple):
+  """``master_weights``' state: ``master`` the float32 copy of the parameters, ``inner`` the wrapped
+  optimizer's state (built on ``master``: float32 moments)."""
+
+  master: optax.Params
+  inner: optax.OptState
+
+
+def master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``inner`` run on a float32 copy of narrower (bfloat16) parameters: mixed-precision training as
+  maxtext's ``weight_dtype`` / levanter's ``mp`` policy (parameters stored in ``param_dtype``, the
+  optimizer's state and the master weights float32).
+
+  Each update casts the gradients to float32, applies ``inner``'s update to the master weights, and
+  returns ``round(master) - params`` in the parameters' dtype, so that ``params + update`` (what
+  ``optax.apply_updates`` and ``nnx.Optimizer`` do) is the new master weights rounded to that dtype
+  (exactly whenever the subtraction is exact: the two are close, Sterbenz; else within one unit in the
+  last place, and the next update starts again from the master weights, so no error accumulates).
+  Float32 parameters are their own master (the update is ``inner``'s).
+  """
+
+  def init(params):
+    master = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+    return MasterState(master, inner.init(master))
+
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("master_weights needs the parameters in update()")
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), updates)
+    step, inner_state = inner.update(grads, state.inner, state.master)
+    master = optax.apply_updates(state.master, step)
+    out = jax.tree.map(lambda m, p: m.astype(p.dtype) - p, master, params)
+    return out, MasterState(master, inner_state)
+
+  return optax.GradientTransformation(init, update)
 
 
 def learning_rate_schedule(
@@ -75,6 +114,7 @@ def make_optimizer(
   b1: float | None = None,
   b2: float | None = None,
   grad_clip: float | None = None,
+  param_dtype: str | None = None,
 ) -> optax.GradientTransformation:
   """AdamW with linear warmup, cosine decay to ``min_lr_ratio * learning_rate``, global-norm
   clipping at ``grad_clip``.
@@ -92,10 +132,14 @@ def make_optimizer(
   learning_rate`` at ``num_steps`` (the decay length includes the warmup). Source: Loshchilov &
   Hutter, arXiv 1711.05101 (AdamW); ``optax.warmup_cosine_decay_schedule``.
 
+  ``param_dtype`` (default: the config's ``model.param_dtype``, else float32): for ``"bfloat16"``
+  parameters the optimizer runs on float32 master weights (``master_weights``).
+
   Raises:
     TypeError: a number ``learning_rate`` without ``num_steps``.
     ValueError: a non-positive ``learning_rate``/``num_steps``/``grad_clip``, a negative
-      ``warmup_steps``/``weight_decay``, ``min_lr_ratio`` outside [0, 1] or betas outside [0, 1).
+      ``warmup_steps``/``weight_decay``, ``min_lr_ratio`` outside [0, 1] or betas outside [0, 1), a
+      ``param_dtype`` other than float32 / bfloat16.
   """
   given = {
     "num_steps": num_steps,
@@ -106,6 +150,7 @@ def make_optimizer(
     "b2": b2,
     "grad_clip": grad_clip,
   }
+  cfg = None
   if isinstance(learning_rate, TrainConfig):
     cfg = learning_rate
     learning_rate = cfg.learning_rate
@@ -132,7 +177,12 @@ def make_optimizer(
   schedule = learning_rate_schedule(
     learning_rate, num_steps=s["num_steps"], warmup_steps=s["warmup_steps"], min_lr_ratio=s["min_lr_ratio"]
   )
-  return optax.chain(
+  tx = optax.chain(
     optax.clip_by_global_norm(s["grad_clip"]),
     optax.adamw(schedule, b1=s["b1"], b2=s["b2"], weight_decay=s["weight_decay"], mask=decay_mask),
   )
+  if param_dtype is None and cfg is not None:
+    param_dtype = cfg.model.param_dtype
+  if param_dtype not in (None, "float32", "bfloat16"):
+    raise ValueError(f"param_dtype must be float32 or bfloat16, got {param_dtype!r}")
+  return tx if param_dtype in (None, "float32") else master_weights(tx)

@@ -45,14 +45,22 @@ run its parameters started from; a config saved without it read as None): a resu
 not change them, except ``RESUME_CHANGEABLE`` (how the layers run: a checkpoint of the other
 ``scan_layers`` layout is converted on restore). Others (``num_steps``, ``max_seconds``, ``stop_at``, ``eval_every``,
 ``checkpoint_every``, ``sample_*``, the optimizer and ``mesh_shape``) may change."""
-PATH_KEYS = ("init_from", "data.path")
+PATH_KEYS = ("init_from", "data.path", "data.tokens", "data.tokenizer")
 """Keys under ``RUN_DEFINING_KEYS`` that hold paths: a resume compares them as the file or directory
 they name (``os.path.realpath``), not as strings (the data's bytes are checked by its fingerprint)."""
 
-RESUME_CHANGEABLE = ("model.scan_layers", "model.remat", "model.context_attention", "data.allow_changed")
+RESUME_CHANGEABLE = (
+  "model.scan_layers",
+  "model.remat",
+  "model.context_attention",
+  "data.allow_changed",
+  "data.loader",
+  "data.grain_workers",
+)
 """Keys under ``RUN_DEFINING_KEYS`` that a resume may change: how the layers are run (loop or
 scanned, rematerialised, attention across the context axis by all-gather or ring: not their
-parameters), and the permission to continue on changed data (``check_resume_data``)."""
+parameters), the permission to continue on changed data (``check_resume_data``), and the loader
+(numpy or grain: the same batches)."""
 
 PROCESS_LOCAL_KEYS = (
   "distributed.process_id",
@@ -60,6 +68,8 @@ PROCESS_LOCAL_KEYS = (
   "distributed.enabled",
   "workdir",
   "data.path",
+  "data.tokens",
+  "data.tokenizer",
 )
 """Config keys the processes of one run may hold differently: their own id, how each reaches the
 coordinator, and paths (another host may mount the shared workdir or the data elsewhere; the
@@ -177,7 +187,7 @@ def check_resume_data(meta: dict[str, Any], fingerprint: dict[str, Any], cfg: Tr
   saved = meta.get("data_fingerprint")
   if not isinstance(saved, dict) or saved.get("sha256") == fingerprint["sha256"]:
     return
-  where = cfg.data.path or "the Python standard library"
+  where = cfg.data.tokens or cfg.data.path or "the Python standard library"
 
   def describe(fp):
     return (
@@ -299,3 +309,23 @@ def check_shared_workdir(workdir: Path) -> None:
       f"workdir {str(workdir)!r} is not shared: process(es) {missing} do not see the file process 0 wrote "
       f"there ({SHARED_CHECK_FILE}); every process of a run needs the same workdir (on a disk all hosts see)"
     )
+
+
+def nonfinite_message(record: dict[str, Any], skipped: int, cfg: TrainConfig, mngr) -> str:
+  """The NonFiniteError message of a non-finite training step: what was (not) applied, the last good
+  checkpoint, and what to change."""
+  last = mngr.latest_step()
+  good = (
+    f"the last good checkpoint is step {last} in {mngr.directory}"
+    if last is not None
+    else "no checkpoint yet"
+  )
+  allowed = (
+    f" ({skipped} non-finite steps, skip_nonfinite={cfg.skip_nonfinite})" if cfg.skip_nonfinite else ""
+  )
+  return (
+    f"non-finite training step {record['step']}{allowed}: loss {record['loss']}, gradient norm "
+    f"{record['grad_norm']}, parameter norm after the update {record['param_norm']}; the update was not "
+    f"applied and nothing was saved; {good}. Lower "
+    "learning_rate (or set skip_nonfinite=N to skip such batches) and rerun with the same workdir to resume"
+  )

@@ -40,20 +40,27 @@ def next_token_loss_sum(model: Callable[..., jax.Array], batch: jax.Array) -> tu
   target scored (weight ``B T``); ``model`` maps ``[B, T]`` tokens to ``[B, T, V]`` logits. A
   ``[B, 2, T + 1]`` batch (a synthetic task, ``jaxpe.train.tasks``) is tokens ``[:, 0]`` and a 0/1
   answer mask ``[:, 1]``: only the answer targets (``mask[:, 1:]``) are scored, and rows hold different
-  numbers of them. Context parallelism takes only the 2-d form.
+  numbers of them. A ``[B, 3, T + 1]`` batch (packed documents, ``jaxpe.train.packing``) is tokens,
+  loss weights and segment ids: the model gets ``segment_ids = batch[:, 2, :-1]`` (positions restart
+  per document, attention stays within it) and targets are scored by ``batch[:, 1, 1:]``. Context
+  parallelism takes only the 2-d form.
 
   Under a mesh that splits the sequence over C > 1 devices (``sharding.sequence_shards()``, inside
   ``activation_sharding``: context parallelism), inputs and targets go in the zig-zag order
   (``sharding.zigzag_inputs``; the model, a ``Decoder``, also gets each token's position and
   original slot), so every device holds the same causal work; the sum over tokens is the same.
   """
-  weights = None
+  weights, extra = None, {}
+  if batch.ndim == 3 and batch.shape[1] == 3:  # [B, 3, T + 1]: packed documents (jaxpe.train.packing)
+    extra = {"segment_ids": batch[:, 2, :-1]}  # positions restart per document, attention within it
   if batch.ndim == 3:  # [B, 2, T + 1]: tokens and the answer mask of a synthetic task (jaxpe.train.tasks)
     batch, weights = batch[:, 0], batch[:, 1, 1:].astype(jnp.float32)
   inputs, targets = batch[:, :-1], batch[:, 1:]
   shards = sharding.sequence_shards()
   if shards == 1:
-    logits = model(inputs)
+    logits = model(inputs, **extra)
+  elif extra:
+    raise ValueError("packed batches (data.packing) run without context parallelism")
   else:
     logits = model(**sharding.zigzag_inputs(inputs, shards))
     targets = context.to_zigzag(targets, shards)

@@ -27,6 +27,7 @@ from jaxpe.train import (
   run_guard,
   sharding,
   tasks,
+  token_data,
 )
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.optimizer import decay_mask, make_optimizer
@@ -85,7 +86,19 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
   sharding.initialize_distributed(cfg.distributed)  # a no-op for single-process runs
   host_devices.check_fits(cfg)  # an explicit count the mesh or batch cannot use: named, not a mesh error
   run_checks.check_workdir_is_ours(Path(cfg.workdir))  # before any data is read or anything written
-  if cfg.data.task is None:
+  if cfg.data.tokens is not None:  # a token file, memory-mapped (jaxpe.train.token_data)
+    d = cfg.data
+    corpus = token_data.load_tokens(
+      d.tokens,
+      eval_fraction=d.eval_fraction,
+      vocab_size=cfg.model.vocab_size,
+      token_dtype=d.token_dtype,
+      eot_token=d.eot_token,
+      tokenizer=d.tokenizer,
+    )
+    fingerprint = token_data.fingerprint(corpus)
+    described = corpus.describe()
+  elif cfg.data.task is None:
     corpus = data.load_corpus(
       cfg.data.path, max_bytes=cfg.data.max_bytes, eval_fraction=cfg.data.eval_fraction
     )

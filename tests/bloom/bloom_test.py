@@ -218,6 +218,25 @@ def test_load_checkpoint_formats(hf_model, tmp_path, fmt):
   assert max_delta(call(model, jnp.asarray(tokens), None), ref) <= TOL  # one compile for the four formats
 
 
+def test_bfloat16_parameters_import_and_export(hf_model):
+  """param_dtype=bfloat16: the weights rounded to nearest; logits as transformers' BLOOM with the same
+  rounded weights (a bfloat16 copy cast back to float32), and the export gives those weights back."""
+  model = bloom.from_hf(hf_model, param_dtype="bfloat16")
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.bfloat16)}
+  rounded = transformers.BloomForCausalLM(hf_model.config).eval()
+  rounded.load_state_dict(
+    {k: v.to(torch.bfloat16).to(torch.float32) for k, v in hf_model.state_dict().items()}
+  )
+  tokens, mask = left_padded(np.random.default_rng(8), [11, 6], 11)
+  assert (
+    max_delta(call(model, jnp.asarray(tokens), jnp.asarray(mask)), hf_logits(rounded, tokens, mask), mask)
+    <= TOL
+  )
+  want = rounded.state_dict()
+  for key, value in bloom.to_hf_state_dict(model).items():
+    np.testing.assert_array_equal(value, want[key].numpy(), err_msg=key)
+
+
 def test_round_trip_identical_logits(hf_model, jx_model, tmp_path):
   bloom.save_hf(jx_model, tmp_path / "out")
   cfg = json.loads((tmp_path / "out" / "config.json").read_text())

@@ -62,12 +62,7 @@ class Fire(PositionalEncoding):
 
   def position_bias(self, layer, shared, positions, kv_positions) -> PositionBias:
     p = layer.fire
-    params = {
-      "w1": p.w1[...],
-      "b1": p.b1[...],
-      "w2": p.w2[...],
-      "b2": p.b2[...],
-      "c": p.c[...],
-      "threshold": p.L_multiplier[...] * jnp.float32(self.cfg.fire_init_L),
-    }
+    f32 = {k: getattr(p, k)[...].astype(jnp.float32) for k in ("w1", "b1", "w2", "b2", "c", "L_multiplier")}
+    params = {k: f32[k] for k in ("w1", "b1", "w2", "b2", "c")}  # float32 also for bfloat16 parameters
+    params["threshold"] = f32["L_multiplier"] * jnp.float32(self.cfg.fire_init_L)
     return PositionBias(_fire_fn, params, positions, kv_positions)
