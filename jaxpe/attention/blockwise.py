@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.attention import cpu_flash, numerics, platforms
+from jaxpe.attention import patterns as pattern_lib
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask
@@ -61,8 +62,11 @@ def blockwise_attention(
   block_k: int | None = None,
   return_lse: bool = False,
   sinks: jax.Array | None = None,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ):
-  """``softmax(q.k * scale + ALiBi, masked) . v`` by key blocks, with float32 scores and softmax.
+  """``softmax(softcap(q.k * scale) + ALiBi, masked) . v`` by key blocks, with float32 scores and softmax.
 
   Equal to ``jaxpe.attention.dot_product_attention`` with ``bias=alibi_bias(...)`` and
   ``mask=mask.dense()`` to float32 rounding (the online softmax rescales partial sums), including
@@ -98,6 +102,11 @@ def blockwise_attention(
       joins each row's softmax denominator, with no value; gpt-oss, arXiv 2309.17453), applied
       from the lse after the online softmax; differentiable. With ``return_lse`` the lse then
       includes the sink's term.
+    local_window_size, chunk_size, logits_soft_cap: the attention pattern of
+      ``jaxpe.attention.attention`` (``jaxpe.attention.patterns``): the window and chunks compare
+      the mask's slots (``q_index`` / ``k_index``; with an ``AttentionMask`` or no mask the indices
+      ``0..T-1`` / ``0..S-1``); the cap applies to the scaled scores before ALiBi, the position
+      bias, the mask and the sinks.
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``; with ``return_lse`` also ``[B, T, N]`` float32 log-sum-exp
@@ -133,6 +142,8 @@ def blockwise_attention(
       f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H] with N % K == 0, got {q.shape}, {k.shape}, {v.shape}"
     )
   precise_dims = check_precise_dims(precise_dims, qk_dim, v.shape[-1])
+  pattern = pattern_lib.check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  pattern_lib.check_cap_precise_dims(pattern, precise_dims)
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, num_heads)
   explicit_blocks = block_q is not None or block_k is not None
@@ -153,6 +164,12 @@ def blockwise_attention(
     raise TypeError(f"position_bias must be a PositionBias or None, got {type(position_bias).__name__}")
   if position_bias is not None and alibi is not None:
     raise ValueError("give alibi or position_bias, not both (one position bias per attention)")
+  if mask is None and pattern.masks:  # the window and chunks compare indices 0..T-1 / 0..S-1
+    mask = IndexMask(
+      jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len)),
+      jnp.broadcast_to(jnp.arange(s_len, dtype=jnp.int32), (batch, s_len)),
+      causal=False,
+    )
   if mask is not None:
     mask = mask.check()
     if mask.q_index.shape != (batch, t_len) or mask.k_index.shape != (batch, s_len):
@@ -188,7 +205,16 @@ def blockwise_attention(
       lse = jnp.broadcast_to(sinks.astype(jnp.float32)[None, None, :], lse.shape)
     return (out, lse) if return_lse else out
   causal = mask is not None and mask.causal
-  cfg = Config(float(scale), int(precise_dims), block_q, block_k, causal, natural, bias_fn)
+  cfg = Config(
+    float(scale),
+    int(precise_dims),
+    block_q,
+    block_k,
+    causal,
+    natural,
+    bias_fn,
+    pattern if pattern.active else None,
+  )
   qi = ki = k_valid = q_seg = k_seg = None
   if mask is not None:
     # slots: checked < 2^31 where concrete, int32 exactly
@@ -204,7 +230,7 @@ def blockwise_attention(
   def loops():
     return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
 
-  if _cpu_kernel_applies(
+  if not pattern.active and _cpu_kernel_applies(
     q, k, v, natural or mask is None, explicit_blocks, position_bias, precise_dims, q_seg, k_seg, q_pos, k_pos
   ):
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpe.attention import numerics
+from jaxpe.attention import patterns as pattern_lib
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import IndexMask
@@ -54,6 +55,9 @@ def decode_attention(
   precise_dims: int = 0,
   sinks: jax.Array | None = None,
   heads_first: bool = False,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
   """``softmax(q.k * scale + bias, masked) . v`` of a few queries over all key slots, in one pass.
 
@@ -78,10 +82,19 @@ def decode_attention(
     heads_first: a Python bool: k and v are given as ``[B, K, S, Hq]`` and ``[B, K, S, H]`` (the
       layout of ``jaxpe.model.KVCache``): the products are then batched matmuls over the arrays as
       they lie, each read once, with no transposed or zeroed copy (``_heads_first``).
+    local_window_size, chunk_size, logits_soft_cap: the attention pattern of
+      ``jaxpe.attention.attention`` (checked here, ``jaxpe.attention.patterns``): the window and
+      chunks compare the mask's slots ``q_index`` / ``k_index`` (a ring-buffer cache puts the
+      tokens' positions there); the cap applies to the scaled scores before the bias and the mask.
+
+  Raises:
+    TypeError, ValueError: as ``jaxpe.attention.attention`` for the three pattern options.
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``; zeros when B, T or S is 0 (as the dense reference).
   """
+  pattern = pattern_lib.check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  pattern_lib.check_cap_precise_dims(pattern, int(precise_dims))
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = (k.shape[2], k.shape[1]) if heads_first else (k.shape[1], k.shape[2])
   if 0 in (batch, t_len, s_len):  # no rows, or no keys (rows without a visible key): zeros
@@ -89,9 +102,12 @@ def decode_attention(
   group = num_heads // num_kv
   h = v.shape[-1]
   visible = mask.visible()  # [B, T, S]
+  if pattern.masks:  # the window / chunks on the slots (a ring-buffer cache: the tokens' positions)
+    qi, ki = jnp.asarray(mask.q_index).astype(jnp.int32), jnp.asarray(mask.k_index).astype(jnp.int32)
+    visible = visible & pattern.visible(qi[:, :, None], ki[:, None, :])
   if heads_first:
     add = _score_bias(q, s_len, bias, alibi, position_bias)
-    return _heads_first(float(scale), int(precise_dims), q, k, v, visible, add, sinks)
+    return _heads_first(float(scale), int(precise_dims), pattern.cap, q, k, v, visible, add, sinks)
   # slots no query sees are zeroed: 0 * NaN would otherwise reach the output (and dq through k)
   k, v = numerics.zero_hidden_keys(k, v, jnp.any(visible, axis=1))
   # [B, T, N, Hq] -> [B, K, G*T, Hq]: one matmul per kv head, its cache read once
@@ -113,7 +129,7 @@ def decode_attention(
     logits = jnp.einsum("BKQH,BSKH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
   if precise_dims and rows > REDUCE_MAX_ROWS:
     logits = logits + _precise_logits("BKQH,BSKH->BKQS", qr, k, split)
-  logits = logits.reshape(batch, num_kv, group, t_len, s_len) * f32(scale)
+  logits = pattern.soft_cap(logits.reshape(batch, num_kv, group, t_len, s_len) * f32(scale))
   extra = None
   if alibi is not None:
     extra = alibi_lib.alibi_bias(jnp.asarray(alibi.slopes, f32), alibi.q_positions, alibi.k_positions)
@@ -160,7 +176,7 @@ def _score_bias(q, s_len, bias, alibi, position_bias):
   return total
 
 
-def _heads_first_core(q, k, v, visible, add, scale, precise_dims, safe):
+def _heads_first_core(q, k, v, visible, add, scale, precise_dims, safe, cap=None):
   """``(raw scores [B, K, G*T, S], unnormalised P.V [B, K, G*T, H] float32, row max, row sum)``
   of heads-first k, v; ``safe``: hidden slots' keys and values zeroed first (materialised)."""
   batch, t_len, num_heads, qk_dim = q.shape
@@ -178,7 +194,7 @@ def _heads_first_core(q, k, v, visible, add, scale, precise_dims, safe):
   raw = jnp.einsum("BKQH,BKSH->BKQS", qr[..., :split], k[..., :split], preferred_element_type=f32)
   if precise_dims:
     raw = raw + _precise_logits("BKQH,BKSH->BKQS", qr, k, split)
-  logits = raw.reshape(batch, num_kv, group, t_len, s_len) * f32(scale)
+  logits = pattern_lib.Pattern(cap=cap).soft_cap(raw.reshape(batch, num_kv, group, t_len, s_len) * f32(scale))
   if add is not None:
     logits = logits + add.reshape(batch, num_kv, group, t_len, s_len)
   logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
@@ -206,15 +222,15 @@ def _heads_first_finish(q, v, out, row_max, total, sinks):
   return out.astype(v.dtype)
 
 
-def _safe(q, k, v, visible, add, sinks, scale, precise_dims):
+def _safe(q, k, v, visible, add, sinks, scale, precise_dims, cap=None):
   """The heads-first attention with hidden slots zeroed first: the reference of ``_heads_first``
   and the rule of its derivatives."""
-  _, out, row_max, total = _heads_first_core(q, k, v, visible, add, scale, precise_dims, True)
+  _, out, row_max, total = _heads_first_core(q, k, v, visible, add, scale, precise_dims, True, cap)
   return _heads_first_finish(q, v, out, row_max, total, sinks)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _heads_first(scale, precise_dims, q, k, v, visible, add, sinks):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _heads_first(scale, precise_dims, cap, q, k, v, visible, add, sinks):
   """Few-query attention over heads-first k ``[B, K, S, Hq]``, v ``[B, K, S, H]``: two batched
   matmuls over the cache as it lies, the hidden slots masked in the scores only.
 
@@ -226,19 +242,18 @@ def _heads_first(scale, precise_dims, q, k, v, visible, add, sinks):
   recomputed with the hidden slots zeroed (``_safe``, a ``lax.cond`` branch that runs only then).
   Derivatives (forward and reverse mode) are those of ``_safe``: a NaN in a hidden slot never
   reaches a gradient either."""
-  raw, out, row_max, total = _heads_first_core(q, k, v, visible, add, scale, precise_dims, False)
+  raw, out, row_max, total = _heads_first_core(q, k, v, visible, add, scale, precise_dims, False, cap)
   ok = jnp.all(jnp.isfinite(raw)) & jnp.all(jnp.isfinite(out))
   return jax.lax.cond(
     ok,
     lambda: _heads_first_finish(q, v, out, row_max, total, sinks),
-    lambda: _safe(q, k, v, visible, add, sinks, scale, precise_dims),
+    lambda: _safe(q, k, v, visible, add, sinks, scale, precise_dims, cap),
   )
 
 
 @_heads_first.defjvp
-def _heads_first_jvp(scale, precise_dims, primals, tangents):
-  q, k, v, visible, add, sinks = primals
-  return jax.jvp(lambda *a: _safe(*a, scale, precise_dims), primals, tangents)
+def _heads_first_jvp(scale, precise_dims, cap, primals, tangents):
+  return jax.jvp(lambda *a: _safe(*a, scale, precise_dims, cap), primals, tangents)
 
 
 __all__ = ["DECODE_MAX_QUERIES", "decode_attention"]

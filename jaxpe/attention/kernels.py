@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from jaxpe.attention import cudnn, flash, fused, numerics, platforms, xla
+from jaxpe.attention import patterns as pattern_lib
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention import tokamax as tokamax_backend
 from jaxpe.attention.backends import (
@@ -61,8 +62,11 @@ def attention(
   sinks: jax.Array | None = None,
   position_bias: PositionBias | None = None,
   rope_spec: RopeSpec | None = None,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
-  """``softmax(q.k * scale + bias + ALiBi, masked) . v`` on the chosen backend.
+  """``softmax(softcap(q.k * scale) + bias + ALiBi, masked) . v`` on the chosen backend.
 
   Args:
     q: ``[B, T, N, Hq]`` float queries (``Hq = H + precise_dims``).
@@ -92,6 +96,22 @@ def attention(
       2309.17453): ``exp(sink_h)`` joins each row's softmax denominator, with no value. ``xla``
       (blockwise from the lse, dense as one more key slot) and ``splash`` (native ``sinks``);
       differentiable (q, k, v, sinks). cudnn and pallas_gpu refuse them.
+    local_window_size: optional ``(left, right)`` ints >= 0 in tokens (an int w: ``(w, w)``),
+      ``jax.nn.dot_product_attention``'s name and meaning: query i sees key j only if
+      ``i - left <= j <= i + right``; with a causal mask ``(left, 0)``. transformers'
+      ``sliding_window = w`` (Mistral, Gemma 2/3, gpt-oss; it counts the query itself) is
+      ``(w - 1, 0)``. i and j are token indices (an ``AttentionMask``, a dense mask or none: the
+      indices ``0..T-1`` / ``0..S-1``, within a packed document the position differences) or an
+      ``IndexMask``'s slots ``q_index`` / ``k_index`` (the KV cache: the tokens' positions, so a
+      ring-buffer cache works). ``xla`` skips key blocks wholly outside the window.
+    chunk_size: optional int >= 1, Llama 4's ``attention_chunk_size``: query i sees key j only if
+      ``i // chunk_size == j // chunk_size`` (i, j as above), on top of the other masks.
+    logits_soft_cap: optional finite float > 0, Gemma 2's ``attn_logit_softcapping``: the scores
+      ``s = q.k * scale`` become ``cap * tanh(s / cap)`` before the mask, the bias / ALiBi and the
+      sinks (transformers' ``gemma2.eager_attention_forward``). Refused with ``precise_dims > 0``
+      and, on a fused kernel, with an ``alibi_spec`` emulated inside q.k (the cap would squash ALiBi).
+      ``flash`` refuses all three options for now (its kernel gains them separately);
+      ``implementation="auto"`` passes over a kernel that refuses one.
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
@@ -106,8 +126,12 @@ def attention(
       use ``alibi_spec`` / ``AttentionMask``); T != S; H = 0; a head dim cudnn refuses (> 256 with
       the emulation dims); a float16 kernel with an emulation (bf16 parts overflow float16);
       concrete positions >= ``max_position`` with the lean or exact form; the rotated form with a slope 0
-      or a theta whose phase reaches pi/2; ``sinks`` not ``[N]``, or given to cudnn / pallas_gpu.
-    TypeError: non-float ``sinks``; non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
+      or a theta whose phase reaches pi/2; ``sinks`` not ``[N]``, or given to cudnn / pallas_gpu;
+      ``local_window_size`` with a side < 0 or > 2^31 or not a pair, ``chunk_size`` outside 1..2^31,
+      ``logits_soft_cap`` NaN, inf or <= 0, or with ``precise_dims > 0``; a backend that cannot run
+      one of them (names the backend and the option).
+    TypeError: ``local_window_size`` / ``chunk_size`` not ints (bools, floats), ``logits_soft_cap``
+      not a concrete real number; non-float ``sinks``; non-float q, k, v; a ``scale`` that is not a concrete real number (bool, string,
       traced); a non-int ``precise_dims``; a non-bool ``interpret``; a mask that is neither an
       ``AttentionMask`` nor an array; ``AttentionMask`` fields of the wrong dtype (float or bool
       segment ids, float ``valid``, non-bool ``causal``); ``alibi_spec`` not an ``AlibiSpec``;
@@ -126,6 +150,8 @@ def attention(
   q, k, v, scale, mask, alibi_spec = _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims)
   if rope_spec is not None:
     rope_spec = check_rope_spec(rope_spec, q.shape[0], q.shape[1], k.shape[1], q.shape[-1] - precise_dims)
+  pattern = pattern_lib.check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  pattern_lib.check_cap_precise_dims(pattern, precise_dims)
   if sinks is not None:
     sinks = sink_lib.check_sinks(sinks, q.shape[2])
   if position_bias is not None:
@@ -142,6 +168,7 @@ def attention(
     position_bias=position_bias,
     rope_spec=rope_spec,
     interpret=interpret,
+    pattern=pattern,
   )
 
   def run(impl, target="gpu"):
@@ -267,8 +294,11 @@ def _run(
   position_bias,
   rope_spec,
   interpret,
+  pattern,
 ):
   """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
+  if pattern.active and impl != "xla":
+    refuse_pattern(impl, pattern, alibi_spec)
   if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
     q, k, v = platforms.one_platform(q, k, v, message=ONE_PLATFORM.format(impl=impl))
   if rope_spec is not None and impl != "flash":
@@ -292,6 +322,7 @@ def _run(
       precise_dims=precise_dims,
       sinks=sinks,
       position_bias=position_bias,
+      pattern=pattern,
     )
   if impl == "flash":
     return flash.attend(
@@ -343,6 +374,33 @@ ONE_PLATFORM = (
   "lower or export once per platform (implementation='xla' lowers for several at once)"
 )
 NATIVE_ALIBI: tuple[str, ...] = ("xla", "flash", "tokamax")
+PATTERN_OPTIONS: dict[str, tuple[str, ...]] = {"xla": ("local_window_size", "chunk_size", "logits_soft_cap")}
+"""Backend -> the attention-pattern options it runs (``jaxpe.attention.patterns``); the others refuse."""
+
+
+def refuse_pattern(impl: str, pattern: pattern_lib.Pattern, alibi_spec) -> None:
+  """ValueError naming backend ``impl`` and the first option of ``pattern`` it cannot run (the soft
+  cap with an ALiBi that the backend emulates inside q.k included)."""
+  runs = PATTERN_OPTIONS.get(impl, ())
+  for option in pattern.options():
+    if option not in runs:
+      why = (
+        "jaxpe's Pallas flash kernel does not take the attention patterns yet"
+        if impl == "flash"
+        else "this backend has no such option here"
+      )
+      raise ValueError(
+        f"attention implementation {impl!r} cannot run {option} ({why}); implementation='xla' runs "
+        f"local_window_size, chunk_size and logits_soft_cap on every platform, and 'auto' picks a backend that can"
+      )
+  if pattern.cap is not None and alibi_spec is not None and impl not in NATIVE_ALIBI:
+    raise ValueError(
+      f"attention implementation {impl!r} with logits_soft_cap and alibi_spec: {impl!r} runs ALiBi as its "
+      "bias-free emulation inside q.k, which the soft cap would squash with the scores (the cap comes before "
+      "the bias); use implementation='xla' (native ALiBi)"
+    )
+
+
 """Backends that take ALiBi as a bias (flash: inside the kernel); the others get its emulation."""
 
 

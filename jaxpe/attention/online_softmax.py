@@ -45,6 +45,8 @@ class Config(NamedTuple):
   natural: bool  # q_index = k_index = 0..T-1 (an AttentionMask): the causal skip is static
   # PositionBias.fn: fn(params, q_pos [B, bq], k_pos [B, bk]) -> [B, N, bq, bk], added per block pair
   bias_fn: Any = None
+  # patterns.Pattern: local window / chunks on the slots qi, ki; soft cap of the scaled scores
+  pattern: Any = None
 
 
 class _Blocks(NamedTuple):
@@ -141,17 +143,33 @@ def _position_bias(b: _Blocks, i, j, bias_params, cfg: Config):
 
 
 def _scores(
-  b: _Blocks, i, j, slopes, cfg: Config, *, off_diagonal: bool = False, bias_params=None, bias=None
+  b: _Blocks,
+  i,
+  j,
+  slopes,
+  cfg: Config,
+  *,
+  off_diagonal: bool = False,
+  bias_params=None,
+  bias=None,
+  cap_grad: bool = False,
 ):
   """Scaled, biased, masked float32 scores ``[B, K, G, bq, bk]`` of query block i and key block j
   (``off_diagonal``: a pair of ``_triangular`` blocks with j < i, where every key precedes every
-  query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed)."""
+  query: no causal compare; ``bias``: the pair's ``_position_bias`` when already computed). With
+  ``cap_grad``: ``(scores, d capped / d raw)`` (``1 - tanh^2``; None without a soft cap)."""
   q, k = b.q[i], b.k[j]
   split = q.shape[-1] - cfg.precise_dims
   s = jnp.einsum("BKGQH,BKSH->BKGQS", q[..., :split], k[..., :split], preferred_element_type=jnp.float32)
   if cfg.precise_dims:
     s = s + _precise("BKGQH,BKSH->BKGQS", q[..., split:], k[..., split:])
   s = s * jnp.float32(cfg.scale)
+  d_cap = None
+  pattern = cfg.pattern
+  if pattern is not None and pattern.cap is not None:  # Gemma 2: before the bias and the mask
+    t = jnp.tanh(s / jnp.float32(pattern.cap))
+    s = jnp.float32(pattern.cap) * t
+    d_cap = 1.0 - t * t if cap_grad else None
   if slopes is not None:
     distance = (b.q_pos[i][:, :, None] - b.k_pos[j][:, None, :]).astype(jnp.float32)  # [B, bq, bk]
     s = jnp.maximum(s - slopes[None, :, :, None, None] * distance[:, None, None], _LOWEST)
@@ -167,9 +185,12 @@ def _scores(
   if b.q_seg is not None:
     same = b.q_seg[i][:, :, None] == b.k_seg[j][:, None, :]
     visible = same if visible is None else visible & same
+  if pattern is not None and pattern.masks:
+    local = pattern.visible(b.qi[i][:, :, None], b.ki[j][:, None, :])
+    visible = local if visible is None else visible & local
   if visible is not None:
     s = jnp.where(visible[:, None, None], s, _LOWEST)
-  return s
+  return (s, d_cap) if cap_grad else s
 
 
 def _precise(eq: str, a, b):
@@ -276,11 +297,15 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
     bias = bias_vjp = None
     if cfg.bias_fn is not None:  # the pair's bias and its vjp, computed once
       bias, bias_vjp = jax.vjp(lambda p: _position_bias(b, i, j, p, cfg), bias_params)
-    s = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias=bias)
+    s, d_cap = _scores(b, i, j, slopes, cfg, off_diagonal=off_diagonal, bias=bias, cap_grad=True)
     p = jnp.exp(s - lse_safe[i])
     dv = dv + jnp.einsum("BKGQS,BKGQH->BKSH", p.astype(b.v.dtype), d_out[i].astype(b.v.dtype), **f32)
     dp = jnp.einsum("BKGQH,BKSH->BKGQS", d_out[i].astype(b.v.dtype), b.v[j], **f32)
     ds = p * (dp - delta[i][..., None])
+    if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled, uncapped
+      d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])
+    if d_cap is not None:  # through the soft cap to the raw scaled scores
+      ds = ds * d_cap
     q, k = b.q[i], b.k[j]
     dq_i = jnp.einsum("BKGQS,BKSH->BKGQH", ds.astype(k.dtype), k[..., :split], **f32)
     dk_j = jnp.einsum("BKGQS,BKGQH->BKSH", ds.astype(q.dtype), q[..., :split], **f32)
@@ -288,8 +313,6 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
       dq_i = jnp.concatenate([dq_i, _precise("BKGQS,BKSH->BKGQH", ds, k[..., split:])], axis=-1)
       dk_j = jnp.concatenate([dk_j, _precise("BKGQS,BKGQH->BKSH", ds, q[..., split:])], axis=-1)
     dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i * scale, i, 0)
-    if cfg.bias_fn is not None:  # ds is d(loss) / d(biased score); the bias enters unscaled
-      d_bias = jax.tree.map(jnp.add, d_bias, bias_vjp(ds)[0])
     return dq, dk + dk_j * scale, dv, d_bias
 
   guarded = functools.partial(_guarded, step, static, need)

@@ -16,6 +16,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.interpreters.ad import JVPTracer
 
 from jaxpe.attention import numerics
+from jaxpe.attention import patterns as pattern_lib
 from jaxpe.attention.masks import AttentionMask
 from jaxpe.ops import checks as _checks
 
@@ -97,8 +98,11 @@ def dot_product_attention(
   is_causal: bool = False,
   precise_dims: int | None = None,
   causal_block: int | None = None,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
-  """``softmax(q.k * scale + bias, masked) . v`` with float32 logits and softmax.
+  """``softmax(softcap(q.k * scale) + bias, masked) . v`` with float32 logits and softmax.
 
   q and k may carry more dims than v (the RoPE-emulated ALiBi pair); ``scale`` is then still
   ``1/sqrt(H)`` of the original head dim. Grouped-query attention: the N query heads are split into
@@ -145,6 +149,15 @@ def dot_product_attention(
     causal_block: optional query block size (int > 0) for self-attention with a causal mask: the
       caller promises that ``mask`` (or ``bias``) hides every key slot ``s > t`` from query slot
       ``t`` (so T == S); keys past a block's last query are then skipped, not computed and masked.
+    local_window_size: optional ``(left, right)`` ints >= 0 (an int w: ``(w, w)``), as
+      ``jax.nn.dot_product_attention``: query ``t`` sees key ``s`` only if ``t - left <= s <= t + right``
+      (indices aligned at the top left, as ``is_causal``), combined with the other masks.
+      transformers' ``sliding_window = w`` is ``(w - 1, 0)`` (with ``is_causal``).
+    chunk_size: optional int >= 1 (Llama 4's ``attention_chunk_size``): query ``t`` sees key ``s``
+      only if ``t // chunk_size == s // chunk_size``.
+    logits_soft_cap: optional finite float > 0 (Gemma 2's ``attn_logit_softcapping``): the scaled
+      scores become ``cap * tanh(q.k * scale / cap)`` before ``bias`` and the mask (transformers'
+      ``gemma2.eager_attention_forward``). Not with ``precise_dims > 0`` (an emulated bias in q.k).
 
   Returns:
     ``[B, T, N, H]`` array of ``v.dtype``.
@@ -154,8 +167,10 @@ def dot_product_attention(
       scores ``[B, N, T, S]`` larger than the device's memory (named before allocation), bias
       or mask that do not broadcast, a concrete ``scale`` not a finite number > 0,
       ``precise_dims`` outside 0..Hq, ``causal_block`` not an int > 0, given with T != S, or given
-      with neither ``mask`` nor ``bias``.
-    TypeError: non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
+      with neither ``mask`` nor ``bias``; ``local_window_size`` sides < 0 or not a pair,
+      ``chunk_size`` < 1, ``logits_soft_cap`` NaN, inf or <= 0, or given with ``precise_dims > 0``.
+    TypeError: ``local_window_size`` / ``chunk_size`` not ints (bools, floats), ``logits_soft_cap``
+      not a concrete real number; non-float q/k/v/bias, a non-bool mask (an ``AttentionMask`` too: it goes to
       ``jaxpe.kernels.attention``), a ``scale`` that is not a real number (bool, string, array),
       a non-bool ``is_causal``.
 
@@ -174,6 +189,7 @@ def dot_product_attention(
   is_causal = _checks.check_bool("is_causal", is_causal)
   if scale is not None:
     scale = check_scale("scale", scale, traced_ok=True)
+  pattern = pattern_lib.check_pattern(local_window_size, chunk_size, logits_soft_cap)
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   if num_kv == 0 or num_heads == 0:
@@ -204,6 +220,12 @@ def dot_product_attention(
   if not _checks.is_int(precise_dims) or not 0 <= precise_dims <= qk_dim:
     raise ValueError(f"precise_dims must be an int in 0..Hq = {qk_dim}, got {precise_dims!r}")
   precise_dims = int(precise_dims)
+  pattern_lib.check_cap_precise_dims(pattern, precise_dims)
+  if pattern.masks:  # top-left aligned indices, as is_causal and jax.nn.dot_product_attention
+    local = pattern_lib.dense_visible(
+      pattern, pattern_lib.arange_positions(t_len), pattern_lib.arange_positions(s_len)
+    )
+    mask = local if mask is None else mask & local
   if scale is None:
     scale = 1.0 / math.sqrt(max(qk_dim - precise_dims, 1))
   if is_causal:
@@ -239,7 +261,7 @@ def dot_product_attention(
   group = num_heads // num_kv
   q = q.reshape(batch, t_len, num_kv, group, qk_dim)
   bias, mask = (None if x is None else _grouped(x, num_kv, group) for x in (bias, mask))
-  attend = functools.partial(_attend_grouped, scale=scale, precise_dims=precise_dims)
+  attend = functools.partial(_attend_grouped, scale=scale, precise_dims=precise_dims, cap=pattern.cap)
   if causal_block is None or causal_block >= t_len:
     out = attend(q, k, v, bias, mask)
   else:
@@ -271,7 +293,7 @@ def _block(x: jax.Array | None, *, start: int, end: int) -> jax.Array | None:
   return rows[..., :end] if x.shape[-1] > 1 else rows
 
 
-def _attend_grouped(q, k, v, bias, mask, *, scale: float, precise_dims: int) -> jax.Array:
+def _attend_grouped(q, k, v, bias, mask, *, scale: float, precise_dims: int, cap=None) -> jax.Array:
   """q ``[B, T, K, G, Hq]``, k ``[B, S, K, Hq]``, v ``[B, S, K, H]``, bias/mask broadcastable to
   ``[B, K, G, T, S]`` -> ``[B, T, K, G, H]``, through ``_attend`` in the batched-matmul layout
   ``[B, K, G*T, .]`` (the G heads of a kv head share one matmul; the big operands stay row-major)."""
@@ -287,7 +309,12 @@ def _attend_grouped(q, k, v, bias, mask, *, scale: float, precise_dims: int) -> 
     return x.reshape(x.shape[0], x.shape[1], rows, x.shape[4])
 
   q_rows = jnp.moveaxis(q, 1, 3).reshape(batch, num_kv, rows, q.shape[-1])
-  out = _attend(q_rows, k, v, flat(bias), flat(mask), scale, precise_dims)
+  if cap is None:
+    out = _attend(q_rows, k, v, flat(bias), flat(mask), scale, precise_dims)
+  else:  # soft-capped scores: plain autodiff (forward and reverse mode) through the same formula
+    out = _attention_forward(q_rows, k, v, flat(bias), flat(mask), scale, precise_dims, cap)[0].astype(
+      v.dtype
+    )
   return jnp.moveaxis(out.reshape(batch, num_kv, group, t_len, v.shape[-1]), 3, 1)
 
 
@@ -301,7 +328,7 @@ def _precise(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
   )
 
 
-def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
+def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int, cap: float | None = None):
   """(output ``[B, K, Q, H]`` float32, unnormalised probabilities ``e`` ``[B, K, Q, S]`` float32,
   ``1 / row sum`` ``[B, K, Q, 1]``, 0 on rows with no visible key)."""
   split = q.shape[-1] - precise_dims
@@ -309,6 +336,8 @@ def _attention_forward(q, k, v, bias, mask, scale: float, precise_dims: int):
   if precise_dims:
     logits = logits + _precise("BKQH,BSKH->BKQS", q[..., split:], k[..., split:])
   logits = logits * jnp.float32(scale)
+  if cap is not None:  # Gemma 2: cap * tanh(s / cap) before the bias and the mask
+    logits = jnp.float32(cap) * jnp.tanh(logits / jnp.float32(cap))
   if bias is not None:
     logits = jnp.maximum(logits + bias.astype(jnp.float32), _LOWEST)  # a -inf bias hides a key like the mask
   if mask is not None:

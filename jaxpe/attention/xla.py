@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpe.attention import blockwise, decode, reference
+from jaxpe.attention import patterns as pattern_lib
 from jaxpe.attention import sinks as sink_lib
 from jaxpe.attention.backends import AlibiSpec
 from jaxpe.attention.masks import AttentionMask, IndexMask
@@ -42,12 +43,18 @@ def attend(
   precise_dims: int,
   sinks: jax.Array | None = None,
   position_bias: PositionBias | None = None,
+  pattern: pattern_lib.Pattern | None = None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``.
+
+  ``pattern`` (checked): the local window and chunks on the mask's slots (``IndexMask``) or the
+  indices ``0..T-1`` / ``0..S-1`` (otherwise), the soft cap before the bias, mask and sinks.
 
   ``sinks`` (``[N]``, checked): blockwise from the lse, dense as one more key slot
   (``jaxpe.attention.sinks``). An ``IndexMask`` with at most ``decode.DECODE_MAX_QUERIES`` queries
   (KV-cache decoding) runs in one pass over the keys (``jaxpe.attention.decode``), a dense bias too."""
+  pattern = pattern_lib.Pattern() if pattern is None else pattern
+  options = dict(local_window_size=pattern.window, chunk_size=pattern.chunk, logits_soft_cap=pattern.cap)
   if isinstance(mask, IndexMask) and q.shape[1] <= decode.DECODE_MAX_QUERIES:
     return decode.decode_attention(
       q,
@@ -60,6 +67,7 @@ def attend(
       position_bias=position_bias,
       precise_dims=precise_dims,
       sinks=sinks,
+      **options,
     )
   if bias is None and (mask is None or isinstance(mask, AttentionMask | IndexMask)):
     # Looked up at call time so tests can wrap blockwise.blockwise_attention.
@@ -73,11 +81,17 @@ def attend(
       position_bias=position_bias,
       precise_dims=precise_dims,
       sinks=sinks,
+      **options,
     )
+  q_pos, k_pos = pattern_lib.arange_positions(q.shape[1]), pattern_lib.arange_positions(k.shape[1])
   if isinstance(mask, AttentionMask):
     mask = mask.dense(q.shape[0], q.shape[1])
   elif isinstance(mask, IndexMask):
+    q_pos, k_pos = mask.q_index, mask.k_index
     mask = mask.dense()
+  if pattern.masks:  # the window / chunks as part of the dense mask (before a sink's key slot)
+    local = pattern_lib.dense_visible(pattern, q_pos, k_pos)
+    mask = local if mask is None else mask & local
   if alibi_spec is not None:
     native = alibi.alibi_bias(
       jnp.asarray(alibi_spec.slopes, jnp.float32), alibi_spec.q_positions, alibi_spec.k_positions
@@ -90,5 +104,5 @@ def attend(
     k, v, bias, mask = sink_lib.with_sink_key(q, k, v, bias, mask, sinks)
   # Looked up at call time so tests can wrap reference.dot_product_attention.
   return reference.dot_product_attention(
-    q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims
+    q, k, v, scale=scale, bias=bias, mask=mask, precise_dims=precise_dims, logits_soft_cap=pattern.cap
   )

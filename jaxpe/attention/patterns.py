@@ -1,0 +1,200 @@
+"""Attention patterns that ship with RoPE models: a local (sliding) window, chunked attention and
+logit soft-capping, as ``jaxpe.attention.attention``'s ``local_window_size``, ``chunk_size`` and
+``logits_soft_cap``.
+
+- ``local_window_size = (left, right)``: query i sees key j only if ``i - left <= j <= i + right``
+  (``jax.nn.dot_product_attention``'s name and meaning; an int w is ``(w, w)``). transformers'
+  ``sliding_window = w`` (Mistral, Gemma 2/3, gpt-oss), which counts the query itself, is
+  ``(w - 1, 0)`` with a causal mask (``transformers.masking_utils.sliding_window_causal_mask_function``:
+  ``kv_idx > q_idx - w``).
+- ``chunk_size = c``: query i sees key j only if ``i // c == j // c`` (Llama 4's
+  ``attention_chunk_size``; ``chunked_causal_mask_function`` with a causal mask).
+- ``logits_soft_cap = cap``: the scaled scores ``s = q.k * scale`` become ``cap * tanh(s / cap)``
+  before the mask, the bias (ALiBi, a learned bias) and the sinks (Gemma 2's
+  ``attn_logit_softcapping``, transformers' ``gemma2.eager_attention_forward``).
+
+i and j are token positions: index differences for a full sequence (within one document of a packed
+row the same as position differences), the slots of an ``IndexMask`` (KV cache slots, context
+shards: the caller puts the tokens' positions there, so a ring-buffer cache works).
+
+``Pattern`` holds the three checked values (static, hashable); ``visible`` / ``soft_cap`` apply them.
+
+Shape alphabet: B batch, T query positions, S key positions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpe.ops import checks as _checks
+
+# A window side or chunk at least this long restricts nothing (slots are int32 < 2^31).
+UNBOUNDED = 2**31 - 1
+
+
+class Pattern(NamedTuple):
+  """The checked attention pattern (static): ``window`` ``(left, right)`` ints >= 0 or None,
+  ``chunk`` an int >= 1 or None, ``cap`` a float > 0 or None."""
+
+  window: tuple[int, int] | None = None
+  chunk: int | None = None
+  cap: float | None = None
+
+  @property
+  def masks(self) -> bool:
+    """Whether the pattern hides keys (a window or chunks)."""
+    return self.window is not None or self.chunk is not None
+
+  @property
+  def active(self) -> bool:
+    return self.masks or self.cap is not None
+
+  def options(self) -> tuple[str, ...]:
+    """The argument names this pattern sets (for refusals)."""
+    names = ("local_window_size", "chunk_size", "logits_soft_cap")
+    return tuple(n for n, x in zip(names, (self.window, self.chunk, self.cap)) if x is not None)
+
+  def visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array | None:
+    """Bool ``q_pos`` vs ``k_pos`` (broadcast together; int32 slots or positions): which keys the
+    window and chunks let each query see; None when neither is set."""
+    out = None
+    if self.window is not None:
+      left, right = self.window
+      d = q_pos - k_pos  # int32: both in [0, 2^31), no overflow
+      if left < UNBOUNDED:
+        out = d <= left
+      if right < UNBOUNDED:
+        r = -d <= right
+        out = r if out is None else out & r
+    if self.chunk is not None and self.chunk < UNBOUNDED:
+      same = (q_pos // self.chunk) == (k_pos // self.chunk)
+      out = same if out is None else out & same
+    if out is None and self.masks:
+      out = jnp.ones(jnp.broadcast_shapes(jnp.shape(q_pos), jnp.shape(k_pos)), bool)
+    return out
+
+  def soft_cap(self, s: jax.Array) -> jax.Array:
+    """``cap * tanh(s / cap)`` of float32 scores (``s`` unchanged without a cap)."""
+    if self.cap is None:
+      return s
+    cap = jnp.float32(self.cap)
+    return cap * jnp.tanh(s / cap)
+
+  def key_range(self, q_first: int, q_last: int) -> tuple[int, int]:
+    """The key positions ``[lo, hi]`` (inclusive, unclipped) queries ``q_first..q_last`` may see."""
+    lo, hi = -UNBOUNDED, UNBOUNDED
+    if self.window is not None:
+      lo, hi = max(lo, q_first - self.window[0]), min(hi, q_last + self.window[1])
+    if self.chunk is not None:
+      lo = max(lo, (q_first // self.chunk) * self.chunk)
+      hi = min(hi, (q_last // self.chunk + 1) * self.chunk - 1)
+    return lo, hi
+
+
+def check_local_window_size(value) -> tuple[int, int] | None:
+  """``local_window_size`` as ``(left, right)`` ints in ``[0, 2^31]`` (an int w: ``(w, w)``), or None.
+
+  Raises:
+    TypeError: not None, an int or a pair of ints (a bool, a float, a traced value).
+    ValueError: a side < 0 or > 2^31, or a sequence not of two items.
+  """
+  if value is None:
+    return None
+  what = (
+    "local_window_size must be None, an int w >= 0 (the window (w, w)) or a pair (left, right) of ints >= 0"
+  )
+  if _checks.is_int(value):
+    sides = (value, value)
+  elif isinstance(value, tuple | list):
+    if len(value) != 2:
+      raise ValueError(f"{what}, got a sequence of {len(value)} items: {value!r}")
+    sides = tuple(value)
+    if not all(_checks.is_int(x) for x in sides):
+      raise TypeError(f"{what}, got {value!r}")
+  else:
+    raise TypeError(f"{what}, got {value!r} ({type(value).__name__})")
+  if any(x < 0 or x > _checks.MAX_POSITION for x in sides):
+    raise ValueError(f"{what} (each side in [0, 2^31] tokens), got {value!r}")
+  return int(sides[0]), int(sides[1])
+
+
+def check_chunk_size(value) -> int | None:
+  """``chunk_size`` as an int in ``[1, 2^31]``, or None.
+
+  Raises:
+    TypeError: not None or an int (a bool, a float, a traced value).
+    ValueError: < 1 or > 2^31.
+  """
+  if value is None:
+    return None
+  if not _checks.is_int(value):
+    raise TypeError(f"chunk_size must be None or an int >= 1 (tokens per chunk), got {value!r}")
+  if not 1 <= value <= _checks.MAX_POSITION:
+    raise ValueError(f"chunk_size must be None or an int in [1, 2^31] (tokens per chunk), got {value!r}")
+  return int(value)
+
+
+def check_logits_soft_cap(value) -> float | None:
+  """``logits_soft_cap`` as a finite float > 0, or None.
+
+  Raises:
+    TypeError: not a concrete real number (a bool, a string, an array of several values, traced).
+    ValueError: NaN, inf, 0 or negative.
+  """
+  if value is None:
+    return None
+  if isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
+    raise TypeError(f"logits_soft_cap must be None or a concrete finite number > 0, got {value!r}")
+  try:
+    return _checks.check_positive_float("logits_soft_cap", value)
+  except _checks.ArgTypeError as e:
+    raise TypeError(str(e)) from None
+
+
+def check_pattern(local_window_size=None, chunk_size=None, logits_soft_cap=None) -> Pattern:
+  """The three options checked (``check_local_window_size``, ``check_chunk_size``,
+  ``check_logits_soft_cap``) as a ``Pattern``."""
+  return Pattern(
+    check_local_window_size(local_window_size),
+    check_chunk_size(chunk_size),
+    check_logits_soft_cap(logits_soft_cap),
+  )
+
+
+def check_cap_precise_dims(pattern: Pattern, precise_dims: int) -> None:
+  """ValueError for ``logits_soft_cap`` with ``precise_dims > 0``: those q/k dims carry an emulated
+  bias (RoPE-emulated ALiBi) inside q.k, which the cap would squash with the scores."""
+  if pattern.cap is not None and precise_dims:
+    raise ValueError(
+      f"logits_soft_cap with precise_dims={precise_dims} > 0: the last precise_dims dims of q and k carry "
+      "an emulated bias (RoPE-emulated ALiBi) inside q.k, which the cap would squash with the scores; "
+      "give ALiBi natively (alibi_spec on xla, or bias=), or precise_dims=0 when those dims are not an emulation"
+    )
+
+
+def dense_visible(pattern: Pattern, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array | None:
+  """``[B|1, 1, T, S]`` bool of ``pattern.visible`` for ``[B|1, T]`` / ``[B|1, S]`` positions."""
+  q_pos, k_pos = jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32)
+  out = pattern.visible(q_pos[:, :, None], k_pos[:, None, :])
+  return None if out is None else out[:, None]
+
+
+def arange_positions(length: int) -> jax.Array:
+  """``[1, length]`` int32 positions ``0..length-1``."""
+  return jnp.arange(length, dtype=jnp.int32)[None]
+
+
+__all__ = [
+  "Pattern",
+  "arange_positions",
+  "check_cap_precise_dims",
+  "check_chunk_size",
+  "check_local_window_size",
+  "check_logits_soft_cap",
+  "check_pattern",
+  "dense_visible",
+]
