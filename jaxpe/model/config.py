@@ -302,6 +302,15 @@ class ModelConfig(StrictConfig):
         data = {**data, key: tuple(data[key])}
     return data
 
+  @classmethod
+  def from_hf_config(cls, config: Any, **overrides: Any) -> ModelConfig:
+    """The config of a transformers decoder config (``MistralConfig``, ``Qwen3Config``,
+    ``Gemma2Config``, ``Gemma3TextConfig``) or its ``config.json`` dict, ``overrides`` last
+    (``jaxpe.model.hf_decoder.config_dict_from_hf``: its errors name what the decoder lacks)."""
+    from jaxpe.model import hf_decoder
+
+    return cls(**hf_decoder.config_dict_from_hf(config, **overrides))
+
   def layer_pattern(self, layer: int) -> pattern_options.LayerPattern:
     """Layer ``layer``'s attention type, window, chunk and RoPE (``pattern_options.layer_pattern``)."""
     return pattern_options.layer_pattern(self, layer)

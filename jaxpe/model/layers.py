@@ -134,7 +134,7 @@ class Attention(nnx.Module):
       if not isinstance(mask, masks.AttentionMask):  # attend over every slot (an empty cache's
         # prefill, under an AttentionMask, attends to its own keys alone)
         position_bias = enc.position_bias(self, shared_bias, positions, kv_positions)
-        if q.shape[1] <= decode.DECODE_MAX_QUERIES and partitioning.sequence_split() is None and not pattern:
+        if q.shape[1] <= decode.DECODE_MAX_QUERIES and partitioning.sequence_split() is None:
           # decoding: two batched matmuls over the cache as it lies, in place (no copy of it)
           k_sk = jnp.swapaxes(new_kv[0], 1, 2)  # only a dense bias (cope) reads it; else dropped
           out = decode.decode_attention(
@@ -148,6 +148,7 @@ class Attention(nnx.Module):
             precise_dims=q.shape[-1] - cfg.head_size,
             sinks=sinks,
             heads_first=True,
+            **pattern,
           )
           return self.o(out), new_kv
         k, v = (jnp.swapaxes(c, 1, 2) for c in new_kv)  # a long chunk: blockwise over [B, S, K, H]

@@ -42,7 +42,7 @@ class RMSNorm(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + jnp.float32(self.eps))
-    w = self.scale[...].astype(jnp.float32)
+    w = self.scale[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
     return y * ((1.0 + w) if self.gemma else w)
 
 
