@@ -234,8 +234,9 @@ class ModelConfig(StrictConfig):
   mlp_type: Literal["mlp", "gated"] = pydantic.Field(
     "mlp", description="mlp: down(act(up(x))); gated (GLU, Llama / Gemma): down(act(gate(x)) * up(x))"
   )
-  hidden_act: Literal["silu", "gelu", "gelu_pytorch_tanh"] = pydantic.Field(
-    "silu", description="gated MLP's activation (HF's key): silu (SwiGLU), gelu (erf), gelu_pytorch_tanh"
+  hidden_act: Literal["silu", "gelu", "gelu_pytorch_tanh"] | None = pydantic.Field(
+    None,
+    description="gated MLP's activation (HF's key): silu (SwiGLU; the default), gelu (erf), gelu_pytorch_tanh",
   )
   qk_norm: bool = pydantic.Field(
     False, description="Qwen3 / Gemma 3: a norm (norm_type) over H on q and k of each head, before RoPE"

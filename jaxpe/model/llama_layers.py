@@ -72,7 +72,7 @@ class GatedMLP(nnx.Module):
     self.down = dense(cfg, "BTF,FD->BTD", (f, d), (d,), ("mlp", "embed"), out_std, rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    act = ACTIVATIONS[self.cfg.hidden_act]
+    act = ACTIVATIONS[self.cfg.hidden_act or "silu"]
     return self.down(act(self.gate(x)) * self.up(x))
 
 

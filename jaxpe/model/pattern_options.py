@@ -43,7 +43,7 @@ class PatternKeys(Protocol):
   attn_temperature_tuning: bool
   mlp_type: str
   qk_norm: bool
-  model_fields_set: set[str]
+  hidden_act: str | None
 
   @property
   def rotates(self) -> bool: ...
@@ -88,9 +88,29 @@ def layer_types(cfg: PatternKeys) -> tuple[str, ...]:
   return ("full_attention",) * cfg.num_layers
 
 
+def layer_type(cfg: PatternKeys, layer: int) -> str:
+  """``layer_types(cfg)[layer]`` without building the tuple."""
+  if cfg.layer_types is not None:
+    return cfg.layer_types[layer]
+  if cfg.sliding_window_pattern is not None:
+    return "full_attention" if (layer + 1) % cfg.sliding_window_pattern == 0 else "sliding_attention"
+  return layer_types(cfg.model_copy(update={"num_layers": 1}))[0]
+
+
+def _kinds(cfg: PatternKeys) -> set[str]:
+  """``set(layer_types(cfg))`` without building the tuple (num_layers may be huge)."""
+  if cfg.layer_types is None and cfg.sliding_window_pattern is not None:
+    return {"sliding_attention"} | (
+      {"full_attention"} if cfg.num_layers >= cfg.sliding_window_pattern else set()
+    )
+  if cfg.layer_types is None:
+    return {layer_type(cfg, 0)}
+  return set(cfg.layer_types)
+
+
 def layer_pattern(cfg: PatternKeys, layer: int) -> LayerPattern:
   """Layer ``layer``'s ``LayerPattern`` (``layer`` in ``[0, num_layers)``)."""
-  kind = layer_types(cfg)[layer]
+  kind = layer_type(cfg, layer)
   window = chunk = ring = None
   if kind == "sliding_attention":
     window = (cfg.sliding_window - 1, 0)
@@ -105,7 +125,7 @@ def rope_config(cfg: PatternKeys, layer: int) -> Any:
   """The config whose RoPE keys are layer ``layer``'s: ``cfg`` itself, or for a
   ``sliding_attention`` layer with ``rope_local_base_freq`` a copy with ``rope_theta`` that base and
   no ``rope_scaling`` (Gemma 3's local layers)."""
-  if cfg.rope_local_base_freq is None or layer_types(cfg)[layer] != "sliding_attention":
+  if cfg.rope_local_base_freq is None or layer_type(cfg, layer) != "sliding_attention":
     return cfg
   return cfg.model_copy(update={"rope_theta": cfg.rope_local_base_freq, "rope_scaling": None})
 
@@ -124,32 +144,31 @@ def check_pattern_options(cfg: PatternKeys) -> None:
     raise ValueError(
       "sliding_window and attention_chunk_size together need layer_types saying which layers use which"
     )
-  kinds = layer_types(cfg)
+  kinds = _kinds(cfg)
   for kind, key in (("sliding_attention", "sliding_window"), ("chunked_attention", "attention_chunk_size")):
     if kind in kinds and getattr(cfg, key) is None:
       raise ValueError(f"{kind} layers need {key} (a positive int), got None")
     if explicit and kind not in kinds and getattr(cfg, key) is not None:
-      raise ValueError(f"{key} is set but no layer is {kind} (layer_types: {list(kinds)})")
+      raise ValueError(f"{key} is set but no layer is {kind} (layer types: {sorted(kinds)})")
   if cfg.rope_local_base_freq is not None and (not cfg.rotates or "sliding_attention" not in kinds):
     raise ValueError(
       "rope_local_base_freq is the RoPE base of sliding_attention layers: it needs a rotating pos_encoding "
       f"and a sliding layer, got pos_encoding={cfg.pos_encoding!r}, layer types {sorted(set(kinds))}"
     )
-  flags = cfg.rope_layers()
-  if cfg.attn_temperature_tuning and (flags is None or all(flags)):
+  if cfg.attn_temperature_tuning and (cfg.rope_layers() is None or all(cfg.rope_layers())):
     raise ValueError(
       "attn_temperature_tuning scales q on NoPE layers: give no_rope_layers (or no_rope_layer_interval) with "
       "at least one 0"
     )
-  if "hidden_act" in cfg.model_fields_set and cfg.mlp_type != "gated":
+  if cfg.hidden_act is not None and cfg.mlp_type != "gated":
     raise ValueError("hidden_act is the gated MLP's activation (mlp_type='gated'); mlp uses gelu_approximate")
   if cfg.qk_norm and cfg.pos_encoding == "rope_alibi":
     raise ValueError(
       "qk_norm normalises H dims per head: not with pos_encoding='rope_alibi' (extra q/k dims)"
     )
-  uniform = len(set(kinds)) == 1 and cfg.rope_local_base_freq is None
+  uniform = len(kinds) == 1 and cfg.rope_local_base_freq is None
   if cfg.scan_layers and not uniform:
     raise ValueError(
       "scan_layers runs one block for every layer: it needs one attention type for all layers (and no "
-      f"rope_local_base_freq), got layer types {list(kinds)}; set scan_layers=False"
+      f"rope_local_base_freq), got layer types {sorted(kinds)}; set scan_layers=False"
     )
