@@ -7,6 +7,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
 - ``masks``: ``AttentionMask``, ``dense_attention_mask``, ``document_mask`` and the mask checks.
 - ``numerics``: the numeric rules every backend shares (hidden keys zeroed, a NaN row is not an
   empty row, wide document ids ranked, never cast).
+- ``patterns``: the attention patterns (``local_window_size``, ``chunk_size``, ``logits_soft_cap``):
+  their checks, masks, the soft cap, which block pairs they need, which backends run them.
 - ``reference``: ``dot_product_attention``, the dense reference (einsum, float32 logits).
 - ``platforms``: choices made for the platform a program is lowered for (``per_platform`` through
   ``jax.lax.platform_dependent``; ``refused``: a value that raises when lowered for a platform that
@@ -21,7 +23,8 @@ Modules, in import order (each imports only the ones before it, ``jaxpe.emulatio
   two XLA calls, sharded and batchable, are ``cpu_flash_call``.
 - ``blockwise``: ``blockwise_attention``, FlashAttention's online softmax in plain XLA (O(T) memory),
   the ``xla`` backend's path; ``combine_partials`` merges attentions over disjoint key sets. Its
-  kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``.
+  kernel (the forward and backward loops, a ``custom_vjp``) is ``online_softmax``, its block-pair
+  loops (the static band a window reaches, guarded steps) ``block_loops``.
 - ``decode``: ``decode_attention``, a few queries (KV-cache decoding) against every cache slot in one
   pass (the ``xla`` backend's path for an ``IndexMask`` of few queries).
 - ``rope_spec``: ``RopeSpec``, RoPE (any scaling, xPos) as arrays for ``attention(rope_spec=...)``.

@@ -164,6 +164,7 @@ def blockwise_attention(
     raise TypeError(f"position_bias must be a PositionBias or None, got {type(position_bias).__name__}")
   if position_bias is not None and alibi is not None:
     raise ValueError("give alibi or position_bias, not both (one position bias per attention)")
+  plain = natural or mask is None  # slots 0..T-1 / 0..S-1: the CPU kernel's
   if mask is None and pattern.masks:  # the window and chunks compare indices 0..T-1 / 0..S-1
     mask = IndexMask(
       jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len)),
@@ -230,15 +231,16 @@ def blockwise_attention(
   def loops():
     return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
 
-  if not pattern.active and _cpu_kernel_applies(
-    q, k, v, natural or mask is None, explicit_blocks, position_bias, precise_dims, q_seg, k_seg, q_pos, k_pos
+  if _cpu_kernel_applies(
+    q, k, v, plain, explicit_blocks, position_bias, precise_dims, q_seg, k_seg, q_pos, k_pos
   ):
 
     def kernel():
       return cpu_flash.cpu_flash_attention(
         q, k, v, scale=scale, causal=causal, precise_dims=precise_dims, k_valid=k_valid,
         q_segment_ids=q_seg, k_segment_ids=k_seg, slopes=None if alibi is None else alibi.slopes,
-        q_positions=q_pos, k_positions=k_pos, return_lse=True,
+        q_positions=q_pos, k_positions=k_pos, return_lse=True, local_window_size=pattern.window,
+        chunk_size=pattern.chunk, logits_soft_cap=pattern.cap,
       )  # fmt: skip
 
     # the CPU kernel in a program lowered for the CPU, the XLA loops for any other platform

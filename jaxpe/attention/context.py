@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxpe.attention import blockwise, numerics, reference
+from jaxpe.attention import blockwise, numerics, patterns, reference
 from jaxpe.attention.backends import AlibiSpec, check_alibi_spec
 from jaxpe.attention.masks import IndexMask
 from jaxpe.attention.position_bias import PositionBias, check_position_bias
@@ -101,6 +101,7 @@ class _Local:
   axes: tuple[str, ...]
   shards: int
   bias_fn: Any = None  # PositionBias.fn
+  pattern: Any = None  # patterns.Pattern (window and chunks on the original slots, soft cap)
 
 
 def context_attention(
@@ -116,8 +117,11 @@ def context_attention(
   alibi: AlibiSpec | None = None,
   precise_dims: int | None = None,
   position_bias: PositionBias | None = None,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ) -> jax.Array:
-  """``softmax(q.k * scale + ALiBi, masked) . v`` with T and S split over the mesh ``axes``.
+  """``softmax(softcap(q.k * scale) + ALiBi, masked) . v`` with T and S split over the mesh ``axes``.
 
   Runs a ``jax.shard_map`` that is manual over ``axes`` only (the other mesh axes, e.g. the batch
   over ``data`` and the heads over ``tensor``, stay with the compiler). Equal to the dense
@@ -142,6 +146,10 @@ def context_attention(
     position_bias: optional ``PositionBias`` (T5, Kerple, FIRE): its positions travel with their tokens, its
       parameters are replicated on every shard (their gradient is the sum of the shards'); not
       with ``alibi``.
+    local_window_size, chunk_size, logits_soft_cap: the attention pattern of
+      ``jaxpe.attention.attention``; the window and chunks compare the ORIGINAL slots (``mask``'s
+      ``q_index`` / ``k_index``; without a mask ``0..T-1`` / ``0..S-1``), so a zig-zag order is
+      correct; each shard's key blocks outside the window are skipped (``blockwise``).
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros, a row
@@ -169,6 +177,8 @@ def context_attention(
     _checks.check_float(name, arr)
   scale = reference.check_scale("scale", scale)
   precise_dims = reference.default_precise_dims(precise_dims, q.shape[-1], v.shape[-1])
+  pattern = patterns.check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  patterns.check_cap_precise_dims(pattern, precise_dims)
   shards = math.prod(mesh.shape[a] for a in axes)
   batch, t_len, s_len = q.shape[0], q.shape[1], k.shape[1]
   if t_len % shards or s_len % shards:
@@ -179,6 +189,12 @@ def context_attention(
     if not isinstance(mask, IndexMask):
       raise TypeError(f"mask must be an IndexMask or None, got {type(mask).__name__}")
     mask = mask.check()
+  elif pattern.masks:  # the window compares slots: without a mask, the tokens' own order 0..T-1 / 0..S-1
+    mask = IndexMask(
+      jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len)),
+      jnp.broadcast_to(jnp.arange(s_len, dtype=jnp.int32), (batch, s_len)),
+      causal=False,
+    )
   if alibi is not None:
     alibi = check_alibi_spec(alibi, batch, t_len, s_len, q.shape[2], fused=False)
   if position_bias is not None:
@@ -217,6 +233,7 @@ def context_attention(
     axes,
     shards,
     None if position_bias is None else position_bias.fn,
+    pattern if pattern.active else None,
   )
   body = functools.partial(_ring if strategy == "ring" else _all_gather, cfg=cfg)
   split = P(None, axes[0] if len(axes) == 1 else axes)
@@ -245,6 +262,7 @@ def _attend(q, k, v, q_side, k_side, params, cfg: _Local, *, with_lse: bool):
   if cfg.slopes is not None:  # blockwise reads slopes and positions only
     alibi = AlibiSpec(np.asarray(cfg.slopes, np.float64), q_pos, k_pos, max_position=2**24)
   bias = None if cfg.bias_fn is None else PositionBias(cfg.bias_fn, params, q_pos, k_pos)
+  pattern = cfg.pattern or patterns.Pattern()
   return blockwise.blockwise_attention(
     q,
     k,
@@ -255,6 +273,9 @@ def _attend(q, k, v, q_side, k_side, params, cfg: _Local, *, with_lse: bool):
     position_bias=bias,
     precise_dims=cfg.precise_dims,
     return_lse=with_lse,
+    local_window_size=pattern.window,
+    chunk_size=pattern.chunk,
+    logits_soft_cap=pattern.cap,
   )
 
 

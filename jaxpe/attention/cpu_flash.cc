@@ -15,7 +15,11 @@
 // pos_s), clamped at -FLT_MAX, where _c are the first Hq - P dims and _p the last P ("precise")
 // dims, summed apart (the RoPE-emulated ALiBi's position-sized dims would round the content to
 // their ulp in one sum). A key is visible when (not causal or s <= t) and valid[b, s] and
-// qseg[b, t] == kseg[b, s]; a row with no visible key gives zeros and lse = -inf.
+// qseg[b, t] == kseg[b, s], and within the local window (t - left <= s <= t + right, left / right < 0:
+// unbounded) and chunk (t / chunk == s / chunk, chunk 0: none); a row with no visible key gives zeros
+// and lse = -inf. With a soft cap (> 0) the scaled scores become cap * tanh(s / cap) before the ALiBi
+// bias and the mask (Gemma 2). Key blocks outside every row's window or chunk are not computed: the
+// work is O(T x window).
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -145,45 +149,75 @@ struct Problem {
   int64_t B, T, S, N, K, G, Hq, H, P;  // P: precise dims
   float scale;
   bool causal;
+  int64_t left, right, chunk;  // local window sides (< 0: unbounded), chunk size (0: none)
+  float cap;                   // logits soft cap (0: none)
   const float *q, *k, *v, *slopes;
   const int32_t *qpos, *kpos, *qseg, *kseg;
   const bool* valid;
   int64_t Hqp, Hp, Sp;  // padded widths
 };
 
-// Scaled, biased, masked scores of query rows [t0, t0 + rows) of head n (batch row b) against keys
-// [0, s_end): sc [rows][ld] (ld >= width = round_up(s_end, PAD)); columns s_end..width hold -FLT_MAX.
-// kt: the kv head's keys transposed, [Hq][Sp]; tmp: rows x ld scratch when P > 0.
-// qs: the block's queries times the scale, packed [rows][Hqp] (pack_scaled_q).
-void scores(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, int64_t s_end,
-            const float* qs, const float* kt, float* sc, float* tmp, int64_t ld) {
-  const int64_t split = pr.Hq - pr.P, width = round_up(s_end, PAD);
-  gemm(rows, width, split, qs, pr.Hqp, 1, kt, pr.Sp, sc, ld, false);
+// The keys [begin, end) that query t may see under the causal mask, window and chunk (not clipped to S).
+inline int64_t row_begin(const Problem& pr, int64_t t) {
+  int64_t lo = 0;
+  if (pr.left >= 0) lo = std::max(lo, t - pr.left);
+  if (pr.chunk > 0) lo = std::max(lo, t / pr.chunk * pr.chunk);
+  return lo;
+}
+inline int64_t row_end(const Problem& pr, int64_t t) {
+  int64_t hi = pr.S;
+  if (pr.causal) hi = std::min(hi, t + 1);
+  if (pr.right >= 0) hi = std::min(hi, t + pr.right + 1);
+  if (pr.chunk > 0) hi = std::min(hi, (t / pr.chunk + 1) * pr.chunk);
+  return hi;
+}
+
+// Scaled, capped, biased, masked scores of query rows [t0, t0 + rows) of head n (batch row b) against
+// keys [s0, s_end) (s0 a multiple of PAD): sc [rows][ld] (ld >= width = round_up(s_end - s0, PAD)),
+// column c for key s0 + c; columns a row may not see hold -FLT_MAX. kt: the kv head's keys
+// transposed, [Hq][Sp]; tmp: rows x ld scratch when P > 0; capd: rows x ld, d cap(x) / dx
+// (1 - tanh^2) when given and the cap is on. qs: the block's queries times the scale, packed
+// [rows][Hqp] (pack_scaled_q).
+void scores(const Problem& pr, int64_t b, int64_t n, int64_t t0, int64_t rows, int64_t s0, int64_t s_end,
+            const float* qs, const float* kt, float* sc, float* tmp, int64_t ld, float* capd = nullptr) {
+  const int64_t split = pr.Hq - pr.P, width = round_up(s_end - s0, PAD);
+  gemm(rows, width, split, qs, pr.Hqp, 1, kt + s0, pr.Sp, sc, ld, false);
   if (pr.P > 0) {
-    gemm(rows, width, pr.P, qs + split, pr.Hqp, 1, kt + split * pr.Sp, pr.Sp, tmp, ld, false);
+    gemm(rows, width, pr.P, qs + split, pr.Hqp, 1, kt + split * pr.Sp + s0, pr.Sp, tmp, ld, false);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t s = 0; s < width; ++s) sc[r * ld + s] += tmp[r * ld + s];
   }
+  if (pr.cap > 0.0f) {  // Gemma 2: cap * tanh(s / cap), before the bias and the mask
+    const float inv = 1.0f / pr.cap;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t s = 0; s < width; ++s) {
+        const float th = std::tanh(sc[r * ld + s] * inv);
+        sc[r * ld + s] = pr.cap * th;
+        if (capd) capd[r * ld + s] = 1.0f - th * th;
+      }
+  }
   const float slope = pr.slopes ? pr.slopes[n] : 0.0f;
-  const int32_t* kpos = pr.kpos ? pr.kpos + b * pr.S : nullptr;
-  const int32_t* kseg = pr.kseg ? pr.kseg + b * pr.S : nullptr;
-  const bool* valid = pr.valid ? pr.valid + b * pr.S : nullptr;
+  const int32_t* kpos = pr.kpos ? pr.kpos + b * pr.S + s0 : nullptr;
+  const int32_t* kseg = pr.kseg ? pr.kseg + b * pr.S + s0 : nullptr;
+  const bool* valid = pr.valid ? pr.valid + b * pr.S + s0 : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = t0 + r;
     float* row = sc + r * ld;
     // one branch-free (vectorizable) pass per option
-    const int64_t vis_end = pr.causal ? std::min(s_end, t + 1) : s_end;
+    const int64_t vis_end = std::max<int64_t>(std::min(s_end, row_end(pr, t)) - s0, 0);
+    const int64_t vis_begin = std::min(std::max<int64_t>(row_begin(pr, t) - s0, 0), vis_end);
+    for (int64_t s = 0; s < vis_begin; ++s) row[s] = -FLT_MAX;
     for (int64_t s = vis_end; s < width; ++s) row[s] = -FLT_MAX;
     if (kpos) {
       const int32_t qp = pr.qpos[b * pr.T + t];
-      for (int64_t s = 0; s < vis_end; ++s)
+      for (int64_t s = vis_begin; s < vis_end; ++s)
         row[s] = std::max(row[s] - slope * static_cast<float>(qp - kpos[s]), -FLT_MAX);
     }
     if (valid)
-      for (int64_t s = 0; s < vis_end; ++s) row[s] = valid[s] ? row[s] : -FLT_MAX;
+      for (int64_t s = vis_begin; s < vis_end; ++s) row[s] = valid[s] ? row[s] : -FLT_MAX;
     if (kseg) {
       const int32_t qs = pr.qseg[b * pr.T + t];
-      for (int64_t s = 0; s < vis_end; ++s) row[s] = kseg[s] == qs ? row[s] : -FLT_MAX;
+      for (int64_t s = vis_begin; s < vis_end; ++s) row[s] = kseg[s] == qs ? row[s] : -FLT_MAX;
     }
   }
 }
@@ -210,8 +244,12 @@ inline float row_max(const float* row, int64_t width) {
   return out;
 }
 
+// The keys [key_begin, key_end) a query block [t0, t0 + rows) may see; key_begin a multiple of PAD.
 int64_t key_end(const Problem& pr, int64_t t0, int64_t rows) {
-  return pr.causal ? std::min(pr.S, t0 + rows) : pr.S;
+  return std::max<int64_t>(std::min(pr.S, row_end(pr, t0 + rows - 1)), 0);
+}
+int64_t key_begin(const Problem& pr, int64_t t0, int64_t rows) {
+  return std::min(row_begin(pr, t0), key_end(pr, t0, rows)) / PAD * PAD;
 }
 
 // Packs kv head kh of batch row b: kt [Hq][Sp] (transposed keys), vp [S][Hp] (values, zero padded).
@@ -227,11 +265,11 @@ void pack_kv(const Problem& pr, int64_t b, int64_t kh, float* kt, float* vp) {
 }
 
 struct Scratch {
-  std::vector<float> kt, vp, sc, tmp, o, qs;
+  std::vector<float> kt, vp, sc, tmp, o, qs, capd;
   std::vector<double> od;
   explicit Scratch(const Problem& pr)
       : kt(pr.Hq * pr.Sp), vp(pr.S * pr.Hp), sc(BQ * pr.Sp), tmp(pr.P ? BQ * pr.Sp : 0), o(BQ * pr.Hp),
-        qs(BQ * pr.Hqp), od(BQ * std::max(pr.Hp, pr.Hqp)) {}
+        qs(BQ * pr.Hqp), capd(pr.cap > 0.0f ? BQ * pr.Sp : 0), od(BQ * std::max(pr.Hp, pr.Hqp)) {}
 };
 
 // C = A . B over kk (a sum over keys) in chunks of KB: each chunk's float32 product added into the
@@ -263,10 +301,10 @@ void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* o
     const int64_t n = kh * pr.G + g;
     for (int64_t t0 = 0; t0 < pr.T; t0 += BQ) {
       const int64_t rows = std::min<int64_t>(BQ, pr.T - t0), s_end = key_end(pr, t0, rows);
-      const int64_t width = round_up(s_end, PAD);
+      const int64_t s0 = key_begin(pr, t0, rows), width = round_up(s_end - s0, PAD);
       float* sc = w.sc.data();
       pack_scaled_q(pr, b, n, t0, rows, w.qs.data());
-      scores(pr, b, n, t0, rows, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld);
+      scores(pr, b, n, t0, rows, s0, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld);
       float m[BQ];
       double l[BQ];
       for (int64_t r = 0; r < rows; ++r) {
@@ -292,7 +330,8 @@ void forward_task(const Problem& pr, int64_t b, int64_t kh, Scratch& w, float* o
         }
         l[r] = total;
       }
-      gemm_chunked(rows, pr.Hp, s_end, sc, ld, w.vp.data(), pr.Hp, w.o.data(), pr.Hp, w.od.data());
+      gemm_chunked(rows, pr.Hp, s_end - s0, sc, ld, w.vp.data() + s0 * pr.Hp, pr.Hp, w.o.data(), pr.Hp,
+                   w.od.data());
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = t0 + r;
         float* dst = out + ((b * pr.T + t) * pr.N + n) * pr.H;
@@ -327,11 +366,16 @@ void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t k
   std::fill(w.dvp.begin(), w.dvp.end(), 0.0f);
   std::fill(w.dkd.begin(), w.dkd.end(), 0.0);
   std::fill(w.dvd.begin(), w.dvd.end(), 0.0);
-  int64_t pending = 0, pending_end = 0;  // query blocks in dkp / dvp since their last flush, their key end
+  // query blocks in dkp / dvp since their last flush, and the keys [pending_begin, pending_end) they touched
+  int64_t pending = 0, pending_begin = pr.S, pending_end = 0;
   auto flush_kv = [&]() {
-    flush(w.dkp.data(), w.dkd.data(), pending_end, pr.Hqp);
-    flush(w.dvp.data(), w.dvd.data(), pending_end, pr.Hp);
+    if (pending_end > pending_begin) {
+      const int64_t n = pending_end - pending_begin;
+      flush(w.dkp.data() + pending_begin * pr.Hqp, w.dkd.data() + pending_begin * pr.Hqp, n, pr.Hqp);
+      flush(w.dvp.data() + pending_begin * pr.Hp, w.dvd.data() + pending_begin * pr.Hp, n, pr.Hp);
+    }
     pending = pending_end = 0;
+    pending_begin = pr.S;
   };
   for (int64_t s = 0; s < pr.S; ++s) {
     std::memcpy(w.kp.data() + s * pr.Hqp, pr.k + ((b * pr.S + s) * pr.K + kh) * pr.Hq, sizeof(float) * pr.Hq);
@@ -342,11 +386,12 @@ void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t k
     const int64_t n = kh * pr.G + g;
     for (int64_t t0 = 0; t0 < pr.T; t0 += BQ) {
       const int64_t rows = std::min<int64_t>(BQ, pr.T - t0), s_end = key_end(pr, t0, rows);
-      const int64_t width = round_up(s_end, PAD);
+      const int64_t s0 = key_begin(pr, t0, rows), width = round_up(s_end - s0, PAD), span = s_end - s0;
       float* sc = w.sc.data();
       float* ds = w.dsc.data();
+      float* capd = pr.cap > 0.0f ? w.capd.data() : nullptr;
       pack_scaled_q(pr, b, n, t0, rows, w.qs.data());
-      scores(pr, b, n, t0, rows, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld);
+      scores(pr, b, n, t0, rows, s0, s_end, w.qs.data(), w.kt.data(), sc, w.tmp.data(), ld, capd);
       float delta[BQ];
       std::fill(w.dop.begin(), w.dop.end(), 0.0f);
       std::fill(w.qp.begin(), w.qp.end(), 0.0f);
@@ -372,24 +417,28 @@ void backward_task(const Problem& pr, const BwdProblem& bp, int64_t b, int64_t k
         }
       }
       // dv[s] += sum_r P[r][s] dO[r]
-      gemm(s_end, pr.Hp, rows, sc, 1, ld, w.dop.data(), pr.Hp, w.dvp.data(), pr.Hp, true);
+      gemm(span, pr.Hp, rows, sc, 1, ld, w.dop.data(), pr.Hp, w.dvp.data() + s0 * pr.Hp, pr.Hp, true);
       // dP = dO . V^T
-      gemm(rows, width, pr.H, w.dop.data(), pr.Hp, 1, w.vt.data(), pr.Sp, ds, ld, false);
+      gemm(rows, width, pr.H, w.dop.data(), pr.Hp, 1, w.vt.data() + s0, pr.Sp, ds, ld, false);
       for (int64_t r = 0; r < rows; ++r) {
         const vf dl = splat(delta[r]);
         for (int64_t s = 0; s < width; s += VL) {
           vf p = load(sc + r * ld + s);
-          store(ds + r * ld + s, p * (load(ds + r * ld + s) - dl) * pr.scale);
+          vf d = p * (load(ds + r * ld + s) - dl) * pr.scale;
+          if (capd) d = d * load(capd + r * ld + s);  // through the soft cap to the raw scores
+          store(ds + r * ld + s, d);
         }
       }
       // dq = dS . K, dk[s] += sum_r dS[r][s] q[r]
-      gemm_chunked(rows, pr.Hqp, s_end, ds, ld, w.kp.data(), pr.Hqp, w.dqb.data(), pr.Hqp, w.od.data());
-      gemm(s_end, pr.Hqp, rows, ds, 1, ld, w.qp.data(), pr.Hqp, w.dkp.data(), pr.Hqp, true);
+      gemm_chunked(rows, pr.Hqp, span, ds, ld, w.kp.data() + s0 * pr.Hqp, pr.Hqp, w.dqb.data(), pr.Hqp,
+                   w.od.data());
+      gemm(span, pr.Hqp, rows, ds, 1, ld, w.qp.data(), pr.Hqp, w.dkp.data() + s0 * pr.Hqp, pr.Hqp, true);
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = bp.dq + ((b * pr.T + t0 + r) * pr.N + n) * pr.Hq;
         for (int64_t h = 0; h < pr.Hq; ++h) dst[h] = static_cast<float>(w.od[r * pr.Hqp + h]);
       }
       pending_end = std::max(pending_end, s_end);
+      pending_begin = std::min(pending_begin, s0);
       if (++pending == FLUSH) flush_kv();
     }
   }
@@ -443,7 +492,8 @@ void parallel_for(ffi::ThreadPool& pool, int64_t count, const F& task) {
 Problem make_problem(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                      ffi::Buffer<ffi::S32> qpos, ffi::Buffer<ffi::S32> kpos, ffi::Buffer<ffi::S32> qseg,
                      ffi::Buffer<ffi::S32> kseg, ffi::Buffer<ffi::PRED> valid, ffi::Buffer<ffi::F32> slopes,
-                     float scale, bool causal, int64_t precise) {
+                     float scale, bool causal, int64_t precise, int64_t left, int64_t right, int64_t chunk,
+                     float cap) {
   Problem pr{};
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   pr.B = qd[0];
@@ -457,6 +507,10 @@ Problem make_problem(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
   pr.P = precise;
   pr.scale = scale;
   pr.causal = causal;
+  pr.left = left;
+  pr.right = right;
+  pr.chunk = chunk;
+  pr.cap = cap;
   pr.q = q.typed_data();
   pr.k = k.typed_data();
   pr.v = v.typed_data();
@@ -499,9 +553,11 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
                    ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> qpos, ffi::Buffer<ffi::S32> kpos,
                    ffi::Buffer<ffi::S32> qseg, ffi::Buffer<ffi::S32> kseg, ffi::Buffer<ffi::PRED> valid,
                    ffi::Buffer<ffi::F32> slopes, ffi::ResultBuffer<ffi::F32> out,
-                   ffi::ResultBuffer<ffi::F32> lse, float scale, bool causal, int64_t precise) {
+                   ffi::ResultBuffer<ffi::F32> lse, float scale, bool causal, int64_t precise, int64_t left,
+                   int64_t right, int64_t chunk, float cap) {
   if (auto err = check(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, precise); !err.success()) return err;
-  Problem pr = make_problem(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise);
+  Problem pr = make_problem(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise, left, right,
+                            chunk, cap);
   if (pr.B * pr.T * pr.N == 0) return ffi::Error::Success();
   if (pr.S == 0) {
     std::memset(out->typed_data(), 0, out->size_bytes());
@@ -523,9 +579,10 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
                     ffi::Buffer<ffi::F32> slopes, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
                     ffi::Buffer<ffi::F32> dout, ffi::Buffer<ffi::F32> dlse, ffi::ResultBuffer<ffi::F32> dq,
                     ffi::ResultBuffer<ffi::F32> dk, ffi::ResultBuffer<ffi::F32> dv, float scale, bool causal,
-                    int64_t precise) {
+                    int64_t precise, int64_t left, int64_t right, int64_t chunk, float cap) {
   if (auto err = check(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, precise); !err.success()) return err;
-  Problem pr = make_problem(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise);
+  Problem pr = make_problem(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise, left, right,
+                            chunk, cap);
   BwdProblem bp{out.typed_data(), lse.typed_data(), dout.typed_data(),
                 dlse.element_count() ? dlse.typed_data() : nullptr, dq->typed_data(), dk->typed_data(),
                 dv->typed_data()};
@@ -556,7 +613,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpeCpuFlashForward, Forward,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<bool>("causal")
-                                  .Attr<int64_t>("precise_dims"));
+                                  .Attr<int64_t>("precise_dims")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<int64_t>("chunk_size")
+                                  .Attr<float>("soft_cap"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpeCpuFlashBackward, Backward,
                               ffi::Ffi::Bind()
@@ -570,4 +631,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpeCpuFlashBackward, Backward,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<bool>("causal")
-                                  .Attr<int64_t>("precise_dims"));
+                                  .Attr<int64_t>("precise_dims")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<int64_t>("chunk_size")
+                                  .Attr<float>("soft_cap"));

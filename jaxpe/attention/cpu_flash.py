@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe.attention import cpu_flash_call as call
-from jaxpe.attention import native, numerics, online_softmax
+from jaxpe.attention import native, numerics, online_softmax, patterns
 from jaxpe.attention.reference import check_precise_dims, check_scale
 from jaxpe.ops import checks as _checks
 
@@ -147,8 +147,11 @@ def cpu_flash_attention(
   q_positions: jax.Array | None = None,
   k_positions: jax.Array | None = None,
   return_lse: bool = False,
+  local_window_size: int | tuple[int, int] | None = None,
+  chunk_size: int | None = None,
+  logits_soft_cap: float | None = None,
 ):
-  """``softmax(q.k * scale - ALiBi, masked) . v`` in the fused CPU kernel, float32.
+  """``softmax(softcap(q.k * scale) - ALiBi, masked) . v`` in the fused CPU kernel, float32.
 
   Equal to ``jaxpe.attention.dot_product_attention`` with the same mask and ALiBi bias to float32
   rounding (the tests hold it to 1e-5 with gradients), including its rules: a row with no visible
@@ -174,6 +177,11 @@ def cpu_flash_attention(
       arXiv 2108.12409).
     q_positions, k_positions: ``[B, T]`` / ``[B, S]`` int32 token indices, with ``slopes`` only.
     return_lse: also return the log-sum-exp of each row's scaled, biased scores.
+    local_window_size, chunk_size, logits_soft_cap: the attention pattern of
+      ``jaxpe.attention.attention`` on the slots ``0..T-1`` / ``0..S-1`` (``jaxpe.attention.patterns``):
+      query block rows meet only the key range their window and chunk reach (O(T x window) work in
+      both passes); the cap applies to the scaled scores before ALiBi and the mask, and its
+      derivative ``1 - tanh^2`` to the backward pass. Not the cap with ``precise_dims > 0``.
 
   Returns:
     ``[B, T, N, H]`` float32; with ``return_lse`` also ``[B, T, N]`` float32 (``-inf`` on rows with
@@ -212,6 +220,8 @@ def cpu_flash_attention(
       f"q, k, v must be [B,T,N,Hq], [B,S,K,Hq], [B,S,K,H], got {q.shape}, {k.shape}, {v.shape}"
     )
   precise_dims = check_precise_dims(precise_dims, qk_dim, v.shape[-1])
+  pattern = patterns.check_pattern(local_window_size, chunk_size, logits_soft_cap)
+  patterns.check_cap_precise_dims(pattern, precise_dims)
   need, room = scratch_fits(t_len, s_len, qk_dim, v.shape[-1], precise_dims)
   _checks.check_fits(
     "k",
@@ -260,7 +270,9 @@ def cpu_flash_attention(
     slope_arr = jnp.asarray(slope_np)
   if not available():
     raise RuntimeError(f"the CPU attention kernel is not available: {unavailable_reason()}")
-  attrs = (float(scale), bool(causal), int(precise_dims))
+  left, right = (-1, -1) if pattern.window is None else (min(x, patterns.UNBOUNDED) for x in pattern.window)
+  mask = (bool(causal), int(left), int(right), int(pattern.chunk or 0), float(pattern.cap or 0.0))
+  attrs = (float(scale), mask, int(precise_dims))
   out, lse = _attention(q, k, v, (*side, slope_arr), attrs)
   return (out, lse) if return_lse else out
 
@@ -338,15 +350,23 @@ def _backward_kernel_jvp(attrs, primals, tangents):
 
 def _xla_args(q, k, v, side, attrs):
   """``online_softmax``'s arguments after q (its Config last) for the kernel's arguments."""
-  scale, causal, precise = attrs
-  batch, t_len = q.shape[:2]
+  scale, (causal, left, right, chunk, cap), precise = attrs
+  window = (
+    None if left < 0 and right < 0 else tuple(patterns.UNBOUNDED if x < 0 else x for x in (left, right))
+  )
+  pattern = patterns.Pattern(window, chunk or None, cap or None)
+  batch, t_len, s_len = q.shape[0], q.shape[1], k.shape[1]
   q_pos, k_pos, q_seg, k_seg, valid, slopes = (None if x.shape == (0,) else x for x in side)
   if slopes is not None:  # online_softmax takes them per kv head: [K, G]
     slopes = slopes.reshape(k.shape[2], q.shape[2] // k.shape[2])
   qi = ki = None
-  if causal:
-    qi = ki = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
-  cfg = online_softmax.Config(scale, precise, 32, 32, causal, causal, None)
+  if causal or pattern.masks:
+    qi = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+    ki = jnp.broadcast_to(jnp.arange(s_len, dtype=jnp.int32), (batch, s_len))
+  natural = causal or (pattern.masks and t_len == s_len)
+  cfg = online_softmax.Config(
+    scale, precise, 32, 32, causal, natural, None, pattern if pattern.active else None
+  )
   return (k, v, qi, ki, valid, q_seg, k_seg, q_pos, k_pos, slopes, None, cfg)
 
 

@@ -94,7 +94,8 @@ def _factors(operands: tuple[str, ...], present: tuple[bool, ...]) -> list[list[
 def _partitioned(body, operands, results, n_after: int):
   """``body`` (an FFI call on whole or per-device arrays) as a ``custom_partitioning`` op that keeps
   each operand's and result's batch and head sharding and lowers ``body`` on the shards. Its last
-  four arguments are static: scale, causal, precise_dims and the layout (``layout``)."""
+  four arguments are static: scale, the mask tuple ``(causal, window left, window right, chunk,
+  soft cap)`` (``_mask_attrs``), precise_dims and the layout (``layout``)."""
   first = 9 + n_after
   op = custom_partitioning(body, static_argnums=tuple(range(first, first + 4)))
 
@@ -126,6 +127,19 @@ def _partitioned(body, operands, results, n_after: int):
   return op
 
 
+def _mask_attrs(mask) -> dict:
+  """The kernel's mask attributes from ``(causal, left, right, chunk, cap)`` (``cpu_flash``'s static
+  mask tuple: window sides < 0 unbounded, chunk 0 none, cap 0 none)."""
+  causal, left, right, chunk, cap = mask
+  return dict(
+    causal=bool(causal),
+    window_left=np.int64(left),
+    window_right=np.int64(right),
+    chunk_size=np.int64(chunk),
+    soft_cap=np.float32(cap),
+  )
+
+
 def _forward_body(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal, precise, layout):
   del layout  # the sharding rule's
   b, t, n, _ = q.shape
@@ -135,7 +149,7 @@ def _forward_body(q, k, v, qpos, kpos, qseg, kseg, valid, slopes, scale, causal,
   )
   return jax.ffi.ffi_call(FORWARD, types, vmap_method="sequential")(
     q, k, v, qpos, kpos, qseg, kseg, valid, slopes,
-    scale=np.float32(scale), causal=causal, precise_dims=np.int64(precise),
+    scale=np.float32(scale), precise_dims=np.int64(precise), **_mask_attrs(causal),
   )  # fmt: skip
 
 
@@ -146,7 +160,7 @@ def _backward_body(
   types = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v))
   return jax.ffi.ffi_call(BACKWARD, types, vmap_method="sequential")(
     q, k, v, qpos, kpos, qseg, kseg, valid, slopes, out, lse, d_out, d_lse,
-    scale=np.float32(scale), causal=causal, precise_dims=np.int64(precise),
+    scale=np.float32(scale), precise_dims=np.int64(precise), **_mask_attrs(causal),
   )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 
 from jaxpe.attention.masks import AttentionMask, kernel_segment_ids
+from jaxpe.attention.patterns import Pattern
 
 NOT_DETECTED = (
   "attention implementation 'cudnn' cannot be traced on this host: jax finds no cuDNN here (it reads "
@@ -33,8 +34,39 @@ def detected() -> bool:
   return True
 
 
-def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool = False) -> jax.Array:
+def local_window(mask: AttentionMask, pattern: Pattern | None) -> tuple[int, int] | None:
+  """``jax.nn.dot_product_attention``'s ``local_window_size`` for cuDNN (its ``sliding_window_length``
+  = left + 1): ``(left, 0)`` under a causal mask; None without a window.
+
+  Raises:
+    ValueError: a window without a causal mask (cuDNN's sliding window is a left window of a causal
+      mask), ``chunk_size`` or ``logits_soft_cap`` (cuDNN has neither here).
+  """
+  if pattern is None:
+    return None
+  if pattern.chunk is not None or pattern.cap is not None:
+    option = "chunk_size" if pattern.chunk is not None else "logits_soft_cap"
+    raise ValueError(
+      f"attention implementation 'cudnn' cannot run {option} (cuDNN's fused attention has no such option "
+      "through jax.nn.dot_product_attention); implementation='xla' runs it, and 'auto' picks a backend that can"
+    )
+  if pattern.window is None:
+    return None
+  if not mask.causal:
+    raise ValueError(
+      "attention implementation 'cudnn' runs local_window_size with a causal mask only (cuDNN's sliding "
+      "window is a left window, sliding_window_length = left + 1); implementation='xla' runs two-sided windows"
+    )
+  return (pattern.window[0], 0)
+
+
+def attend(
+  q, k, v, mask: AttentionMask, *, scale: float, interpret: bool = False, pattern: Pattern | None = None
+) -> jax.Array:
   """Self-attention ``[B, T, N, D]`` of q ``[B, T, N, D]``, k, v ``[B, T, K, D]`` (cuDNN; no interpret mode).
+
+  ``pattern``: a causal left window through ``jax.nn.dot_product_attention(local_window_size=)``
+  (``local_window``); chunks and the soft cap are refused.
 
   cuDNN has no segment ids here: padding/packing go in as a dense ``[B, 1, T, S]`` mask (O(T^2))
   built from the same ids as the Pallas kernels' (padding tokens see each other), so no query row is
@@ -42,8 +74,9 @@ def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool = Fals
   padding rows.
   """
   del interpret  # the GPU kernel only (resolve_backend refuses cudnn elsewhere)
+  window = local_window(mask, pattern)
   ids = kernel_segment_ids(mask, q.shape[0], q.shape[1])
   dense = None if ids is None else ids[:, None, :, None] == ids[:, None, None, :]
   return jax.nn.dot_product_attention(
-    q, k, v, mask=dense, scale=scale, is_causal=mask.causal, implementation="cudnn"
+    q, k, v, mask=dense, scale=scale, is_causal=mask.causal, implementation="cudnn", local_window_size=window
   )

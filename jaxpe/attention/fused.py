@@ -54,6 +54,8 @@ KERNELS: dict[str, Callable[..., jax.Array]] = {
 }
 """Fused backend -> ``attend(q, k, v, mask, *, scale, interpret)`` (``[B, T, N, D]`` each, T == S)."""
 SINK_KERNELS: tuple[str, ...] = ("splash",)
+PATTERN_KERNELS: tuple[str, ...] = ("splash", "cudnn")
+"""Fused backends whose ``attend`` takes ``pattern=`` (a window, chunks, a soft cap: ``jaxpe.attention.patterns``)."""
 """Fused backends whose ``attend`` also takes ``sinks=`` (``[N]`` float logits)."""
 
 
@@ -70,8 +72,12 @@ def attend(
   implementation: str,
   interpret: bool,
   sinks: jax.Array | None = None,
+  pattern=None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on a fused backend, its shared checks done: ``[B, T, N, H]``.
+
+  ``pattern``: a checked ``jaxpe.attention.patterns.Pattern`` the backend runs (``patterns.refuse``
+  has passed it), given to the kernels of ``PATTERN_KERNELS``.
 
   Raises:
     ValueError: as ``jaxpe.attention.attention`` (fused kernels only: a bias or dense mask, T != S,
@@ -98,6 +104,10 @@ def attend(
   if batch == 0 or t_len == 0:  # nothing to compute (the kernels' grids need a token)
     return jnp.zeros((batch, t_len, num_heads, head_dim), v.dtype)
   extra = {} if sinks is None else {"sinks": sinks}
+  if pattern is not None:
+    if impl not in PATTERN_KERNELS:  # patterns.refuse names the option first; a guard for direct callers
+      raise ValueError(f"attention implementation {impl!r} takes no attention pattern ({pattern.options()})")
+    extra["pattern"] = pattern
   out = KERNELS[impl](qf, kf, vf, kernel_mask, scale=kernel_scale(impl, scale), interpret=interpret, **extra)
   out = out[:, :t_len, :, :head_dim]
   if mask is not None and mask.valid is not None:

@@ -298,7 +298,9 @@ def _run(
 ):
   """``attention`` on backend ``impl`` (its shared checks done); ``target``: the ``flash`` kernel's."""
   if pattern.active and impl != "xla":
-    refuse_pattern(impl, pattern, alibi_spec)
+    pattern_lib.refuse(
+      impl, pattern, emulated_alibi=alibi_spec is not None and impl not in NATIVE_ALIBI, bias=bias
+    )
   if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
     q, k, v = platforms.one_platform(q, k, v, message=ONE_PLATFORM.format(impl=impl))
   if rope_spec is not None and impl != "flash":
@@ -351,6 +353,7 @@ def _run(
       alibi_spec=alibi_spec,
       precise_dims=precise_dims,
       sinks=sinks,
+      pattern=pattern if pattern.active else None,
     )
   return fused.attend(
     q,
@@ -364,6 +367,7 @@ def _run(
     implementation=impl,
     interpret=interpret,
     sinks=sinks,
+    pattern=pattern if pattern.active else None,
   )
 
 
@@ -374,34 +378,6 @@ ONE_PLATFORM = (
   "lower or export once per platform (implementation='xla' lowers for several at once)"
 )
 NATIVE_ALIBI: tuple[str, ...] = ("xla", "flash", "tokamax")
-PATTERN_OPTIONS: dict[str, tuple[str, ...]] = {"xla": ("local_window_size", "chunk_size", "logits_soft_cap")}
-"""Backend -> the attention-pattern options it runs (``jaxpe.attention.patterns``); the others refuse."""
-
-
-def refuse_pattern(impl: str, pattern: pattern_lib.Pattern, alibi_spec) -> None:
-  """ValueError naming backend ``impl`` and the first option of ``pattern`` it cannot run (the soft
-  cap with an ALiBi that the backend emulates inside q.k included)."""
-  runs = PATTERN_OPTIONS.get(impl, ())
-  for option in pattern.options():
-    if option not in runs:
-      why = (
-        "jaxpe's Pallas flash kernel does not take the attention patterns yet"
-        if impl == "flash"
-        else "this backend has no such option here"
-      )
-      raise ValueError(
-        f"attention implementation {impl!r} cannot run {option} ({why}); implementation='xla' runs "
-        f"local_window_size, chunk_size and logits_soft_cap on every platform, and 'auto' picks a backend that can"
-      )
-  if pattern.cap is not None and alibi_spec is not None and impl not in NATIVE_ALIBI:
-    raise ValueError(
-      f"attention implementation {impl!r} with logits_soft_cap and alibi_spec: {impl!r} runs ALiBi as its "
-      "bias-free emulation inside q.k, which the soft cap would squash with the scores (the cap comes before "
-      "the bias); use implementation='xla' (native ALiBi)"
-    )
-
-
-"""Backends that take ALiBi as a bias (flash: inside the kernel); the others get its emulation."""
 
 
 def _check_inputs(q, k, v, scale, mask, alibi_spec, precise_dims):

@@ -27,6 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpe.attention import patterns
+from jaxpe.attention.block_loops import guarded as _guarded
+from jaxpe.attention.block_loops import pairs as _pairs
+from jaxpe.attention.block_loops import partners as _partners
 from jaxpe.attention.numerics import LOWEST as _LOWEST
 from jaxpe.attention.numerics import row_seen
 
@@ -104,16 +108,22 @@ def _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg: Config
 
 def _needed(b: _Blocks, cfg: Config):
   """Which block pairs to compute: (static ``[nq, nk]`` numpy bool or None, dynamic ``[nq, nk]`` bool
-  array or None); None means every pair. Natural slots (an ``AttentionMask``): the causal skip is
-  static (key block j starts after query block i ends). Other slots: a pair is needed when its first
-  valid key slot is at most its last query slot, and its key block holds a valid key."""
+  array or None); None means every pair. Natural slots (an ``AttentionMask``): the causal skip and
+  the window / chunks (``patterns.static_block_need``) are static. Other slots: a pair is needed
+  when its first valid key slot is at most its last query slot, its key block holds a valid key,
+  and the window / chunks may join its slots (``patterns.dynamic_block_need``)."""
   nq, nk = b.q.shape[0], b.k.shape[0]
+  pattern = cfg.pattern if cfg.pattern is not None and cfg.pattern.masks else None
   if cfg.natural:
-    if not cfg.causal:
-      return None, None
-    first_key = np.arange(nk)[None, :] * cfg.block_k
-    last_query = np.arange(nq)[:, None] * cfg.block_q + cfg.block_q - 1
-    return first_key <= last_query, None
+    static = None
+    if cfg.causal:
+      first_key = np.arange(nk)[None, :] * cfg.block_k
+      last_query = np.arange(nq)[:, None] * cfg.block_q + cfg.block_q - 1
+      static = first_key <= last_query
+    if pattern is not None:
+      local = patterns.static_block_need(pattern, nq, cfg.block_q, nk, cfg.block_k)
+      static = local if static is None else static & local
+    return static, None
   need = None
   if cfg.causal:
     q_last = jnp.max(b.qi, axis=(1, 2))
@@ -122,6 +132,13 @@ def _needed(b: _Blocks, cfg: Config):
   if b.k_valid is not None:
     any_key = jnp.any(b.k_valid, axis=(1, 2))[None, :]
     need = any_key if need is None else need & any_key
+  if pattern is not None:
+    valid = jnp.ones(b.ki.shape, bool) if b.k_valid is None else b.k_valid
+    k_min = jnp.min(jnp.where(valid, b.ki, _INT_MAX), axis=(1, 2))
+    k_max = jnp.max(jnp.where(valid, b.ki, -1), axis=(1, 2))
+    q_min, q_max = jnp.min(b.qi, axis=(1, 2)), jnp.max(b.qi, axis=(1, 2))
+    local = patterns.dynamic_block_need(pattern, q_min, q_max, k_min, k_max)
+    need = local if need is None else need & local
   return None, None if need is None else jnp.broadcast_to(need, (nq, nk))
 
 
@@ -203,20 +220,6 @@ def _precise(eq: str, a, b):
   )
 
 
-def _guarded(step, static, need, i, j, carry):
-  """``step(i, j, carry)`` where block pair (i, j) is needed, else ``carry``; i, j Python ints
-  (straight-line code: static pairs are left out) or traced (loops: a ``lax.cond``)."""
-  if static is not None:
-    if isinstance(i, int) and isinstance(j, int):
-      if not static[i, j]:
-        return carry
-    else:
-      need = jnp.asarray(static) if need is None else need & jnp.asarray(static)
-  if need is None:
-    return step(i, j, carry)
-  return jax.lax.cond(need[i, j], lambda c: step(i, j, c), lambda c: c, carry)
-
-
 def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
   """(out ``[nq, B, K, G, bq, H]`` float32, lse ``[nq, B, K, G, bq]`` float32, -inf on empty rows)."""
   nq, nk = b.q.shape[0], b.k.shape[0]
@@ -253,12 +256,14 @@ def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
   guarded = functools.partial(_guarded, step, static, need)
 
   if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
+    band = _partners(static, True, nk)
 
     def triangle_row(i):
       # fixed trip counts (a loop up to i would be a while loop, which reverse mode cannot
-      # differentiate: grad of grad goes through this forward and the backward below)
-      off_diagonal = lambda j, c: jax.lax.cond(j < i, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
-      return finish(step(i, i, jax.lax.fori_loop(0, nk, off_diagonal, init())))
+      # differentiate: grad of grad goes through this forward and the backward below); with a
+      # window or chunks only the band of key blocks they reach
+      carry = _pairs(step, static, None, band, nk, i, init(), row=True, strict=True)
+      return finish(step(i, i, carry))
 
     return jax.lax.map(triangle_row, jnp.arange(nq))
 
@@ -273,8 +278,10 @@ def _forward(b: _Blocks, slopes, bias_params, cfg: Config):
       lses.append(lse)
     return jnp.stack(outs), jnp.stack(lses)
 
+  band = _partners(static, True, nk)
+
   def per_query_block(i):
-    return finish(jax.lax.fori_loop(0, nk, lambda j, c: guarded(i, j, c), init()))
+    return finish(_pairs(step, static, need, band, nk, i, init(), row=True))
 
   return jax.lax.map(per_query_block, jnp.arange(nq))
 
@@ -321,12 +328,12 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
   d_bias = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), bias_params)
   zeros_k, zeros_v = jnp.zeros(b.k.shape[1:], jnp.float32), jnp.zeros(b.v.shape[1:], jnp.float32)
   if _triangular(cfg) and nq * nk > UNROLL_PAIRS:
+    band = _partners(static, False, nq)
 
     def triangle_column(acc, j):
       dq, d_bias = acc
       carry = step(j, j, (dq, zeros_k, zeros_v, d_bias))
-      off_diagonal = lambda i, c: jax.lax.cond(i > j, lambda c: step(i, j, c, True), lambda c: c, c)  # noqa: E731
-      dq, dk_j, dv_j, d_bias = jax.lax.fori_loop(0, nq, off_diagonal, carry)
+      dq, dk_j, dv_j, d_bias = _pairs(step, static, None, band, nq, j, carry, row=False, strict=True)
       return (dq, d_bias), (dk_j, dv_j)
 
     (dq, d_bias), (dk, dv) = jax.lax.scan(triangle_column, (dq, d_bias), jnp.arange(nk))
@@ -343,10 +350,12 @@ def _backward(b: _Blocks, slopes, bias_params, cfg: Config, out, lse, d_out, d_l
       dvs.append(dv_j)
     return dq, jnp.stack(dks), jnp.stack(dvs), d_bias
 
+  band = _partners(static, False, nq)
+
   def per_key_block(acc, j):
     dq, d_bias = acc
-    dq, dk_j, dv_j, d_bias = jax.lax.fori_loop(
-      0, nq, lambda i, c: guarded(i, j, c), (dq, zeros_k, zeros_v, d_bias)
+    dq, dk_j, dv_j, d_bias = _pairs(
+      step, static, need, band, nq, j, (dq, zeros_k, zeros_v, d_bias), row=False
     )
     return (dq, d_bias), (dk_j, dv_j)
 

@@ -95,6 +95,80 @@ class Pattern(NamedTuple):
     return lo, hi
 
 
+PATTERN_OPTIONS: dict[str, tuple[str, ...]] = {
+  "xla": ("local_window_size", "chunk_size", "logits_soft_cap"),
+  "splash": ("local_window_size", "chunk_size", "logits_soft_cap"),
+  "cudnn": ("local_window_size",),
+  "tokamax": ("local_window_size", "logits_soft_cap"),
+}
+"""Backend -> the options it runs (splash: chunks with a causal mask; cudnn: a causal left window;
+tokamax: the cap without a bias, as its cap comes after the bias); the other backends refuse them."""
+REFUSAL_REASONS: dict[str, str] = {
+  "flash": "jaxpe's Pallas flash kernel does not take the attention patterns yet",
+  "pallas_gpu": "jax's Pallas GPU mha kernel has no window, chunks or soft cap",
+  "cudnn": "cuDNN's fused attention through jax.nn.dot_product_attention has a causal left window only",
+  "tokamax": "tokamax.dot_product_attention has local_window_size and logits_soft_cap, no chunks",
+}
+
+
+def refuse(impl: str, pattern: Pattern, *, emulated_alibi: bool = False, bias=None) -> None:
+  """ValueError naming backend ``impl`` and the first option of ``pattern`` it cannot run; the soft
+  cap with an ALiBi that ``impl`` emulates inside q.k (``emulated_alibi``: the cap would squash it),
+  and on tokamax with a bias (tokamax caps ``scale * q.k + bias``, Gemma 2 caps before the bias)."""
+  runs = PATTERN_OPTIONS.get(impl, ())
+  for option in pattern.options():
+    if option not in runs:
+      why = REFUSAL_REASONS.get(impl, "this backend has no such option")
+      raise ValueError(
+        f"attention implementation {impl!r} cannot run {option} ({why}); implementation='xla' runs "
+        "local_window_size, chunk_size and logits_soft_cap on every platform, and 'auto' picks a backend that can"
+      )
+  if pattern.cap is not None and emulated_alibi:
+    raise ValueError(
+      f"attention implementation {impl!r} with logits_soft_cap and alibi_spec: {impl!r} runs ALiBi as its "
+      "bias-free emulation inside q.k, which the soft cap would squash with the scores (the cap comes before "
+      "the bias); use implementation='xla' (native ALiBi)"
+    )
+
+
+def static_block_need(pattern: Pattern, nq: int, bq: int, nk: int, bk: int) -> np.ndarray:
+  """``[nq, nk]`` numpy bool: which (query block, key block) pairs of indices ``0..`` may hold a
+  visible pair under the window and chunks (blocks of ``bq`` / ``bk`` tokens; conservative)."""
+  need = np.ones((nq, nk), bool)
+  k_first = np.arange(nk) * bk
+  for i in range(nq):
+    lo, hi = pattern.key_range(i * bq, i * bq + bq - 1)
+    need[i] = (k_first + bk - 1 >= lo) & (k_first <= hi)
+  return need
+
+
+def dynamic_block_need(pattern: Pattern, q_min, q_max, k_min, k_max) -> jax.Array:
+  """``[nq, nk]`` bool: the pairs of query blocks (slots ``q_min..q_max``, ``[nq]``) and key blocks
+  (valid slots ``k_min..k_max``, ``[nk]``; an empty block has ``k_min > k_max``) whose slots may
+  hold a visible pair under the window and chunks (conservative)."""
+  q_min, q_max = q_min[:, None], q_max[:, None]
+  k_min, k_max = k_min[None, :], k_max[None, :]
+  need = k_min <= k_max
+  if pattern.window is not None:
+    left, right = (min(x, UNBOUNDED) for x in pattern.window)
+    # int32 slots in [0, 2^31) and sides <= 2^31 - 1: the differences do not overflow
+    need = need & (k_max >= q_min - left) & (k_min - right <= q_max)
+  if pattern.chunk is not None:
+    c = min(pattern.chunk, UNBOUNDED)
+    need = need & (k_min // c <= q_max // c) & (k_max // c >= q_min // c)
+  return need
+
+
+def band(need: np.ndarray) -> tuple[np.ndarray, int]:
+  """``(first [n], width)`` of a static ``[n, m]`` need matrix: row r's needed columns lie in
+  ``first[r] .. first[r] + width - 1`` (width 0 when none is needed anywhere)."""
+  any_row = need.any(axis=1)
+  first = np.where(any_row, need.argmax(axis=1), 0)
+  last = np.where(any_row, need.shape[1] - 1 - need[:, ::-1].argmax(axis=1), -1)
+  width = int(np.max(last - first + 1, initial=0))
+  return first.astype(np.int32), max(width, 0)
+
+
 def check_local_window_size(value) -> tuple[int, int] | None:
   """``local_window_size`` as ``(left, right)`` ints in ``[0, 2^31]`` (an int w: ``(w, w)``), or None.
 
@@ -191,6 +265,10 @@ def arange_positions(length: int) -> jax.Array:
 __all__ = [
   "Pattern",
   "arange_positions",
+  "band",
+  "dynamic_block_need",
+  "refuse",
+  "static_block_need",
   "check_cap_precise_dims",
   "check_chunk_size",
   "check_local_window_size",

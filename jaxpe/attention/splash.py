@@ -14,37 +14,75 @@ import jax
 import jax.numpy as jnp
 
 from jaxpe.attention.masks import AttentionMask, kernel_segment_ids
+from jaxpe.attention.patterns import Pattern
+
+
+def head_mask(t_len: int, causal: bool, pattern: Pattern | None):
+  """splash's mask of one head for T = ``t_len``: causal or full, and the local window
+  (``LocalMask``) and causal chunks (``ChunkedCausalMask``) of ``pattern``.
+
+  Raises:
+    ValueError: ``chunk_size`` without a causal mask (splash's chunked mask is causal).
+  """
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+  shape = (t_len, t_len)
+  out = masks.CausalMask(shape) if causal else masks.FullMask(shape)
+  if pattern is not None and pattern.window is not None:
+    left, right = (None if x >= t_len else x for x in pattern.window)  # None: no limit on that side
+    if causal:
+      right = 0
+    if (left, right) != (None, None):
+      out = out & masks.LocalMask(shape, window_size=(left, right), offset=0)
+  if pattern is not None and pattern.chunk is not None and pattern.chunk < t_len:
+    if not causal:
+      raise ValueError(
+        "attention implementation 'splash' runs chunk_size with a causal mask only (its ChunkedCausalMask); "
+        "implementation='xla' runs non-causal chunks"
+      )
+    out = out & masks.ChunkedCausalMask(shape, chunk_size=pattern.chunk)
+  return out
 
 
 @functools.lru_cache(maxsize=32)
-def _splash_kernel(t_len: int, num_heads: int, causal: bool, interpret: bool):
+def _splash_kernel(t_len: int, num_heads: int, causal: bool, interpret: bool, pattern: Pattern | None = None):
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
 
-  head_mask = splash.CausalMask((t_len, t_len)) if causal else splash.FullMask((t_len, t_len))
+  mask = head_mask(t_len, causal, pattern)
+  cap = None if pattern is None else pattern.cap
   with jax.ensure_compile_time_eval():  # the mask tables are constants, also when first built under jit
     return splash.make_splash_mha(
-      splash.MultiHeadMask([head_mask] * num_heads), head_shards=1, q_seq_shards=1, interpret=interpret
+      splash.MultiHeadMask([mask] * num_heads),
+      head_shards=1,
+      q_seq_shards=1,
+      interpret=interpret,
+      attn_logits_soft_cap=cap,
     )
 
 
-def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool, sinks=None) -> jax.Array:
+def attend(
+  q, k, v, mask: AttentionMask, *, scale: float, interpret: bool, sinks=None, pattern: Pattern | None = None
+) -> jax.Array:
   """Self-attention ``[B, T, N, D]`` of pre-scaled q ``[B, T, N, D]``, k, v ``[B, T, K, D]``.
 
   ``scale`` is not used: q is already scaled (the kernel has none). ``sinks``: optional ``[N]``
   float sink logits, the kernel's own ``sinks`` argument (the same for every batch row).
+  ``pattern``: the local window and causal chunks as splash's ``LocalMask`` / ``ChunkedCausalMask``
+  (its block tables skip the blocks they hide), the soft cap as its ``attn_logits_soft_cap`` (on the
+  pre-scaled q.k, i.e. the scaled scores).
   """
   # jax's splash kernel mixes int32 and Python ints in its index maps: under jax_enable_x64 those
   # become int64 and its _div refuses them. Every operand here is 32-bit (as in pallas_gpu).
   with jax.enable_x64(False):
-    return _mha(q, k, v, mask, interpret=interpret, sinks=sinks)
+    return _mha(q, k, v, mask, interpret=interpret, sinks=sinks, pattern=pattern)
 
 
-def _mha(q, k, v, mask: AttentionMask, *, interpret: bool, sinks):
+def _mha(q, k, v, mask: AttentionMask, *, interpret: bool, sinks, pattern=None):
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
 
   batch, t_len, num_heads, _ = q.shape
   # attention() pads T to a multiple of 128 (kernel_length)
-  kernel = _splash_kernel(t_len, num_heads, mask.causal, interpret)
+  kernel = _splash_kernel(t_len, num_heads, mask.causal, interpret, pattern)
   ids = kernel_segment_ids(mask, batch, t_len)
   swap = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, N, H] <-> [B, N, T, H]
   if ids is None:

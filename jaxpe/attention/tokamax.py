@@ -56,6 +56,7 @@ def attend(
   alibi_spec: AlibiSpec | None = None,
   precise_dims: int = 0,
   sinks: jax.Array | None = None,
+  pattern=None,
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on tokamax, its shared checks done: ``[B, T, N, H]`` of ``v.dtype``.
 
@@ -67,9 +68,14 @@ def attend(
     bias: optional dense float ``[B, N, T, S]`` bias. alibi_spec: checked ``AlibiSpec``, native.
     precise_dims: > 0 contracts q.k at ``precision=HIGHEST`` (tokamax takes one precision for all dims).
     sinks: must be None.
+    pattern: a checked ``jaxpe.attention.patterns.Pattern``: its window as tokamax's
+      ``local_window_size`` (the same convention), its cap as ``logits_soft_cap`` (tokamax caps
+      ``scale * q.k + bias``: the same as Gemma 2's cap only without a bias, so a bias or ALiBi
+      with the cap is refused); no chunks (``patterns.refuse``).
 
   Raises:
-    ValueError: ``sinks`` given; an ``IndexMask`` (the KV cache runs on ``xla``).
+    ValueError: ``sinks`` given; an ``IndexMask`` (the KV cache runs on ``xla``); ``logits_soft_cap``
+      with a bias or ALiBi.
   """
   import tokamax  # optional: on first use
   from absl import flags  # tokamax's dependency
@@ -96,6 +102,14 @@ def attend(
     dense = None if ids is None else ids[:, None, :, None] == ids[:, None, None, :]
   elif mask is not None:
     dense = jnp.asarray(mask, bool)
+  window = cap = None
+  if pattern is not None:
+    window, cap = pattern.window, pattern.cap
+    if cap is not None and (bias is not None or alibi_spec is not None):
+      raise ValueError(
+        "attention implementation 'tokamax' with logits_soft_cap and a bias or alibi_spec: tokamax caps "
+        "scale * q.k + bias, Gemma 2 caps before the bias; use implementation='xla'"
+      )
   if alibi_spec is not None:
     native = alibi_key_bias(alibi_spec)
     bias = native if bias is None else bias.astype(jnp.float32) + native
@@ -103,8 +117,10 @@ def attend(
   # tokamax relies on implicit rank promotion and standard dtype promotion inside
   with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
     out = tokamax.dot_product_attention(
-      q, k, v, bias=bias, mask=dense, scale=scale, is_causal=causal, precision=precision
-    )
+      q, k, v, bias=bias, mask=dense, scale=scale, is_causal=causal, precision=precision,
+      **({} if window is None else {"local_window_size": window}),
+      **({} if cap is None else {"logits_soft_cap": cap}),
+    )  # fmt: skip
   if valid is not None:
     out = jnp.where(valid.astype(bool)[:, :, None, None], out, jnp.zeros((), out.dtype))
   return out.astype(v.dtype)

@@ -112,10 +112,14 @@ def test_dense_reference(name):
   _check(fn, q, k, v, w, allowed, cap=opts.get("logits_soft_cap"))
 
 
+@pytest.mark.parametrize("path", ["cpu_kernel", "xla_loops"])
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_blockwise_padding_packing_alibi_sinks(name):
-  """AttentionMask (left padding, two packed documents), odd T = 37 (two key blocks), GQA, native
-  ALiBi and sinks, on the xla backend's blockwise path."""
+def test_blockwise_padding_packing_alibi_sinks(name, path):
+  """AttentionMask (left padding, two packed documents), odd T = 37, GQA, native ALiBi and sinks, on
+  the xla backend's blockwise path: attention (on the CPU: the C++ kernel) and the XLA loops
+  (blockwise_attention with explicit blocks of 8, which never runs the kernel)."""
+  from jaxpe.attention import blockwise
+
   opts = OPTIONS[name]
   t = 37
   q, k, v, w = _data(t)
@@ -132,6 +136,10 @@ def test_blockwise_padding_packing_alibi_sinks(name):
   mask = AttentionMask(valid=valid, segment_ids=seg, causal=True)
 
   def fn(q, k, v):
+    if path == "xla_loops":
+      return blockwise.blockwise_attention(
+        q, k, v, scale=SCALE, mask=mask, alibi=spec, sinks=sinks, block_q=8, block_k=8, **opts
+      )
     return attention(q, k, v, scale=SCALE, mask=mask, alibi_spec=spec, sinks=sinks, **opts)
 
   real = valid[:, :, None, None].astype(np.float32)
@@ -323,3 +331,76 @@ def test_flash_refuses_by_name():
     (option,) = opts
     with pytest.raises(ValueError, match=f"'flash' cannot run {option}"):
       attention(q, k, v, scale=SCALE, mask=AttentionMask(), implementation="flash", interpret=True, **opts)
+
+
+@pytest.mark.parametrize("mask_kind", ["attention_mask", "index_mask", "triangular"])
+def test_blocks_outside_the_window_are_skipped(mask_kind):
+  """A NaN value in key 0 reaches a query only through a computed block pair (a masked score has
+  weight 0, and 0 x NaN is NaN): queries whose window never reaches key block 0 stay finite, in the
+  output and in the gradients, only when the loops skip those pairs (both passes)."""
+  from jaxpe.attention import blockwise
+
+  t = 64
+  q, k, v, w = _data(t)
+  v = v.copy()
+  v[:, 0] = np.nan
+  pos = np.broadcast_to(np.arange(t), (B, t))
+  mask = AttentionMask(causal=True) if mask_kind != "index_mask" else IndexMask(pos, pos, causal=True)
+  blocks = dict(block_q=8, block_k=8 if mask_kind == "triangular" else 16)
+
+  def fn(q, k, v):
+    return blockwise.blockwise_attention(q, k, v, scale=SCALE, mask=mask, local_window_size=(4, 0), **blocks)
+
+  out = np.asarray(fn(q, k, v))
+  assert np.isnan(out[:, :5]).any()  # key 0 is seen by queries 0..4
+  assert np.isfinite(out[:, 24:]).all()
+  dq = jax.grad(lambda q: jnp.sum(fn(q, k, v) * w))(q)
+  assert np.isfinite(np.asarray(dq)[:, 24:]).all()
+
+
+def test_cpu_kernel_skips_keys_outside_the_window():
+  """The C++ kernel computes a query block's scores only over the keys its window reaches: a NaN
+  value in key 0 stays out of query blocks (64 rows) that start past the window, in the output and dq."""
+  from jaxpe.attention import cpu_flash
+
+  t = 160
+  q, k, v, w = _data(t)
+  v = v.copy()
+  v[:, 0] = np.nan
+
+  def fn(q):
+    return cpu_flash.cpu_flash_attention(q, k, v, scale=SCALE, causal=True, local_window_size=(4, 0))
+
+  out = np.asarray(fn(q))
+  assert np.isnan(out[:, :5]).any()
+  assert np.isfinite(out[:, 64:]).all()
+  dq = jax.grad(lambda q: jnp.sum(fn(q) * w))(q)
+  assert np.isfinite(np.asarray(dq)[:, 64:]).all()
+
+
+@pytest.mark.parametrize("strategy", ["all_gather", "ring"])
+def test_context_parallel_zigzag(strategy):
+  """context_attention over 4 fake CPU devices in zig-zag order: the window, chunks and cap compare
+  the original slots; values and gradients against the float64 reference in slot order."""
+  from jaxpe.attention import context
+
+  t, shards = 32, 4
+  q, k, v, w = _data(t)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:shards]), ("context",))
+  opts = OPTIONS["all"]
+  valid = np.ones((B, t), bool)
+  valid[1, :3] = False
+  pos = np.broadcast_to(np.arange(t), (B, t))
+  allowed = _allowed(pos, pos, causal=True, k_valid=valid, **_pattern(opts))
+
+  def fn(q, k, v):
+    z = lambda x: context.to_zigzag(x, shards)  # noqa: E731
+    slots = z(jnp.asarray(pos, jnp.int32))
+    mask = IndexMask(slots, slots, causal=True, k_valid=z(valid))
+    out = context.context_attention(
+      z(q), z(k), z(v), scale=SCALE, mesh=mesh, strategy=strategy, mask=mask, **opts
+    )  # fmt: skip
+    return context.from_zigzag(out, shards)
+
+  real = valid[:, :, None, None].astype(np.float32)
+  _check(fn, q, k, v, w, allowed, cap=opts["logits_soft_cap"], real_rows=real)
