@@ -156,11 +156,10 @@ class Attention(nnx.Module):
     split = partitioning.sequence_split()
     position_bias = enc.position_bias(self, shared_bias, positions, kv_positions)
     if cache_kv is None and isinstance(mask, masks.IndexMask) and split is not None:
-      if sinks is not None or bias is not None or pattern:
+      if sinks is not None or bias is not None:
         raise ValueError(
-          "context parallelism (a sequence split over mesh axes) runs without attention sinks, dense biases "
-          f"and attention patterns; got attention_sinks={cfg.attention_sinks}, pos_encoding={cfg.pos_encoding!r}, "
-          f"{pattern}"
+          "context parallelism (a sequence split over mesh axes) runs without attention sinks and "
+          f"dense biases; got attention_sinks={cfg.attention_sinks}, pos_encoding={cfg.pos_encoding!r}"
         )
       out = context.context_attention(
         q,
@@ -174,6 +173,7 @@ class Attention(nnx.Module):
         alibi=enc.alibi_spec(positions, kv_positions),
         position_bias=position_bias,
         precise_dims=q.shape[-1] - cfg.head_size,
+        **pattern,
       )
       return self.o(out), None
     fused = isinstance(mask, masks.AttentionMask)  # without a cache, or an empty cache's prefill
