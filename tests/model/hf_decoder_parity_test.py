@@ -107,7 +107,7 @@ def test_full_forward_with_padding_matches_transformers(family):
     assert np.abs(np.asarray(unwindowed(tokens, attention_mask=mask)) - ref.numpy())[real].max() > 1e-3
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])  # soft caps, local RoPE; the others: same cache code
 def test_cached_generation_past_the_window_matches_transformers(family):
   """transformers' greedy ``generate`` (its sliding-window cache) and its per-step logits against
   jaxpe's decoder run step by step on the ring-buffer KV cache with the same tokens."""
@@ -144,9 +144,9 @@ def test_cached_generation_past_the_window_matches_transformers(family):
     last.append(logits[:, -1])
   got = np.stack([np.asarray(x) for x in last], axis=1)
   assert np.abs(got - ref_logits).max() < TOL
-  np.testing.assert_array_equal(
-    np.asarray(generate(model, tokens, attention_mask=mask, max_new_tokens=new)), ref_tokens
-  )
+  if family == "gemma3":  # jaxpe's generate (one compiled loop over the ring cache) too
+    got_tokens = generate(model, tokens, attention_mask=mask, max_new_tokens=new)
+    np.testing.assert_array_equal(np.asarray(got_tokens), ref_tokens)
 
 
 def test_gemma3_local_layers_use_the_local_base_unscaled():

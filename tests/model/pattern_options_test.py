@@ -122,3 +122,33 @@ def test_final_logit_softcapping_is_cap_tanh():
   capped = np.asarray(Decoder(ModelConfig(**keys, final_logit_softcapping=0.5), rngs=nnx.Rngs(0))(tokens))
   np.testing.assert_allclose(capped, 0.5 * np.tanh(raw / 0.5), atol=1e-6)
   assert np.abs(raw).max() > 0.5  # the cap acts
+
+
+def test_exporters_and_flops_know_the_new_keys():
+  """A kind, not one bug: code reading ModelConfig's architecture must not ignore issue 47's keys.
+  BLOOM export refuses each by name; the FLOP count counts a gated MLP's third matrix and only the
+  keys a windowed or chunked query sees (closed forms)."""
+  from jaxpe.bloom.config import ISSUE47_KEYS, check_bloom_compatible
+  from jaxpe.train.flops import train_flops_per_token
+
+  bloom = dict(pos_encoding="alibi", use_bias=True, embed_layernorm=True, gelu_approximate=True)
+  check_bloom_compatible(ModelConfig(**bloom))
+  for key, value in [
+    ("norm_type", "rmsnorm"),
+    ("sliding_window", 4),
+    ("final_logit_softcapping", 3.0),
+    ("qk_norm", True),
+  ]:
+    with pytest.raises(ValueError, match=key):
+      check_bloom_compatible(ModelConfig(**bloom, **{key: value}))
+  assert {"layer_types", "mlp_type", "scale_embeddings"} <= set(ISSUE47_KEYS)
+  base = dict(d_model=32, num_layers=1, num_heads=4, mlp_dim=64, vocab_size=256)
+  plain = train_flops_per_token(ModelConfig(**base), 16)
+  assert train_flops_per_token(ModelConfig(**base, mlp_type="gated"), 16) - plain == pytest.approx(
+    6 * 32 * 64
+  )
+  # window 4 over T = 16: mean_i min(i + 1, 4) = (1 + 2 + 3 + 13 * 4) / 16 keys instead of 17 / 2
+  window = train_flops_per_token(ModelConfig(**base, sliding_window=4), 16)
+  assert plain - window == pytest.approx(6 * 4 * 16 * (17 / 2 - 58 / 16))
+  chunk = train_flops_per_token(ModelConfig(**base, attention_chunk_size=4), 16)  # 4 chunks: 2.5 keys
+  assert plain - chunk == pytest.approx(6 * 4 * 16 * (17 / 2 - 2.5))
