@@ -31,6 +31,21 @@ _HF_DEFAULTS: dict[str, Any] = {
   "apply_residual_connection_post_layernorm": False,
 }
 _ALIASES = {"n_embed": "hidden_size", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
+ISSUE47_KEYS = (
+  *("layer_types", "sliding_window_pattern", "sliding_window", "attention_chunk_size"),
+  *("attn_logit_softcapping", "final_logit_softcapping", "rope_local_base_freq", "attn_temperature_tuning"),
+  *(
+    "norm_type",
+    "mlp_type",
+    "hidden_act",
+    "qk_norm",
+    "sandwich_norm",
+    "scale_embeddings",
+    "query_pre_attn_scalar",
+  ),
+)
+"""The decoder keys of issue 47 (attention patterns, llama / gemma blocks): a BLOOM model has each at
+its default (``check_bloom_compatible`` refuses another value by name)."""
 BLOOM_CONTEXT = 2048  # sequence length BLOOM was trained with (arXiv 2211.05100, table 3)
 
 
@@ -134,6 +149,8 @@ def check_bloom_compatible(cfg: ModelConfig) -> None:
     "head_dim": (cfg.head_size, cfg.d_model // cfg.num_heads),
     "num_kv_heads": (cfg.kv_heads, cfg.num_heads),
     "mlp_dim": (cfg.mlp_size, 4 * cfg.d_model),
+    # issue 47's keys: BLOOM has none of them (its default values)
+    **{k: (getattr(cfg, k), ModelConfig.model_fields[k].default) for k in ISSUE47_KEYS},
   }
   if cfg.d_model % cfg.num_heads:
     raise ValueError(f"d_model ({cfg.d_model}) must be divisible by num_heads ({cfg.num_heads}) for BLOOM")

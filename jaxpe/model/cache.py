@@ -29,6 +29,11 @@ class KVCache(NamedTuple):
   a slot past ``end`` as live (``live_slots``: the next positions, the encodings' checks, the valid
   flags of the cache a call returns; attention masks them causally).
 
+  A windowed layer (``sliding_attention`` / ``chunked_attention``, ``ModelConfig.layer_pattern``)
+  holds a ring of ``W = ring_slots < S`` slots instead (``layer_slots``; ``jaxpe.model.ring_cache``):
+  its arrays are ``[B, K, W, .]``, its slot g in ring slot ``g % W``; ``positions`` and ``valid``
+  keep all S columns for every layer.
+
   Attributes:
     k: L arrays ``[B, K, S, Hk]`` (Hk = H, or H + 2k for ``rope_alibi`` of order k), heads first.
     v: L arrays ``[B, K, S, H]``.
@@ -45,16 +50,22 @@ class KVCache(NamedTuple):
   end: jax.Array
 
 
+def layer_slots(cfg: ModelConfig, max_len: int) -> tuple[int, ...]:
+  """``[L]`` the cache slots of each layer in a cache of ``max_len`` slots: a windowed layer's
+  ``ring_slots`` (``sliding_window - 1`` or ``attention_chunk_size - 1``) when fewer, else ``max_len``."""
+  rings = (cfg.layer_pattern(i).ring_slots for i in range(cfg.num_layers))
+  return tuple(max_len if r is None or r > max_len else r for r in rings)
+
+
 def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int) -> int:
-  """Bytes of ``init_cache(cfg, batch_size, max_len)``: per layer ``[B, K, S, Hk]`` keys and
-  ``[B, K, S, H]`` values, plus the ``[B, S]`` int32 positions and bool validity."""
+  """Bytes of ``init_cache(cfg, batch_size, max_len)``: per layer ``[B, K, S_l, Hk]`` keys and
+  ``[B, K, S_l, H]`` values (``S_l = layer_slots``), plus the ``[B, S]`` int32 positions and bool
+  validity."""
   key_dim, k_dtype = encodings.for_config(cfg).cache_key()
-  per_slot = (
-    cfg.num_layers
-    * cfg.kv_heads
-    * (key_dim * jnp.dtype(k_dtype).itemsize + cfg.head_size * jnp.dtype(cfg.dtype).itemsize)
+  per_slot = cfg.kv_heads * (
+    key_dim * jnp.dtype(k_dtype).itemsize + cfg.head_size * jnp.dtype(cfg.dtype).itemsize
   )
-  return batch_size * max_len * (per_slot + 5)
+  return batch_size * (sum(layer_slots(cfg, max_len)) * per_slot + 5 * max_len)
 
 
 def check_cache_fits(cfg: ModelConfig, batch_size: int, max_len: int, name: str, fix: str) -> None:
@@ -75,7 +86,8 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
     max_len: S, the number of slots, a positive Python int.
 
   Returns:
-    a ``KVCache`` with ``end = 0``: k ``L x [B, K, S, Hk]`` (float32 for ``rope_alibi``, else
+    a ``KVCache`` with ``end = 0``: k ``L x [B, K, S_l, Hk]`` (``S_l = layer_slots``: a windowed
+    layer's ring, else S) (float32 for ``rope_alibi``, else
     ``cfg.dtype``), v ``L x [B, K, S, H]`` ``cfg.dtype``, positions ``[B, S]`` int32, valid
     ``[B, S]`` bool.
 
@@ -91,10 +103,10 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   max_len = _checks.check_positive_int("max_len", max_len, maximum=_checks.MAX_POSITION - 1)
   check_cache_fits(cfg, batch_size, max_len, "max_len", "give a smaller max_len or batch_size")
   key_dim, k_dtype = encodings.for_config(cfg).cache_key()
-  shape = (batch_size, cfg.kv_heads, max_len)
+  shapes = [(batch_size, cfg.kv_heads, s) for s in layer_slots(cfg, max_len)]
   return KVCache(
-    k=tuple(jnp.zeros((*shape, key_dim), k_dtype) for _ in range(cfg.num_layers)),
-    v=tuple(jnp.zeros((*shape, cfg.head_size), cfg.dtype) for _ in range(cfg.num_layers)),
+    k=tuple(jnp.zeros((*shape, key_dim), k_dtype) for shape in shapes),
+    v=tuple(jnp.zeros((*shape, cfg.head_size), cfg.dtype) for shape in shapes),
     positions=jnp.zeros((batch_size, max_len), jnp.int32),
     valid=jnp.zeros((batch_size, max_len), bool),
     end=jnp.zeros((), jnp.int32),

@@ -10,14 +10,20 @@ every key: docs/contracts.md.
 from __future__ import annotations
 
 import math
-import typing
 import warnings
 from typing import Any, Literal
 
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from jaxpe.model import bias_options, rope_options
+from jaxpe.model import bias_options, pattern_options, rope_options
+from jaxpe.model.config_sections import (  # noqa: F401 (re-exported: their historical home)
+  MESH_AXES,
+  Axes,
+  LogicalRules,
+  MeshAxis,
+  RopeScalingConfig,
+)
 from jaxpe.model.strict import EMULATION_MAX_POSITION, MAX_DIM, MAX_POSITION, StrictConfig
 from jaxpe.ops import rope_scaling as rope_scaling_lib
 
@@ -34,56 +40,8 @@ PosEncoding = Literal[POS_ENCODINGS]
 DType = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "cudnn", "splash", "pallas_gpu", "flash", "auto"]
 Remat = Literal["none", "full", "dots_saveable"]
-MeshAxis = Literal["data", "fsdp", "tensor", "context"]
-"""The mesh axes ``(data, fsdp, tensor, context)``, the values of ``LogicalRules``."""
-MESH_AXES: tuple[str, ...] = typing.get_args(MeshAxis)
-
-
-class RopeScalingConfig(StrictConfig):
-  """HF-style ``rope_scaling`` / ``rope_parameters`` entry; see ``jaxpe.ops.rope_scaling.rope_frequencies``.
-
-  A YAML mapping with HF's keys, spelled as transformers v4 (``rope_scaling``, ``type``) or v5
-  (``rope_parameters`` with ``rope_theta`` and ``partial_rotary_factor`` inside). The spelling is
-  settled by ``jaxpe.ops.rope_scaling.normalize_rope_parameters`` (``type`` -> ``rope_type``, legacy
-  ``"su"`` -> ``"longrope"``, unknown keys and types refused); values are checked by
-  ``rope_frequencies`` when ``ModelConfig`` validates. Lists become tuples so the config stays
-  hashable. Unset keys are left out of ``as_dict()``.
-  """
-
-  rope_type: str = "default"
-  rope_theta: float | None = pydantic.Field(None, gt=0, description="overrides ModelConfig.rope_theta")
-  partial_rotary_factor: float | None = pydantic.Field(
-    None, gt=0, le=1, description="rotary_dim = int(head_dim * partial_rotary_factor)"
-  )
-  factor: float | None = pydantic.Field(None, gt=0)
-  original_max_position_embeddings: int | None = pydantic.Field(None, le=MAX_POSITION, gt=0)
-  attention_factor: float | None = pydantic.Field(None, gt=0)
-  beta_fast: float | None = None
-  beta_slow: float | None = None
-  mscale: float | None = None
-  mscale_all_dim: float | None = None
-  truncate: bool | None = None
-  low_freq_factor: float | None = None
-  high_freq_factor: float | None = None
-  short_factor: tuple[float, ...] | None = None
-  long_factor: tuple[float, ...] | None = None
-
-  @pydantic.model_validator(mode="before")
-  @classmethod
-  def _from_hf_dict(cls, data: Any) -> Any:
-    if isinstance(data, dict):
-      kind = data.get("rope_type", data.get("type"))
-      if kind is not None and not isinstance(kind, str):
-        raise ValueError(f"rope_type must be a string such as 'linear' or 'yarn', got {kind!r}")
-      data = rope_scaling_lib.normalize_rope_parameters(data)
-      data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return data
-
-  def as_dict(self) -> dict[str, Any]:
-    """The HF-style dict (set keys only) for ``jaxpe.ops.rope_scaling.rope_frequencies``."""
-    return {
-      k: (list(v) if isinstance(v, tuple) else v) for k, v in self.model_dump().items() if v is not None
-    }
+LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
+"""HF's ``layer_types`` entries (``jaxpe.model.pattern_options``)."""
 
 
 class ModelConfig(StrictConfig):
@@ -229,6 +187,71 @@ class ModelConfig(StrictConfig):
     "queries) or ring (keys and values pass from shard to shard with ppermute, merged by the online "
     "softmax: each shard holds T / context keys at a time); the same result either way",
   )
+  # -- attention patterns and the llama / gemma architecture (jaxpe.model.pattern_options; issue 47) --
+  layer_types: tuple[LayerType, ...] | None = pydantic.Field(
+    None,
+    description="per-layer attention (HF's key): num_layers entries of full_attention, sliding_attention "
+    "(sliding_window) or chunked_attention (attention_chunk_size); default all full, or all sliding / "
+    "chunked when only sliding_window / attention_chunk_size is set; not with sliding_window_pattern",
+  )
+  sliding_window_pattern: int | None = pydantic.Field(
+    None, gt=0, description="Gemma 3: layer i is full_attention iff (i + 1) % n == 0, else sliding (6: 5 : 1)"
+  )
+  sliding_window: int | None = pydantic.Field(
+    None,
+    gt=0,
+    lt=MAX_POSITION,
+    description="HF's sliding window in tokens, counting the query: key j seen from query i iff "
+    "i - w < j <= i (local_window_size (w - 1, 0)); sliding_attention layers' KV cache is a ring of w - 1 slots",
+  )
+  attention_chunk_size: int | None = pydantic.Field(
+    None,
+    gt=0,
+    lt=MAX_POSITION,
+    description="Llama 4: chunked_attention layers see keys of their query's chunk",
+  )
+  attn_logit_softcapping: float | None = pydantic.Field(
+    None, gt=0, description="Gemma 2: attention scores s become cap * tanh(s / cap) (before mask and bias)"
+  )
+  final_logit_softcapping: float | None = pydantic.Field(
+    None, gt=0, description="Gemma 2: the output logits z become cap * tanh(z / cap)"
+  )
+  rope_local_base_freq: float | None = pydantic.Field(
+    None,
+    gt=0,
+    description="Gemma 3: sliding_attention layers rotate at this base, unscaled (rope_scaling and "
+    "rope_theta are the full_attention layers'); default: every layer rope_theta with rope_scaling",
+  )
+  attn_temperature_tuning: bool = pydantic.Field(
+    False,
+    description="Llama 4: NoPE layers (no_rope_layers) scale q by log1p(floor((slot + 1) / floor_scale)) "
+    "* attn_scale + 1",
+  )
+  floor_scale: float = pydantic.Field(
+    8192.0, gt=0, description="Llama 4's temperature tuning: slots per step"
+  )
+  attn_scale: float = pydantic.Field(0.1, gt=0, description="Llama 4's temperature tuning: the log's weight")
+  norm_type: Literal["layernorm", "rmsnorm", "gemma_rmsnorm"] = pydantic.Field(
+    "layernorm",
+    description="layernorm (GPT / BLOOM), rmsnorm (Llama: x / rms(x) * w), gemma_rmsnorm (x / rms(x) * (1 + w))",
+  )
+  mlp_type: Literal["mlp", "gated"] = pydantic.Field(
+    "mlp", description="mlp: down(act(up(x))); gated (GLU, Llama / Gemma): down(act(gate(x)) * up(x))"
+  )
+  hidden_act: Literal["silu", "gelu", "gelu_pytorch_tanh"] | None = pydantic.Field(
+    None,
+    description="gated MLP's activation (HF's key): silu (SwiGLU; the default), gelu (erf), gelu_pytorch_tanh",
+  )
+  qk_norm: bool = pydantic.Field(
+    False, description="Qwen3 / Gemma 3: a norm (norm_type) over H on q and k of each head, before RoPE"
+  )
+  sandwich_norm: bool = pydantic.Field(
+    False, description="Gemma 2/3: a norm also after attention and after the MLP, before each residual add"
+  )
+  scale_embeddings: bool = pydantic.Field(False, description="Gemma: token embeddings times sqrt(D)")
+  query_pre_attn_scalar: float | None = pydantic.Field(
+    None, gt=0, description="Gemma: attention scale query_pre_attn_scalar ** -0.5; default H ** -0.5"
+  )
 
   @pydantic.field_validator("pos_encoding", mode="before")
   @classmethod
@@ -278,10 +301,24 @@ class ModelConfig(StrictConfig):
   @pydantic.model_validator(mode="before")
   @classmethod
   def _schedule_list(cls, data: Any) -> Any:
-    """``no_rope_layers`` from a YAML / JSON list becomes a tuple (the config stays hashable)."""
-    if isinstance(data, dict) and isinstance(data.get("no_rope_layers"), list):
-      data = {**data, "no_rope_layers": tuple(data["no_rope_layers"])}
+    """``no_rope_layers`` / ``layer_types`` from a YAML / JSON list become tuples (hashable config)."""
+    for key in ("no_rope_layers", "layer_types"):
+      if isinstance(data, dict) and isinstance(data.get(key), list):
+        data = {**data, key: tuple(data[key])}
     return data
+
+  @classmethod
+  def from_hf_config(cls, config: Any, **overrides: Any) -> ModelConfig:
+    """The config of a transformers decoder config (``MistralConfig``, ``Qwen3Config``,
+    ``Gemma2Config``, ``Gemma3TextConfig``) or its ``config.json`` dict, ``overrides`` last
+    (``jaxpe.model.hf_decoder.config_dict_from_hf``: its errors name what the decoder lacks)."""
+    from jaxpe.model import hf_decoder
+
+    return cls(**hf_decoder.config_dict_from_hf(config, **overrides))
+
+  def layer_pattern(self, layer: int) -> pattern_options.LayerPattern:
+    """Layer ``layer``'s attention type, window, chunk and RoPE (``pattern_options.layer_pattern``)."""
+    return pattern_options.layer_pattern(self, layer)
 
   @property
   def rotates(self) -> bool:
@@ -358,6 +395,7 @@ class ModelConfig(StrictConfig):
         f"with alibi_heads={self.alibi_heads}"
       )
     bias_options.check_bias_options(self)
+    pattern_options.check_pattern_options(self)
     return self
 
   def rope_frequencies(self):
@@ -398,53 +436,3 @@ class ModelConfig(StrictConfig):
   def mlp_size(self) -> int:
     """F."""
     return self.mlp_dim or 4 * self.d_model
-
-
-Axes = MeshAxis | tuple[MeshAxis, ...] | None
-
-
-class LogicalRules(StrictConfig):
-  """Where each logical axis of parameters and activations goes on the mesh ``(data, fsdp, tensor,
-  context)``.
-
-  A value is one mesh axis, a list of them (the dimension is split over their product) or null
-  (replicated). Within one array a mesh axis is used once: a later dimension whose axis is already
-  taken is replicated (activations ``[B, T, D]`` are ``(batch, length, embed)``, so with the
-  defaults B is split over ``data`` x ``fsdp`` and D, whose ``fsdp`` is taken, is not). Defaults:
-  data parallelism over ``data``, FSDP over ``fsdp`` (parameters and optimizer state split along D,
-  the batch over ``data`` x ``fsdp``), tensor parallelism over ``tensor`` (heads, MLP, vocab),
-  context parallelism over ``context`` (the sequence T of activations; attention then runs across
-  the shards, ``jaxpe.attention.context``). No parameter has a ``length`` axis, so parameters are
-  replicated over ``context``.
-  """
-
-  batch: Axes = pydantic.Field(("data", "fsdp"), description="B of activations")
-  length: Axes = pydantic.Field("context", description="T of activations (context parallelism)")
-  embed: Axes = pydantic.Field("fsdp", description="D of parameters and activations")
-  heads: Axes = pydantic.Field("tensor", description="N: query heads")
-  kv_heads: Axes = pydantic.Field("tensor", description="K: key/value heads")
-  head_dim: Axes = pydantic.Field(None, description="H: the head dimension")
-  mlp: Axes = pydantic.Field("tensor", description="F: the MLP hidden dimension")
-  vocab: Axes = pydantic.Field("tensor", description="V: the vocabulary")
-  pos: Axes = pydantic.Field(None, description="the learned position table's positions")
-  layers: Axes = pydantic.Field(None, description="L: stacked layers (scan_layers)")
-
-  @pydantic.model_validator(mode="before")
-  @classmethod
-  def _lists_to_tuples(cls, data: Any) -> Any:
-    if isinstance(data, dict):
-      data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return data
-
-  @pydantic.model_validator(mode="after")
-  def _check_repeats(self) -> LogicalRules:
-    for name, axes in self.as_tuple():
-      if axes == ():
-        raise ValueError(f"logical_rules.{name} is an empty list; write null for a replicated dimension")
-      if isinstance(axes, tuple) and len(set(axes)) != len(axes):
-        raise ValueError(f"logical_rules.{name} names a mesh axis twice: {list(axes)}")
-    return self
-
-  def as_tuple(self) -> tuple[tuple[str, Any], ...]:
-    """``((logical name, mesh axes or None), ...)`` in field order."""
-    return tuple((name, getattr(self, name)) for name in type(self).model_fields)

@@ -22,108 +22,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxpe.attention import masks
-from jaxpe.model import encodings, initializers, partitioning
+from jaxpe.model import call_checks, encodings, initializers, llama_layers, partitioning
 from jaxpe.model.cache import KVCache, check_cache, is_empty_cache, live_slots, next_positions_start
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
-from jaxpe.ops import checks as _checks
 from jaxpe.ops import positions as positions_lib
-
-
-def _check_call(cfg: ModelConfig, tokens, positions, attention_mask, segment_ids, slot_index, cache):
-  """The static checks of ``Decoder.__call__``; returns the arguments as JAX arrays."""
-
-  # _checks.as_array keeps numpy as numpy until checked (jnp.asarray would wrap int64 values to int32)
-  # and names the argument for a ragged list or strings.
-  tokens = _checks.as_array("tokens", tokens)
-  _checks.check_rank("tokens", tokens, 2, "[B, T]")
-  if not jnp.issubdtype(tokens.dtype, jnp.integer):
-    raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
-  if 0 in tokens.shape:
-    raise ValueError(
-      f"tokens must hold at least one token in at least one row (B, T >= 1), got shape {tokens.shape}"
-    )
-  _checks.check_index_range("tokens", tokens, cfg.vocab_size, "vocab_size")
-  shape = tokens.shape
-
-  def same_shape(name, x):
-    if tuple(x.shape) != tuple(shape):
-      raise ValueError(f"{name} must have the shape of tokens [B, T] = {tuple(shape)}, got {tuple(x.shape)}")
-
-  if positions is not None:
-    positions = _checks.as_array("positions", positions)
-    same_shape("positions", positions)
-    _checks.check_positions("positions", positions)
-  if attention_mask is not None:
-    attention_mask = _checks.as_array("attention_mask", attention_mask)
-    same_shape("attention_mask", attention_mask)
-    if not (attention_mask.dtype == jnp.bool_ or jnp.issubdtype(attention_mask.dtype, jnp.integer)):
-      raise TypeError(
-        f"attention_mask must be bool or integer (nonzero = real token), got dtype {attention_mask.dtype}"
-      )
-  if segment_ids is not None:
-    if cache is not None:
-      raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
-    segment_ids = _checks.as_array("segment_ids", segment_ids)
-    same_shape("segment_ids", segment_ids)
-    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-      raise TypeError(f"segment_ids must be an integer array of document ids, got dtype {segment_ids.dtype}")
-    if np.dtype(segment_ids.dtype).itemsize > 4 or segment_ids.dtype == np.uint32:
-      # ids int32 cannot hold (int64 0 and 2^32 are two documents): ranked exactly, never cast
-      segment_ids = masks.dense_segment_ids(segment_ids)
-
-  split = partitioning.sequence_split()
-  if slot_index is not None:
-    if cache is not None:
-      raise ValueError("slot_index (reordered tokens) cannot be combined with a KV cache")
-    slot_index = _checks.as_array("slot_index", slot_index)
-    same_shape("slot_index", slot_index)
-    if not jnp.issubdtype(slot_index.dtype, jnp.integer):
-      raise TypeError(f"slot_index must hold integer slots, got dtype {slot_index.dtype}")
-    _checks.check_positions("slot_index", slot_index)
-    if positions is None and (attention_mask is not None or segment_ids is not None):
-      raise ValueError(
-        "slot_index with attention_mask or segment_ids needs the reordered tokens' positions: derive them "
-        "in slot order (jaxpe.model.partitioning.zigzag_inputs does) and pass positions="
-      )
-  if split is not None and shape[1] % partitioning.sequence_shards():
-    raise ValueError(
-      f"T ({shape[1]}) must be divisible by the {partitioning.sequence_shards()} devices of the mesh axes "
-      f"{list(split[1])} the sequence is split over (logical_rules.length)"
-    )
-  if cache is None and (slot_index is not None or split is not None):
-    # auto runs these on xla (an IndexMask); an explicit fused backend is refused
-    if cfg.attn_implementation not in ("xla", "auto"):
-      what = (
-        "slot_index (reordered tokens)" if split is None else f"a sequence split over mesh axes {split[1]}"
-      )
-      raise ValueError(
-        f"{what} runs attention on the xla backend; set attn_implementation='xla' (or 'auto'), got "
-        f"{cfg.attn_implementation!r}"
-      )
-
-  def to_jax(x):
-    return None if x is None else jnp.asarray(x)
-
-  return to_jax(tokens), to_jax(positions), to_jax(attention_mask), to_jax(segment_ids), to_jax(slot_index)
-
-
-def _check_logits_index(index, batch: int, t_len: int) -> jax.Array:
-  """``logits_index`` as ``[B]`` int32 (a concrete one in ``[0, T)``)."""
-  index = _checks.as_array("logits_index", index)
-  if not jnp.issubdtype(index.dtype, jnp.integer):
-    raise TypeError(f"logits_index must hold integer token indices, got dtype {index.dtype}")
-  if tuple(index.shape) != (batch,):
-    raise ValueError(f"logits_index must have shape [B] = [{batch}], got {tuple(index.shape)}")
-  if not isinstance(index, jax.core.Tracer):
-    arr = np.asarray(index)
-    if arr.size and (arr.min() < 0 or arr.max() >= t_len):
-      raise ValueError(f"logits_index must be in [0, T = {t_len}), got values {np.unique(arr).tolist()}")
-  return jnp.clip(jnp.asarray(index).astype(jnp.int32), 0, t_len - 1)
 
 
 class Decoder(nnx.Module):
@@ -159,9 +65,9 @@ class Decoder(nnx.Module):
       setattr(self, name, module)
     if cfg.embed_layernorm:
       self.embed_norm = layer_norm(cfg, rngs)
-    blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+    blocks = [Block(cfg, rngs=rngs, layer=i) for i in range(cfg.num_layers)]
     self.blocks = stack_blocks(blocks) if cfg.scan_layers else nnx.List(blocks)
-    self.final_norm = layer_norm(cfg, rngs)
+    self.final_norm = llama_layers.make_norm(cfg, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = dense(
         cfg,
@@ -199,6 +105,8 @@ class Decoder(nnx.Module):
     # A traced id outside [0, V) embeds as NaN (jnp.take's fill mode), never as another token: negative
     # ids would otherwise wrap to V + id.
     x = self.embed(jnp.where(tokens < 0, cfg.vocab_size, tokens))
+    if cfg.scale_embeddings:  # Gemma: times sqrt(D), rounded to the embedding's dtype as transformers
+      x = x * jnp.asarray(cfg.d_model**0.5, x.dtype)
     x = encodings.for_config(cfg).embed_inputs(self, x, positions)
     if cfg.embed_layernorm:
       x = self.embed_norm(x)
@@ -262,7 +170,7 @@ class Decoder(nnx.Module):
         never silently.
     """
     cfg = self.cfg
-    tokens, positions, attention_mask, segment_ids, slot_index = _check_call(
+    tokens, positions, attention_mask, segment_ids, slot_index = call_checks.check_call(
       cfg, tokens, positions, attention_mask, segment_ids, slot_index, cache
     )
     batch, t_len = tokens.shape
@@ -316,16 +224,27 @@ class Decoder(nnx.Module):
         mask = masks.IndexMask(q_index, k_index, causal=True, k_valid=k_valid)
         kv_positions = k_positions
 
+    q_slots = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
+    q_slots = q_slots + cache.end if cache is not None else q_slots if slot_index is None else slot_index
     x, new_kv = self._blocks(
-      x, positions, mask, kv_positions, layer_caches, cache_end=None if cache is None else cache.end
+      x,
+      positions,
+      mask,
+      kv_positions,
+      layer_caches,
+      cache_end=None if cache is None else cache.end,
+      q_slots=q_slots,
     )
     if logits_index is not None:
-      x = jnp.take_along_axis(x, _check_logits_index(logits_index, batch, t_len)[:, None, None], axis=1)
+      x = jnp.take_along_axis(
+        x, call_checks.check_logits_index(logits_index, batch, t_len)[:, None, None], axis=1
+      )
     x = self.final_norm(x)
     if cfg.tie_embeddings:
       logits = jnp.einsum("BTD,VD->BTV", x, self.embed.embedding[...].astype(jnp.float32))
     else:
       logits = self.lm_head(x.astype(cfg.dtype)).astype(jnp.float32)
+    logits = llama_layers.soft_cap(logits, cfg.final_logit_softcapping)  # Gemma 2
     if cache is None:
       return logits
     new_cache = KVCache(
@@ -337,7 +256,7 @@ class Decoder(nnx.Module):
     )
     return logits, new_cache
 
-  def _blocks(self, x, positions, mask, kv_positions, layer_caches, *, cache_end):
+  def _blocks(self, x, positions, mask, kv_positions, layer_caches, *, cache_end, q_slots):
     """The L blocks on the residual stream ``x [B, T, D]`` float32, pinned to the ``(batch,
     length, embed)`` sharding at every block boundary (``jaxpe.model.partitioning.constrain``).
 
@@ -361,6 +280,7 @@ class Decoder(nnx.Module):
         cache_end=cache_end,
         use_rope=use_rope,
         shared_bias=shared,
+        q_slots=q_slots,
       )
       return partitioning.constrain(x, partitioning.ACTIVATION), new_kv
 

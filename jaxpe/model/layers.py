@@ -11,7 +11,6 @@ D model dim, F MLP dim, L layers.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -19,206 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpe.attention import context, decode, kernels, masks
-from jaxpe.model import encodings, initializers, partitioning
+from jaxpe.model import encodings, llama_layers, partitioning, pattern_options, ring_cache
 from jaxpe.model.config import ModelConfig
-
-
-def _normalize(x, scale, bias, eps: float):
-  """``(y, (d, r))``: the corrected two-pass normalisation of ``x [..., D]`` float32 (``scale``,
-  ``bias`` ``[D]``) and its residuals (the centred ``d`` and ``r = 1 / sqrt(var + eps)``,
-  ``[..., 1]``)."""
-  d = x - jnp.mean(x, axis=-1, keepdims=True)
-  d = d - jnp.mean(d, axis=-1, keepdims=True)
-  r = jax.lax.rsqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True) + jnp.float32(eps))
-  return d * (r * _rows(scale, x)) + _rows(bias, x), (d, r)
-
-
-def _rows(p, x):
-  """``p [D]`` shaped ``[1, ..., 1, D]`` like ``x``."""
-  return p.reshape((1,) * (x.ndim - 1) + p.shape)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x, scale, bias, eps: float):
-  return _normalize(x, scale, bias, eps)[0]
-
-
-def _layer_norm_fwd(x, scale, bias, eps):
-  y, (d, r) = _normalize(x, scale, bias, eps)
-  return y, (d, r, scale)
-
-
-def _layer_norm_bwd(eps, residuals, dy):
-  """The closed-form LayerNorm gradient (Ba et al. 2016; as PyTorch's and apex's LayerNorm
-  backward): with ``xh = d r`` and ``g = dy * scale``, ``dx = r (g - mean(g) - xh mean(g xh))``,
-  ``dscale = sum(dy xh)``, ``dbias = sum(dy)`` over the leading axes."""
-  del eps
-  d, r, scale = residuals
-  xh = d * r
-  g = dy * _rows(scale, dy)
-  dx = r * (g - jnp.mean(g, axis=-1, keepdims=True) - xh * jnp.mean(g * xh, axis=-1, keepdims=True))
-  lead = tuple(range(dy.ndim - 1))
-  return dx, jnp.sum(dy * xh, axis=lead), jnp.sum(dy, axis=lead)
-
-
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
-
-
-@jax.custom_jvp
-def gelu(x: jax.Array) -> jax.Array:
-  """Exact GELU, ``x * Phi(x) = x (1 + erf(x / sqrt 2)) / 2`` (Hendrycks & Gimpel 2016, arXiv
-  1606.08415), in the erf form of ``torch.nn.functional.gelu``; elementwise, any float dtype, any
-  shape; forward and reverse mode (a ``custom_jvp``: the derivative ``Phi(x) + x phi(x)`` in closed
-  form).
-
-  ``jax.nn.gelu(approximate=False)`` computes the same function through ``erfc``, which XLA CPU ran
-  as four passes over the MLP's ``[B*T, F]`` array forward and backward; this is one pass each way
-  (``benchmarks/step_profile.py``: GELU was a quarter of the D 128 MLP's time). Where they differ:
-  the negative tail, where ``1 + erf`` cancels as in PyTorch: absolute error up to ~1e-6 |x|
-  (relative error grows below x = -3; from x = -6, where GELU is under 6e-9, the result is 0).
-  ``inf`` gives ``inf``, ``-inf`` NaN (as ``jax.nn.gelu``).
-  """
-  return x * _gelu_cdf(x)
-
-
-def _gelu_cdf(x):
-  return 0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(math.sqrt(0.5), x.dtype))
-
-
-@gelu.defjvp
-def _gelu_jvp(primals, tangents):
-  (x,), (dx,) = primals, tangents
-  cdf = _gelu_cdf(x)
-  pdf = jnp.exp(-0.5 * jnp.square(x)) * jnp.asarray(1.0 / math.sqrt(2.0 * math.pi), x.dtype)
-  return x * cdf, (cdf + x * pdf) * dx
-
-
-class LayerNorm(nnx.LayerNorm):
-  """``nnx.LayerNorm`` over the last axis with an exact, corrected two-pass variance, in float32.
-
-  ``mu = mean(x)``, ``d = x - mu``, then ``d -= mean(d)`` (the corrected two-pass algorithm, Chan,
-  Golub & LeVeque 1983: it removes the rounding error of ``mu``), ``var = mean(d^2)``,
-  ``y = d / sqrt(var + eps) * scale + bias``. flax's default ``E[x^2] - E[x]^2`` cancels in float32
-  when a row's mean is large next to its spread (rows of 100 + 1e-3 k normalised to -0.17 instead of
-  -1.34), and the plain two-pass form still carries the mean's rounding error (3e-3 at an offset of
-  1e4 with unit spread); this one stays at float32 rounding of the result at any offset whose
-  values float32 holds. Same parameters (``scale``, ``bias`` ``[D]``) and the same result as
-  Ba et al. 2016 (arXiv 1607.06450) / HF ``torch.nn.LayerNorm`` up to rounding.
-
-  The gradient is LayerNorm's closed form (a custom VJP, as PyTorch's backward): two row means
-  instead of the four that differentiating the corrected two-pass form takes, and one array per
-  LayerNorm for the residual stream's gradient (XLA on CPU otherwise fused the whole stream's
-  gradient into every layer's backward, L^2 reads; ``benchmarks/step_profile.py``).
-
-  x ``[..., D]`` -> ``[..., D]`` float32.
-  """
-
-  def __call__(self, x, *, mask=None):
-    if mask is not None:
-      raise ValueError("jaxpe's LayerNorm takes no mask")
-    scale = self.scale[...] if self.scale else None
-    bias = self.bias[...] if self.bias else None
-    x, scale, bias = self.promote_dtype((x, scale, bias), dtype=jnp.float32)
-    x = x.astype(jnp.float32)
-    feature = x.shape[-1:]
-    scale = jnp.ones(feature, jnp.float32) if scale is None else scale.astype(jnp.float32).reshape(feature)
-    bias = jnp.zeros(feature, jnp.float32) if bias is None else bias.astype(jnp.float32).reshape(feature)
-    return _layer_norm(x, scale, bias, float(self.epsilon))
-
-
-def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
-  """The model's ``LayerNorm`` over D: ``layernorm_eps``, scale ones and bias zeros ``[D]``
-  (logical name ``embed``), float32."""
-  return LayerNorm(
-    cfg.d_model,
-    epsilon=cfg.layernorm_eps,
-    dtype=jnp.float32,
-    use_fast_variance=False,
-    scale_init=initializers.ones(("embed",)),
-    bias_init=initializers.zeros(("embed",)),
-    rngs=rngs,
-  )
-
-
-def dense(
-  cfg: ModelConfig,
-  eq: str,
-  kernel_shape: tuple[int, ...],
-  bias_shape: tuple[int, ...],
-  names: tuple[str | None, ...],
-  std: float,
-  rngs: nnx.Rngs,
-) -> nnx.Einsum:
-  """A projection ``nnx.Einsum(eq)`` in ``cfg.dtype``: kernel ``kernel_shape`` initialised
-  Normal(0, ``std``) with logical ``names``; bias ``bias_shape`` (zeros, the last names) only with
-  ``cfg.use_bias``; its einsum is ``_activation_first_einsum`` (the weight gradient's operand order)."""
-  return nnx.Einsum(
-    eq,
-    kernel_shape,
-    bias_shape if cfg.use_bias else None,
-    dtype=cfg.dtype,
-    kernel_init=initializers.normal(std, names),
-    bias_init=initializers.zeros(names[-len(bias_shape) :]),
-    rngs=rngs,
-    einsum_op=_activation_first_einsum,
-  )
-
-
-def _activation_first_einsum(eq: str, x, w, *, precision=None, preferred_element_type=None, **kwargs):
-  """``jnp.einsum(eq, x, w)`` (``nnx.Einsum``'s ``einsum_op``) whose weight gradient contracts the
-  smaller of the activation x and the cotangent g as the dot's first operand: XLA:CPU transposes
-  that operand (the token axes must become minor), so it transposes the smaller one (x into q/k/v
-  and the MLP's up-projection, g out of its down-projection), where autodiff's order transposed
-  each projection's cotangent, fused with its producer (RoPE's or attention's backward, GELU) into
-  a slow strided copy. Values and gradients are the same einsums as autodiff's. Train step D 512 /
-  L 8, B 8 x T 512 on 2 CPU devices: 4.41 -> 4.05 s."""
-  if any(v is not None for v in kwargs.values()):  # e.g. out_sharding: jax's own einsum and vjp
-    return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=preferred_element_type, **kwargs)
-  return _act_einsum(eq, precision, preferred_element_type, x, w)
-
-
-def _flat_einsum(eq, x, w, precision, pet):
-  """``jnp.einsum(eq, x, w)``; when x's contracted labels trail it and lead w in the same order
-  (the output projection ``BTNH,NHD->BTD``), as one matmul over them flattened (free reshapes):
-  ``jnp.einsum`` emits such a dot with its contracting dims reversed ([3, 2] x [1, 0]), and
-  XLA:CPU then transposed both operands, the weight included, at every call (a [N*H, D] copy per
-  layer and decode step)."""
-  ins, out = eq.split("->")
-  a, b = ins.split(",")
-  shared = [c for c in a if c in b and c not in out]
-  n = len(shared)
-  if n > 1 and a[-n:] == b[:n] == "".join(shared) and "Z" not in eq:
-    flat = eq.replace(a, a[:-n] + "Z", 1).replace("," + b, ",Z" + b[n:], 1)
-    x2 = x.reshape(*x.shape[:-n], -1)
-    w2 = w.reshape(-1, *w.shape[n:])
-    return jnp.einsum(flat, x2, w2, precision=precision, preferred_element_type=pet)
-  return jnp.einsum(eq, x, w, precision=precision, preferred_element_type=pet)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _act_einsum(eq, precision, pet, x, w):
-  return _flat_einsum(eq, x, w, precision, pet)
-
-
-def _act_einsum_fwd(eq, precision, pet, x, w):
-  # plain einsum (not _act_einsum): forward over reverse (jax.hessian) differentiates this rule
-  return _flat_einsum(eq, x, w, precision, pet), (x, w)
-
-
-def _act_einsum_bwd(eq, precision, pet, res, g):
-  del pet
-  x, w = res
-  ins, out = eq.split("->")
-  a, b = ins.split(",")
-  dx = jnp.einsum(f"{out},{b}->{a}", g, w, precision=precision)
-  if x.size <= g.size:  # the smaller of the two is the dot's first operand (the one laid out)
-    dw = jnp.einsum(f"{a},{out}->{b}", x, g, precision=precision)
-  else:
-    dw = jnp.einsum(f"{out},{a}->{b}", g, x, precision=precision)
-  return dx.astype(x.dtype), dw.astype(w.dtype)
-
-
-_act_einsum.defvjp(_act_einsum_fwd, _act_einsum_bwd)
+from jaxpe.model.primitives import LayerNorm, dense, gelu, layer_norm  # noqa: F401 (re-exported)
 
 
 class Attention(nnx.Module):
@@ -227,11 +29,15 @@ class Attention(nnx.Module):
   With ``cfg.attention_sinks`` it holds ``sinks [N]`` float32 (logical name ``heads``; gpt-oss's
   learned sink logits, Normal(0, ``init_std``) as HF's ``GptOssPreTrainedModel._init_weights``),
   passed to the backend (``jaxpe.attention.sinks``); the encoding's per-layer parameters
-  (``layer_params``, CoPE's ``cope_pos_emb``) are attributes too.
+  (``layer_params``, CoPE's ``cope_pos_emb``) are attributes too. Layer ``layer``'s pattern
+  (``cfg.layer_pattern``: window, chunk, soft-cap) and RoPE (``pattern_options.rope_config``) apply;
+  with ``cfg.qk_norm`` it holds ``q_norm`` / ``k_norm`` (``[H]``, the ``norm_type``).
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
     self.cfg = cfg
+    self.pattern = cfg.layer_pattern(layer)
+    self.rope_cfg = pattern_options.rope_config(cfg, layer)
     d, n, kv, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
     enc = encodings.for_config(cfg)
     hq = h + enc.qk_extra_dims()  # q/k dims per head
@@ -252,6 +58,9 @@ class Attention(nnx.Module):
     if cfg.attention_sinks:  # gpt-oss: one learned logit per head, Normal(0, init_std)
       sinks = nnx.initializers.normal(cfg.init_std)(rngs.params(), (n,), jnp.float32)
       self.sinks = nnx.Param(sinks, out_sharding=("heads",))
+    if cfg.qk_norm:  # Qwen3 / Gemma 3: over H, shared by the heads
+      self.q_norm = llama_layers.make_norm(cfg, rngs, h, ("head_dim",))
+      self.k_norm = llama_layers.make_norm(cfg, rngs, h, ("head_dim",))
 
   def __call__(
     self,
@@ -264,6 +73,7 @@ class Attention(nnx.Module):
     cache_end: jax.Array | None = None,
     use_rope: bool | jax.Array | None = None,
     shared_bias=None,
+    q_slots: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
@@ -277,10 +87,14 @@ class Attention(nnx.Module):
     (``partitioning.sequence_split``) across them (``jaxpe.attention.context``, strategy
     ``cfg.context_attention``). ``use_rope``: this layer's flag of a per-layer RoPE schedule
     (``cfg.rope_layers()``; false = NoPE layer, ``encode_qk_nope``), None without one.
-    ``shared_bias``: the encoding's ``shared_bias_params`` (T5's table).
+    ``shared_bias``: the encoding's ``shared_bias_params`` (T5's table). ``q_slots`` ``[B, T]``: the
+    queries' sequence slots (Llama 4's temperature, ``attn_temperature_tuning``). A ring layer's
+    cache (fewer slots than ``kv_positions``) runs as ``jaxpe.model.ring_cache`` says.
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
-    enc = encodings.for_config(self.cfg)
+    if self.cfg.qk_norm:
+      q, k = self.q_norm(q).astype(q.dtype), self.k_norm(k).astype(k.dtype)
+    enc = encodings.for_config(self.rope_cfg)  # this layer's RoPE (Gemma 3: local base)
     rope_spec = None
     if (
       self.cfg.attn_implementation == "flash"
@@ -293,8 +107,23 @@ class Attention(nnx.Module):
       q, k = enc.encode_layer_qk(q, k, positions, use_rope)
     new_kv = None
     cfg = self.cfg
-    scale = 1.0 / math.sqrt(cfg.head_size)
+    if cfg.attn_temperature_tuning and use_rope is not None:  # Llama 4: NoPE layers only
+      t = llama_layers.temperature_scale(q_slots, cfg.floor_scale, cfg.attn_scale)
+      q = (q * jnp.where(jnp.asarray(use_rope), 1.0, t)).astype(q.dtype)
+    scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(cfg.head_size)
     sinks = self.sinks[...] if cfg.attention_sinks else None
+    pattern = {
+      k: v
+      for k, v in zip(
+        ("local_window_size", "chunk_size", "logits_soft_cap"), self.pattern[1:3] + self.pattern[4:]
+      )
+      if v is not None
+    }  # the layer's window / chunk / soft-cap (jaxpe.attention.attention's keywords)
+    if cache_kv is not None and cache_kv[0].shape[2] == self.pattern.ring_slots:  # a ring layer
+      new_kv = tuple(ring_cache.ring_write(c, n, cache_end) for c, n in zip(cache_kv, (k, v)))
+      if not isinstance(mask, masks.AttentionMask):  # the chunk against the ring's slots and itself
+        k, v, mask, kv_positions = ring_cache.ring_keys(cache_kv, k, v, mask, kv_positions, cache_end)
+      cache_kv = None
     if cache_kv is not None:  # the cache lies heads first: [B, K, S, H] (jaxpe.model.cache)
       k_cache, v_cache = cache_kv
       k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
@@ -319,6 +148,7 @@ class Attention(nnx.Module):
             precise_dims=q.shape[-1] - cfg.head_size,
             sinks=sinks,
             heads_first=True,
+            **pattern,
           )
           return self.o(out), new_kv
         k, v = (jnp.swapaxes(c, 1, 2) for c in new_kv)  # a long chunk: blockwise over [B, S, K, H]
@@ -343,6 +173,7 @@ class Attention(nnx.Module):
         alibi=enc.alibi_spec(positions, kv_positions),
         position_bias=position_bias,
         precise_dims=q.shape[-1] - cfg.head_size,
+        **pattern,
       )
       return self.o(out), None
     fused = isinstance(mask, masks.AttentionMask)  # without a cache, or an empty cache's prefill
@@ -366,6 +197,7 @@ class Attention(nnx.Module):
         interpret=cfg.attention_interpret,
         position_bias=position_bias,
         rope_spec=None if rope_spec is None else enc.rope_spec(positions, kv_positions),
+        **pattern,
       )
 
     rows = (q, k, v, positions, kv_positions)
@@ -403,17 +235,24 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-LayerNorm transformer block."""
+  """Pre-norm transformer block (``norm_type``; ``sandwich_norm``: Gemma 2/3's norms after attention
+  and MLP too, ``post_attn_norm`` / ``post_mlp_norm``), layer ``layer`` of the model."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
     self.cfg = cfg
-    self.attn_norm = layer_norm(cfg, rngs)
-    self.attn = Attention(cfg, rngs=rngs)
-    self.mlp_norm = layer_norm(cfg, rngs)
-    self.mlp = MLP(cfg, rngs=rngs)
+    self.attn_norm = llama_layers.make_norm(cfg, rngs)
+    self.attn = Attention(cfg, rngs=rngs, layer=layer)
+    self.mlp_norm = llama_layers.make_norm(cfg, rngs)
+    self.mlp = llama_layers.GatedMLP(cfg, rngs=rngs) if cfg.mlp_type == "gated" else MLP(cfg, rngs=rngs)
+    if cfg.sandwich_norm:
+      self.post_attn_norm = llama_layers.make_norm(cfg, rngs)
+      self.post_mlp_norm = llama_layers.make_norm(cfg, rngs)
 
   def __call__(self, x, positions, mask, **attn_kwargs):
     h, new_kv = self.attn(self.attn_norm(x).astype(self.cfg.dtype), positions, mask, **attn_kwargs)
+    h = self.post_attn_norm(h) if self.cfg.sandwich_norm else h
     x = x + h.astype(jnp.float32)
-    x = x + self.mlp(self.mlp_norm(x).astype(self.cfg.dtype)).astype(jnp.float32)
+    h = self.mlp(self.mlp_norm(x).astype(self.cfg.dtype))
+    h = self.post_mlp_norm(h) if self.cfg.sandwich_norm else h
+    x = x + h.astype(jnp.float32)
     return x, new_kv

@@ -56,11 +56,33 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   enc = encodings.for_config(cfg)
   hq = h + enc.qk_extra_dims()  # the q / k projections' outputs per head
   hk = enc.cache_key()[0]  # the dims of q.k in attention (the encoded keys)
-  projections = d * n * hq + d * kv * hq + d * kv * h + n * h * d + 2 * d * f
-  attention = n * (hk + h) * (seq_len + 1) / 2  # q k^T and p v over the causal half, per query
+  mlp = (3 if cfg.mlp_type == "gated" else 2) * d * f  # a gated MLP's gate, up and down
+  projections = d * n * hq + d * kv * hq + d * kv * h + n * h * d + mlp
+  # q k^T and p v over the keys each query sees: the causal half, or its window / chunk (issue 47)
+  attention = n * (hk + h) * _mean_keys_per_query(cfg, seq_len)
   own = enc.matmul_flops_per_token(seq_len) / 2  # multiply-adds, as the terms above
   forward = 2 * (cfg.num_layers * (projections + attention + own) + d * cfg.vocab_size)
   return 3.0 * forward
+
+
+def _mean_keys_per_query(cfg: ModelConfig, seq_len: int) -> float:
+  """Keys a query sees on average over the layers, for ``seq_len`` tokens: ``(T + 1) / 2`` causal;
+  ``mean_i min(i + 1, w)`` for a sliding window w; ``mean_i (i mod C) + 1`` for chunks of C."""
+  t = seq_len
+  full = (t + 1) / 2
+  w = cfg.sliding_window or 1
+  sliding = full if t <= w else (w * (w + 1) / 2 + (t - w) * w) / t
+  c = cfg.attention_chunk_size or 1
+  q, r = divmod(t, c)
+  chunked = (q * c * (c + 1) / 2 + r * (r + 1) / 2) / t
+  cost = {"full_attention": full, "sliding_attention": sliding, "chunked_attention": chunked}
+  if cfg.layer_types is not None:
+    return sum(cost[k] for k in cfg.layer_types) / cfg.num_layers
+  if cfg.sliding_window_pattern is not None:
+    n = cfg.sliding_window_pattern
+    globals_ = cfg.num_layers // n
+    return (globals_ * full + (cfg.num_layers - globals_) * sliding) / cfg.num_layers
+  return cost[cfg.layer_pattern(0).layer_type]  # one type for every layer
 
 
 def measure_cpu_ceiling(devices: list, rows: int, d: int, f: int, *, repeats: int = 5) -> float:

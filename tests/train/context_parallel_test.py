@@ -96,6 +96,8 @@ CASES = [
   ({"pos_encoding": "learned", "scan_layers": True, "remat": "full"}, (1, 2, 1, 4), "ring", False),
   ({"pos_encoding": "fire"}, (2, 1, 1, 4), "ring", True),  # per-layer bias parameters, summed over shards
   ({"pos_encoding": "t5", "scan_layers": True}, (1, 1, 2, 4), "all_gather", True),  # the shared table
+  # issue 47: a sliding window and soft-capped scores across shards (windows on the original slots)
+  ({"pos_encoding": "rope", "sliding_window": 3, "attn_logit_softcapping": 2.0}, (1, 1, 1, 4), "ring", True),
 ]
 
 

@@ -1,0 +1,94 @@
+"""Hugging Face decoder weights -> jaxpe (issue 47): the state dict of a transformers Mistral,
+Qwen3, Gemma 2 or Gemma 3 (text) causal LM as ``Decoder`` parameters (``params_from_hf``), and a
+``Decoder`` from a transformers model (``from_hf_model``). Configs: ``jaxpe.model.hf_decoder``.
+
+Layouts: HF's ``nn.Linear`` weight ``[out, in]``; jaxpe's q/k/v kernels ``[D, N|K, H]``, the output
+projection ``[N, H, D]``, MLP kernels ``[D, F]`` / ``[F, D]``, the head ``[D, V]``. Norm weights map
+as they are (Gemma's ``(1 + w)`` is ``norm_type='gemma_rmsnorm'``). Names: Llama-style
+``post_attention_layernorm`` is the norm before the MLP (``mlp_norm``); Gemma 2/3's is the norm
+after attention (``post_attn_norm``), ``pre_feedforward_layernorm`` the one before the MLP.
+torch is imported only to read tensors (``jaxpe.bloom.hf_import._to_numpy``'s rule: float32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxpe.errors import CheckpointError
+from jaxpe.model.build import build_model, key_listing
+from jaxpe.model.config import ModelConfig
+from jaxpe.model.decoder import Decoder
+
+__all__ = ["from_hf_model", "params_from_hf"]
+
+
+def _np(value) -> np.ndarray:
+  if hasattr(value, "detach"):
+    value = value.detach().to("cpu").float().numpy()
+  return np.asarray(value, np.float32)
+
+
+def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig, model_type: str) -> dict[str, np.ndarray]:
+  """Dotted jaxpe parameter path -> float32 array, from a causal LM's ``state_dict`` (keys with
+  ``model.`` and ``lm_head.``).
+
+  Raises:
+    CheckpointError: a key the model needs is missing, or a key is left over (a piece the config
+      does not describe).
+  """
+  sd = {k.removeprefix("model.language_model.").removeprefix("model."): v for k, v in state_dict.items()}
+  used: set[str] = set()
+
+  def take(name: str) -> np.ndarray:
+    if name not in sd:
+      raise CheckpointError(f"state dict has no {name!r} (model_type {model_type!r})")
+    used.add(name)
+    return _np(sd[name])
+
+  d, n, kv, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
+  gemma = model_type.startswith("gemma")
+  out = {"embed.embedding": take("embed_tokens.weight"), "final_norm.scale": take("norm.weight")}
+  for i in range(cfg.num_layers):
+    p, b = f"layers.{i}.", f"blocks.{i}."
+    out[b + "attn.q.kernel"] = take(p + "self_attn.q_proj.weight").T.reshape(d, n, h)
+    out[b + "attn.k.kernel"] = take(p + "self_attn.k_proj.weight").T.reshape(d, kv, h)
+    out[b + "attn.v.kernel"] = take(p + "self_attn.v_proj.weight").T.reshape(d, kv, h)
+    out[b + "attn.o.kernel"] = take(p + "self_attn.o_proj.weight").T.reshape(n, h, d)
+    if cfg.qk_norm:
+      out[b + "attn.q_norm.scale"] = take(p + "self_attn.q_norm.weight")
+      out[b + "attn.k_norm.scale"] = take(p + "self_attn.k_norm.weight")
+    out[b + "attn_norm.scale"] = take(p + "input_layernorm.weight")
+    if gemma:
+      out[b + "post_attn_norm.scale"] = take(p + "post_attention_layernorm.weight")
+      out[b + "mlp_norm.scale"] = take(p + "pre_feedforward_layernorm.weight")
+      out[b + "post_mlp_norm.scale"] = take(p + "post_feedforward_layernorm.weight")
+    else:
+      out[b + "mlp_norm.scale"] = take(p + "post_attention_layernorm.weight")
+    for name in ("gate", "up", "down"):
+      out[f"{b}mlp.{name}.kernel"] = take(f"{p}mlp.{name}_proj.weight").T
+  if not cfg.tie_embeddings:
+    out["lm_head.kernel"] = take("lm_head.weight").T
+  left = sorted(set(sd) - used - {"lm_head.weight"} - {k for k in sd if k.endswith("rotary_emb.inv_freq")})
+  if left:
+    raise CheckpointError(
+      f"state dict keys not read (a piece the config does not describe): {key_listing(left)}"
+    )
+  return out
+
+
+def from_hf_model(model: Any, **overrides: Any) -> Decoder:
+  """A ``Decoder`` holding the weights of a transformers causal LM (``MistralForCausalLM``,
+  ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``), its config read by
+  ``ModelConfig.from_hf_config(model.config, **overrides)``.
+
+  Raises:
+    ValueError: an unsupported family or config (``jaxpe.model.hf_decoder``).
+    CheckpointError: the state dict does not match (``params_from_hf``).
+  """
+  cfg = ModelConfig.from_hf_config(model.config, **overrides)
+  kind = model.config.get_text_config().model_type if hasattr(model.config, "get_text_config") else None
+  kind = "gemma3_text" if kind == "gemma3" else kind or model.config.model_type
+  return build_model(cfg, params_from_hf(model.state_dict(), cfg, kind))

@@ -1,0 +1,154 @@
+"""Issue 47: ``ModelConfig``'s attention-pattern keys (``jaxpe.model.pattern_options``): the
+per-layer types, HF's window convention, the refusals naming the key, reading them from the six
+families' transformers configs (``jaxpe.model.hf_decoder``), Llama 4's attention temperature and
+the final logit soft-cap, each against a closed form or transformers' own config classes."""
+
+import importlib
+
+import numpy as np
+import pydantic
+import pytest
+from flax import nnx
+
+from jaxpe.model import Decoder
+from jaxpe.model.config import ModelConfig
+from jaxpe.model.hf_decoder import config_dict_from_hf, pattern_from_hf_config
+from jaxpe.model.llama_layers import temperature_scale
+
+
+def test_gemma3_pattern_and_hf_window_convention():
+  cfg = ModelConfig(num_layers=12, sliding_window_pattern=6, sliding_window=512)
+  types = [cfg.layer_pattern(i).layer_type for i in range(12)]
+  assert types == (["sliding_attention"] * 5 + ["full_attention"]) * 2
+  # transformers' sliding_window = w counts the query: (w - 1, 0) and a ring of w - 1 slots
+  assert cfg.layer_pattern(0).local_window_size == (511, 0) and cfg.layer_pattern(0).ring_slots == 511
+  assert cfg.layer_pattern(5).local_window_size is None and cfg.layer_pattern(5).ring_slots is None
+  mistral = ModelConfig(sliding_window=4)  # only a window: every layer sliding
+  assert {mistral.layer_pattern(i).layer_type for i in range(4)} == {"sliding_attention"}
+  assert ModelConfig().layer_pattern(0) == ("full_attention", None, None, None, None)  # today's default
+
+
+@pytest.mark.parametrize(
+  "keys, match",
+  [
+    (dict(layer_types=["full_attention"] * 3), "4\\) entries"),
+    (dict(layer_types=["sliding_attention"] * 4), "sliding_attention layers need sliding_window"),
+    (dict(layer_types=["full_attention"] * 4, attention_chunk_size=8), "no layer is chunked_attention"),
+    (dict(sliding_window=4, attention_chunk_size=8), "need layer_types"),
+    (dict(sliding_window_pattern=2, layer_types=["full_attention"] * 4), "not both"),
+    (dict(rope_local_base_freq=1e4), "rope_local_base_freq"),
+    (dict(attn_temperature_tuning=True), "NoPE"),
+    (dict(hidden_act="gelu"), "mlp_type='gated'"),
+    (dict(sliding_window_pattern=2, sliding_window=4, scan_layers=True), "scan_layers"),
+    (dict(sliding_window=0), "greater than 0"),
+    (dict(attn_logit_softcapping=0.0), "greater than 0"),
+    (dict(layer_types=["local"] * 4), "full_attention"),
+  ],
+)
+def test_bad_patterns_are_refused_naming_the_key(keys, match):
+  with pytest.raises(pydantic.ValidationError, match=match):
+    ModelConfig(**keys)
+
+
+def _tf():
+  return importlib.import_module("transformers")
+
+
+def test_pattern_keys_from_the_six_families():
+  tf = _tf()
+  gemma2 = pattern_from_hf_config(tf.Gemma2Config(num_hidden_layers=4))
+  assert gemma2["layer_types"] == ("sliding_attention", "full_attention") * 2
+  assert (gemma2["sliding_window"], gemma2["attn_logit_softcapping"], gemma2["final_logit_softcapping"]) == (
+    4096,
+    50.0,
+    30.0,
+  )
+  gemma3 = pattern_from_hf_config(
+    tf.Gemma3TextConfig(num_hidden_layers=6, rope_scaling={"rope_type": "linear", "factor": 8.0})
+  )
+  assert gemma3["layer_types"][4:] == ("sliding_attention", "full_attention")
+  assert (gemma3["rope_local_base_freq"], gemma3["rope_theta"]) == (10000.0, 1e6)
+  assert gemma3["rope_scaling"]["factor"] == 8.0
+  oss = pattern_from_hf_config(tf.GptOssConfig(num_hidden_layers=2))
+  assert oss["sliding_window"] == 128 and oss["rope_scaling"]["rope_type"] == "yarn"
+  llama4 = pattern_from_hf_config(tf.Llama4TextConfig(num_hidden_layers=4))
+  assert llama4["layer_types"] == ("chunked_attention",) * 3 + ("full_attention",)
+  assert llama4["no_rope_layers"] == (1, 1, 1, 0) and llama4["attention_chunk_size"] == 8192
+  assert (llama4["attn_temperature_tuning"], llama4["floor_scale"], llama4["attn_scale"]) == (
+    True,
+    8192.0,
+    0.1,
+  )
+  assert (
+    pattern_from_hf_config(tf.MistralConfig(num_hidden_layers=2, sliding_window=None)).get("layer_types")
+    is None
+  )
+  assert "layer_types" not in pattern_from_hf_config(
+    tf.Qwen3Config(num_hidden_layers=2)
+  )  # use_sliding_window False
+  for c in (gemma2, gemma3, oss, llama4):  # each validates as ModelConfig keys
+    ModelConfig(**{**c, "num_layers": len(c["layer_types"])})
+  with pytest.raises(ValueError, match="mixture-of-experts"):
+    config_dict_from_hf(tf.GptOssConfig(num_hidden_layers=2))
+  with pytest.raises(ValueError, match="model_type"):
+    pattern_from_hf_config({"model_type": "llama", "num_hidden_layers": 2})
+
+
+def test_llama4_temperature_on_nope_layers_only():
+  """log1p(floor((slot + 1) / floor_scale)) * attn_scale + 1 (transformers' Llama4TextAttention),
+  applied to NoPE layers: with floor_scale 4 the first 3 slots are unchanged, later ones are not."""
+  slots = np.arange(12)[None]
+  want = np.log1p(np.floor((slots + 1) / 4.0)) * 0.5 + 1
+  np.testing.assert_allclose(np.asarray(temperature_scale(slots, 4.0, 0.5))[..., 0, 0], want, rtol=1e-6)
+  keys = dict(
+    vocab_size=32,
+    d_model=32,
+    num_layers=2,
+    no_rope_layers=(1, 0),
+    floor_scale=4.0,
+    attn_scale=0.5,
+    init_std=0.3,
+  )
+  tokens = np.random.default_rng(0).integers(0, 32, (1, 12))
+  a = np.asarray(Decoder(ModelConfig(**keys), rngs=nnx.Rngs(0))(tokens))
+  b = np.asarray(Decoder(ModelConfig(**keys, attn_temperature_tuning=True), rngs=nnx.Rngs(0))(tokens))
+  assert np.abs(a - b)[:, :3].max() < 1e-6 and np.abs(a - b)[:, 3:].max() > 1e-4
+
+
+def test_final_logit_softcapping_is_cap_tanh():
+  keys = dict(vocab_size=32, d_model=32, num_layers=1, init_std=0.5)
+  tokens = np.arange(8)[None]
+  raw = np.asarray(Decoder(ModelConfig(**keys), rngs=nnx.Rngs(0))(tokens), np.float64)
+  capped = np.asarray(Decoder(ModelConfig(**keys, final_logit_softcapping=0.5), rngs=nnx.Rngs(0))(tokens))
+  np.testing.assert_allclose(capped, 0.5 * np.tanh(raw / 0.5), atol=1e-6)
+  assert np.abs(raw).max() > 0.5  # the cap acts
+
+
+def test_exporters_and_flops_know_the_new_keys():
+  """A kind, not one bug: code reading ModelConfig's architecture must not ignore issue 47's keys.
+  BLOOM export refuses each by name; the FLOP count counts a gated MLP's third matrix and only the
+  keys a windowed or chunked query sees (closed forms)."""
+  from jaxpe.bloom.config import ISSUE47_KEYS, check_bloom_compatible
+  from jaxpe.train.flops import train_flops_per_token
+
+  bloom = dict(pos_encoding="alibi", use_bias=True, embed_layernorm=True, gelu_approximate=True)
+  check_bloom_compatible(ModelConfig(**bloom))
+  for key, value in [
+    ("norm_type", "rmsnorm"),
+    ("sliding_window", 4),
+    ("final_logit_softcapping", 3.0),
+    ("qk_norm", True),
+  ]:
+    with pytest.raises(ValueError, match=key):
+      check_bloom_compatible(ModelConfig(**bloom, **{key: value}))
+  assert {"layer_types", "mlp_type", "scale_embeddings"} <= set(ISSUE47_KEYS)
+  base = dict(d_model=32, num_layers=1, num_heads=4, mlp_dim=64, vocab_size=256)
+  plain = train_flops_per_token(ModelConfig(**base), 16)
+  assert train_flops_per_token(ModelConfig(**base, mlp_type="gated"), 16) - plain == pytest.approx(
+    6 * 32 * 64
+  )
+  # window 4 over T = 16: mean_i min(i + 1, 4) = (1 + 2 + 3 + 13 * 4) / 16 keys instead of 17 / 2
+  window = train_flops_per_token(ModelConfig(**base, sliding_window=4), 16)
+  assert plain - window == pytest.approx(6 * 4 * 16 * (17 / 2 - 58 / 16))
+  chunk = train_flops_per_token(ModelConfig(**base, attention_chunk_size=4), 16)  # 4 chunks: 2.5 keys
+  assert plain - chunk == pytest.approx(6 * 4 * 16 * (17 / 2 - 2.5))
