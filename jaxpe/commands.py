@@ -1,4 +1,5 @@
-"""The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``, ``jaxpe-sample``),
+"""The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``, ``jaxpe-sample``,
+``jaxpe-compile``),
 importable with the core install alone.
 
 Each imports its command's module only when run, so a missing extra is one line naming the extra
@@ -13,12 +14,13 @@ import sys
 
 from jaxpe.errors import MissingExtraError
 
-__all__ = ["COMMANDS", "sample", "study", "train"]
+__all__ = ["COMMANDS", "compile", "sample", "study", "train"]
 
 COMMANDS = {
   "jaxpe-train": "jaxpe.train.cli",
   "jaxpe-study": "jaxpe.study.cli",
   "jaxpe-sample": "jaxpe.train.sample",
+  "jaxpe-compile": "jaxpe.train.compile_cli",
 }
 """Console script -> the module whose ``run(prog)`` it calls."""
 
@@ -45,3 +47,8 @@ def study() -> None:
 def sample() -> None:
   """``jaxpe-sample`` (``jaxpe.train.sample``)."""
   _run("jaxpe-sample")
+
+
+def compile() -> None:  # noqa: A001  (the command's name)
+  """``jaxpe-compile`` (``jaxpe.train.compile_cli``)."""
+  _run("jaxpe-compile")
