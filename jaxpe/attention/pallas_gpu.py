@@ -14,6 +14,18 @@ import jax.numpy as jnp
 
 from jaxpe.attention.masks import AttentionMask, kernel_segment_ids
 
+FORWARD_BLOCK = 128
+"""Forward block_q = block_k for head dims up to 128."""
+
+
+def forward_block(dim: int) -> int:
+  """Forward block_q = block_k for the kernel's head dim ``dim`` (a power of two): 128 up to H 128,
+  then halved as H doubles (64 at 256, 32 at 512), so the blocks' shared memory (two pipeline stages
+  of q, k and v blocks) stays what H 128 needs: 128 x 256 blocks exceed an H100's 227 KiB per block
+  ("requested 328192, available: 232448", the deviceless H100 compile of
+  ``benchmarks/lowering_check.py --gpu``)."""
+  return max(16, FORWARD_BLOCK * 128 // max(dim, 128))
+
 
 def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool) -> jax.Array:
   """Self-attention ``[B, T, N, D]`` of q ``[B, T, N, D]``, k, v ``[B, T, K, D]``, T from ``kernel_length``."""
@@ -26,8 +38,11 @@ def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool) -> ja
 def _mha(q, k, v, mask: AttentionMask, *, scale, interpret):
   from jax.experimental.pallas.ops.gpu import attention as gpu_attention  # heavy, GPU-specific: on first use
 
-  batch, t_len, num_heads, _ = q.shape
-  block = min(128, t_len)  # attention() pads T to kernel_length: a power of two or a multiple of 128
+  batch, t_len, num_heads, dim = q.shape
+  # attention() pads T to kernel_length: a power of two or a multiple of 128. Past H 128 (H 256, or
+  # H 128 widened by the ALiBi emulation and padded to 256) 128-row blocks of q, k and v overflow an
+  # H100's shared memory (XLA: "requested 328192, available: 232448"): 64-row blocks there.
+  block = min(forward_block(dim), t_len)
   if k.shape[2] != num_heads:  # the kernel has no grouped-query heads
     k = jnp.repeat(k, num_heads // k.shape[2], axis=2)
     v = jnp.repeat(v, num_heads // v.shape[2], axis=2)

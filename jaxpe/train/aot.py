@@ -280,7 +280,9 @@ def compile_run(
   reports = []
   start = time.perf_counter()
   log(f"compiling the train step for {t.name} ...")
-  report = _compile("train step", lower_train_step(cfg, mesh), t, capacity, start)
+  with targets.cuda_target(t):  # jax's cuDNN rule answers for the target card, not this host
+    lowered = lower_train_step(cfg, mesh)
+  report = _compile("train step", lowered, t, capacity, start)
   tokens = cfg.batch_size * cfg.seq_len
   report.model_flops = flops.train_flops_per_token(cfg.model, cfg.seq_len) * tokens / len(devices)
   if cfg.model.scan_layers or cfg.grad_accum_steps > 1:
@@ -288,7 +290,8 @@ def compile_run(
   reports.append(report)
   if generation:
     start = time.perf_counter()
-    lowered = lower_generation(cfg, devices[0])
+    with targets.cuda_target(t):
+      lowered = lower_generation(cfg, devices[0])
     if lowered is not None:
       log(f"compiling the sample's generation for {t.name} ...")
       report = _compile("generate", lowered, t, capacity, start)

@@ -21,6 +21,7 @@ A missing one raises ``MissingExtraError`` naming the pip command.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -198,6 +199,28 @@ def compile_devices(t: Target) -> list:
       platform="cuda", target_config=gpu_target_config(t.chip), topology=t.topology
     ).devices
   )
+
+
+@contextlib.contextmanager
+def cuda_target(t: Target):
+  """While active, jax's cuDNN attention rule (``jax.nn.dot_product_attention(implementation="cudnn")``)
+  checks shapes for GPU target ``t``'s compute capability instead of this host's (a CPU host has none,
+  and jax then applies the pre-Hopper limits: head dims <= 128 where Hopper takes 256). A host whose
+  default backend is a GPU, and a TPU target, keep jax's own check. Patches the private
+  ``jax._src.cudnn.fused_attention_stablehlo.check_compute_capability`` (and its ``..._equal``)."""
+  from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
+
+  if t.spec.platform != "cuda" or jax.default_backend() == "gpu":
+    yield
+    return
+  cc = (_GPU_INFO[t.chip]["cc"], 0)
+  real = fa.check_compute_capability, fa.is_cuda_compute_capability_equal
+  fa.check_compute_capability = lambda c: cc >= tuple(int(x) for x in c.split("."))
+  fa.is_cuda_compute_capability_equal = lambda c: cc == tuple(int(x) for x in c.split("."))
+  try:
+    yield
+  finally:
+    fa.check_compute_capability, fa.is_cuda_compute_capability_equal = real
 
 
 def device_memory(t: Target, devices: list) -> int:
