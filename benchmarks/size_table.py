@@ -88,12 +88,21 @@ def table() -> str:
     if "error" in row:
       lines.append(f"{head} refused: {row['error'][:120]} | - | - | - | - | {row['seconds']:.0f} |")
       continue
-    step = row["programs"][0]
-    gen = row["programs"][1] if len(row["programs"]) > 1 else None
+    from jaxpe.train import aot, targets  # noqa: PLC0415
+
+    remat = 4 / 3 if "model.remat=full" in row["overrides"] else 1.0
+    spec = targets.target(row["target"]).spec
+    chip = {"remat_factor": remat, "peak_flops": spec.peak_flops, "bandwidth": spec.hbm_bandwidth}
+    reports = [aot.report_from_dict({**chip, **p}) for p in row["programs"]]
+    reports[0].remat_factor = remat
+    step = {**reports[0].as_dict()}
+    gen = reports[1].as_dict() if len(reports) > 1 else None
     gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
     fits = "yes" if step["fits"] else "**no**"
     ratio = f"{step['flops'] / step['model_flops']:.2f}" if step["flops"] and step["model_flops"] else "n/a"
     mfu = f"{step['mfu']:.0%}" if step.get("mfu") is not None and not step["refused"] else "-"
+    if mfu != "-" and not step["bytes_accessed"] > step["arguments"] + step["outputs"]:
+      mfu += " (compute only)"  # no cost analysis (XLA:GPU): the bytes are a floor
     need = gib(step["needed"]) + f" of {gib(step['capacity'])}"
     if step["refused"]:
       need += " (refused by the compiler)"

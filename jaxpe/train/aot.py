@@ -96,11 +96,24 @@ class ProgramReport:
   def fits(self) -> bool:
     return self.needed <= self.capacity
 
+  remat_factor: float = 1.0  # hardware FLOPs per model FLOP: 4/3 with remat=full (the forward again)
+
+  @property
+  def loop_scale(self) -> float:
+    """How many times XLA's count misses the work: model FLOPs / compiled FLOPs when the compiled
+    count is the smaller (a while loop's body counted once: ``scan_layers``, micro-batches), else 1.
+    The compiled bytes accessed are scaled by it too (the loop body's traffic taken to scale with its
+    FLOPs: an estimate)."""
+    if self.model_flops and 0 < self.flops < self.model_flops:
+      return self.model_flops / self.flops
+    return 1.0
+
   @property
   def step_seconds(self) -> float:
-    """Roofline lower bound of the program's time: max(compute, HBM traffic)."""
-    work = max(self.flops, self.model_flops or 0.0)
-    return max(work / self.peak_flops, self.bytes_accessed / self.bandwidth)
+    """Roofline lower bound of the program's time: max(compute, HBM traffic), the compute at least
+    the model FLOPs times ``remat_factor``, both counts scaled by ``loop_scale``."""
+    work = max(self.flops * self.loop_scale, (self.model_flops or 0.0) * self.remat_factor)
+    return max(work / self.peak_flops, self.bytes_accessed * self.loop_scale / self.bandwidth)
 
   @property
   def mfu(self) -> float | None:
@@ -115,7 +128,8 @@ class ProgramReport:
     out.update(
       bytes_accessed=self.bytes_accessed, calls=list(self.calls), compile_seconds=self.compile_seconds,
       model_flops=self.model_flops, needed=self.needed, fits=self.fits, step_seconds=self.step_seconds,
-      mfu=self.mfu, notes=self.notes, refused=self.refused,
+      mfu=self.mfu, notes=self.notes, refused=self.refused, remat_factor=self.remat_factor,
+      peak_flops=self.peak_flops, bandwidth=self.bandwidth,
     )  # fmt: skip
     return out
 
@@ -195,6 +209,14 @@ def refused_for_memory(name: str, err: Exception, t: targets.Target, capacity: i
     bytes_accessed=0.0, calls=(), compile_seconds=0.0, peak_flops=t.spec.peak_flops,
     bandwidth=t.spec.hbm_bandwidth, notes=[f"the compiler refused it: {first.strip()}"], refused=True,
   )  # fmt: skip
+
+
+def report_from_dict(d: dict) -> ProgramReport:
+  """The ``ProgramReport`` of its ``as_dict()`` (the derived keys are recomputed)."""
+  derived = ("needed", "fits", "step_seconds", "mfu")
+  return ProgramReport(
+    **{k: v for k, v in d.items() if k not in derived and k != "calls"}, calls=tuple(d["calls"])
+  )
 
 
 def batch_struct(cfg: TrainConfig, batch_sharding) -> jax.ShapeDtypeStruct:
@@ -285,8 +307,12 @@ def compile_run(
   report = _compile("train step", lowered, t, capacity, start)
   tokens = cfg.batch_size * cfg.seq_len
   report.model_flops = flops.train_flops_per_token(cfg.model, cfg.seq_len) * tokens / len(devices)
-  if cfg.model.scan_layers or cfg.grad_accum_steps > 1:
-    report.notes.append("XLA counts a while loop's body once: the roofline takes the model FLOPs")
+  report.remat_factor = 4 / 3 if cfg.model.remat == "full" else 1.0
+  if report.loop_scale > 1:
+    report.notes.append(
+      f"XLA counted {1 / report.loop_scale:.0%} of the model FLOPs (a while loop's body once): the roofline "
+      f"scales its FLOPs and bytes by {report.loop_scale:.2f}"
+    )
   reports.append(report)
   if generation:
     start = time.perf_counter()

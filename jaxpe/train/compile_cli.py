@@ -69,10 +69,12 @@ def format_report(r: aot.ProgramReport) -> str:
   if r.model_flops is not None:
     flops += f", {r.model_flops:.3e} model"
   lines.append(flops)
+  work = max(r.flops * r.loop_scale, (r.model_flops or 0) * r.remat_factor)
+  moved = r.bytes_accessed * r.loop_scale
   roof = (
     f"  roofline         >= {r.step_seconds * 1e3:,.2f} ms per step "
-    f"(compute {max(r.flops, r.model_flops or 0) / r.peak_flops * 1e3:,.2f} ms at {r.peak_flops / 1e12:,.0f} TFLOP/s, "
-    f"HBM {r.bytes_accessed / r.bandwidth * 1e3:,.2f} ms for {_gib(r.bytes_accessed)} at {r.bandwidth / 1e9:,.0f} GB/s)"
+    f"(compute {work / r.peak_flops * 1e3:,.2f} ms at {r.peak_flops / 1e12:,.0f} TFLOP/s, "
+    f"HBM {moved / r.bandwidth * 1e3:,.2f} ms for {_gib(moved)} at {r.bandwidth / 1e9:,.0f} GB/s)"
   )
   lines.append(roof)
   if r.mfu is not None:

@@ -71,6 +71,7 @@ def _extra(encoding: str, dim: int) -> int:
     ("auto", 128),
     ("xla", 128),
     ("pallas_gpu", 256),
+    ("flash", 256),
     ("auto", 256),
   ],
 )
