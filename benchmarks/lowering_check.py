@@ -2,7 +2,8 @@ r"""Lower every attention backend and the whole model for GPU and TPU from any h
 
   python benchmarks/lowering_check.py              # the full table (attention and model), both platforms
   python benchmarks/lowering_check.py --quick      # one dtype, fewer encodings
-  python benchmarks/lowering_check.py --no-compile # lower the TPU rows only where libtpu is installed
+  python benchmarks/lowering_check.py --no-compile # lower only, also where libtpu / the CUDA plugin are installed
+  python benchmarks/lowering_check.py --gpu        # the cuda matrix: backend x ALiBi x H 64..256, compiled for an H100
   python benchmarks/accelerator_check.py --lower   # the same command
 
 ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))`` (what ``jax.export.export(...,
@@ -22,6 +23,11 @@ topology (``tpu_devices``, ``compile_tpu``), the attention programs and the mode
 generation on one device, its train step sharded over 8. Those rows say ``compiled for <chip>`` and
 a column gives the largest per-device HBM temporaries of the row (``memory_analysis()``: XLA:TPU keeps
 small buffers in VMEM, not counted); elsewhere rows say ``lowered``.
+
+Where jax's CUDA plugin is installed (``pip install "jaxpe[gpu-compile]"``, ``jax[cuda12]``) the cuda column
+is COMPILED likewise, for one card (``--gpu-chip``, default h100; ``compile_gpu``): XLA:GPU, Triton
+and ptxas run, with their shared-memory limits; the model's train step over 8 GPUs of one host.
+Rows say ``compiled for h100`` and a column gives the per-device temporaries.
 
 cuDNN: jax reads the cuDNN version from its CUDA plugin when it traces ``implementation="cudnn"``; on a
 host without the plugin ``assumed_cudnn`` stands in a version (``CUDNN_VERSION``) while lowering, so

@@ -18,13 +18,15 @@ FORWARD_BLOCK = 128
 """Forward block_q = block_k for head dims up to 128."""
 
 
-def forward_block(dim: int) -> int:
-  """Forward block_q = block_k for the kernel's head dim ``dim`` (a power of two): 128 up to H 128,
-  then halved as H doubles (64 at 256, 32 at 512), so the blocks' shared memory (two pipeline stages
-  of q, k and v blocks) stays what H 128 needs: 128 x 256 blocks exceed an H100's 227 KiB per block
-  ("requested 328192, available: 232448", the deviceless H100 compile of
-  ``benchmarks/lowering_check.py --gpu``)."""
-  return max(16, FORWARD_BLOCK * 128 // max(dim, 128))
+def forward_block(dim: int, itemsize: int = 2) -> int:
+  """Forward block_q = block_k for the kernel's head dim ``dim`` (a power of two) and operand bytes
+  ``itemsize`` (2: bf16 / float16, 4: float32): 128 up to 128 x 2 bytes of a row, then halved as a
+  row's bytes double (64 at bf16 H 256 or float32 H 128, 32 at bf16 H 512), so the blocks' shared
+  memory (two pipeline stages of q, k and v blocks) stays what bf16 H 128 needs: 128-row blocks of
+  bf16 H 256 exceed an H100's 227 KiB per block ("requested 328192, available: 232448"), as do those
+  of float32 H 128 ("requested 262656"; the deviceless H100 compiles of
+  ``benchmarks/lowering_check.py``)."""
+  return max(16, FORWARD_BLOCK * 256 // max(dim * itemsize, 256))
 
 
 def attend(q, k, v, mask: AttentionMask, *, scale: float, interpret: bool) -> jax.Array:
@@ -42,7 +44,7 @@ def _mha(q, k, v, mask: AttentionMask, *, scale, interpret):
   # attention() pads T to kernel_length: a power of two or a multiple of 128. Past H 128 (H 256, or
   # H 128 widened by the ALiBi emulation and padded to 256) 128-row blocks of q, k and v overflow an
   # H100's shared memory (XLA: "requested 328192, available: 232448"): 64-row blocks there.
-  block = min(forward_block(dim), t_len)
+  block = min(forward_block(dim, jnp.dtype(q.dtype).itemsize), t_len)
   if k.shape[2] != num_heads:  # the kernel has no grouped-query heads
     k = jnp.repeat(k, num_heads // k.shape[2], axis=2)
     v = jnp.repeat(v, num_heads // v.shape[2], axis=2)

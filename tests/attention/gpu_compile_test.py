@@ -109,3 +109,13 @@ def test_the_train_step_compiles_for_h100_with_cudnn(capsys):
   out = capsys.readouterr().out
   assert code == 0, out
   assert "cudnn$fmha" in out and out.count(": fits") == 2
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+@pytest.mark.parametrize("encoding, dim", [("alibi", 64), ("none", 128)])
+def test_pallas_gpu_in_float32_fits_shared_memory(encoding, dim, grad):
+  """float32 rows take twice a bf16 row's shared memory: 128-row blocks at H 128 (or H 64 widened by
+  ALiBi to 72 and padded to 128) asked for 262656 bytes of 232448 before the blocks counted bytes."""
+  got = lc.gpu_compile_row("pallas_gpu", encoding, dim, grad=grad, dtype=jnp.float32)
+  assert isinstance(got, lc.Compiled), f"{encoding} H {dim}: {lc.describe(got)}"
+  assert "triton" in lc.call_kinds(got)
