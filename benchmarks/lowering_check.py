@@ -2,7 +2,8 @@ r"""Lower every attention backend and the whole model for GPU and TPU from any h
 
   python benchmarks/lowering_check.py              # the full table (attention and model), both platforms
   python benchmarks/lowering_check.py --quick      # one dtype, fewer encodings
-  python benchmarks/lowering_check.py --no-compile # lower the TPU rows only where libtpu is installed
+  python benchmarks/lowering_check.py --no-compile # lower only, also where libtpu / the CUDA plugin are installed
+  python benchmarks/lowering_check.py --gpu        # the cuda matrix: backend x ALiBi x H 64..256, compiled for an H100
   python benchmarks/accelerator_check.py --lower   # the same command
 
 ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))`` (what ``jax.export.export(...,
@@ -22,6 +23,11 @@ topology (``tpu_devices``, ``compile_tpu``), the attention programs and the mode
 generation on one device, its train step sharded over 8. Those rows say ``compiled for <chip>`` and
 a column gives the largest per-device HBM temporaries of the row (``memory_analysis()``: XLA:TPU keeps
 small buffers in VMEM, not counted); elsewhere rows say ``lowered``.
+
+Where jax's CUDA plugin is installed (``pip install "jaxpe[gpu-compile]"``, ``jax[cuda12]``) the cuda column
+is COMPILED likewise, for one card (``--gpu-chip``, default h100; ``compile_gpu``): XLA:GPU, Triton
+and ptxas run, with their shared-memory limits; the model's train step over 8 GPUs of one host.
+Rows say ``compiled for h100`` and a column gives the per-device temporaries.
 
 cuDNN: jax reads the cuDNN version from its CUDA plugin when it traces ``implementation="cudnn"``; on a
 host without the plugin ``assumed_cudnn`` stands in a version (``CUDNN_VERSION``) while lowering, so
@@ -94,10 +100,11 @@ def assumed_cudnn(version: int = CUDNN_VERSION):
   real = fa.check_cudnn_version
   try:
     real()
-    yield
-    return
   except RuntimeError:
     pass
+  else:  # cuDNN found (the CUDA plugin): its own version; an error of the body propagates as it is
+    yield
+    return
   fa.check_cudnn_version = lambda: version
   try:
     yield
@@ -197,26 +204,73 @@ class Compiled(str):
 
 
 def compiled_row(fn, args, chip: str, *, sharded: bool = False):
-  """``Compiled`` of ``fn`` for TPU ``chip`` (``compile_tpu``; ``sharded``: ``fn`` is jitted with
-  its shardings already, ``args`` placed on ``tpu_devices(chip)``), or the exception raised."""
+  """``Compiled`` of ``fn`` for ``chip`` (a TPU generation of ``TPU_TOPOLOGIES``: ``compile_tpu``; a
+  GPU, ``h100``: ``compile_gpu``; ``sharded``: ``fn`` is jitted with its shardings already, ``args``
+  placed on the chip's compile-only devices), or the exception raised."""
+  from jaxpe.train import targets  # noqa: PLC0415
+
   try:
     if sharded:
-      lowered = fn.lower(*args)
+      gpu = chip not in TPU_TOPOLOGIES
+      with assumed_cudnn(), targets.cuda_target(targets.target(chip)) if gpu else contextlib.nullcontext():
+        lowered = fn.lower(*args)
       text, compiled = lowered.as_text(), lowered.compile()
-    else:
+    elif chip in TPU_TOPOLOGIES:
       text, compiled = compile_tpu(fn, args, chip)
+    else:
+      with assumed_cudnn():
+        text, compiled = compile_gpu(fn, args, chip)
     return Compiled(text, chip, compiled.memory_analysis().temp_size_in_bytes)
   except Exception as err:  # noqa: BLE001  (reported in the table)
     return err
 
 
 def model_compiling(model_cfg, chip: str, **kw) -> dict[str, Compiled | Exception]:
-  """``{program: Compiled or exception}`` of ``model_programs`` compiled for TPU ``chip``: the train
-  step sharded over 8 compile-only devices of ``tpu_devices(chip)``, the others on one."""
-  programs = model_programs(model_cfg, "tpu", devices=tpu_devices(chip), **kw)
+  """``{program: Compiled or exception}`` of ``model_programs`` compiled for ``chip`` (a TPU
+  generation, or a GPU: ``h100``): the train step sharded over 8 compile-only devices (TPU: of
+  ``tpu_devices(chip)``; GPU: one host of 8, ``<chip>-8``), the others on one."""
+  from jaxpe.train import targets  # noqa: PLC0415
+
+  if chip in TPU_TOPOLOGIES:
+    platform, devices = "tpu", tpu_devices(chip)
+  else:
+    platform, devices = "cuda", targets.compile_devices(targets.target(f"{chip}-8"))
+  programs = model_programs(model_cfg, platform, devices=devices, **kw)
   return {
     name: compiled_row(fn, args, chip, sharded=name == "train step") for name, (fn, args) in programs.items()
   }
+
+
+# ---------------------------------------------------------------- compiling for a GPU without one
+
+
+def gpu_plugin_installed() -> bool:
+  """Whether jax's CUDA plugin (``pip install "jaxpe[gpu-compile]"``: ``jax[cuda12]``) is importable:
+  XLA:GPU, Triton, ptxas and cuDNN, which compile for an NVIDIA card on a host without one."""
+  import importlib.util  # noqa: PLC0415
+
+  return importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
+def compile_gpu(fn, args, chip: str = "h100"):
+  """``(lowered StableHLO text, compiled executable)`` of ``jax.jit(fn)`` for one NVIDIA ``chip``
+  (``h100``, ``h200``, ``a100``: ``jaxpe.train.targets``) on any host with the CUDA plugin: ``args``
+  placed on a compile-only device of that card (``get_topology_desc(platform="cuda",
+  target_config=...)``); jax's cuDNN rule answers for the card (``targets.cuda_target``).
+
+  Raises: ``MissingExtraError`` without the plugin, and whatever the lowering or the compilers raise.
+  """
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+
+  from jaxpe.train import targets  # noqa: PLC0415
+
+  t = targets.target(chip)
+  mesh = Mesh(targets.compile_devices(t)[:1], ("chip",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), args)
+  with targets.cuda_target(t):
+    lowered = jax.jit(fn).lower(*structs)
+    return lowered.as_text(), lowered.compile()
 
 
 # ---------------------------------------------------------------- attention
@@ -255,6 +309,48 @@ def attention_case(
 def attention_backends() -> tuple[str, ...]:
   """The backends of the table: ``EXPECTED``'s, and the optional ones installed here (``tokamax``)."""
   return (*EXPECTED, *(b for b in backends.OPTIONAL_BACKENDS if b in backends.BACKENDS))
+
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+"""The head sizes models use (issue 45): the GPU compile matrix's."""
+GPU_BACKENDS = ("xla", "cudnn", "pallas_gpu", "flash", "auto")
+
+
+def gpu_compile_row(
+  backend: str, encoding: str, dim: int, *, grad: bool, chip: str = "h100", dtype=jnp.bfloat16
+):
+  """``Compiled`` (for ``chip``) or the exception of ``attention_case(backend, encoding, dtype,
+  grad=grad, dim=dim)`` at B 2, T 256, N 4, K 2, compiled for one NVIDIA ``chip`` (``compile_gpu``)."""
+  fn, args = attention_case(backend, encoding, dtype, grad=grad, length=256, dim=dim)
+  try:
+    with assumed_cudnn():
+      text, compiled = compile_gpu(fn, args, chip)
+    return Compiled(text, chip, compiled.memory_analysis().temp_size_in_bytes)
+  except Exception as err:  # noqa: BLE001  (reported in the table)
+    return err
+
+
+def gpu_head_dim_table(
+  chip: str = "h100", dims=HEAD_DIMS, backends=GPU_BACKENDS, encodings=("none", "alibi")
+):
+  """Markdown rows: every backend x encoding x head dim, forward and gradient, compiled for ``chip``."""
+  lines = [
+    f"| backend | encoding | H | forward ({chip}) | gradient ({chip}) |",
+    "| --- | --- | --- | --- | --- |",
+  ]
+  for backend in backends:
+    for enc in encodings:
+      for dim in dims:
+        cells = []
+        for grad in (False, True):
+          got = gpu_compile_row(backend, enc, dim, grad=grad, chip=chip)
+          cell = describe(got)
+          if isinstance(got, Compiled):
+            cell += f", temp {got.temp / 2**20:.2f} MiB"
+          cells.append(cell)
+        print(f"| {backend} | {enc} | {dim} | {' | '.join(cells)} |", flush=True)
+        lines.append(f"| {backend} | {enc} | {dim} | {' | '.join(cells)} |")
+  return lines
 
 
 # ---------------------------------------------------------------- the model
@@ -413,7 +509,7 @@ def main(argv=None) -> int:
   parser.add_argument("--quick", action="store_true", help="float32 only, two encodings, no model rows")
   parser.add_argument("--no-model", action="store_true", help="attention rows only")
   parser.add_argument(
-    "--no-compile", action="store_true", help="lower the TPU rows only, also where libtpu is installed"
+    "--no-compile", action="store_true", help="lower only, also where libtpu or the CUDA plugin is installed"
   )
   parser.add_argument(
     "--tpu-chip",
@@ -421,56 +517,86 @@ def main(argv=None) -> int:
     choices=sorted(TPU_TOPOLOGIES),
     help="the TPU generation the TPU rows compile for where libtpu is installed (default v5e)",
   )
+  parser.add_argument(
+    "--gpu-chip",
+    default="h100",
+    choices=("h100", "h200", "a100"),
+    help="the GPU the cuda rows compile for where jax's CUDA plugin is installed (default h100)",
+  )
+  parser.add_argument(
+    "--gpu",
+    action="store_true",
+    help="only the cuda head-dim matrix (every backend, ALiBi or not, H 64..256)",
+  )
   args = parser.parse_args(argv)
   start = time.time()
-  chip = None if args.no_compile or not libtpu_installed() else args.tpu_chip
+  chips = {
+    "tpu": None if args.no_compile or not libtpu_installed() else args.tpu_chip,
+    "cuda": None if args.no_compile or not gpu_plugin_installed() else args.gpu_chip,
+  }
+  if args.gpu:
+    if not chips["cuda"]:
+      print('the cuda matrix compiles: install jax\'s CUDA plugin (pip install "jaxpe[gpu-compile]")')
+      return 2
+    print("\n".join(gpu_head_dim_table(chips["cuda"])))
+    return 0
   dtypes = (jnp.float32,) if args.quick else (jnp.bfloat16, jnp.float32)
   encs = ("none", "alibi") if args.quick else ENCODINGS
-  memory = f" tpu temp MiB ({chip}) |" if chip else ""
+  compiled = [p for p in PLATFORMS if chips[p]]
+  memory = "".join(f" {p} temp MiB ({chips[p]}) |" for p in compiled)
+  dashes = " --- |" * len(compiled)
   print("| backend | encoding | pass, dtype | " + " | ".join(PLATFORMS) + f" |{memory}")
-  print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |" + (" --- |" if chip else ""))
+  print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |" + dashes)
   for backend in attention_backends():
     for enc in encs:
-      rows: dict[str, list] = {}  # cells -> the (pass, dtype) labels and tpu results that gave them
+      rows: dict[str, list] = {}  # cells -> the (pass, dtype) labels and compiled results that gave them
       for grad in (False, True):
         for dtype in dtypes:
           fn, fargs = attention_case(backend, enc, dtype, grad=grad)
           got = lower(fn, fargs)
-          if chip and not isinstance(got["tpu"], Exception):
-            got["tpu"] = compiled_row(fn, fargs, chip)
+          for p in compiled:
+            if not isinstance(got[p], Exception):
+              got[p] = compiled_row(fn, fargs, chips[p])
           cells = " | ".join(describe(got[p]) for p in PLATFORMS)
           label = f"{'grad' if grad else 'fwd'} {_short(dtype)}"
-          rows.setdefault(cells, []).append((label, got["tpu"]))
+          rows.setdefault(cells, []).append((label, got))
       for cells, found in rows.items():
         every = len(found) == 2 * len(dtypes)
         labels = "all" if every else ", ".join(label for label, _ in found)
-        extra = f" {_temp(r for _, r in found)} |" if chip else ""
+        extra = "".join(f" {_temp(g[p] for _, g in found)} |" for p in compiled)
         print(f"| {backend} | {enc} | {labels} | {cells} |{extra}")
   if not (args.quick or args.no_model):
     from jaxpe.model import encodings as registry  # noqa: PLC0415
 
     print()
     print("| backend | program | encodings | " + " | ".join(PLATFORMS) + f" |{memory}")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |" + (" --- |" if chip else ""))
-    rows: dict[tuple[str, str, str], list] = {}  # (backend, program, cells) -> encodings, tpu results
+    print("| --- | --- | --- | " + " | ".join("---" for _ in PLATFORMS) + " |" + dashes)
+    rows: dict[tuple[str, str, str], list] = {}  # (backend, program, cells) -> encodings, results
     for enc in sorted(registry.REGISTRY):
       for backend in model_backends(enc):
         cfg = tiny_model(enc, backend)
-        per = {p: model_lowering(cfg, p) for p in PLATFORMS if not (chip and p == "tpu")}
-        if chip:
-          per["tpu"] = model_compiling(cfg, chip)
+        per = {p: model_lowering(cfg, p) for p in PLATFORMS if not chips[p]}
+        for p in compiled:
+          per[p] = model_compiling(cfg, chips[p])
         for program in per[PLATFORMS[0]]:
           cells = " | ".join(describe(per[p][program]) for p in PLATFORMS)
-          rows.setdefault((backend, program, cells), []).append((enc, per["tpu"][program]))
+          rows.setdefault((backend, program, cells), []).append(
+            (enc, {p: per[p][program] for p in PLATFORMS})
+          )
     for (backend, program, cells), found in sorted(rows.items()):
-      extra = f" {_temp(r for _, r in found)} |" if chip else ""
+      extra = "".join(f" {_temp(g[p] for _, g in found)} |" for p in compiled)
       print(f"| {backend} | {program} | {', '.join(e for e, _ in found)} | {cells} |{extra}")
-  how = (
-    f"TPU rows compiled for {chip} (libtpu; temporaries: the largest per-device HBM temporaries of the row)"
-    if chip
-    else "TPU rows lowered only (" + ("--no-compile" if args.no_compile else "libtpu not installed") + ")"
+  why = {"tpu": "libtpu not installed", "cuda": "jax's CUDA plugin not installed (the gpu-compile extra)"}
+  how = "; ".join(
+    f"{p} rows compiled for {chips[p]}"
+    if chips[p]
+    else f"{p} rows lowered only (" + ("--no-compile" if args.no_compile else why[p]) + ")"
+    for p in PLATFORMS
   )
-  print(f"\n{time.time() - start:.0f} s on {jax.devices()[0].platform}, jax {jax.__version__}; {how}")
+  print(
+    f"\n{time.time() - start:.0f} s on {jax.devices()[0].platform}, jax {jax.__version__}; {how} "
+    "(temp: the largest per-device temporaries of the row, memory_analysis())"
+  )
   return 0
 
 

@@ -1,5 +1,5 @@
 """The console scripts pyproject.toml installs (``jaxpe-train``, ``jaxpe-study``, ``jaxpe-sample``,
-``jaxpe-tokenize``), importable with the core install alone.
+``jaxpe-tokenize``, ``jaxpe-compile``), importable with the core install alone.
 
 Each imports its command's module only when run, so a missing extra is one line naming the extra
 and the pip command (``jaxpe-train: error: jaxpe.train needs the 'train' extra (not installed:
@@ -13,13 +13,14 @@ import sys
 
 from jaxpe.errors import MissingExtraError
 
-__all__ = ["COMMANDS", "sample", "study", "tokenize", "train"]
+__all__ = ["COMMANDS", "compile", "sample", "study", "tokenize", "train"]
 
 COMMANDS = {
   "jaxpe-train": "jaxpe.train.cli",
   "jaxpe-study": "jaxpe.study.cli",
   "jaxpe-sample": "jaxpe.train.sample",
   "jaxpe-tokenize": "jaxpe.train.tokenize",
+  "jaxpe-compile": "jaxpe.train.compile_cli",
 }
 """Console script -> the module whose ``run(prog)`` it calls."""
 
@@ -51,3 +52,8 @@ def sample() -> None:
 def tokenize() -> None:
   """``jaxpe-tokenize`` (``jaxpe.train.tokenize``)."""
   _run("jaxpe-tokenize")
+
+
+def compile() -> None:  # noqa: A001  (the command's name)
+  """``jaxpe-compile`` (``jaxpe.train.compile_cli``)."""
+  _run("jaxpe-compile")

@@ -173,6 +173,21 @@ def check_shell_line(cmd: str, where: str) -> None:
     _check_jaxpe_command(prog.removeprefix("jaxpe-"), args, where)
     scripts = _pyproject()["project"]["scripts"]
     assert prog in scripts, f"{where}: pyproject declares no console script {prog}"
+  elif prog == "jaxpe-compile":  # jaxpe-train's config and overrides, plus its own options
+    assert prog in _pyproject()["project"]["scripts"], f"{where}: pyproject declares no console script {prog}"
+    from jaxpe.train.targets import TARGETS
+
+    rest, i = [], 0
+    while i < len(args):
+      if args[i] in ("--target", "--json"):
+        assert args[i] != "--target" or args[i + 1] in TARGETS, f"{where}: no target {args[i + 1]}"
+        i += 2
+      elif args[i] == "--no-generate":
+        i += 1
+      else:
+        rest.append(args[i])
+        i += 1
+    _check_jaxpe_command("train", rest, where)
   elif prog in ("jaxpe-sample", "jaxpe-tokenize"):  # positional arguments and options: the options exist
     assert prog in _pyproject()["project"]["scripts"], f"{where}: pyproject declares no console script {prog}"
     _check_options(args, _help_text(("-m", f"jaxpe.train.{prog.removeprefix('jaxpe-')}")), where)

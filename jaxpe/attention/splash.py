@@ -8,6 +8,7 @@ Shape alphabet: B batch, T query positions, N heads, K kv heads, D kernel head d
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -44,13 +45,33 @@ def head_mask(t_len: int, causal: bool, pattern: Pattern | None):
   return out
 
 
+@contextlib.contextmanager
+def _no_concrete_mesh():
+  """While active, no concrete mesh is set (``jax.set_mesh``'s thread-local device context is
+  empty), also inside a trace, where ``jax.set_mesh(None)`` is refused. ``make_splash_mha`` builds its
+  mask tables with ``jnp.array``, which places them on the concrete mesh's devices: under
+  ``jax.set_mesh(<a mesh of compile-only devices>)`` (``jaxpe-compile``, deviceless AOT) that failed
+  with "'Executable' object has no attribute 'local_devices'" (issue 45). The tables are constants of
+  the kernel, the same on every device. Uses jax's private ``config.device_context`` (what
+  ``jax.set_mesh`` swaps)."""
+  from jax._src import config as jax_config  # noqa: PLC0415
+  from jax._src import mesh as mesh_lib  # noqa: PLC0415
+
+  previous = jax_config.device_context.swap_local(mesh_lib.empty_concrete_mesh)
+  try:
+    yield
+  finally:
+    jax_config.device_context.set_local(previous)
+
+
 @functools.lru_cache(maxsize=32)
 def _splash_kernel(t_len: int, num_heads: int, causal: bool, interpret: bool, pattern: Pattern | None = None):
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy, TPU-specific: on first use
 
   mask = head_mask(t_len, causal, pattern)
   cap = None if pattern is None else pattern.cap
-  with jax.ensure_compile_time_eval():  # the mask tables are constants, also when first built under jit
+  # the mask tables are constants, also when first built under jit, and on no mesh's devices
+  with jax.ensure_compile_time_eval(), _no_concrete_mesh():
     return splash.make_splash_mha(
       splash.MultiHeadMask([mask] * num_heads),
       head_shards=1,

@@ -1,0 +1,121 @@
+"""Every attention backend for ``cuda`` COMPILED for an H100 on this CPU-only host (XLA:GPU, Triton,
+ptxas, cuDNN's rule for a Hopper card), forward and gradient, with and without ALiBi, at the head sizes
+models use; and the train step of ``jaxpe-compile --target h100``.
+
+Needs jax's CUDA plugin (``pip install "jaxpe[gpu-compile]"``: ``jax[cuda12]``, 4.9 GB with the
+NVIDIA wheels, so not in the test extra); without it the module is skipped with that reason. Run it
+from a venv that has the plugin: ``JAX_PLATFORMS=cpu <venv>/bin/python -m pytest
+tests/attention/gpu_compile_test.py``. The full matrix (every H of ``lowering_check.HEAD_DIMS``) is
+``python benchmarks/lowering_check.py --gpu``; its table is in docs/accelerator.md.
+
+Issue 45 item 1: with ALiBi at H 128 ``pallas_gpu`` failed the real compile ("Shared memory size
+limit exceeded: requested 327680, available: 232448": 128-row blocks of the head widened to 256), and
+``cudnn`` was refused ("head dim must be <= 128": jax's cuDNN rule judged the CPU host, not the
+card). These tests failed on both before the fix.
+
+Memory bound: the fused kernels' temporaries stay below ``COPIES`` float32 copies of the padded q
+(no ``[B, N, T, S]`` score array at these shapes would fit that bound at T 1024).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+if importlib.util.find_spec("jax_cuda12_plugin") is None:
+  pytest.skip(
+    'jax\'s CUDA plugin is not installed (pip install "jaxpe[gpu-compile]", i.e. jax[cuda12]; 4.9 GB): '
+    "XLA:GPU, Triton and ptxas are needed to compile for an H100 without one",
+    allow_module_level=True,
+  )
+
+from jaxpe.attention import backends  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import lowering_check as lc  # noqa: E402
+
+KERNEL = {"cudnn": "cudnn_fmha", "pallas_gpu": "triton", "flash": "triton", "auto": None, "xla": None}
+COPIES = 8
+"""Fused kernels' temporaries per program: at most this many float32 copies of q padded to the
+kernel's head dim (measured at most 4: pallas_gpu's gradient with ALiBi at H 256)."""
+
+
+FLASH_H256 = pytest.mark.xfail(
+  strict=True,
+  reason="flash's H 256 blocks exceed an H100's shared memory (requested 328192, available 232448; its "
+  "block sizes: jaxpe/attention/flash*.py), and auto passes H 256 + ALiBi (264 dims, over cuDNN's 256) to flash",
+)
+
+
+def _extra(encoding: str, dim: int) -> int:
+  """The most emulation dims the lean ALiBi form adds below position 65536 (3 slope parts x digits)."""
+  if encoding != "alibi":
+    return 0
+  return backends.emulation_dim_count("cudnn", alibi_form="lean", max_position=65536)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+@pytest.mark.parametrize("encoding", ["none", "alibi"])
+@pytest.mark.parametrize(
+  "backend, dim",
+  [
+    ("cudnn", 128),
+    ("pallas_gpu", 128),
+    ("flash", 128),
+    ("auto", 128),
+    ("xla", 128),
+    ("pallas_gpu", 256),
+    ("flash", 256),
+    ("auto", 256),
+  ],
+)
+def test_every_backend_compiles_for_h100(backend, dim, encoding, grad, request):
+  if (backend, dim) == ("flash", 256) or (backend, dim, encoding) == ("auto", 256, "alibi"):
+    request.applymarker(FLASH_H256)
+  got = lc.gpu_compile_row(backend, encoding, dim, grad=grad)
+  assert isinstance(got, lc.Compiled), f"{backend} {encoding} H {dim}: {lc.describe(got)}"
+  kinds = lc.call_kinds(got)
+  if KERNEL[backend]:
+    assert KERNEL[backend] in kinds
+  if backend == "auto":  # cuDNN, or flash where cuDNN refuses the widened head (H 256 + ALiBi: 264 > 256)
+    assert ("cudnn_fmha" in kinds) != ("triton" in kinds)
+  if backend != "xla":
+    impl = "flash" if backend == "auto" and "triton" in kinds else "cudnn" if backend == "auto" else backend
+    padded = backends.padded_head_dim(impl, dim + _extra(encoding, dim))
+    bound = COPIES * 2 * 256 * 4 * padded * 4  # B 2, T 256, N 4, float32
+    assert got.temp <= bound, f"{backend} {encoding} H {dim}: {got.temp} bytes of temporaries"
+
+
+def test_cudnn_with_alibi_at_h128_is_judged_for_the_card_not_the_host():
+  """jax's cuDNN rule reads the local GPU's compute capability; on a CPU host it applied pre-Hopper
+  limits (H <= 128) to an H100 program. ``targets.cuda_target`` answers for the card."""
+  fn, args = lc.attention_case("cudnn", "alibi", jnp.bfloat16, grad=False, length=256, dim=128)
+  text, _ = lc.compile_gpu(fn, args, "h100")
+  assert "cudnn" in text
+
+
+def test_the_train_step_compiles_for_h100_with_cudnn(capsys):
+  from jaxpe.train import compile_cli
+
+  overrides = ["model.attn_implementation=auto", "model.dtype=bfloat16", "sample_len=4"]
+  with jax.numpy_dtype_promotion("standard"):
+    code = compile_cli.main(["--config", "tiny", "--target", "h100", *overrides])
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert "cudnn$fmha" in out and out.count(": fits") == 2
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+@pytest.mark.parametrize("encoding, dim", [("alibi", 64), ("none", 128)])
+def test_pallas_gpu_in_float32_fits_shared_memory(encoding, dim, grad):
+  """float32 rows take twice a bf16 row's shared memory: 128-row blocks at H 128 (or H 64 widened by
+  ALiBi to 72 and padded to 128) asked for 262656 bytes of 232448 before the blocks counted bytes."""
+  got = lc.gpu_compile_row("pallas_gpu", encoding, dim, grad=grad, dtype=jnp.float32)
+  assert isinstance(got, lc.Compiled), f"{encoding} H {dim}: {lc.describe(got)}"
+  assert "triton" in lc.call_kinds(got)
