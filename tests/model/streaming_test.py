@@ -45,9 +45,19 @@ def _reference(model, prompt, steps, start, recent):
   return np.stack(tokens, 1), np.stack(logits, 1)
 
 
-@pytest.mark.parametrize("start,recent,t_len", [(2, 5, 4), (0, 7, 11)])
-def test_one_layer_streaming_equals_a_fresh_forward_over_sinks_and_window(start, recent, t_len):
-  model = Decoder(ModelConfig(**BASE, num_layers=1), rngs=nnx.Rngs(0))
+OPTIONS = dict(  # learned sinks, both soft-caps, YaRN scaling, rotate-half layout, partial rotation
+  attention_sinks=True,
+  attn_logit_softcapping=5.0,
+  final_logit_softcapping=3.0,
+  rope_layout="half",
+  rotary_dim=4,
+  rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+)
+
+
+@pytest.mark.parametrize("start,recent,t_len,extra", [(2, 5, 4, {}), (0, 7, 11, {}), (2, 5, 11, OPTIONS)])
+def test_one_layer_streaming_equals_a_fresh_forward_over_sinks_and_window(start, recent, t_len, extra):
+  model = Decoder(ModelConfig(**BASE, num_layers=1, **extra), rngs=nnx.Rngs(0))
   prompt = np.random.default_rng(t_len).integers(0, 32, (2, t_len)).astype(np.int32)
   steps = 3 * recent + 2  # several wraps of the window
   want_tokens, want_logits = _reference(model, prompt, steps, start, recent)
