@@ -141,7 +141,9 @@ class Decoder(nnx.Module):
         restart them): with ``slot_index`` and a mask or segment ids, give ``positions`` too;
         without them the positions default to ``slot_index``.
       cache: a ``KVCache`` of this model's config (``init_cache(cfg, B, S)``) to append this chunk
-        to (prefill or decode); it must have room for the T new tokens.
+        to (prefill or decode); it must have room for the T new tokens. Or a
+        ``jaxpe.model.streaming.StreamingCache`` (StreamingLLM: sinks + recent window, positions
+        inside the cache; no ``positions`` / ``attention_mask``; T > 1 only before any eviction).
 
       logits_index: optional ``[B]`` integer token index in ``[0, T)`` per row: only that token's
         logits are computed (``[B, 1, V]``; the prefill of generation needs one row, and the
