@@ -18,6 +18,7 @@ D model dim, F MLP dim, V vocab, L layers.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpe.attention import masks
-from jaxpe.model import call_checks, encodings, initializers, llama_layers, partitioning
+from jaxpe.model import call_checks, encodings, initializers, llama_layers, partitioning, streaming
 from jaxpe.model.cache import KVCache, check_cache, is_empty_cache, live_slots, next_positions_start
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.layers import Block, dense, layer_norm
@@ -143,7 +144,9 @@ class Decoder(nnx.Module):
         restart them): with ``slot_index`` and a mask or segment ids, give ``positions`` too;
         without them the positions default to ``slot_index``.
       cache: a ``KVCache`` of this model's config (``init_cache(cfg, B, S)``) to append this chunk
-        to (prefill or decode); it must have room for the T new tokens.
+        to (prefill or decode); it must have room for the T new tokens. Or a
+        ``jaxpe.model.streaming.StreamingCache`` (StreamingLLM: sinks + recent window, positions
+        inside the cache; no ``positions`` / ``attention_mask``; T > 1 only before any eviction).
 
       logits_index: optional ``[B]`` integer token index in ``[0, T)`` per row: only that token's
         logits are computed (``[B, 1, V]``; the prefill of generation needs one row, and the
@@ -174,6 +177,15 @@ class Decoder(nnx.Module):
       cfg, tokens, positions, attention_mask, segment_ids, slot_index, cache
     )
     batch, t_len = tokens.shape
+    if isinstance(cache, streaming.StreamingCache):
+      given = {"positions": positions, "attention_mask": attention_mask}
+      for name, value in given.items():
+        if value is not None:
+          raise ValueError(
+            f"{name} cannot be combined with a StreamingCache (positions are assigned inside the cache; "
+            "rows hold no padding)"
+          )
+      return self._stream_call(tokens, cache, logits_index)
     if cache is not None:
       check_cache(cfg, cache, batch, t_len)
     encodings.for_config(cfg).check_call(
@@ -235,16 +247,7 @@ class Decoder(nnx.Module):
       cache_end=None if cache is None else cache.end,
       q_slots=q_slots,
     )
-    if logits_index is not None:
-      x = jnp.take_along_axis(
-        x, call_checks.check_logits_index(logits_index, batch, t_len)[:, None, None], axis=1
-      )
-    x = self.final_norm(x)
-    if cfg.tie_embeddings:
-      logits = jnp.einsum("BTD,VD->BTV", x, self.embed.embedding[...].astype(jnp.float32))
-    else:
-      logits = self.lm_head(x.astype(cfg.dtype)).astype(jnp.float32)
-    logits = llama_layers.soft_cap(logits, cfg.final_logit_softcapping)  # Gemma 2
+    logits = self._logits(x, logits_index)
     if cache is None:
       return logits
     new_cache = KVCache(
@@ -256,7 +259,39 @@ class Decoder(nnx.Module):
     )
     return logits, new_cache
 
-  def _blocks(self, x, positions, mask, kv_positions, layer_caches, *, cache_end, q_slots):
+  def _logits(self, x, logits_index):
+    """``[B, T, V]`` float32 logits of the last block's output ``x [B, T, D]`` (``[B, 1, V]`` at
+    ``logits_index [B]``)."""
+    cfg = self.cfg
+    if logits_index is not None:
+      index = call_checks.check_logits_index(logits_index, x.shape[0], x.shape[1])
+      x = jnp.take_along_axis(x, index[:, None, None], axis=1)
+    x = self.final_norm(x)
+    if cfg.tie_embeddings:
+      logits = jnp.einsum("BTD,VD->BTV", x, self.embed.embedding[...].astype(jnp.float32))
+    else:
+      logits = self.lm_head(x.astype(cfg.dtype)).astype(jnp.float32)
+    return llama_layers.soft_cap(logits, cfg.final_logit_softcapping)  # Gemma 2
+
+  def _stream_call(self, tokens, cache, logits_index):
+    """``Decoder.__call__`` on a ``StreamingCache`` (``jaxpe.model.streaming``): ``(logits, new
+    cache)``, every position the token's position inside the cache."""
+    batch, t_len = tokens.shape
+    streaming.check_chunk(self.cfg, cache, batch, t_len)
+    write, q_pos, kv_pos, filled = streaming.cache_positions(
+      cache.end, t_len, cache.start_size, cache.recent_size
+    )
+    positions = jnp.broadcast_to(q_pos, (batch, t_len))
+    kv_positions = jnp.broadcast_to(kv_pos, (batch, kv_pos.shape[0]))
+    mask = masks.IndexMask(positions, kv_positions, True, jnp.broadcast_to(filled, kv_positions.shape))
+    x = self.embed_inputs(tokens, positions)
+    x, (new_k, new_v) = self._blocks(
+      x, positions, mask, kv_positions, (cache.k, cache.v), cache_end=write, q_slots=positions, stream=True
+    )
+    new_cache = dataclasses.replace(cache, k=new_k, v=new_v, end=cache.end + t_len)
+    return self._logits(x, logits_index), new_cache
+
+  def _blocks(self, x, positions, mask, kv_positions, layer_caches, *, cache_end, q_slots, stream=False):
     """The L blocks on the residual stream ``x [B, T, D]`` float32, pinned to the ``(batch,
     length, embed)`` sharding at every block boundary (``jaxpe.model.partitioning.constrain``).
 
@@ -281,6 +316,7 @@ class Decoder(nnx.Module):
         use_rope=use_rope,
         shared_bias=shared,
         q_slots=q_slots,
+        stream=stream,
       )
       return partitioning.constrain(x, partitioning.ACTIVATION), new_kv
 

@@ -29,6 +29,7 @@ shape.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -39,6 +40,7 @@ from flax import nnx
 
 from jaxpe.model.cache import check_cache_fits, init_cache
 from jaxpe.model.decoder import Decoder
+from jaxpe.model.streaming import check_streaming, init_streaming_cache
 from jaxpe.ops import checks as _checks
 
 _MIN_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
@@ -169,6 +171,7 @@ def generate(
   stop_tokens: int | tuple[int, ...] | list[int] | None = None,
   pad_token_id: int | None = None,
   rng: jax.Array | None = None,
+  streaming: tuple[int, int] | None = None,
 ) -> jax.Array:
   """Prefills a KV cache with the prompt, then decodes one token at a time (sampling rule: the
   module docstring).
@@ -194,6 +197,13 @@ def generate(
       ``stop_tokens``. Only with ``stop_tokens``.
     rng: a scalar PRNG key (``jax.random.key(seed)``, or a legacy ``uint32[2]`` key); required when
       ``temperature > 0``, ignored (but checked) for greedy decoding.
+    streaming: None, or ``(start_size, recent_size)``: StreamingLLM (Xiao et al., arXiv 2309.17453;
+      mit-han-lab/streaming-llm's ``StartRecentKVCache``): the cache keeps the first ``start_size``
+      tokens (attention sinks) and the last ``recent_size`` (this step's included), positions
+      assigned inside the cache (``jaxpe.model.streaming``), memory O(start_size + recent_size) per
+      layer whatever ``max_new_tokens``. The prompt's first ``start_size + recent_size`` tokens are
+      prefilled in one chunk, the rest fed one at a time. ``pos_encoding='rope'`` models with global
+      layers only; no padding (``attention_mask`` all ones).
 
   Returns:
     ``[B, max_new_tokens]`` int32 generated tokens (after a row's stop token: ``pad_token_id``).
@@ -213,7 +223,9 @@ def generate(
       ``top_k`` outside ``[1, V]``; ``top_p`` outside ``(0, 1]``; ``stop_tokens`` /
       ``pad_token_id`` outside ``[0, V)`` (TypeError: not ints), ``stop_tokens`` empty,
       ``pad_token_id`` without ``stop_tokens``; sampling without ``rng``; an ``rng`` holding several
-      keys.
+      keys; ``streaming`` not two ints with ``start_size >= 0``, ``recent_size >= 1``, on a model it
+      does not run (``jaxpe.model.streaming.check_streaming``: named), or with padding in
+      ``attention_mask`` (or a traced one).
 
   Source: the sampling warpers and stopping of HF transformers' ``generate``
   (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``, ``eos_token_id`` /
@@ -233,22 +245,37 @@ def generate(
     pad_token_id = _check_token_ids("pad_token_id", pad_token_id, cfg.vocab_size)[0]
   stopping = None if stops is None else (stops, stops[0] if pad_token_id is None else pad_token_id)
   prompt, mask = _check_prompt_mask(prompt, attention_mask, cfg.vocab_size)
+  if streaming is not None:
+    streaming = check_streaming(cfg, streaming)
+    if attention_mask is not None and (isinstance(mask, jax.core.Tracer) or not bool(jnp.all(mask))):
+      raise ValueError(
+        "streaming runs rows without padding (positions are assigned inside the cache): give an "
+        "attention_mask of all ones, or none (a traced attention_mask is refused too)"
+      )
   limits = {
     "learned": ("max_len", cfg.max_len),
     "rope_alibi": ("rope_alibi_context", cfg.rope_alibi_context or cfg.max_len),
   }
   name, limit = limits.get(cfg.pos_encoding, ("int32 positions", 2**31 - 1))
+  if streaming is not None:
+    name = "2^31 - 1 (the int32 count of tokens fed to the streaming cache)"
+
   if prompt.shape[1] + max_new_tokens > limit:
     raise ValueError(
       f"prompt length T + max_new_tokens must be <= {name} ({limit}) for pos_encoding={cfg.pos_encoding!r}, "
       f"got T={prompt.shape[1]} + max_new_tokens={max_new_tokens}"
     )
   slots = prompt.shape[1] + max_new_tokens
-  check_cache_fits(
-    cfg, prompt.shape[0], slots, "max_new_tokens",
-    f"T + max_new_tokens = {prompt.shape[1]} + {max_new_tokens} slots per row: generate fewer tokens "
-    f"(or fewer rows)",
-  )  # fmt: skip
+  if streaming is not None:  # C slots of unrotated keys and values per layer, whatever the length
+    check_cache_fits(
+      cfg, prompt.shape[0], sum(streaming), "streaming", "give a smaller start_size + recent_size"
+    )
+  else:
+    check_cache_fits(
+      cfg, prompt.shape[0], slots, "max_new_tokens",
+      f"T + max_new_tokens = {prompt.shape[1]} + {max_new_tokens} slots per row: generate fewer tokens "
+      f"(or fewer rows)",
+    )  # fmt: skip
   if rng is not None:
     rng = _check_rng(rng)
   elif temperature > 0:
@@ -256,6 +283,8 @@ def generate(
   rng = jax.random.key(0) if rng is None else rng
   graphdef, state = nnx.split(model)
   sampling = (temperature, top_k, top_p)
+  if streaming is not None:
+    return _generate_streaming(graphdef, state, prompt, rng, max_new_tokens, sampling, stopping, streaming)
   return _generate(graphdef, state, prompt, mask, rng, max_new_tokens, sampling, stopping)
 
 
@@ -321,6 +350,32 @@ def _generate(graphdef, state, prompt, mask, rng, max_new_tokens, sampling, stop
   # only that token's logits are computed
   last = t_len - 1 - jnp.argmax(mask[:, ::-1], axis=1)
   logits, cache = model(prompt, attention_mask=mask, cache=cache, logits_index=last)
+  return _decode(graphdef, state, logits, cache, rng, max_new_tokens, sampling, stopping)
+
+
+@jax.jit(static_argnums=(4, 5, 6, 7))
+def _generate_streaming(graphdef, state, prompt, rng, max_new_tokens, sampling, stopping, sizes):
+  """``_generate`` on a ``StreamingCache`` of ``sizes = (start_size, recent_size)``: the prompt's
+  first ``min(T, C)`` tokens as one chunk, the rest one token at a time (a ``fori_loop``)."""
+  model = nnx.merge(graphdef, state)
+  batch, t_len = prompt.shape
+  cache = init_streaming_cache(model.cfg, batch, *sizes)
+  cache = dataclasses.replace(cache, end=np.zeros((), np.int32))  # concrete: the chunk fits (check_chunk)
+  first = min(t_len, sum(sizes))
+  logits, cache = model(prompt[:, :first], cache=cache, logits_index=jnp.full((batch,), first - 1))
+
+  def feed(i, carry):
+    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))  # as _decode's step
+    return model(jax.lax.dynamic_slice_in_dim(prompt, i, 1, axis=1), cache=carry[1])
+
+  if t_len > first:
+    logits, cache = jax.lax.fori_loop(first, t_len, feed, (logits, cache))
+  return _decode(graphdef, state, logits, cache, rng, max_new_tokens, sampling, stopping)
+
+
+def _decode(graphdef, state, logits, cache, rng, max_new_tokens, sampling, stopping):
+  """The decode loop after the prefill's ``logits [B, 1, V]``: ``[B, max_new_tokens]`` tokens."""
+  batch = logits.shape[0]
   rng, sub = jax.random.split(rng)
   first = pick(logits[:, 0], sub, *sampling)
   stops, pad = stopping if stopping is not None else ((), 0)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpe.attention import context, decode, kernels, masks
-from jaxpe.model import encodings, llama_layers, partitioning, pattern_options, ring_cache
+from jaxpe.model import encodings, llama_layers, partitioning, pattern_options, ring_cache, streaming
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.primitives import LayerNorm, dense, gelu, layer_norm  # noqa: F401 (re-exported)
 
@@ -74,6 +74,7 @@ class Attention(nnx.Module):
     use_rope: bool | jax.Array | None = None,
     shared_bias=None,
     q_slots: jax.Array | None = None,
+    stream: bool = False,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x ``[B, T, D]`` -> ``([B, T, D], updated (k, v) cache or None)``.
 
@@ -89,12 +90,17 @@ class Attention(nnx.Module):
     (``cfg.rope_layers()``; false = NoPE layer, ``encode_qk_nope``), None without one.
     ``shared_bias``: the encoding's ``shared_bias_params`` (T5's table). ``q_slots`` ``[B, T]``: the
     queries' sequence slots (Llama 4's temperature, ``attn_temperature_tuning``). A ring layer's
-    cache (fewer slots than ``kv_positions``) runs as ``jaxpe.model.ring_cache`` says.
+    cache (fewer slots than ``kv_positions``) runs as ``jaxpe.model.ring_cache`` says. ``stream``:
+    ``cache_kv`` is a ``StreamingCache``'s (unrotated keys), ``cache_end`` the ``[T]`` slots the chunk
+    is written to, ``positions`` / ``kv_positions`` / ``mask`` those inside the cache
+    (``jaxpe.model.streaming``).
     """
     q, k, v = self.q(x), self.k(x), self.v(x)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     if self.cfg.qk_norm:
       q, k = self.q_norm(q).astype(q.dtype), self.k_norm(k).astype(k.dtype)
     enc = encodings.for_config(self.rope_cfg)  # this layer's RoPE (Gemma 3: local base)
+    if stream:  # StreamingLLM: keys cached unrotated, all rotated by their slot's position in the cache
+      return self._stream_attend(enc, q, k, v, positions, mask, kv_positions, cache_kv, cache_end, use_rope)
     rope_spec = None
     if (
       self.cfg.attn_implementation == "flash"
@@ -110,15 +116,7 @@ class Attention(nnx.Module):
     if cfg.attn_temperature_tuning and use_rope is not None:  # Llama 4: NoPE layers only
       t = llama_layers.temperature_scale(q_slots, cfg.floor_scale, cfg.attn_scale)
       q = (q * jnp.where(jnp.asarray(use_rope), 1.0, t)).astype(q.dtype)
-    scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(cfg.head_size)
-    sinks = self.sinks[...] if cfg.attention_sinks else None
-    pattern = {
-      k: v
-      for k, v in zip(
-        ("local_window_size", "chunk_size", "logits_soft_cap"), self.pattern[1:3] + self.pattern[4:]
-      )
-      if v is not None
-    }  # the layer's window / chunk / soft-cap (jaxpe.attention.attention's keywords)
+    scale, sinks, pattern = self._options()
     if cache_kv is not None and cache_kv[0].shape[2] == self.pattern.ring_slots:  # a ring layer
       new_kv = tuple(ring_cache.ring_write(c, n, cache_end) for c, n in zip(cache_kv, (k, v)))
       if not isinstance(mask, masks.AttentionMask):  # the chunk against the ring's slots and itself
@@ -208,6 +206,29 @@ class Attention(nnx.Module):
       out = partitioning.batch_local(attend, (*rows, bias), (sinks,))
     else:
       out = attend(*rows, bias, sinks)
+    return self.o(out), new_kv
+
+  def _options(self):
+    """``(scale, sinks, pattern)``: the score scale, the learned sink logits (or None) and the
+    layer's window / chunk / soft-cap as ``jaxpe.attention.attention``'s keywords."""
+    cfg = self.cfg
+    scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(cfg.head_size)
+    sinks = self.sinks[...] if cfg.attention_sinks else None
+    names = ("local_window_size", "chunk_size", "logits_soft_cap")
+    pattern = {k: v for k, v in zip(names, self.pattern[1:3] + self.pattern[4:]) if v is not None}
+    return scale, sinks, pattern
+
+  def _stream_attend(self, enc, q, k, v, positions, mask, kv_positions, cache_kv, slots, use_rope):
+    """The chunk's q / unrotated k, v against a ``StreamingCache`` layer (``[B, K, C, H]``): writes
+    k, v to ``slots``, rotates q at ``positions`` and every cached key at ``kv_positions``."""
+    new_kv = streaming.write(cache_kv, k, v, slots)
+    k_all, v_all = (jnp.swapaxes(c, 1, 2) for c in new_kv)  # [B, C, K, H]
+    q, _ = enc.encode_layer_qk(q, q, positions, use_rope)
+    _, k_all = enc.encode_layer_qk(k_all, k_all, kv_positions, use_rope)
+    scale, sinks, pattern = self._options()
+    out = kernels.attention(
+      q, k_all, v_all, scale=scale, mask=mask, sinks=sinks, implementation="xla", **pattern
+    )  # fmt: skip
     return self.o(out), new_kv
 
 

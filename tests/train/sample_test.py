@@ -89,6 +89,22 @@ def test_prompt_bytes_that_are_not_utf8_reach_the_model_as_they_are(workdir, cap
     sample.sample_bytes(workdir, [1, 2], max_new_tokens=8)
 
 
+def test_streaming_sample_matches_a_fresh_forward_over_sinks_and_window(workdir, capsys):
+  """``--streaming 2,5`` (issue 47): greedy bytes of a fresh forward over [the first 2 bytes, the
+  last 5] at positions 0..6 at every step (exact on this one-layer model), past max_len = 32."""
+  from flax import nnx
+
+  argv = [str(workdir), "--prompt", "def f(x", "--temperature", "0", "--max-new-tokens", "40"]
+  assert sample.main([*argv, "--streaming", "2,5"]) == 0
+  model = load.load_trained(sample._run_config(workdir))
+  forward = nnx.jit(lambda m, x: m(x)[0, -1])
+  tokens = list(b"def f(x")
+  for _ in range(40):
+    window = tokens[:2] + tokens[-5:]
+    tokens.append(int(np.argmax(np.asarray(forward(model, jnp.asarray([window], jnp.int32))))))
+  assert capsys.readouterr().out == bytes(tokens).decode(errors="replace") + "\n"
+
+
 def test_sampling_is_seeded(workdir):
   text, stats = sample.sample(workdir, "x", max_new_tokens=100, temperature=1.0, top_k=None, seed=5)
   again, _ = sample.sample(workdir, "x", max_new_tokens=100, temperature=1.0, top_k=None, seed=5)
@@ -102,6 +118,7 @@ def test_sampling_is_seeded(workdir):
     (["{workdir}", "--prompt", ""], "the prompt is empty"),
     (["{workdir}", "--temperature", "-1"], "temperature"),
     (["{workdir}", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["{workdir}", "--streaming=-1,4"], "streaming start_size (sink tokens) must be >= 0, got -1"),
   ],
 )
 def test_errors_are_one_line(workdir, capsys, argv, words):
