@@ -52,7 +52,7 @@ def make_norm(cfg: ModelConfig, rngs: nnx.Rngs, dim: int | None = None, names=("
   if cfg.norm_type == "layernorm":
     from jaxpe.model.primitives import layer_norm
 
-    return layer_norm(cfg, rngs)
+    return layer_norm(cfg, rngs, dim, names)
   dim = cfg.d_model if dim is None else dim
   return RMSNorm(dim, eps=cfg.layernorm_eps, gemma=cfg.norm_type == "gemma_rmsnorm", names=names, rngs=rngs)
 

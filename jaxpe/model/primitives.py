@@ -121,16 +121,16 @@ class LayerNorm(nnx.LayerNorm):
     return _layer_norm(x, scale, bias, float(self.epsilon))
 
 
-def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> LayerNorm:
-  """The model's ``LayerNorm`` over D: ``layernorm_eps``, scale ones and bias zeros ``[D]``
-  (logical name ``embed``), float32."""
+def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs, dim: int | None = None, names=("embed",)) -> LayerNorm:
+  """The model's ``LayerNorm`` over ``dim`` (default D; H for ``qk_norm``): ``layernorm_eps``, scale
+  ones and bias zeros ``[dim]`` (logical names ``names``), float32."""
   return LayerNorm(
-    cfg.d_model,
+    cfg.d_model if dim is None else dim,
     epsilon=cfg.layernorm_eps,
     dtype=jnp.float32,
     use_fast_variance=False,
-    scale_init=initializers.ones(("embed",)),
-    bias_init=initializers.zeros(("embed",)),
+    scale_init=initializers.ones(names),
+    bias_init=initializers.zeros(names),
     rngs=rngs,
   )
 

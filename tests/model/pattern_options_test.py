@@ -152,3 +152,24 @@ def test_exporters_and_flops_know_the_new_keys():
   assert plain - window == pytest.approx(6 * 4 * 16 * (17 / 2 - 58 / 16))
   chunk = train_flops_per_token(ModelConfig(**base, attention_chunk_size=4), 16)  # 4 chunks: 2.5 keys
   assert plain - chunk == pytest.approx(6 * 4 * 16 * (17 / 2 - 2.5))
+
+
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm", "gemma_rmsnorm"])
+def test_qk_norm_normalises_each_head_for_every_norm_type(norm_type):
+  """A kind: a norm built for another width than D (``qk_norm``'s over H) under every ``norm_type``.
+  ``layernorm`` built a ``[D]`` norm and failed at the first forward ("cannot reshape (32,) into (8,)").
+  Each norm, fresh (scale 1, bias 0), against its closed form over the head dim in float64."""
+  cfg = ModelConfig(
+    d_model=32, num_layers=1, num_heads=4, mlp_dim=64, vocab_size=256, qk_norm=True, norm_type=norm_type
+  )
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  logits = np.asarray(model(np.arange(6)[None]))
+  assert logits.shape == (1, 6, 256) and np.all(np.isfinite(logits))
+  x = np.random.default_rng(0).normal(size=(2, 3, 4, 8))
+  got = np.asarray(model.blocks[0].attn.q_norm(x.astype(np.float32)), np.float64)
+  eps = cfg.layernorm_eps
+  if norm_type == "layernorm":
+    want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+  else:
+    want = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
