@@ -64,6 +64,15 @@ def _rope(cfg: Mapping[str, Any], kind: str) -> dict[str, Any]:
   return out
 
 
+# The soft-cap keys each family's transformers modeling code applies: Gemma3Attention keeps
+# attn_logit_softcapping in its config but never passes it to the attention (Gemma 3 replaced the
+# cap with qk-norm), so a Gemma 3 config's value is not read; the other families have no caps.
+SOFT_CAP_KEYS = {
+  "gemma2": ("attn_logit_softcapping", "final_logit_softcapping"),
+  "gemma3_text": ("final_logit_softcapping",),
+}
+
+
 def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   """The attention-pattern keys of ``ModelConfig`` from an HF config of ``PATTERN_FAMILIES``.
 
@@ -96,7 +105,7 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
     out["sliding_window"] = int(cfg["sliding_window"])
   if "chunked_attention" in types:
     out["attention_chunk_size"] = int(cfg["attention_chunk_size"])
-  for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+  for key in SOFT_CAP_KEYS.get(kind, ()):  # the keys transformers' modeling code applies
     if cfg.get(key) is not None:
       out[key] = float(cfg[key])
   if kind == "llama4_text":
