@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxpe.ops import hf_config
+from jaxpe.ops import hf_config, hf_families
 
 PATTERN_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss", "llama4_text")
 """``model_type`` values ``pattern_from_hf_config`` reads."""
@@ -52,7 +52,9 @@ def _rope(cfg: Mapping[str, Any], kind: str) -> dict[str, Any]:
   params = dict(params)
   theta = params.pop("rope_theta", cfg.get("rope_theta", 10000.0))
   kind_ = params.get("rope_type", params.get("type", "default"))
-  out: dict[str, Any] = {"rope_theta": float(theta), "rope_layout": "half"}
+  # the pair layout the family's modeling code rotates: Llama 4 adjacent pairs (view_as_complex)
+  layout = hf_families.pair_layout(kind, cfg, trailing=False)
+  out: dict[str, Any] = {"rope_theta": float(theta), "rope_layout": layout}
   if kind_ != "default" or params.get("partial_rotary_factor") is not None:
     out["rope_scaling"] = {k: v for k, v in params.items() if v is not None}
   if local is not None:
@@ -84,7 +86,7 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   Returns:
     a dict of ``ModelConfig`` keys: ``layer_types`` (tuple, when not all full), ``sliding_window``,
     ``attention_chunk_size``, ``attn_logit_softcapping``, ``final_logit_softcapping``, the RoPE keys
-    (``rope_theta``, ``rope_scaling``, ``rope_local_base_freq``, ``rope_layout='half'``),
+    (``rope_theta``, ``rope_scaling``, ``rope_local_base_freq``, ``rope_layout``: ``'interleaved'`` for Llama 4, ``'half'`` for the others),
     ``no_rope_layers`` and ``attn_temperature_tuning`` / ``floor_scale`` / ``attn_scale``
     (Llama 4), each only when the config uses it.
 

@@ -152,3 +152,34 @@ def test_exporters_and_flops_know_the_new_keys():
   assert plain - window == pytest.approx(6 * 4 * 16 * (17 / 2 - 58 / 16))
   chunk = train_flops_per_token(ModelConfig(**base, attention_chunk_size=4), 16)  # 4 chunks: 2.5 keys
   assert plain - chunk == pytest.approx(6 * 4 * 16 * (17 / 2 - 2.5))
+
+
+@pytest.mark.parametrize("family", ["llama4_text", "gpt_oss"])
+def test_rope_layout_is_the_one_transformers_rotates(family):
+  """Llama 4 rotates adjacent pairs (``view_as_complex``), gpt-oss halves (``torch.chunk``): the
+  ``rope_layout`` read from the config, given to ``apply_rope``, gives transformers' own rotation
+  of a random q (its rotary embedding and apply function; RoPE without scaling)."""
+  import jax.numpy as jnp
+
+  from jaxpe.ops import apply_rope
+
+  torch = importlib.import_module("torch")
+  tf = importlib.import_module("transformers")
+  small = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+  small |= dict(intermediate_size=16, vocab_size=64)
+  rope = {"rope_type": "default", "rope_theta": 100.0}
+  x = np.random.default_rng(0).normal(size=(1, 5, 4, 8)).astype(np.float32)  # [B, T, N, H]
+  pos = np.arange(5)[None]
+  if family == "llama4_text":
+    mod = importlib.import_module("transformers.models.llama4.modeling_llama4")
+    cfg = tf.Llama4TextConfig(**small, intermediate_size_mlp=16, rope_parameters=rope)
+    freqs = mod.Llama4TextRotaryEmbedding(cfg)(torch.tensor(x), torch.tensor(pos))
+    ref = mod.apply_rotary_emb(torch.tensor(x), torch.tensor(x), freqs)[0]
+  else:
+    mod = importlib.import_module("transformers.models.gpt_oss.modeling_gpt_oss")
+    cfg = tf.GptOssConfig(**small, rope_parameters=rope)
+    cos, sin = mod.GptOssRotaryEmbedding(cfg)(torch.tensor(x), torch.tensor(pos))
+    ref = mod._apply_rotary_emb(torch.tensor(x), cos[:, :, None], sin[:, :, None])
+  keys = pattern_from_hf_config(cfg)
+  got = apply_rope(jnp.asarray(x), jnp.asarray(pos), base=keys["rope_theta"], layout=keys["rope_layout"])
+  np.testing.assert_allclose(np.asarray(got), ref.numpy(), atol=1e-5)
