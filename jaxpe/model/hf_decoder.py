@@ -75,6 +75,36 @@ SOFT_CAP_KEYS = {
 }
 
 
+def _llama4_rope_flags(cfg: Mapping[str, Any], layers: int) -> tuple[int, ...]:
+  """Llama 4's ``no_rope_layers`` (1 = RoPE), or Llama4TextConfig's default from
+  ``no_rope_layer_interval`` (4): every interval-th layer is NoPE."""
+  interval = int(cfg.get("no_rope_layer_interval") or 4)
+  flags = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+  return tuple(int(f) for f in flags)
+
+
+def _layer_types(cfg: Mapping[str, Any], kind: str, layers: int) -> tuple[str, ...]:
+  """``layer_types``, or the default the family's transformers config derives when a
+  ``config.json`` has none (as the configs on the Hub written before ``layer_types`` existed):
+  Mistral sliding everywhere with a window; Qwen3 sliding from ``max_window_layers`` (28) on with
+  a window; Gemma 2 and gpt-oss every second layer full; Gemma 3 every ``sliding_window_pattern``-th
+  (6) full; Llama 4 chunked on its RoPE layers when ``attention_chunk_size`` (8192) is set."""
+  if cfg.get("layer_types"):
+    return tuple(cfg["layer_types"])
+  window = cfg.get("sliding_window")
+  if kind == "qwen3":
+    first = int(cfg.get("max_window_layers", 28))
+    return tuple("sliding_attention" if window and i >= first else "full_attention" for i in range(layers))
+  if kind in ("gemma2", "gpt_oss", "gemma3_text"):
+    every = int(cfg.get("sliding_window_pattern") or 6) if kind == "gemma3_text" else 2
+    return tuple("sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers))
+  if kind == "llama4_text":
+    chunked = cfg.get("attention_chunk_size", 8192) is not None
+    flags = _llama4_rope_flags(cfg, layers)
+    return tuple("chunked_attention" if f and chunked else "full_attention" for f in flags)
+  return ("sliding_attention" if window else "full_attention",) * layers  # Mistral
+
+
 def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   """The attention-pattern keys of ``ModelConfig`` from an HF config of ``PATTERN_FAMILIES``.
 
@@ -97,26 +127,28 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
   layers = int(cfg["num_hidden_layers"])
-  types = tuple(cfg.get("layer_types") or ())
-  if not types:  # Mistral: sliding everywhere when the config has a window
-    types = ("sliding_attention" if cfg.get("sliding_window") else "full_attention",) * layers
+  if kind == "qwen3" and not cfg.get("use_sliding_window", False):
+    cfg = {**cfg, "sliding_window": None}  # Qwen3Config drops the window unless use_sliding_window
+  types = _layer_types(cfg, kind, layers)
+  if kind == "qwen3" and not cfg.get("sliding_window"):  # Qwen3Attention: no window, full
+    types = tuple("full_attention" if t == "sliding_attention" else t for t in types)
   out: dict[str, Any] = _rope(cfg, kind)
   if set(types) != {"full_attention"}:
     out["layer_types"] = types
   if "sliding_attention" in types:
     out["sliding_window"] = int(cfg["sliding_window"])
   if "chunked_attention" in types:
-    out["attention_chunk_size"] = int(cfg["attention_chunk_size"])
+    out["attention_chunk_size"] = int(cfg.get("attention_chunk_size", 8192))
   for key in SOFT_CAP_KEYS.get(kind, ()):  # the keys transformers' modeling code applies
     if cfg.get(key) is not None:
       out[key] = float(cfg[key])
   if kind == "llama4_text":
-    flags = tuple(int(f) for f in cfg.get("no_rope_layers") or ())
+    flags = _llama4_rope_flags(cfg, layers)
     if flags and not all(flags):
       out["no_rope_layers"] = flags
-      if cfg.get("attn_temperature_tuning"):
-        out.update(attn_temperature_tuning=True, floor_scale=float(cfg["floor_scale"]))
-        out["attn_scale"] = float(cfg["attn_scale"])
+      if cfg.get("attn_temperature_tuning", True):  # Llama4TextConfig's defaults
+        out.update(attn_temperature_tuning=True, floor_scale=float(cfg.get("floor_scale", 8192)))
+        out["attn_scale"] = float(cfg.get("attn_scale", 0.1))
   if "rope_local_base_freq" in out and "sliding_attention" not in types:
     del out["rope_local_base_freq"]
   return out

@@ -183,3 +183,49 @@ def test_rope_layout_is_the_one_transformers_rotates(family):
   keys = pattern_from_hf_config(cfg)
   got = apply_rope(jnp.asarray(x), jnp.asarray(pos), base=keys["rope_theta"], layout=keys["rope_layout"])
   np.testing.assert_allclose(np.asarray(got), ref.numpy(), atol=1e-5)
+
+
+HUB_STYLE = {  # config.json dicts as older Hub configs write them: no layer_types (nor Llama 4's flags)
+  "mistral": ("MistralConfig", dict(sliding_window=5)),
+  "qwen3": ("Qwen3Config", dict(use_sliding_window=True, sliding_window=5, max_window_layers=3)),
+  "qwen3_unused_window": (
+    "Qwen3Config",
+    dict(use_sliding_window=False, sliding_window=5, max_window_layers=0),
+  ),
+  "gemma2": ("Gemma2Config", dict(sliding_window=5)),
+  "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=5, sliding_window_pattern=3)),
+  "gemma3_text_default": ("Gemma3TextConfig", dict(sliding_window=5)),
+  "gpt_oss": ("GptOssConfig", dict(sliding_window=5)),
+  "llama4_text": (
+    "Llama4TextConfig",
+    dict(attention_chunk_size=4, no_rope_layer_interval=3, intermediate_size_mlp=16),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_STYLE))
+def test_a_config_json_without_layer_types_reads_the_pattern_transformers_derives(name):
+  """A ``config.json`` dict without ``layer_types`` (Gemma 3's ``sliding_window_pattern``, Qwen3's
+  ``use_sliding_window`` / ``max_window_layers``, Llama 4's ``no_rope_layer_interval``) gives the
+  layer types, NoPE layers and temperature keys transformers' config class derives from it."""
+  tf = importlib.import_module("transformers")
+  cls, kw = HUB_STYLE[name]
+  small = dict(num_hidden_layers=7, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+  small |= dict(intermediate_size=16, vocab_size=64, max_position_embeddings=64)
+  ref = getattr(tf, cls)(**small, **kw)
+  raw = {"model_type": ref.model_type, **small, **kw}
+  got = pattern_from_hf_config(raw)
+  types = tuple(
+    getattr(ref, "layer_types", None)
+    or ("sliding_attention" if ref.sliding_window else "full_attention",) * 7
+  )
+  if name == "qwen3_unused_window":  # Qwen3Attention: a sliding layer without a window is full
+    types = ("full_attention",) * 7
+  assert got.get("layer_types", ("full_attention",) * 7) == types
+  if name == "llama4_text":
+    assert got["no_rope_layers"] == tuple(ref.no_rope_layers)
+    assert (got["attn_temperature_tuning"], got["floor_scale"], got["attn_scale"]) == (
+      ref.attn_temperature_tuning,
+      ref.floor_scale,
+      ref.attn_scale,
+    )
