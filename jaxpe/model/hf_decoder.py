@@ -75,6 +75,16 @@ SOFT_CAP_KEYS = {
 }
 
 
+# transformers' config classes' sliding_window default, for a config.json dict without the key
+HF_DEFAULT_SLIDING_WINDOW = {
+  "mistral": 4096,
+  "qwen3": 4096,
+  "gemma2": 4096,
+  "gemma3_text": 4096,
+  "gpt_oss": 128,
+}
+
+
 def _llama4_rope_flags(cfg: Mapping[str, Any], layers: int) -> tuple[int, ...]:
   """Llama 4's ``no_rope_layers`` (1 = RoPE), or Llama4TextConfig's default from
   ``no_rope_layer_interval`` (4): every interval-th layer is NoPE."""
@@ -127,6 +137,8 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
   layers = int(cfg["num_hidden_layers"])
+  if "sliding_window" not in cfg and kind in HF_DEFAULT_SLIDING_WINDOW:  # the config class's default
+    cfg = {**cfg, "sliding_window": HF_DEFAULT_SLIDING_WINDOW[kind]}
   if kind == "qwen3" and not cfg.get("use_sliding_window", False):
     cfg = {**cfg, "sliding_window": None}  # Qwen3Config drops the window unless use_sliding_window
   types = _layer_types(cfg, kind, layers)

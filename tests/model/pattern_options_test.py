@@ -187,6 +187,9 @@ def test_rope_layout_is_the_one_transformers_rotates(family):
 
 HUB_STYLE = {  # config.json dicts as older Hub configs write them: no layer_types (nor Llama 4's flags)
   "mistral": ("MistralConfig", dict(sliding_window=5)),
+  "mistral_no_window_key": ("MistralConfig", {}),  # transformers' default window, 4096
+  "gemma2_no_window_key": ("Gemma2Config", {}),
+  "gpt_oss_no_window_key": ("GptOssConfig", {}),
   "qwen3": ("Qwen3Config", dict(use_sliding_window=True, sliding_window=5, max_window_layers=3)),
   "qwen3_unused_window": (
     "Qwen3Config",
@@ -222,6 +225,8 @@ def test_a_config_json_without_layer_types_reads_the_pattern_transformers_derive
   if name == "qwen3_unused_window":  # Qwen3Attention: a sliding layer without a window is full
     types = ("full_attention",) * 7
   assert got.get("layer_types", ("full_attention",) * 7) == types
+  if "sliding_attention" in types:
+    assert got["sliding_window"] == ref.sliding_window
   if name == "llama4_text":
     assert got["no_rope_layers"] == tuple(ref.no_rope_layers)
     assert (got["attn_temperature_tuning"], got["floor_scale"], got["attn_scale"]) == (
