@@ -85,6 +85,27 @@ HF_DEFAULT_SLIDING_WINDOW = {
 }
 
 
+# transformers' config classes' defaults of the keys config_dict_from_hf reads, for a config.json
+# dict without them (MistralConfig, Qwen3Config, Gemma2Config, Gemma3TextConfig, transformers 5.25)
+_GEMMA_DEFAULTS = dict(
+  num_key_value_heads=4,
+  head_dim=256,
+  hidden_activation="gelu_pytorch_tanh",
+  rms_norm_eps=1e-6,
+  query_pre_attn_scalar=256,
+)
+HF_PATTERN_DEFAULTS: dict[str, dict[str, Any]] = {
+  "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+  "gemma3_text": dict(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0),
+}
+HF_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+  "mistral": dict(num_key_value_heads=8, rms_norm_eps=1e-6, max_position_embeddings=4096 * 32),
+  "qwen3": dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, max_position_embeddings=32768),
+  "gemma2": dict(_GEMMA_DEFAULTS, max_position_embeddings=8192),
+  "gemma3_text": dict(_GEMMA_DEFAULTS, max_position_embeddings=131_072),
+}
+
+
 def _llama4_rope_flags(cfg: Mapping[str, Any], layers: int) -> tuple[int, ...]:
   """Llama 4's ``no_rope_layers`` (1 = RoPE), or Llama4TextConfig's default from
   ``no_rope_layer_interval`` (4): every interval-th layer is NoPE."""
@@ -137,6 +158,7 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
   layers = int(cfg["num_hidden_layers"])
+  cfg = {**HF_PATTERN_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
   if "sliding_window" not in cfg and kind in HF_DEFAULT_SLIDING_WINDOW:  # the config class's default
     cfg = {**cfg, "sliding_window": HF_DEFAULT_SLIDING_WINDOW[kind]}
   if kind == "qwen3" and not cfg.get("use_sliding_window", False):
@@ -190,6 +212,7 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
     )
   if cfg.get("attention_bias"):
     raise ValueError(f"{kind} with attention_bias=True: jaxpe's use_bias would also add MLP biases")
+  cfg = {**HF_CONFIG_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
   gemma = kind.startswith("gemma")
   out: dict[str, Any] = {
     "vocab_size": int(cfg["vocab_size"]),

@@ -234,3 +234,16 @@ def test_a_config_json_without_layer_types_reads_the_pattern_transformers_derive
       ref.floor_scale,
       ref.attn_scale,
     )
+
+
+@pytest.mark.parametrize("cls", ["MistralConfig", "Qwen3Config", "Gemma2Config", "Gemma3TextConfig"])
+def test_a_config_json_without_the_defaulted_keys_reads_transformers_defaults(cls):
+  """A ``config.json`` dict with only the sizes gives the ``ModelConfig`` of transformers' config
+  object built from it (its defaults: head_dim, kv heads, activation, eps, query_pre_attn_scalar)."""
+  tf = importlib.import_module("transformers")
+  sizes = dict(
+    vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+  )
+  ref = getattr(tf, cls)(**sizes)
+  got = config_dict_from_hf({"model_type": ref.model_type, **sizes})
+  assert got == config_dict_from_hf(ref)
