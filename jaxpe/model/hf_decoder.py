@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxpe.ops import hf_config
+from jaxpe.ops import hf_config, hf_families
 
 PATTERN_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss", "llama4_text")
 """``model_type`` values ``pattern_from_hf_config`` reads."""
@@ -52,7 +52,9 @@ def _rope(cfg: Mapping[str, Any], kind: str) -> dict[str, Any]:
   params = dict(params)
   theta = params.pop("rope_theta", cfg.get("rope_theta", 10000.0))
   kind_ = params.get("rope_type", params.get("type", "default"))
-  out: dict[str, Any] = {"rope_theta": float(theta), "rope_layout": "half"}
+  # the pair layout the family's modeling code rotates: Llama 4 adjacent pairs (view_as_complex)
+  layout = hf_families.pair_layout(kind, cfg, trailing=False)
+  out: dict[str, Any] = {"rope_theta": float(theta), "rope_layout": layout}
   if kind_ != "default" or params.get("partial_rotary_factor") is not None:
     out["rope_scaling"] = {k: v for k, v in params.items() if v is not None}
   if local is not None:
@@ -62,6 +64,76 @@ def _rope(cfg: Mapping[str, Any], kind: str) -> dict[str, Any]:
   elif cfg.get("rope_local_base_freq") is not None:
     out["rope_local_base_freq"] = float(cfg["rope_local_base_freq"])
   return out
+
+
+# The soft-cap keys each family's transformers modeling code applies: Gemma3Attention keeps
+# attn_logit_softcapping in its config but never passes it to the attention (Gemma 3 replaced the
+# cap with qk-norm), so a Gemma 3 config's value is not read; the other families have no caps.
+SOFT_CAP_KEYS = {
+  "gemma2": ("attn_logit_softcapping", "final_logit_softcapping"),
+  "gemma3_text": ("final_logit_softcapping",),
+}
+
+
+# transformers' config classes' sliding_window default, for a config.json dict without the key
+HF_DEFAULT_SLIDING_WINDOW = {
+  "mistral": 4096,
+  "qwen3": 4096,
+  "gemma2": 4096,
+  "gemma3_text": 4096,
+  "gpt_oss": 128,
+}
+
+
+# transformers' config classes' defaults of the keys config_dict_from_hf reads, for a config.json
+# dict without them (MistralConfig, Qwen3Config, Gemma2Config, Gemma3TextConfig, transformers 5.25)
+_GEMMA_DEFAULTS = dict(
+  num_key_value_heads=4,
+  head_dim=256,
+  hidden_activation="gelu_pytorch_tanh",
+  rms_norm_eps=1e-6,
+  query_pre_attn_scalar=256,
+)
+HF_PATTERN_DEFAULTS: dict[str, dict[str, Any]] = {
+  "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+  "gemma3_text": dict(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0),
+}
+HF_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+  "mistral": dict(num_key_value_heads=8, rms_norm_eps=1e-6, max_position_embeddings=4096 * 32),
+  "qwen3": dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, max_position_embeddings=32768),
+  "gemma2": dict(_GEMMA_DEFAULTS, max_position_embeddings=8192),
+  "gemma3_text": dict(_GEMMA_DEFAULTS, max_position_embeddings=131_072),
+}
+
+
+def _llama4_rope_flags(cfg: Mapping[str, Any], layers: int) -> tuple[int, ...]:
+  """Llama 4's ``no_rope_layers`` (1 = RoPE), or Llama4TextConfig's default from
+  ``no_rope_layer_interval`` (4): every interval-th layer is NoPE."""
+  interval = int(cfg.get("no_rope_layer_interval") or 4)
+  flags = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+  return tuple(int(f) for f in flags)
+
+
+def _layer_types(cfg: Mapping[str, Any], kind: str, layers: int) -> tuple[str, ...]:
+  """``layer_types``, or the default the family's transformers config derives when a
+  ``config.json`` has none (as the configs on the Hub written before ``layer_types`` existed):
+  Mistral sliding everywhere with a window; Qwen3 sliding from ``max_window_layers`` (28) on with
+  a window; Gemma 2 and gpt-oss every second layer full; Gemma 3 every ``sliding_window_pattern``-th
+  (6) full; Llama 4 chunked on its RoPE layers when ``attention_chunk_size`` (8192) is set."""
+  if cfg.get("layer_types"):
+    return tuple(cfg["layer_types"])
+  window = cfg.get("sliding_window")
+  if kind == "qwen3":
+    first = int(cfg.get("max_window_layers", 28))
+    return tuple("sliding_attention" if window and i >= first else "full_attention" for i in range(layers))
+  if kind in ("gemma2", "gpt_oss", "gemma3_text"):
+    every = int(cfg.get("sliding_window_pattern") or 6) if kind == "gemma3_text" else 2
+    return tuple("sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers))
+  if kind == "llama4_text":
+    chunked = cfg.get("attention_chunk_size", 8192) is not None
+    flags = _llama4_rope_flags(cfg, layers)
+    return tuple("chunked_attention" if f and chunked else "full_attention" for f in flags)
+  return ("sliding_attention" if window else "full_attention",) * layers  # Mistral
 
 
 def pattern_from_hf_config(config: Any) -> dict[str, Any]:
@@ -75,7 +147,7 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   Returns:
     a dict of ``ModelConfig`` keys: ``layer_types`` (tuple, when not all full), ``sliding_window``,
     ``attention_chunk_size``, ``attn_logit_softcapping``, ``final_logit_softcapping``, the RoPE keys
-    (``rope_theta``, ``rope_scaling``, ``rope_local_base_freq``, ``rope_layout='half'``),
+    (``rope_theta``, ``rope_scaling``, ``rope_local_base_freq``, ``rope_layout``: ``'interleaved'`` for Llama 4, ``'half'`` for the others),
     ``no_rope_layers`` and ``attn_temperature_tuning`` / ``floor_scale`` / ``attn_scale``
     (Llama 4), each only when the config uses it.
 
@@ -86,26 +158,31 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
   layers = int(cfg["num_hidden_layers"])
-  types = tuple(cfg.get("layer_types") or ())
-  if not types:  # Mistral: sliding everywhere when the config has a window
-    types = ("sliding_attention" if cfg.get("sliding_window") else "full_attention",) * layers
+  cfg = {**HF_PATTERN_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
+  if "sliding_window" not in cfg and kind in HF_DEFAULT_SLIDING_WINDOW:  # the config class's default
+    cfg = {**cfg, "sliding_window": HF_DEFAULT_SLIDING_WINDOW[kind]}
+  if kind == "qwen3" and not cfg.get("use_sliding_window", False):
+    cfg = {**cfg, "sliding_window": None}  # Qwen3Config drops the window unless use_sliding_window
+  types = _layer_types(cfg, kind, layers)
+  if kind == "qwen3" and not cfg.get("sliding_window"):  # Qwen3Attention: no window, full
+    types = tuple("full_attention" if t == "sliding_attention" else t for t in types)
   out: dict[str, Any] = _rope(cfg, kind)
   if set(types) != {"full_attention"}:
     out["layer_types"] = types
   if "sliding_attention" in types:
     out["sliding_window"] = int(cfg["sliding_window"])
   if "chunked_attention" in types:
-    out["attention_chunk_size"] = int(cfg["attention_chunk_size"])
-  for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+    out["attention_chunk_size"] = int(cfg.get("attention_chunk_size", 8192))
+  for key in SOFT_CAP_KEYS.get(kind, ()):  # the keys transformers' modeling code applies
     if cfg.get(key) is not None:
       out[key] = float(cfg[key])
   if kind == "llama4_text":
-    flags = tuple(int(f) for f in cfg.get("no_rope_layers") or ())
+    flags = _llama4_rope_flags(cfg, layers)
     if flags and not all(flags):
       out["no_rope_layers"] = flags
-      if cfg.get("attn_temperature_tuning"):
-        out.update(attn_temperature_tuning=True, floor_scale=float(cfg["floor_scale"]))
-        out["attn_scale"] = float(cfg["attn_scale"])
+      if cfg.get("attn_temperature_tuning", True):  # Llama4TextConfig's defaults
+        out.update(attn_temperature_tuning=True, floor_scale=float(cfg.get("floor_scale", 8192)))
+        out["attn_scale"] = float(cfg.get("attn_scale", 0.1))
   if "rope_local_base_freq" in out and "sliding_attention" not in types:
     del out["rope_local_base_freq"]
   return out
@@ -135,6 +212,7 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
     )
   if cfg.get("attention_bias"):
     raise ValueError(f"{kind} with attention_bias=True: jaxpe's use_bias would also add MLP biases")
+  cfg = {**HF_CONFIG_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
   gemma = kind.startswith("gemma")
   out: dict[str, Any] = {
     "vocab_size": int(cfg["vocab_size"]),

@@ -171,3 +171,22 @@ def test_gemma3_local_layers_use_the_local_base_unscaled():
   assert np.abs(np.asarray(good(tokens, attention_mask=mask)) - ref)[real].max() < TOL
   bad = from_hf_model(hf, rope_local_base_freq=None)
   assert np.abs(np.asarray(bad(tokens, attention_mask=mask)) - ref)[real].max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_soft_cap_keys_transformers_does_not_apply_are_not_read(family):
+  """Gemma3Attention never passes ``attn_logit_softcapping`` to its attention (Mistral, Qwen3 have
+  no caps): a config that carries the key gives transformers' logits, uncapped; Gemma 2 reads it
+  (above)."""
+  from jaxpe.model.hf_weights import from_hf_model
+
+  torch = _torch()
+  hf = _hf_model(family, attn_logit_softcapping=1.5)
+  model = from_hf_model(hf)
+  assert model.cfg.attn_logit_softcapping is None
+  tokens, mask = _inputs(t_len=9)
+  pos = np.clip(np.cumsum(mask, 1) - 1, 0, None)
+  with torch.no_grad():
+    ref = hf(torch.tensor(tokens), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits
+  real = mask.astype(bool)
+  assert np.abs(np.asarray(model(tokens, attention_mask=mask)) - ref.numpy())[real].max() < TOL

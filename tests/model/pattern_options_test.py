@@ -173,3 +173,98 @@ def test_qk_norm_normalises_each_head_for_every_norm_type(norm_type):
   else:
     want = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama4_text", "gpt_oss"])
+def test_rope_layout_is_the_one_transformers_rotates(family):
+  """Llama 4 rotates adjacent pairs (``view_as_complex``), gpt-oss halves (``torch.chunk``): the
+  ``rope_layout`` read from the config, given to ``apply_rope``, gives transformers' own rotation
+  of a random q (its rotary embedding and apply function; RoPE without scaling)."""
+  import jax.numpy as jnp
+
+  from jaxpe.ops import apply_rope
+
+  torch = importlib.import_module("torch")
+  tf = importlib.import_module("transformers")
+  small = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+  small |= dict(intermediate_size=16, vocab_size=64)
+  rope = {"rope_type": "default", "rope_theta": 100.0}
+  x = np.random.default_rng(0).normal(size=(1, 5, 4, 8)).astype(np.float32)  # [B, T, N, H]
+  pos = np.arange(5)[None]
+  if family == "llama4_text":
+    mod = importlib.import_module("transformers.models.llama4.modeling_llama4")
+    cfg = tf.Llama4TextConfig(**small, intermediate_size_mlp=16, rope_parameters=rope)
+    freqs = mod.Llama4TextRotaryEmbedding(cfg)(torch.tensor(x), torch.tensor(pos))
+    ref = mod.apply_rotary_emb(torch.tensor(x), torch.tensor(x), freqs)[0]
+  else:
+    mod = importlib.import_module("transformers.models.gpt_oss.modeling_gpt_oss")
+    cfg = tf.GptOssConfig(**small, rope_parameters=rope)
+    cos, sin = mod.GptOssRotaryEmbedding(cfg)(torch.tensor(x), torch.tensor(pos))
+    ref = mod._apply_rotary_emb(torch.tensor(x), cos[:, :, None], sin[:, :, None])
+  keys = pattern_from_hf_config(cfg)
+  got = apply_rope(jnp.asarray(x), jnp.asarray(pos), base=keys["rope_theta"], layout=keys["rope_layout"])
+  np.testing.assert_allclose(np.asarray(got), ref.numpy(), atol=1e-5)
+
+
+HUB_STYLE = {  # config.json dicts as older Hub configs write them: no layer_types (nor Llama 4's flags)
+  "mistral": ("MistralConfig", dict(sliding_window=5)),
+  "mistral_no_window_key": ("MistralConfig", {}),  # transformers' default window, 4096
+  "gemma2_no_window_key": ("Gemma2Config", {}),
+  "gpt_oss_no_window_key": ("GptOssConfig", {}),
+  "qwen3": ("Qwen3Config", dict(use_sliding_window=True, sliding_window=5, max_window_layers=3)),
+  "qwen3_unused_window": (
+    "Qwen3Config",
+    dict(use_sliding_window=False, sliding_window=5, max_window_layers=0),
+  ),
+  "gemma2": ("Gemma2Config", dict(sliding_window=5)),
+  "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=5, sliding_window_pattern=3)),
+  "gemma3_text_default": ("Gemma3TextConfig", dict(sliding_window=5)),
+  "gpt_oss": ("GptOssConfig", dict(sliding_window=5)),
+  "llama4_text": (
+    "Llama4TextConfig",
+    dict(attention_chunk_size=4, no_rope_layer_interval=3, intermediate_size_mlp=16),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_STYLE))
+def test_a_config_json_without_layer_types_reads_the_pattern_transformers_derives(name):
+  """A ``config.json`` dict without ``layer_types`` (Gemma 3's ``sliding_window_pattern``, Qwen3's
+  ``use_sliding_window`` / ``max_window_layers``, Llama 4's ``no_rope_layer_interval``) gives the
+  layer types, NoPE layers and temperature keys transformers' config class derives from it."""
+  tf = importlib.import_module("transformers")
+  cls, kw = HUB_STYLE[name]
+  small = dict(num_hidden_layers=7, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+  small |= dict(intermediate_size=16, vocab_size=64, max_position_embeddings=64)
+  ref = getattr(tf, cls)(**small, **kw)
+  raw = {"model_type": ref.model_type, **small, **kw}
+  got = pattern_from_hf_config(raw)
+  types = tuple(
+    getattr(ref, "layer_types", None)
+    or ("sliding_attention" if ref.sliding_window else "full_attention",) * 7
+  )
+  if name == "qwen3_unused_window":  # Qwen3Attention: a sliding layer without a window is full
+    types = ("full_attention",) * 7
+  assert got.get("layer_types", ("full_attention",) * 7) == types
+  if "sliding_attention" in types:
+    assert got["sliding_window"] == ref.sliding_window
+  if name == "llama4_text":
+    assert got["no_rope_layers"] == tuple(ref.no_rope_layers)
+    assert (got["attn_temperature_tuning"], got["floor_scale"], got["attn_scale"]) == (
+      ref.attn_temperature_tuning,
+      ref.floor_scale,
+      ref.attn_scale,
+    )
+
+
+@pytest.mark.parametrize("cls", ["MistralConfig", "Qwen3Config", "Gemma2Config", "Gemma3TextConfig"])
+def test_a_config_json_without_the_defaulted_keys_reads_transformers_defaults(cls):
+  """A ``config.json`` dict with only the sizes gives the ``ModelConfig`` of transformers' config
+  object built from it (its defaults: head_dim, kv heads, activation, eps, query_pre_attn_scalar)."""
+  tf = importlib.import_module("transformers")
+  sizes = dict(
+    vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+  )
+  ref = getattr(tf, cls)(**sizes)
+  got = config_dict_from_hf({"model_type": ref.model_type, **sizes})
+  assert got == config_dict_from_hf(ref)
