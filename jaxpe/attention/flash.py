@@ -62,7 +62,10 @@ rule) and compiler params the lowering accepts, and to emit ``__gpu$xla.gpu.trit
 Mosaic also compile the TPU kernels on CPU for a deviceless topology: every option, forward and
 backward, bf16 and float32, compiles for v4, v5e, v5p and v6e (tests/attention/tpu_compile_test.py
 for v5e and v6e; docs/accelerator.md). Interpret mode proves the numerics of the kernels'
-arithmetic on CPU. Triton's compilation (register and shared-memory limits), the speed, and the
+arithmetic on CPU. With jax's CUDA plugin, XLA:GPU, Triton and ptxas compile the GPU kernels for a
+deviceless H100 (shared-memory limit included; ``gpu_block`` sizes the blocks for it): H 64, 80,
+96, 128 and 256, with and without ALiBi and emulation dims, bf16 and float32, forward and gradient
+(tests/attention/gpu_compile_test.py; docs/accelerator.md). The speed, and the
 numerics of the GPU / TPU matmul units (float32 operands at HIGHEST, bf16 at DEFAULT: exact
 products) are proven only on a device: not yet run on a GPU or TPU.
 
@@ -88,6 +91,48 @@ from jaxpe.ops import checks as _checks
 
 MAX_BLOCK = 128
 """Rows per q and k block (T up to 128 runs as one block of the next power of two >= 16)."""
+
+SHARED_MEMORY = 232448
+"""Bytes of shared memory one Triton program may use on an H100 / H200 (227 KiB; XLA's
+"available: 232448"): ``gpu_block``'s budget."""
+
+PIPELINE_ROWS = 3
+"""Row copies a Triton flash kernel holds per block row: its own side's block (q, or k and v) once,
+the other side's blocks in ``num_stages`` = 2 pipeline buffers (``flash_kernels.triton_params``)."""
+
+
+EXTRA_LANES = 32
+"""Float32 lanes a row of emulation dims is counted as at least (``gpu_block``): Triton lays the
+narrow float32 ``[rows, E]`` operands of the backward's extra matmuls out wider than E. Measured on
+the deviceless H100 compile: bf16 H 128 with 2 precise dims asked 264704 bytes in the gradient at
+128 rows (counted as E = 2: 199680, within 232448), H 80 / 96 (padded to 128) 298496."""
+
+
+def gpu_block(width: int, v_width: int, itemsize: int, extra_width: int = 0) -> int:
+  """Rows per q and k block of the Triton kernels (``target="gpu"``): the largest power of two
+  <= ``MAX_BLOCK`` (and >= 16) whose pipelined rows fit ``SHARED_MEMORY``.
+
+  A block row of q/k takes ``width * itemsize`` bytes plus ``4 * max(extra_width, EXTRA_LANES)``
+  (the float32 emulation dims, when there are any), of v ``v_width * itemsize``; the forward, dq and
+  dk/dv kernels each hold ``PIPELINE_ROWS * block * (q/k row + v row)`` bytes at most (dq: q and do
+  once, k and v twice; dk/dv: k and v once, q and do twice; the forward needs less). bf16 H 128:
+  3 x 128 x (256 + 256) = 196608 bytes (128 rows); bf16 H 256: 3 x 128 x (512 + 512) = 393216 >
+  232448 (the forward asked Triton for 328192), so 64 rows (196608); float32 H 128 likewise 64,
+  float32 H 256 32; bf16 H 128 with emulation dims 3 x 128 x (256 + 128 + 256) = 245760, so 64.
+  The budget is an H100's; an A100 has 166912 bytes, and the blocks chosen here compiled for it too
+  where checked (bf16 H 128 forward and gradient, bf16 H 256 and float32 H 128 gradient).
+
+  Args:
+    width: padded q/k head dim D. v_width: padded v head dim Dv. itemsize: bytes of q/k/v's dtype.
+    extra_width: padded emulation dims E (``precise_dims``; float32), 0 without.
+  """
+  extra = 4 * max(extra_width, EXTRA_LANES) if extra_width else 0
+  row = PIPELINE_ROWS * (width * itemsize + extra + v_width * itemsize)
+  block = MAX_BLOCK
+  while block > 16 and block * row > SHARED_MEMORY:
+    block //= 2
+  return block
+
 
 TARGETS = ("gpu", "tpu")
 """``attend``'s kernel families: Triton (``flash_kernels``) and Mosaic (``flash_tpu``)."""
@@ -130,7 +175,7 @@ def attend(
       differentiable (``d sink_h = -sum_rows exp(sink_h - lse) * delta``, delta = ``sum(o * do)``,
       from the forward's log-sum-exp, which includes the sink).
     block: rows per block, a power of two >= 8 (tests); default ``kernel_length`` (T up to 128
-      as one block, else 128). ``target="tpu"`` outside interpret mode: a multiple of 128 or at
+      as one block, else 128; ``target="gpu"``: fewer rows for wide heads, ``gpu_block``). ``target="tpu"`` outside interpret mode: a multiple of 128 or at
       least the padded T (Mosaic's tiling of the key-row operands).
     target: ``"gpu"`` (Triton kernels, ``flash_kernels``) or ``"tpu"`` (Mosaic kernels blocked
       over k/v, ``flash_tpu``); lower them for ``"cuda"`` / ``"tpu"`` respectively.
@@ -187,6 +232,11 @@ def attend(
   if block is None:
     length = kernel_length("flash", t_len)
     block = min(MAX_BLOCK, length)
+    if target == "gpu":  # wide heads: fewer rows, so the Triton kernels fit the shared memory
+      itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k, v))
+      wide = padded_head_dim("flash", head_dim)
+      extra = padded_head_dim("flash", precise_dims) if precise_dims else 0
+      block = min(block, gpu_block(wide, wide, itemsize, extra))
   else:
     if not _checks.is_int(block) or block < 8 or block & (block - 1):
       raise ValueError(f"block must be a power of two >= 8, got {block!r}")
