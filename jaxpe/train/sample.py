@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None, *, prog: str = "jaxpe-sample") -> int:
   args = parser.parse_args(argv)
 
   def body() -> int:
+    if args.top_k < 0:  # the option's own range (0 = all), not generate's top_k in [1, V]
+      raise ValueError(f"--top-k must be >= 0 (0 = all bytes), got {args.top_k}")
     if args.prompt_file is not None:
       prompt = Path(args.prompt_file).read_bytes()  # a byte-level model: the bytes, not UTF-8 text
     elif args.prompt is not None:

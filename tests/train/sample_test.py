@@ -119,6 +119,7 @@ def test_sampling_is_seeded(workdir):
     (["{workdir}", "--temperature", "-1"], "temperature"),
     (["{workdir}", "--max-new-tokens", "0"], "max_new_tokens"),
     (["{workdir}", "--streaming=-1,4"], "streaming start_size (sink tokens) must be >= 0, got -1"),
+    (["{workdir}", "--top-k", "-1"], "--top-k must be >= 0 (0 = all bytes), got -1"),
   ],
 )
 def test_errors_are_one_line(workdir, capsys, argv, words):
