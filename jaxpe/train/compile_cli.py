@@ -28,14 +28,13 @@ target's compiler refuses.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import jax
 
 from jaxpe.errors import MissingExtraError
-from jaxpe.train import aot, config_keys, run_guard, sharding, targets
+from jaxpe.train import aot, config_keys, run_files, run_guard, sharding, targets
 from jaxpe.train import config as config_lib
 from jaxpe.train.cli import builtin_configs, resolve_config
 
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None, *, prog: str = "jaxpe-compile") -> int:
       print(format_report(r))
     if args.json:
       Path(args.json).write_text(
-        json.dumps(
+        run_files.json_text(
           {
             "target": t.name,
             "config": cfg.model_dump(mode="json"),

@@ -135,7 +135,7 @@ def write_state(workdir: Path, step: int, process: int, state: dict) -> None:
   """Writes ``state`` for the checkpoint of ``step`` (atomically)."""
   path = state_path(workdir, step, process)
   path.parent.mkdir(parents=True, exist_ok=True)
-  run_files.write_atomic(path, json.dumps(state))
+  run_files.write_atomic(path, run_files.json_text(state))
 
 
 def read_state(workdir: Path, step: int, process: int) -> dict | None:

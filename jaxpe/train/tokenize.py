@@ -22,14 +22,13 @@ tokenizer) stays ``jaxpe-train``'s default. Exit status: 0 done, 2 a usage error
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from jaxpe.errors import require_extra
-from jaxpe.train import data, run_guard, token_data
+from jaxpe.train import data, run_files, run_guard, token_data
 
 __all__ = ["EOT", "decode", "encode", "load_tokenizer", "main", "run", "tokenize_files", "train_tokenizer"]
 
@@ -146,7 +145,7 @@ def tokenize_files(
     "documents": len(files),
     "tokens": count,
   }
-  (out / ("tokens.bin" + token_data.SIDECAR_SUFFIX)).write_text(json.dumps(meta, indent=2) + "\n")
+  (out / ("tokens.bin" + token_data.SIDECAR_SUFFIX)).write_text(run_files.json_text(meta, indent=2) + "\n")
   return meta
 
 
