@@ -55,12 +55,12 @@ def resolve_config(value: str | Path) -> Path:
   raise FileNotFoundError(f"config file {str(value)!r} does not exist and is no built-in config ({names})")
 
 
-def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
-  """Run the command line ``argv`` (default ``sys.argv[1:]``) and return its exit status; errors
-  are one line on stderr prefixed with ``prog``."""
+def config_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+  """The parser of a command that takes a run's config: ``--config`` (a file or built-in name) and the
+  config keys listed in the epilog (``jaxpe-train``, ``jaxpe-compile``)."""
   parser = argparse.ArgumentParser(
     prog=prog,
-    description=__doc__,
+    description=description,
     epilog=config_keys.help_listing(),
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
     default="default",
     help=f"YAML config file, or a built-in name: {', '.join(builtin_configs())} (default: %(default)s)",
   )
+  return parser
+
+
+def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
+  """Run the command line ``argv`` (default ``sys.argv[1:]``) and return its exit status; errors
+  are one line on stderr prefixed with ``prog``."""
+  parser = config_parser(prog, __doc__)
   parser.add_argument(
     "--data",
     default=None,

@@ -27,16 +27,15 @@ target's compiler refuses.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import jax
 
 from jaxpe.errors import MissingExtraError
-from jaxpe.train import aot, config_keys, run_files, run_guard, sharding, targets
+from jaxpe.train import aot, run_files, run_guard, sharding, targets
 from jaxpe.train import config as config_lib
-from jaxpe.train.cli import builtin_configs, resolve_config
+from jaxpe.train.cli import config_parser, resolve_config
 
 GiB = 2**30
 
@@ -86,17 +85,7 @@ def format_report(r: aot.ProgramReport) -> str:
 
 def main(argv: list[str] | None = None, *, prog: str = "jaxpe-compile") -> int:
   """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
-  parser = argparse.ArgumentParser(
-    prog=prog,
-    description=__doc__,
-    epilog=config_keys.help_listing(),
-    formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
-  parser.add_argument(
-    "--config",
-    default="default",
-    help=f"YAML config file, or a built-in name: {', '.join(builtin_configs())} (default: %(default)s)",
-  )
+  parser = config_parser(prog, __doc__)
   parser.add_argument(
     "--target",
     default="v5e-8",
