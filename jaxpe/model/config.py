@@ -236,35 +236,21 @@ class ModelConfig(StrictConfig):
     description="layernorm (GPT / BLOOM), rmsnorm (Llama: x / rms(x) * w), gemma_rmsnorm (x / rms(x) * (1 + w))",
   )
   mlp_type: Literal["mlp", "gated", "moe"] = pydantic.Field(
-    "mlp",
-    description="mlp: down(act(up(x))); gated (GLU, Llama / Gemma): down(act(gate(x)) * up(x)); moe "
-    "(mixture of experts, gpt-oss; jaxpe.model.moe): num_experts_per_tok of num_local_experts gated experts per token",
+    "mlp", description="mlp: down(act(up(x))); gated (GLU): down(act(gate(x)) * up(x)); moe: jaxpe.model.moe"
   )
   hidden_act: Literal["silu", "gelu", "gelu_pytorch_tanh"] | None = pydantic.Field(
     None,
-    description="gated MLP's (and moe experts') activation (HF's key): silu (SwiGLU; the default), gelu (erf), "
-    "gelu_pytorch_tanh",
+    description="gated / moe experts' activation (HF's key): silu (default), gelu (erf), gelu_pytorch_tanh",
   )
-  num_local_experts: int | None = pydantic.Field(
-    None, gt=0, le=MAX_DIM, description="E: experts of each moe layer (HF's key; gpt-oss 32 / 128)"
-  )
-  num_experts_per_tok: int | None = pydantic.Field(
-    None, gt=0, le=MAX_DIM, description="k: experts each token is routed to, <= num_local_experts (gpt-oss 4)"
-  )
+  num_local_experts: int | None = pydantic.Field(None, gt=0, le=MAX_DIM, description="E: experts (moe)")
+  num_experts_per_tok: int | None = pydantic.Field(None, gt=0, le=MAX_DIM, description="k <= E (moe)")
   swiglu_limit: float | None = pydantic.Field(
-    None,
-    gt=0,
-    description="moe: gpt-oss's clamped SwiGLU experts (7.0): gate clamped to <= limit, up to [-limit, limit], "
-    "(up + 1) * gate * sigmoid(swiglu_alpha * gate); None: act(gate) * up with hidden_act",
+    None, gt=0, description="moe: gpt-oss's clamped SwiGLU (7.0; jaxpe.model.moe); None: act(gate) * up"
   )
-  swiglu_alpha: float = pydantic.Field(
-    1.702, gt=0, description="gpt-oss's clamped SwiGLU: the sigmoid's gain (with swiglu_limit)"
-  )
-  attention_bias: bool = pydantic.Field(
-    False, description="biases on the q, k, v and o projections (HF's key; use_bias: on every linear layer)"
-  )
+  swiglu_alpha: float = pydantic.Field(1.702, gt=0, description="gpt-oss's SwiGLU: sigmoid(alpha gate)")
+  attention_bias: bool = pydantic.Field(False, description="biases on q, k, v, o (HF's key)")
   mlp_bias: bool = pydantic.Field(
-    False, description="biases on the MLP's projections, the moe router's and experts' too (HF's key)"
+    False, description="biases on the MLP's, moe router's and experts' (HF's key)"
   )
   qk_norm: bool = pydantic.Field(
     False, description="Qwen3 / Gemma 3: a norm (norm_type) over H on q and k of each head, before RoPE"
