@@ -43,6 +43,7 @@ ISSUE47_KEYS = (
     "scale_embeddings",
     "query_pre_attn_scalar",
   ),
+  *("num_local_experts", "num_experts_per_tok", "swiglu_limit", "attention_bias", "mlp_bias"),
 )
 """The decoder keys of issue 47 (attention patterns, llama / gemma blocks): a BLOOM model has each at
 its default (``check_bloom_compatible`` refuses another value by name)."""
@@ -139,7 +140,8 @@ def check_bloom_compatible(cfg: ModelConfig) -> None:
   """Raises ValueError naming the first ``ModelConfig`` field that HF BLOOM cannot represent.
 
   BLOOM needs: ``pos_encoding='alibi'``, ``use_bias``, ``embed_layernorm``, ``gelu_approximate``,
-  ``head_dim = d_model / num_heads``, ``num_kv_heads = num_heads``, ``mlp_dim = 4 d_model``.
+  ``head_dim = d_model / num_heads``, ``num_kv_heads = num_heads``, ``mlp_dim = 4 d_model``, no
+  ``attention_sinks``, and issue 47's keys (``ISSUE47_KEYS``) at their defaults.
   """
   wanted = {
     "pos_encoding": (cfg.pos_encoding, "alibi"),
@@ -149,6 +151,7 @@ def check_bloom_compatible(cfg: ModelConfig) -> None:
     "head_dim": (cfg.head_size, cfg.d_model // cfg.num_heads),
     "num_kv_heads": (cfg.kv_heads, cfg.num_heads),
     "mlp_dim": (cfg.mlp_size, 4 * cfg.d_model),
+    "attention_sinks": (cfg.attention_sinks, False),  # no sink logits in BLOOM's attention
     # issue 47's keys: BLOOM has none of them (its default values)
     **{k: (getattr(cfg, k), ModelConfig.model_fields[k].default) for k in ISSUE47_KEYS},
   }

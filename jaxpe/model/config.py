@@ -235,12 +235,22 @@ class ModelConfig(StrictConfig):
     "layernorm",
     description="layernorm (GPT / BLOOM), rmsnorm (Llama: x / rms(x) * w), gemma_rmsnorm (x / rms(x) * (1 + w))",
   )
-  mlp_type: Literal["mlp", "gated"] = pydantic.Field(
-    "mlp", description="mlp: down(act(up(x))); gated (GLU, Llama / Gemma): down(act(gate(x)) * up(x))"
+  mlp_type: Literal["mlp", "gated", "moe"] = pydantic.Field(
+    "mlp", description="mlp: down(act(up(x))); gated (GLU): down(act(gate(x)) * up(x)); moe: jaxpe.model.moe"
   )
   hidden_act: Literal["silu", "gelu", "gelu_pytorch_tanh"] | None = pydantic.Field(
     None,
-    description="gated MLP's activation (HF's key): silu (SwiGLU; the default), gelu (erf), gelu_pytorch_tanh",
+    description="gated / moe experts' activation (HF's key): silu (default), gelu (erf), gelu_pytorch_tanh",
+  )
+  num_local_experts: int | None = pydantic.Field(None, gt=0, le=MAX_DIM, description="E: experts (moe)")
+  num_experts_per_tok: int | None = pydantic.Field(None, gt=0, le=MAX_DIM, description="k <= E (moe)")
+  swiglu_limit: float | None = pydantic.Field(
+    None, gt=0, description="moe: gpt-oss's clamped SwiGLU (7.0; jaxpe.model.moe); None: act(gate) * up"
+  )
+  swiglu_alpha: float = pydantic.Field(1.702, gt=0, description="gpt-oss's SwiGLU: sigmoid(alpha gate)")
+  attention_bias: bool = pydantic.Field(False, description="biases on q, k, v, o (HF's key)")
+  mlp_bias: bool = pydantic.Field(
+    False, description="biases on the MLP's, moe router's and experts' (HF's key)"
   )
   qk_norm: bool = pydantic.Field(
     False, description="Qwen3 / Gemma 3: a norm (norm_type) over H on q and k of each head, before RoPE"
@@ -310,7 +320,7 @@ class ModelConfig(StrictConfig):
   @classmethod
   def from_hf_config(cls, config: Any, **overrides: Any) -> ModelConfig:
     """The config of a transformers decoder config (``MistralConfig``, ``Qwen3Config``,
-    ``Gemma2Config``, ``Gemma3TextConfig``) or its ``config.json`` dict, ``overrides`` last
+    ``Gemma2Config``, ``Gemma3TextConfig``, ``GptOssConfig``) or its ``config.json`` dict, ``overrides`` last
     (``jaxpe.model.hf_decoder.config_dict_from_hf``: its errors name what the decoder lacks)."""
     from jaxpe.model import hf_decoder
 

@@ -2,8 +2,8 @@
 attention pattern: layer types, window, chunk, soft-caps, per-layer RoPE, NoPE layers and Llama 4's
 temperature) for Mistral, Qwen3, Gemma 2, Gemma 3 (text), gpt-oss and Llama 4 (text), and
 ``config_dict_from_hf`` (every key of a ``ModelConfig``) for the families jaxpe's decoder can build
-whole: ``mistral``, ``qwen3``, ``gemma2``, ``gemma3_text`` (``ModelConfig.from_hf_config`` validates
-it; ``jaxpe.model.hf_weights`` maps the weights).
+whole: ``mistral``, ``qwen3``, ``gemma2``, ``gemma3_text``, ``gpt_oss`` (``ModelConfig.from_hf_config``
+validates it; ``jaxpe.model.hf_weights`` maps the weights).
 
 Read as transformers 5.x writes the configs (``PretrainedConfig.to_dict()`` or a ``config.json``
 dict): ``layer_types``, ``sliding_window``, ``attention_chunk_size``, ``attn_logit_softcapping``,
@@ -11,8 +11,9 @@ dict): ``layer_types``, ``sliding_window``, ``attention_chunk_size``, ``attn_log
 ``sliding_attention`` entry's ``rope_theta`` is ``rope_local_base_freq``), ``no_rope_layers``,
 ``attn_temperature_tuning``, ``floor_scale``, ``attn_scale``, ``query_pre_attn_scalar``.
 
-Families refused by ``config_dict_from_hf`` name the piece the decoder lacks: gpt-oss and Llama 4
-have mixture-of-experts MLPs (and Llama 4 an unweighted L2 q/k norm after RoPE).
+Families refused by ``config_dict_from_hf`` name the piece the decoder lacks: Llama 4 (its
+mixture-of-experts MLP with a shared expert and sigmoid routing on the input, an unweighted L2 q/k
+norm after RoPE, and chunked attention whose chunks start at a left-padded row's first real token).
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ from jaxpe.ops import hf_config, hf_families
 
 PATTERN_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss", "llama4_text")
 """``model_type`` values ``pattern_from_hf_config`` reads."""
-DECODER_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text")
+DECODER_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss")
 """``model_type`` values ``config_dict_from_hf`` builds whole."""
 _MISSING = {
-  "gpt_oss": "a mixture-of-experts MLP (num_local_experts, with gpt-oss's clamped SwiGLU)",
-  "llama4_text": "a mixture-of-experts MLP and Llama 4's unweighted L2 q/k norm after RoPE (use_qk_norm)",
+  "llama4_text": "Llama 4's mixture-of-experts MLP (a shared expert, sigmoid routing weights applied to the "
+  "input), its unweighted L2 q/k norm after RoPE (use_qk_norm), and chunks that start at a left-padded row's "
+  "first real token (transformers' create_chunked_causal_mask; jaxpe's chunks count slots)",
 }
+ATTENTION_BIAS_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "gpt_oss")
+"""Families whose transformers attention puts ``attention_bias`` on q, k, v and o (Mistral's has no
+biases whatever its config says)."""
 
 
 def _model_type(cfg: Mapping[str, Any]) -> str:
@@ -97,12 +102,34 @@ _GEMMA_DEFAULTS = dict(
 HF_PATTERN_DEFAULTS: dict[str, dict[str, Any]] = {
   "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
   "gemma3_text": dict(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0),
+  "gpt_oss": dict(rope_theta=150_000.0),
 }
+GPT_OSS_DEFAULT_ROPE = dict(
+  rope_type="yarn",
+  factor=32.0,
+  beta_fast=32.0,
+  beta_slow=1.0,
+  truncate=False,
+  original_max_position_embeddings=4096,
+)
+"""``GptOssConfig``'s ``rope_parameters`` when a config gives none (with ``rope_theta`` 150 000)."""
 HF_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
   "mistral": dict(num_key_value_heads=8, rms_norm_eps=1e-6, max_position_embeddings=4096 * 32),
   "qwen3": dict(num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6, max_position_embeddings=32768),
   "gemma2": dict(_GEMMA_DEFAULTS, max_position_embeddings=8192),
   "gemma3_text": dict(_GEMMA_DEFAULTS, max_position_embeddings=131_072),
+  "gpt_oss": dict(
+    num_key_value_heads=8,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131_072,
+    num_local_experts=128,
+    num_experts_per_tok=4,
+    swiglu_limit=7.0,
+    swiglu_alpha=1.702,
+    attention_bias=True,
+    tie_word_embeddings=False,
+  ),
 }
 
 
@@ -159,6 +186,8 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   kind = _model_type(cfg)
   layers = int(cfg["num_hidden_layers"])
   cfg = {**HF_PATTERN_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
+  if kind == "gpt_oss" and not (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
+    cfg = {**cfg, "rope_parameters": GPT_OSS_DEFAULT_ROPE}
   if "sliding_window" not in cfg and kind in HF_DEFAULT_SLIDING_WINDOW:  # the config class's default
     cfg = {**cfg, "sliding_window": HF_DEFAULT_SLIDING_WINDOW[kind]}
   if kind == "qwen3" and not cfg.get("use_sliding_window", False):
@@ -192,16 +221,17 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
   """Every ``ModelConfig`` key of an HF config of ``DECODER_FAMILIES`` (``overrides`` last: e.g.
   ``max_len``, ``dtype``, ``attn_implementation``).
 
-  Architecture: ``norm_type`` rmsnorm (Mistral, Qwen3) or gemma_rmsnorm (Gemma 2/3) with
+  Architecture: ``norm_type`` rmsnorm (Mistral, Qwen3, gpt-oss) or gemma_rmsnorm (Gemma 2/3) with
   ``layernorm_eps = rms_norm_eps``, ``mlp_type='gated'`` with ``hidden_act`` (``hidden_activation``
   for Gemma), ``qk_norm`` (Qwen3, Gemma 3), ``sandwich_norm``, ``scale_embeddings`` and
-  ``query_pre_attn_scalar`` (Gemma 2/3), ``use_bias = attention_bias`` (refused when True: the
-  decoder's biases would also sit on the MLP), ``tie_embeddings = tie_word_embeddings``,
-  ``max_len = max_position_embeddings``; plus ``pattern_from_hf_config``.
+  ``query_pre_attn_scalar`` (Gemma 2/3), ``attention_bias`` (Qwen3, Gemma 2/3, gpt-oss: on q, k,
+  v, o; Mistral's attention has none), ``tie_embeddings = tie_word_embeddings``, ``max_len =
+  max_position_embeddings``; gpt-oss: ``mlp_type='moe'`` with ``num_local_experts``,
+  ``num_experts_per_tok``, ``swiglu_limit``, ``swiglu_alpha``, ``mlp_bias`` (its router and experts
+  are biased) and ``attention_sinks``; plus ``pattern_from_hf_config``.
 
   Raises:
-    ValueError: gpt-oss or Llama 4 (naming the piece the decoder lacks), another family,
-      ``attention_bias`` True.
+    ValueError: Llama 4 (naming the pieces the decoder lacks), another family.
   """
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
@@ -210,8 +240,6 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
       f"jaxpe's decoder cannot build {kind}: it lacks {_MISSING[kind]}; pattern_from_hf_config reads its "
       "attention pattern"
     )
-  if cfg.get("attention_bias"):
-    raise ValueError(f"{kind} with attention_bias=True: jaxpe's use_bias would also add MLP biases")
   cfg = {**HF_CONFIG_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
   gemma = kind.startswith("gemma")
   out: dict[str, Any] = {
@@ -232,9 +260,21 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
     "sandwich_norm": gemma,
     "scale_embeddings": gemma,
     "tie_embeddings": bool(cfg.get("tie_word_embeddings", gemma)),
+    "attention_bias": kind in ATTENTION_BIAS_FAMILIES and bool(cfg.get("attention_bias", False)),
   }
   if gemma:
     out["query_pre_attn_scalar"] = float(cfg["query_pre_attn_scalar"])
+  if kind == "gpt_oss":  # GptOssMLP: a biased top-k router over biased clamped-SwiGLU experts
+    del out["hidden_act"]  # GptOssConfig's hidden_act ("silu") is not read by its experts
+    out.update(
+      mlp_type="moe",
+      num_local_experts=int(cfg["num_local_experts"]),
+      num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+      swiglu_limit=float(cfg["swiglu_limit"]),
+      swiglu_alpha=float(cfg["swiglu_alpha"]),
+      mlp_bias=True,
+      attention_sinks=True,
+    )
   out.update(pattern_from_hf_config(cfg))
   out.update(overrides)
   return out

@@ -1,12 +1,18 @@
 """Hugging Face decoder weights -> jaxpe (issue 47): the state dict of a transformers Mistral,
-Qwen3, Gemma 2 or Gemma 3 (text) causal LM as ``Decoder`` parameters (``params_from_hf``), and a
-``Decoder`` from a transformers model (``from_hf_model``). Configs: ``jaxpe.model.hf_decoder``.
+Qwen3, Gemma 2, Gemma 3 (text) or gpt-oss causal LM as ``Decoder`` parameters (``params_from_hf``),
+and a ``Decoder`` from a transformers model (``from_hf_model``). Configs: ``jaxpe.model.hf_decoder``.
 
 Layouts: HF's ``nn.Linear`` weight ``[out, in]``; jaxpe's q/k/v kernels ``[D, N|K, H]``, the output
 projection ``[N, H, D]``, MLP kernels ``[D, F]`` / ``[F, D]``, the head ``[D, V]``. Norm weights map
 as they are (Gemma's ``(1 + w)`` is ``norm_type='gemma_rmsnorm'``). Names: Llama-style
 ``post_attention_layernorm`` is the norm before the MLP (``mlp_norm``); Gemma 2/3's is the norm
 after attention (``post_attn_norm``), ``pre_feedforward_layernorm`` the one before the MLP.
+``attention_bias``: q/k/v biases ``[N|K * H]`` -> ``[N|K, H]``, o's ``[D]``. gpt-oss
+(``GptOssExperts``, stored ``[E, in, out]`` as jaxpe's): ``self_attn.sinks [N]`` -> ``attn.sinks``;
+``mlp.router.weight [E, D]`` / ``bias [E]`` -> ``mlp.router``; ``mlp.experts.gate_up_proj [E, D, 2F]``
+and its bias ``[E, 2F]``, gate and up interleaved (``gate_up[..., ::2]``, ``[..., 1::2]``) ->
+``mlp.gate`` / ``mlp.up`` ``[E, D, F]`` and ``mlp.gate_bias`` / ``mlp.up_bias`` ``[E, F]``;
+``down_proj [E, F, D]`` / ``down_proj_bias [E, D]`` as they are.
 torch is imported only to read tensors (``jaxpe.bloom.hf_import._to_numpy``'s rule: float32).
 """
 
@@ -57,6 +63,13 @@ def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig, model_type: 
     out[b + "attn.k.kernel"] = take(p + "self_attn.k_proj.weight").T.reshape(d, kv, h)
     out[b + "attn.v.kernel"] = take(p + "self_attn.v_proj.weight").T.reshape(d, kv, h)
     out[b + "attn.o.kernel"] = take(p + "self_attn.o_proj.weight").T.reshape(n, h, d)
+    if cfg.attention_bias:
+      out[b + "attn.q.bias"] = take(p + "self_attn.q_proj.bias").reshape(n, h)
+      out[b + "attn.k.bias"] = take(p + "self_attn.k_proj.bias").reshape(kv, h)
+      out[b + "attn.v.bias"] = take(p + "self_attn.v_proj.bias").reshape(kv, h)
+      out[b + "attn.o.bias"] = take(p + "self_attn.o_proj.bias")
+    if cfg.attention_sinks:
+      out[b + "attn.sinks"] = take(p + "self_attn.sinks")
     if cfg.qk_norm:
       out[b + "attn.q_norm.scale"] = take(p + "self_attn.q_norm.weight")
       out[b + "attn.k_norm.scale"] = take(p + "self_attn.k_norm.weight")
@@ -67,6 +80,9 @@ def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig, model_type: 
       out[b + "post_mlp_norm.scale"] = take(p + "post_feedforward_layernorm.weight")
     else:
       out[b + "mlp_norm.scale"] = take(p + "post_attention_layernorm.weight")
+    if cfg.mlp_type == "moe":
+      out.update(_gpt_oss_experts(take, p, b))
+      continue
     for name in ("gate", "up", "down"):
       out[f"{b}mlp.{name}.kernel"] = take(f"{p}mlp.{name}_proj.weight").T
   if not cfg.tie_embeddings:
@@ -79,9 +95,24 @@ def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig, model_type: 
   return out
 
 
+def _gpt_oss_experts(take, p: str, b: str) -> dict[str, np.ndarray]:
+  """Layer ``p``'s ``GptOssMLP`` (router and experts) as ``MoEMLP`` parameters under ``b``."""
+  gate_up, gate_up_bias = take(p + "mlp.experts.gate_up_proj"), take(p + "mlp.experts.gate_up_proj_bias")
+  return {
+    b + "mlp.router.kernel": take(p + "mlp.router.weight").T,
+    b + "mlp.router.bias": take(p + "mlp.router.bias"),
+    b + "mlp.gate": gate_up[..., ::2],
+    b + "mlp.up": gate_up[..., 1::2],
+    b + "mlp.gate_bias": gate_up_bias[..., ::2],
+    b + "mlp.up_bias": gate_up_bias[..., 1::2],
+    b + "mlp.down": take(p + "mlp.experts.down_proj"),
+    b + "mlp.down_bias": take(p + "mlp.experts.down_proj_bias"),
+  }
+
+
 def from_hf_model(model: Any, **overrides: Any) -> Decoder:
   """A ``Decoder`` holding the weights of a transformers causal LM (``MistralForCausalLM``,
-  ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``), its config read by
+  ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``GptOssForCausalLM``), its config read by
   ``ModelConfig.from_hf_config(model.config, **overrides)``.
 
   Raises:

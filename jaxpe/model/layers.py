@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpe.attention import context, decode, kernels, masks
-from jaxpe.model import encodings, llama_layers, partitioning, pattern_options, ring_cache, streaming
+from jaxpe.model import encodings, llama_layers, moe, partitioning, pattern_options, ring_cache, streaming
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.primitives import LayerNorm, dense, gelu, layer_norm  # noqa: F401 (re-exported)
 
@@ -42,17 +42,14 @@ class Attention(nnx.Module):
     enc = encodings.for_config(cfg)
     hq = h + enc.qk_extra_dims()  # q/k dims per head
     out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
-    self.q = dense(
-      cfg, "BTD,DNH->BTNH", (d, n, hq), (n, hq), ("embed", "heads", "head_dim"), cfg.init_std, rngs
-    )
-    self.k = dense(
-      cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
-    )
+    b = cfg.attention_bias  # gpt-oss, Qwen3 / Gemma with attention_bias: q, k, v, o biases
+    q_names, kv_names = ("embed", "heads", "head_dim"), ("embed", "kv_heads", "head_dim")
+    self.q = dense(cfg, "BTD,DNH->BTNH", (d, n, hq), (n, hq), q_names, cfg.init_std, rngs, bias=b)
+    self.k = dense(cfg, "BSD,DKH->BSKH", (d, kv, hq), (kv, hq), kv_names, cfg.init_std, rngs, bias=b)
     enc.init_qk(self.q, self.k)
-    self.v = dense(
-      cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), ("embed", "kv_heads", "head_dim"), cfg.init_std, rngs
-    )
-    self.o = dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), ("heads", "head_dim", "embed"), out_std, rngs)
+    self.v = dense(cfg, "BSD,DKH->BSKH", (d, kv, h), (kv, h), kv_names, cfg.init_std, rngs, bias=b)
+    o_names = ("heads", "head_dim", "embed")
+    self.o = dense(cfg, "BTNH,NHD->BTD", (n, h, d), (d,), o_names, out_std, rngs, bias=b)
     for name, param in enc.layer_params(rngs).items():  # cope, kerple, fire: per-layer parameters
       setattr(self, name, param)
     if cfg.attention_sinks:  # gpt-oss: one learned logit per head, Normal(0, init_std)
@@ -233,17 +230,14 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """``D -> F -> GELU -> D``."""
+  """``D -> F -> GELU -> D`` (biases with ``use_bias`` or ``mlp_bias``)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
-    self.up = dense(
-      cfg, "BTD,DF->BTF", (cfg.d_model, cfg.mlp_size), (cfg.mlp_size,), ("embed", "mlp"), cfg.init_std, rngs
-    )
-    self.down = dense(
-      cfg, "BTF,FD->BTD", (cfg.mlp_size, cfg.d_model), (cfg.d_model,), ("mlp", "embed"), out_std, rngs
-    )
+    d, f, b = cfg.d_model, cfg.mlp_size, cfg.mlp_bias
+    self.up = dense(cfg, "BTD,DF->BTF", (d, f), (f,), ("embed", "mlp"), cfg.init_std, rngs, bias=b)
+    self.down = dense(cfg, "BTF,FD->BTD", (f, d), (d,), ("mlp", "embed"), out_std, rngs, bias=b)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     h = self.up(x)
@@ -264,7 +258,10 @@ class Block(nnx.Module):
     self.attn_norm = llama_layers.make_norm(cfg, rngs)
     self.attn = Attention(cfg, rngs=rngs, layer=layer)
     self.mlp_norm = llama_layers.make_norm(cfg, rngs)
-    self.mlp = llama_layers.GatedMLP(cfg, rngs=rngs) if cfg.mlp_type == "gated" else MLP(cfg, rngs=rngs)
+    if cfg.mlp_type == "moe":
+      self.mlp = moe.MoEMLP(cfg, rngs=rngs)
+    else:
+      self.mlp = llama_layers.GatedMLP(cfg, rngs=rngs) if cfg.mlp_type == "gated" else MLP(cfg, rngs=rngs)
     if cfg.sandwich_norm:
       self.post_attn_norm = llama_layers.make_norm(cfg, rngs)
       self.post_mlp_norm = llama_layers.make_norm(cfg, rngs)

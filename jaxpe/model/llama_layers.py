@@ -59,7 +59,8 @@ def make_norm(cfg: ModelConfig, rngs: nnx.Rngs, dim: int | None = None, names=("
 
 class GatedMLP(nnx.Module):
   """``mlp_type='gated'``: ``x [B, T, D] -> down(act(gate(x)) * up(x)) [B, T, D]`` with ``act`` =
-  ``hidden_act``; ``gate``, ``up`` ``[D, F]``, ``down`` ``[F, D]`` (biases with ``use_bias``)."""
+  ``hidden_act``; ``gate``, ``up`` ``[D, F]``, ``down`` ``[F, D]`` (biases with ``use_bias`` or
+  ``mlp_bias``)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     from jaxpe.model.primitives import dense
@@ -67,9 +68,10 @@ class GatedMLP(nnx.Module):
     self.cfg = cfg
     d, f = cfg.d_model, cfg.mlp_size
     out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
-    self.gate = dense(cfg, "BTD,DF->BTF", (d, f), (f,), ("embed", "mlp"), cfg.init_std, rngs)
-    self.up = dense(cfg, "BTD,DF->BTF", (d, f), (f,), ("embed", "mlp"), cfg.init_std, rngs)
-    self.down = dense(cfg, "BTF,FD->BTD", (f, d), (d,), ("mlp", "embed"), out_std, rngs)
+    b = cfg.mlp_bias
+    self.gate = dense(cfg, "BTD,DF->BTF", (d, f), (f,), ("embed", "mlp"), cfg.init_std, rngs, bias=b)
+    self.up = dense(cfg, "BTD,DF->BTF", (d, f), (f,), ("embed", "mlp"), cfg.init_std, rngs, bias=b)
+    self.down = dense(cfg, "BTF,FD->BTD", (f, d), (d,), ("mlp", "embed"), out_std, rngs, bias=b)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     act = ACTIVATIONS[self.cfg.hidden_act or "silu"]

@@ -1,8 +1,9 @@
 """Per-layer attention patterns of ``ModelConfig`` (issue 47): the checks of its keys ``layer_types``,
 ``sliding_window_pattern``, ``sliding_window``, ``attention_chunk_size``, ``attn_logit_softcapping``,
 ``final_logit_softcapping``, ``rope_local_base_freq``, ``attn_temperature_tuning`` (``floor_scale``,
-``attn_scale``) and the llama / gemma architecture keys (``norm_type``, ``mlp_type``, ``hidden_act``,
-``qk_norm``, ``sandwich_norm``, ``scale_embeddings``, ``query_pre_attn_scalar``), and each layer's
+``attn_scale``) and the llama / gemma / gpt-oss architecture keys (``norm_type``, ``mlp_type``,
+``hidden_act``, ``num_local_experts``, ``num_experts_per_tok``, ``swiglu_limit``, ``qk_norm``,
+``sandwich_norm``, ``scale_embeddings``, ``query_pre_attn_scalar``), and each layer's
 derived pattern (``layer_pattern``).
 
 Conventions (HF transformers 5.x, whose config keys these are):
@@ -44,6 +45,9 @@ class PatternKeys(Protocol):
   mlp_type: str
   qk_norm: bool
   hidden_act: str | None
+  num_local_experts: int | None
+  num_experts_per_tok: int | None
+  swiglu_limit: float | None
 
   @property
   def rotates(self) -> bool: ...
@@ -130,6 +134,30 @@ def rope_config(cfg: PatternKeys, layer: int) -> Any:
   return cfg.model_copy(update={"rope_theta": cfg.rope_local_base_freq, "rope_scaling": None})
 
 
+def check_moe_options(cfg: PatternKeys) -> None:
+  """ValueError naming the key: ``mlp_type='moe'`` needs ``num_local_experts`` (E) and
+  ``num_experts_per_tok`` (k) with ``k <= E``; those keys and ``swiglu_limit`` mean nothing without
+  it; gpt-oss's clamped SwiGLU (``swiglu_limit``) has no ``hidden_act``."""
+  experts, per_tok = cfg.num_local_experts, cfg.num_experts_per_tok
+  if cfg.mlp_type == "moe":
+    if experts is None or per_tok is None or per_tok > experts:
+      raise ValueError(
+        "mlp_type='moe' needs num_local_experts (E >= 1) and num_experts_per_tok (k in [1, E]), got "
+        f"num_local_experts={experts}, num_experts_per_tok={per_tok}"
+      )
+    if cfg.swiglu_limit is not None and cfg.hidden_act is not None:
+      raise ValueError(
+        f"swiglu_limit is gpt-oss's clamped SwiGLU (its own sigmoid, swiglu_alpha): not with hidden_act, got "
+        f"hidden_act={cfg.hidden_act!r}"
+      )
+    return
+  for key in ("num_local_experts", "num_experts_per_tok", "swiglu_limit"):
+    if getattr(cfg, key) is not None:
+      raise ValueError(
+        f"{key} is a key of mlp_type='moe', got mlp_type={cfg.mlp_type!r} with {key}={getattr(cfg, key)}"
+      )
+
+
 def check_pattern_options(cfg: PatternKeys) -> None:
   """ValueError naming the key for an inconsistent pattern (the module docstring's rules)."""
   if cfg.layer_types is not None and cfg.sliding_window_pattern is not None:
@@ -160,8 +188,12 @@ def check_pattern_options(cfg: PatternKeys) -> None:
       "attn_temperature_tuning scales q on NoPE layers: give no_rope_layers (or no_rope_layer_interval) with "
       "at least one 0"
     )
-  if cfg.hidden_act is not None and cfg.mlp_type != "gated":
-    raise ValueError("hidden_act is the gated MLP's activation (mlp_type='gated'); mlp uses gelu_approximate")
+  if cfg.hidden_act is not None and cfg.mlp_type == "mlp":
+    raise ValueError(
+      "hidden_act is the gated MLP's (and moe experts') activation (mlp_type='gated' or 'moe'); mlp uses "
+      "gelu_approximate"
+    )
+  check_moe_options(cfg)
   if cfg.qk_norm and cfg.pos_encoding == "rope_alibi":
     raise ValueError(
       "qk_norm normalises H dims per head: not with pos_encoding='rope_alibi' (extra q/k dims)"

@@ -143,14 +143,17 @@ def dense(
   names: tuple[str | None, ...],
   std: float,
   rngs: nnx.Rngs,
+  *,
+  bias: bool = False,
 ) -> nnx.Einsum:
   """A projection ``nnx.Einsum(eq)`` in ``cfg.dtype``: kernel ``kernel_shape`` initialised
-  Normal(0, ``std``) with logical ``names``; bias ``bias_shape`` (zeros, the last names) only with
-  ``cfg.use_bias``; its einsum is ``_activation_first_einsum`` (the weight gradient's operand order)."""
+  Normal(0, ``std``) with logical ``names``; bias ``bias_shape`` (zeros, the last names) with
+  ``cfg.use_bias`` or ``bias`` (the layer's own key: ``attention_bias``, ``mlp_bias``); its einsum is
+  ``_activation_first_einsum`` (the weight gradient's operand order)."""
   return nnx.Einsum(
     eq,
     kernel_shape,
-    bias_shape if cfg.use_bias else None,
+    bias_shape if cfg.use_bias or bias else None,
     dtype=cfg.dtype,
     kernel_init=initializers.normal(std, names),
     bias_init=initializers.zeros(names[-len(bias_shape) :]),

@@ -190,3 +190,27 @@ def test_soft_cap_keys_transformers_does_not_apply_are_not_read(family):
     ref = hf(torch.tensor(tokens), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits
   real = mask.astype(bool)
   assert np.abs(np.asarray(model(tokens, attention_mask=mask)) - ref.numpy())[real].max() < TOL
+
+
+def test_attention_bias_is_read_where_transformers_applies_it():
+  """``attention_bias``: Qwen3's attention puts biases on q, k, v and o (read, and transformers'
+  logits); Mistral's has none whatever its config says (not read: no bias keys in its state dict)."""
+  from jaxpe.model.hf_weights import from_hf_model
+
+  torch = _torch()
+  hf = _hf_model("qwen3", attention_bias=True)
+  with torch.no_grad():  # the biases start at zero: move them so they matter
+    for name, p in hf.named_parameters():
+      if name.endswith("proj.bias"):
+        p.add_(0.3 * torch.randn_like(p))
+  model = from_hf_model(hf)
+  assert model.cfg.attention_bias
+  tokens, mask = _inputs(t_len=9)
+  pos = np.clip(np.cumsum(mask, 1) - 1, 0, None)
+  with torch.no_grad():
+    ref = hf(torch.tensor(tokens), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits
+  graphdef, state = nnx.split(model)
+  got = jax.jit(lambda st, t, m: nnx.merge(graphdef, st)(t, attention_mask=m))(state, tokens, mask)
+  real = mask.astype(bool)
+  assert np.abs(np.asarray(got) - ref.numpy())[real].max() < TOL
+  assert not from_hf_model(_hf_model("mistral", attention_bias=True)).cfg.attention_bias

@@ -89,7 +89,7 @@ def test_pattern_keys_from_the_six_families():
   for c in (gemma2, gemma3, oss, llama4):  # each validates as ModelConfig keys
     ModelConfig(**{**c, "num_layers": len(c["layer_types"])})
   with pytest.raises(ValueError, match="mixture-of-experts"):
-    config_dict_from_hf(tf.GptOssConfig(num_hidden_layers=2))
+    config_dict_from_hf(tf.Llama4TextConfig(num_hidden_layers=4))
   with pytest.raises(ValueError, match="model_type"):
     pattern_from_hf_config({"model_type": "llama", "num_hidden_layers": 2})
 
@@ -257,7 +257,9 @@ def test_a_config_json_without_layer_types_reads_the_pattern_transformers_derive
     )
 
 
-@pytest.mark.parametrize("cls", ["MistralConfig", "Qwen3Config", "Gemma2Config", "Gemma3TextConfig"])
+@pytest.mark.parametrize(
+  "cls", ["MistralConfig", "Qwen3Config", "Gemma2Config", "Gemma3TextConfig", "GptOssConfig"]
+)
 def test_a_config_json_without_the_defaulted_keys_reads_transformers_defaults(cls):
   """A ``config.json`` dict with only the sizes gives the ``ModelConfig`` of transformers' config
   object built from it (its defaults: head_dim, kv heads, activation, eps, query_pre_attn_scalar)."""
