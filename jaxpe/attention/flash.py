@@ -134,6 +134,27 @@ def gpu_block(width: int, v_width: int, itemsize: int, extra_width: int = 0) -> 
   return block
 
 
+def default_block(
+  t_len: int, head_dim: int, itemsize: int, precise_dims: int = 0, target: str = "gpu"
+) -> int:
+  """Rows per q and k block ``attend`` runs when given no ``block``: ``min(MAX_BLOCK, T')`` (T' =
+  ``kernel_length("flash", T)``: T up to 128 as one block), on ``target="gpu"`` at most
+  ``gpu_block`` of the padded head dim H and emulation dims E (the Triton kernels' shared memory).
+  The one place the block is chosen (the cost model of ``benchmarks/attention_bench.flash_flops``
+  counts block pairs with it).
+
+  Args:
+    t_len: T, token positions. head_dim: H of v. itemsize: bytes of the widest of q, k, v's dtypes.
+    precise_dims: E (float32 emulation dims), 0 without. target: one of ``TARGETS``.
+  """
+  block = min(MAX_BLOCK, kernel_length("flash", t_len))
+  if target == "gpu":  # wide heads: fewer rows, so the Triton kernels fit the shared memory
+    wide = padded_head_dim("flash", head_dim)
+    extra = padded_head_dim("flash", precise_dims) if precise_dims else 0
+    block = min(block, gpu_block(wide, wide, itemsize, extra))
+  return block
+
+
 TARGETS = ("gpu", "tpu")
 """``attend``'s kernel families: Triton (``flash_kernels``) and Mosaic (``flash_tpu``)."""
 
@@ -231,12 +252,8 @@ def attend(
         )
   if block is None:
     length = kernel_length("flash", t_len)
-    block = min(MAX_BLOCK, length)
-    if target == "gpu":  # wide heads: fewer rows, so the Triton kernels fit the shared memory
-      itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k, v))
-      wide = padded_head_dim("flash", head_dim)
-      extra = padded_head_dim("flash", precise_dims) if precise_dims else 0
-      block = min(block, gpu_block(wide, wide, itemsize, extra))
+    itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k, v))
+    block = default_block(t_len, head_dim, itemsize, precise_dims, target)
   else:
     if not _checks.is_int(block) or block < 8 or block & (block - 1):
       raise ValueError(f"block must be a power of two >= 8, got {block!r}")

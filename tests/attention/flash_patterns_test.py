@@ -300,3 +300,44 @@ def test_soft_cap_with_emulated_alibi_dims_is_refused():
   attention(
     qe, ke, v, scale=SCALE, implementation="flash", interpret=True, local_window_size=3
   )  # no cap: runs
+
+
+@pytest.mark.parametrize(
+  "causal,window,chunk",
+  [
+    (True, None, None),
+    (False, None, None),
+    (True, (5, 0), None),
+    (False, (3, 9), None),
+    (False, (0, 17), None),
+    (True, None, 12),
+    (False, None, 5),
+    (True, (20, 0), 24),
+    (False, (6, 2), 10),
+  ],
+)
+def test_block_ranges_are_exactly_the_needed_blocks(causal, window, chunk):
+  # key_blocks / query_blocks against the blocks holding an allowed (query, key) pair, from the
+  # dense pattern of the token indices (numpy): no needed block left out, none visited past it
+  # (an off-by-one bound would load and compute a whole block of masked pairs)
+  from jaxpe.attention import flash_kernels, flash_patterns
+
+  b, n = 8, 5
+  cfg = flash_kernels.Config(
+    scale=1.0, causal=causal, block=b, groups=1, window=window, chunk=chunk, length=b * n
+  )
+  i, j = np.arange(b * n)[:, None], np.arange(b * n)[None, :]
+  allowed = np.ones((b * n, b * n), bool)
+  if causal:
+    allowed &= j <= i
+  if window is not None:
+    allowed &= (j >= i - window[0]) & (j <= i + window[1])
+  if chunk is not None:
+    allowed &= i // chunk == j // chunk
+  needed = allowed.reshape(n, b, n, b).any(axis=(1, 3))  # [q block, key block]
+  for x in range(n):
+    for blocks, row in ((flash_patterns.key_blocks, needed[x]), (flash_patterns.query_blocks, needed[:, x])):
+      lo, hi = blocks(cfg, x, n)
+      assert (lo, hi) == (np.argmax(row), n - np.argmax(row[::-1])), (blocks.__name__, x, lo, hi, row)
+      assert row[lo:hi].all()  # contiguous: every visited block is needed
+  assert flash_patterns.span(flash_patterns.key_blocks, cfg, n) == needed.sum(axis=1).max()
