@@ -272,6 +272,9 @@ def attend(
 
   dim = padded_head_dim("flash", head_dim)
   extra_t = length - t_len
+  # GPU, T a whole number of blocks: q, k, v stay H wide (no padded copies around the kernels); the
+  # Triton blocks are D = dim lanes wide and lanes >= H are masked in the kernels (Config.lanes)
+  lanes = head_dim if target == "gpu" and not extra_t and dim != head_dim else 0
 
   def pad(x, width):  # [B, T, ., W] -> [B, length, ., width] (zeros past T and W; none: no copy)
     if not extra_t and width == x.shape[-1]:
@@ -310,6 +313,7 @@ def attend(
     soft_cap=cap,
     sinks=sinks is not None,
     length=length,
+    lanes=lanes,
   )
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
@@ -359,9 +363,9 @@ def attend(
   sink_logits = None if sinks is None else sinks.astype(jnp.float32)
   out = _flash(
     cfg,
-    layout(q[..., :head_dim], dim),
-    layout(k[..., :head_dim], dim),
-    layout(v, dim),
+    layout(q[..., :head_dim], lanes or dim),
+    layout(k[..., :head_dim], lanes or dim),
+    layout(v, lanes or dim),
     qe,
     ke,
     sink_logits,
