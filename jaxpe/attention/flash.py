@@ -45,7 +45,9 @@ kernels compute per block from positions:
   and the saved log-sum-exp; the backward kernels need nothing more (the probabilities from that
   lse already include it) and the sink logits' gradient ``-sum_rows exp(sink_h - lse) delta`` is
   one elementwise pass over the row statistics (``_sink_grad``).
-- T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two.
+- T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two
+  (a copy; on GPU with T already whole blocks q, k, v are read in place instead, the Triton kernels
+  masking the lanes past H: ``flash_kernels.Config.lanes``).
 
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
 probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients

@@ -23,7 +23,9 @@ as lane-dense rows ``[B, 1, T]`` / ``[B, N, 1, T]``, read through ``token``) and
 ``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
-two and full minor dims, as in jax's own Triton attention kernel.
+two and full minor dims, as in jax's own Triton attention kernel; q, k, v, o and their gradients may
+be H wide with H not a power of two (``Config.lanes``): their blocks are then D lanes wide and the
+lanes past H are masked (``read`` / ``write``: loads give 0, stores skip them), as jax's kernel does.
 
 Triton (``target="gpu"``): ``triton_params`` gives explicit ``pallas.triton.CompilerParams`` (without
 them Pallas picks Mosaic GPU, which has no ``dot_general``); every load is one indexer (a head of a
