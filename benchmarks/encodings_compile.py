@@ -52,15 +52,15 @@ def overrides(encoding: str, mesh: str, impl: str) -> list[str]:
   return [*enc, f"mesh_shape={MESHES[mesh]}", f"model.attn_implementation={impl}"]
 
 
-def run_row(encoding: str, mesh: str, impl: str) -> dict:
-  """Compiles one row; returns it (``error``: the refusal, its first line)."""
+def run_row(encoding: str, mesh: str, impl: str, extra: tuple[str, ...] = ()) -> dict:
+  """Compiles one row; returns it (``error``: the refusal, its first line). ``extra``: more overrides."""
   import jax  # noqa: PLC0415
 
   from jaxpe.train import aot  # noqa: PLC0415
   from jaxpe.train import config as config_lib  # noqa: PLC0415
   from jaxpe.train.cli import resolve_config  # noqa: PLC0415
 
-  args = overrides(encoding, mesh, impl)
+  args = [*overrides(encoding, mesh, impl), *extra]
   row = {"encoding": encoding, "mesh": mesh, "mesh_shape": MESHES[mesh], "impl": impl, "overrides": args}
   start = time.time()
   try:
