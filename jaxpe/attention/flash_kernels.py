@@ -54,6 +54,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxpe.attention import flash_patterns as patterns
+from jaxpe.attention.flash_blocks import block_width, read, store, write
+from jaxpe.attention.flash_blocks import parts as _parts
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked block gives no NaN
 _HI = lax.Precision.HIGHEST
@@ -150,55 +152,6 @@ def _cos_sin(r, cfg: Config, pos, delta, sign: float):
     amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * _table(r, cfg, "logz")) * amp
   cos, sin = cos * amp, sin * amp
   return cos, sin
-
-
-def _lane_mask(cfg: Config, start: int, width: int):
-  """Bool ``[1, width]``: the lanes ``start..start + width`` of a block that lie inside the caller's H."""
-  return (start + jnp.arange(width) < cfg.lanes)[None, :]
-
-
-def read(cfg: Config, ref, idx, start: int = 0):
-  """``ref[idx]`` (a ``[rows, width]`` block); with ``cfg.lanes`` a masked load: lanes at or past H
-  (``start``: the block's first lane) read as 0, nothing read past the caller's array."""
-  if not cfg.lanes:
-    return ref[idx]
-  view = ref.at[idx]
-  return plgpu.load(view, mask=_lane_mask(cfg, start, view.shape[-1]), other=0)
-
-
-def write(cfg: Config | None, ref, value, idx=None, start: int = 0):
-  """``ref[idx] = value`` in ref's dtype (``idx`` None: the whole block); with ``cfg.lanes`` a masked
-  store: lanes at or past H are not written (they are not in the caller's array)."""
-  value = value.astype(ref.dtype)
-  if cfg is None or not cfg.lanes:
-    ref[... if idx is None else idx] = value
-    return
-  plgpu.store(ref if idx is None else ref.at[idx], value, mask=_lane_mask(cfg, start, value.shape[-1]))
-
-
-def _parts(cfg: Config, ref, rows, head=()):
-  """A block's q/k dims as a tuple of parts: ``(x [rows, D],)``; split (rotate-half, h = ``cfg.split``):
-  ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D).
-  ``head``: the head index of a ``[T, G, D]`` block (dk/dv's q side), after the rows in the same
-  indexer (Triton lowers one indexer per load, not ``ref.at[:, g][rows]``)."""
-  if not cfg.split:
-    return (read(cfg, ref, (rows, *head, slice(None))),)
-  h, width = cfg.split, ref.shape[-1]
-  parts = [read(cfg, ref, (rows, *head, pl.ds(0, h))), read(cfg, ref, (rows, *head, pl.ds(h, h)), h)]
-  if width > 2 * h:
-    parts.append(read(cfg, ref, (rows, *head, pl.ds(2 * h, width - 2 * h)), 2 * h))
-  return tuple(parts)
-
-
-def store(ref, parts, cfg: Config | None = None):
-  """Write a tuple of parts (``_parts``) to the lane ranges of ``ref`` (``cfg.lanes``: masked)."""
-  if len(parts) == 1:
-    write(cfg, ref, parts[0])
-    return
-  start = 0
-  for x in parts:
-    write(cfg, ref, x, (slice(None), pl.ds(start, x.shape[-1])), start)
-    start += x.shape[-1]
 
 
 def _rotate(r, cfg: Config, parts, cs):
@@ -422,14 +375,6 @@ def _spec(name, x, cfg: Config, rows_of: str):
   if head_side == "k":  # whole kv sequence of this query head's kv head (grouped-query heads)
     return pl.BlockSpec((None, x.shape[1], None, width), lambda b, h, i: (b, 0, h // g, 0))
   return pl.BlockSpec((None, x.shape[1], g, width), lambda b, h, i: (b, 0, h, 0))  # the G q heads
-
-
-def block_width(name: str, x, cfg: Config) -> int:
-  """Lanes of operand ``name``'s blocks: its minor dim, or D (the next power of two) for the
-  q / k / v-wide operands of an H-wide caller (``cfg.lanes``)."""
-  if cfg.lanes and name in ("q", "k", "v", "o", "do", "dq", "dk", "dv"):
-    return pl.next_power_of_2(x.shape[-1])
-  return x.shape[-1]
 
 
 def triton_params(block: int, width: int) -> plgpu.CompilerParams:
