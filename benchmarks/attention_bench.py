@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpe import emulation
-from jaxpe.attention import backends, flash, fused, kernels, masks
+from jaxpe.attention import backends, flash, flash_kernels, flash_patterns, fused, kernels, masks
 from jaxpe.ops import alibi, rope
 
 ENCODINGS = ("rope", "alibi", "alibi_rot", "rope_alibi")
@@ -220,8 +220,12 @@ def flash_kernel_operands(form: str, t_len: int, heads: int, kv_heads: int, head
 def flash_flops(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int) -> dict:
   """Matmul FLOPs of the ``flash`` kernels (``fwd``, ``dq``, ``dkv``; B 1, causal) and ``alibi_ops``.
 
-  Counted from ``flash_kernels``: P = nb (nb + 1) / 2 causal block pairs per head (nb = T' / b,
-  b = ``min(128, T')``; a diagonal pair is a whole block). Per pair: ``q.k`` 2 b^2 (D + E), ``p.v``
+  Counted from ``flash_kernels`` with the kernels' own block arithmetic (target ``"gpu"``, the
+  Triton kernels): b = ``flash.default_block`` (128, or 64 where the Triton blocks must shrink for
+  the shared memory, e.g. ``rope_alibi``'s float32 q/k with emulation dims), nb = T' / b, and the
+  causal block pairs each program visits, ``flash_patterns.key_blocks`` (forward, dq) and
+  ``query_blocks`` (dk/dv) summed over the blocks: nb (nb + 1) / 2 per head (a diagonal pair is a
+  whole block). Per pair: ``q.k`` 2 b^2 (D + E), ``p.v``
   2 b^2 Dv (forward); dq adds ``do.v`` and ``ds.k`` (+ ``ds.ke``); dk/dv ``p.do``, ``do.v``,
   ``ds.q`` (+ ``ds.qe``). In-kernel RoPE (but the elementwise rotate-half: no ``perm``) rotates with
   the ``[D, D]`` permutation matmul (2 b D^2):
@@ -233,15 +237,19 @@ def flash_flops(form: str, t_len: int, heads: int, kv_heads: int, head_dim: int)
   length, d = ops["q"][0][1], ops["q"][0][3]  # [B, T, N, D]
   dv, kk = ops["v"][0][3], ops["k"][0][2]
   e = FLASH_EMULATION_DIMS if "qe" in ops else 0
-  b = min(flash.MAX_BLOCK, length)
+  itemsize = max(jnp.dtype(ops[x][1]).itemsize for x in ("q", "k", "v"))
+  b = flash.default_block(t_len, head_dim, itemsize, e, "gpu")
   nb = length // b
-  pairs = heads * nb * (nb + 1) // 2  # all heads
+  cfg = flash_kernels.Config(scale=1.0, causal=True, block=b, groups=heads // kk, length=length)
+  visited = lambda blocks: sum(hi - lo for lo, hi in (blocks(cfg, i, nb) for i in range(nb)))  # noqa: E731
+  pairs = heads * visited(flash_patterns.key_blocks)  # all heads
+  pairs_kv = heads * visited(flash_patterns.query_blocks)  # K kv heads x G query heads each
   rot = 2 * b * d * d if "perm" in ops else 0
   score = 2 * b * b * (d + e)
   return {
     "fwd": pairs * (score + 2 * b * b * dv + rot) + heads * nb * rot,
     "dq": pairs * (score + 2 * b * b * dv + 2 * b * b * (d + e) + rot) + heads * nb * 2 * rot,
-    "dkv": pairs * (score + 4 * b * b * dv + 2 * b * b * (d + e) + rot) + kk * nb * 2 * rot,
+    "dkv": pairs_kv * (score + 4 * b * b * dv + 2 * b * b * (d + e) + rot) + kk * nb * 2 * rot,
     "alibi_ops": 3 * 3 * pairs * b * b if "slopes" in ops else 0,
   }
 

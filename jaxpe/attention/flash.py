@@ -45,7 +45,9 @@ kernels compute per block from positions:
   and the saved log-sum-exp; the backward kernels need nothing more (the probabilities from that
   lse already include it) and the sink logits' gradient ``-sum_rows exp(sink_h - lse) delta`` is
   one elementwise pass over the row statistics (``_sink_grad``).
-- T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two.
+- T is padded to whole blocks (``backends.kernel_length``), q/k, v and emulation dims to powers of two
+  (a copy; on GPU with T already whole blocks q, k, v are read in place instead, the Triton kernels
+  masking the lanes past H: ``flash_kernels.Config.lanes``).
 
 Backward: ``jax.custom_vjp`` with two Pallas kernels (dq; dk and dv), recomputing the
 probabilities from the saved log-sum-exp (FlashAttention-2, Dao, arXiv 2307.08691). Gradients
@@ -131,6 +133,27 @@ def gpu_block(width: int, v_width: int, itemsize: int, extra_width: int = 0) -> 
   block = MAX_BLOCK
   while block > 16 and block * row > SHARED_MEMORY:
     block //= 2
+  return block
+
+
+def default_block(
+  t_len: int, head_dim: int, itemsize: int, precise_dims: int = 0, target: str = "gpu"
+) -> int:
+  """Rows per q and k block ``attend`` runs when given no ``block``: ``min(MAX_BLOCK, T')`` (T' =
+  ``kernel_length("flash", T)``: T up to 128 as one block), on ``target="gpu"`` at most
+  ``gpu_block`` of the padded head dim H and emulation dims E (the Triton kernels' shared memory).
+  The one place the block is chosen (the cost model of ``benchmarks/attention_bench.flash_flops``
+  counts block pairs with it).
+
+  Args:
+    t_len: T, token positions. head_dim: H of v. itemsize: bytes of the widest of q, k, v's dtypes.
+    precise_dims: E (float32 emulation dims), 0 without. target: one of ``TARGETS``.
+  """
+  block = min(MAX_BLOCK, kernel_length("flash", t_len))
+  if target == "gpu":  # wide heads: fewer rows, so the Triton kernels fit the shared memory
+    wide = padded_head_dim("flash", head_dim)
+    extra = padded_head_dim("flash", precise_dims) if precise_dims else 0
+    block = min(block, gpu_block(wide, wide, itemsize, extra))
   return block
 
 
@@ -231,12 +254,8 @@ def attend(
         )
   if block is None:
     length = kernel_length("flash", t_len)
-    block = min(MAX_BLOCK, length)
-    if target == "gpu":  # wide heads: fewer rows, so the Triton kernels fit the shared memory
-      itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k, v))
-      wide = padded_head_dim("flash", head_dim)
-      extra = padded_head_dim("flash", precise_dims) if precise_dims else 0
-      block = min(block, gpu_block(wide, wide, itemsize, extra))
+    itemsize = max(jnp.dtype(x.dtype).itemsize for x in (q, k, v))
+    block = default_block(t_len, head_dim, itemsize, precise_dims, target)
   else:
     if not _checks.is_int(block) or block < 8 or block & (block - 1):
       raise ValueError(f"block must be a power of two >= 8, got {block!r}")
@@ -255,6 +274,9 @@ def attend(
 
   dim = padded_head_dim("flash", head_dim)
   extra_t = length - t_len
+  # GPU, T a whole number of blocks: q, k, v stay H wide (no padded copies around the kernels); the
+  # Triton blocks are D = dim lanes wide and lanes >= H are masked in the kernels (Config.lanes)
+  lanes = head_dim if target == "gpu" and not extra_t and dim != head_dim else 0
 
   def pad(x, width):  # [B, T, ., W] -> [B, length, ., width] (zeros past T and W; none: no copy)
     if not extra_t and width == x.shape[-1]:
@@ -293,6 +315,7 @@ def attend(
     soft_cap=cap,
     sinks=sinks is not None,
     length=length,
+    lanes=lanes,
   )
   if rope_spec is not None:
     tables = kernel_tables(rope_spec, dim)
@@ -342,9 +365,9 @@ def attend(
   sink_logits = None if sinks is None else sinks.astype(jnp.float32)
   out = _flash(
     cfg,
-    layout(q[..., :head_dim], dim),
-    layout(k[..., :head_dim], dim),
-    layout(v, dim),
+    layout(q[..., :head_dim], lanes or dim),
+    layout(k[..., :head_dim], lanes or dim),
+    layout(v, lanes or dim),
     qe,
     ke,
     sink_logits,

@@ -23,7 +23,9 @@ as lane-dense rows ``[B, 1, T]`` / ``[B, N, 1, T]``, read through ``token``) and
 ``[B, 1, T]`` int32 (ALiBi key positions ``ak``, segment ids ``sk``), slopes ``[N, 1, 1]``, the RoPE
 tables ``freq`` / ``amp`` / ``logz``, ``turns [8, D]`` ``[1, D]`` and ``perm [D, D]`` (``rope_spec.kernel_tables``).
 Every operand is optional except q, k, v. T is a whole number of blocks. Block shapes are powers of
-two and full minor dims, as in jax's own Triton attention kernel.
+two and full minor dims, as in jax's own Triton attention kernel; q, k, v, o and their gradients may
+be H wide with H not a power of two (``Config.lanes``): their blocks are then D lanes wide and the
+lanes past H are masked (``read`` / ``write``: loads give 0, stores skip them), as jax's kernel does.
 
 Triton (``target="gpu"``): ``triton_params`` gives explicit ``pallas.triton.CompilerParams`` (without
 them Pallas picks Mosaic GPU, which has no ``dot_general``); every load is one indexer (a head of a
@@ -52,6 +54,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxpe.attention import flash_patterns as patterns
+from jaxpe.attention.flash_blocks import block_width, read, store, write
+from jaxpe.attention.flash_blocks import parts as _parts
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a fully masked block gives no NaN
 _HI = lax.Precision.HIGHEST
@@ -77,6 +81,9 @@ class Config:
   soft_cap: float | None = None  # logits_soft_cap
   sinks: bool = False  # a "sinks" operand [N, 1, 1] joins the forward's online softmax
   length: int = 0  # the padded T (a whole number of blocks): flash_tpu's grids and block ranges
+  lanes: int = 0  # gpu: q, k, v (and o, do, dq, dk, dv) are the caller's H wide, read in place in
+  # blocks of D = next_power_of_two(H) lanes; lanes >= H load as 0 and are not stored (masked, as
+  # jax's Triton attention). 0: the arrays are D wide
 
 
 def _operands(a, b):
@@ -145,31 +152,6 @@ def _cos_sin(r, cfg: Config, pos, delta, sign: float):
     amp = jnp.exp((delta * jnp.float32(sign / cfg.scale_base)) * _table(r, cfg, "logz")) * amp
   cos, sin = cos * amp, sin * amp
   return cos, sin
-
-
-def _parts(cfg: Config, ref, rows, head=()):
-  """A block's q/k dims as a tuple of parts: ``(x [rows, D],)``; split (rotate-half, h = ``cfg.split``):
-  ``(x1 [rows, h], x2 [rows, h], rest [rows, D - 2h])`` read by lane ranges (no rest when 2h = D).
-  ``head``: the head index of a ``[T, G, D]`` block (dk/dv's q side), after the rows in the same
-  indexer (Triton lowers one indexer per load, not ``ref.at[:, g][rows]``)."""
-  if not cfg.split:
-    return (ref[(rows, *head, slice(None))],)
-  h, width = cfg.split, ref.shape[-1]
-  parts = [ref[(rows, *head, pl.ds(0, h))], ref[(rows, *head, pl.ds(h, h))]]
-  if width > 2 * h:
-    parts.append(ref[(rows, *head, pl.ds(2 * h, width - 2 * h))])
-  return tuple(parts)
-
-
-def store(ref, parts):
-  """Write a tuple of parts (``_parts``) to the lane ranges of ``ref``."""
-  if len(parts) == 1:
-    ref[...] = parts[0].astype(ref.dtype)
-    return
-  start = 0
-  for x in parts:
-    ref[:, pl.ds(start, x.shape[-1])] = x.astype(ref.dtype)
-    start += x.shape[-1]
 
 
 def _rotate(r, cfg: Config, parts, cs):
@@ -264,14 +246,14 @@ def _forward_kernel(*refs, names, cfg: Config):
     m_next = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
     corr = jnp.exp(m - m_next)
     p = jnp.exp(s - m_next)
-    v = r["v"][k_rows, :]
+    v = read(cfg, r["v"], (k_rows, slice(None)))
     o = o * corr + dot(p.astype(v.dtype), v)
     return o, m_next, denom * corr + jnp.sum(p, axis=-1, keepdims=True)
 
   lower, upper = patterns.key_blocks(cfg, i, r["k"].shape[0] // bk)
   m0, l0 = patterns.softmax_start(cfg, r.get("sinks"), bq)
   o, m, denom = lax.fori_loop(lower, upper, body, (jnp.zeros((bq, dv), jnp.float32), m0, l0))
-  r["o"][...] = (o / denom).astype(r["o"].dtype)
+  write(cfg, r["o"], o / denom)
   if "lse" in r:  # the backward's residual only
     r["lse"][...] = m + jnp.log(denom)
 
@@ -283,7 +265,7 @@ def _dq_kernel(*refs, names, cfg: Config):
   local = pl.ds(0, bq)
   qr, qe, q_cs = load_q_side(r, cfg, local)
   slope = r["slopes"][...] if "slopes" in r else None
-  do, lse, delta = r["do"][...], r["lse"][...], r["delta"][...]
+  do, lse, delta = read(cfg, r["do"], ...), r["lse"][...], r["delta"][...]
 
   def body(j, carry):
     dq, dqe = carry
@@ -293,7 +275,7 @@ def _dq_kernel(*refs, names, cfg: Config):
     p = jnp.exp(s - lse)
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
-    v = r["v"][k_rows, :]
+    v = read(cfg, r["v"], (k_rows, slice(None)))
     ds = p * (dot_nt(do, v) - delta) * jnp.float32(cfg.scale)
     if dcap is not None:
       ds = ds * dcap
@@ -308,7 +290,7 @@ def _dq_kernel(*refs, names, cfg: Config):
   dq, dqe = lax.fori_loop(lower, upper, body, init)
   if cfg.rope:
     dq = rotate_t(r, cfg, dq, q_cs)
-  store(r["dq"], dq)
+  store(r["dq"], dq, cfg)
   if dqe is not None:
     r["dqe"][...] = dqe
 
@@ -319,7 +301,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
   bq = bk = cfg.block
   local = pl.ds(0, bk)
   kr, ke, k_cs = load_k_side(r, cfg, local)
-  v = r["v"][...]
+  v = read(cfg, r["v"], ...)
   lower, upper = patterns.query_blocks(cfg, j, r["q"].shape[0] // bq)
 
   def head(g, carry):
@@ -333,7 +315,7 @@ def _dkv_kernel(*refs, names, cfg: Config):
       p = jnp.exp(s - r["lse"][g, q_rows, :])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
-      do = r["do"][q_rows, g, :]
+      do = read(cfg, r["do"], (q_rows, g, slice(None)))
       dv = dv + dot_tn(p.astype(do.dtype), do)
       ds = p * (dot_nt(do, v) - r["delta"][g, q_rows, :]) * jnp.float32(cfg.scale)
       if dcap is not None:
@@ -353,8 +335,8 @@ def _dkv_kernel(*refs, names, cfg: Config):
   dk, dke, dv = lax.fori_loop(0, cfg.groups, head, init)
   if cfg.rope:
     dk = rotate_t(r, cfg, dk, k_cs)
-  store(r["dk"], dk)
-  r["dv"][...] = dv.astype(r["dv"].dtype)
+  store(r["dk"], dk, cfg)
+  write(cfg, r["dv"], dv)
   if dke is not None:
     r["dke"][...] = dke
 
@@ -382,7 +364,7 @@ def _spec(name, x, cfg: Config, rows_of: str):
     shape = (None, bl if blocked else x.shape[1], 1)
     return pl.BlockSpec(shape, (lambda b, h, i: (b, i, 0)) if blocked else (lambda b, h, i: (b, 0, 0)))
   head_side = "q" if name in ("q", "qe", "do", "lse", "delta", "o", "dq", "dqe") else "k"
-  width = x.shape[-1]
+  width = block_width(name, x, cfg)
   if name in ("lse", "delta"):  # row statistics [B, N, T, 1], head-major
     if head_side == rows_of:
       return pl.BlockSpec((None, None, bl, 1), lambda b, h, i: (b, h, i, 0))
@@ -412,7 +394,7 @@ def _call(kernel, ins: dict, outs: dict, cfg: Config, rows_of: str, grid):
     out_specs=out_specs,
     out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in outs.values()],
     interpret=cfg.interpret,
-    compiler_params=triton_params(cfg.block, max(x.shape[-1] for x in ins.values())),
+    compiler_params=triton_params(cfg.block, max(block_width(n, x, cfg) for n, x in ins.items())),
     name=f"jaxpe_flash_{kernel.__name__.strip('_')}",
   )(*ins.values())
   return dict(zip(outs, out, strict=True))

@@ -180,37 +180,69 @@ def _dot_flops(jaxpr, in_while=False):
   return top, inner
 
 
+def _loop_trips(jaxpr, env):
+  """Block-loop iterations of a kernel body for one program: the ``[lo, hi)`` bounds of its ``while``
+  loops (``fori_loop`` over blocks) evaluated from ``env`` (``program_id`` values; None: unknown,
+  e.g. a ref), times the trip counts of the ``scan`` (head loop) around them."""
+
+  def read(x):
+    return x.val if isinstance(x, jcore.Literal) else env.get(x)
+
+  trips = 0
+  for e in jaxpr.eqns:
+    vals = [read(x) for x in e.invars]
+    if e.primitive.name == "program_id":
+      env[e.outvars[0]] = env["program_ids"][e.params["axis"]]
+    elif e.primitive.name == "while":
+      lo, hi = vals[e.params["cond_nconsts"] + e.params["body_nconsts"] :][:2]
+      assert lo is not None and hi is not None, "block-loop bounds not from the program id"
+      trips += max(int(hi) - int(lo), 0)
+    elif e.primitive.name == "scan":  # the head loop: its consts known, its bounds per iteration alike
+      sub = e.params["jaxpr"].jaxpr
+      inner = {"program_ids": env["program_ids"]}
+      inner.update({x: v for x, v in zip(sub.invars, vals[: e.params["num_consts"]]) if v is not None})
+      trips += e.params["length"] * _loop_trips(sub, inner)
+    elif vals and all(v is not None for v in vals) and not any(jcore.jaxprs_in_params(e.params)):
+      for x, y in zip(
+        e.outvars,
+        e.primitive.bind(*vals, **e.params)
+        if e.primitive.multiple_results
+        else [e.primitive.bind(*vals, **e.params)],
+      ):
+        env[x] = y
+  return trips
+
+
 def _traced_flash_cost(form, head_dim):
-  """Forward operands ``[(shape, dtype)]`` (o included, lse not) and FLOPs per kernel, from the jaxpr."""
+  """Forward operands ``[(shape, dtype)]`` (o included, lse not), FLOPs per kernel and block pairs
+  visited per kernel (all programs), from the jaxpr: per program its top-level matmuls and, per
+  block-loop iteration (bounds evaluated at its program id), the loop body's."""
   calls = _flash_kernels(form, head_dim)
   fwd = calls["forward_kernel"]
   operands = [(tuple(v.aval.shape), str(v.aval.dtype)) for v in fwd.invars]
   operands.append((tuple(fwd.params["out_avals"][0].shape), str(fwd.params["out_avals"][0].dtype)))
-  flops = {}
+  flops, visited = {}, {}
   for name, e in calls.items():
+    key = {"forward_kernel": "fwd"}.get(name, name.removesuffix("_kernel"))
     grid = e.params["grid_mapping"].grid  # (B, heads, blocks)
-    nb = grid[2]
-    pairs = N * nb * (nb + 1) // 2  # causal block pairs, all query heads (dk/dv: K kv heads x G)
     top, inner = _dot_flops(e.params["jaxpr"])
-    flops[{"forward_kernel": "fwd"}.get(name, name.removesuffix("_kernel"))] = (
-      int(np.prod(grid)) * top + pairs * inner
-    )
-  return operands, flops
+    trips = [_loop_trips(e.params["jaxpr"], {"program_ids": ids}) for ids in np.ndindex(*grid)]
+    flops[key] = int(np.prod(grid)) * top + sum(trips) * inner
+    visited[key] = (grid[2], sum(trips))
+  return operands, flops, visited
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="since the flash kernel's pattern-aware loop bounds (window / chunk / sinks, 2026-12-06) its traced "
-  "matmul FLOPs are 8/7 of benchmarks/attention_bench.flash_flops (fwd, dq, dkv alike, T' 384): the cost "
-  "formula must be recounted from flash_patterns.key_blocks (open: issue 45)",
-)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_flash_cost_rows_match_the_kernels_jaxpr(head_dim):
   bench = _bench()
   traced = {f: _traced_flash_cost(f, head_dim) for f in ("none", *bench.FLASH_FORMS)}
   train = lambda c: c["fwd"] + c["dq"] + c["dkv"]  # noqa: E731
   n_bytes = lambda ops: sum(int(np.prod(s)) * jnp.dtype(d).itemsize for s, d in ops)  # noqa: E731
-  for form, (operands, flops) in traced.items():
+  for form, (operands, flops, visited) in traced.items():
+    # causal: q block i needs key blocks 0..i, no more (nb (nb + 1) / 2 pairs per query head; dk/dv:
+    # key block j, q blocks j..nb-1, for each of the G query heads of its kv head)
+    for kernel, (nb, pairs) in visited.items():
+      assert pairs == N * nb * (nb + 1) // 2, (form, kernel, nb, pairs)
     want = bench.flash_kernel_operands(form, T_FLASH, N, K, head_dim)
     assert sorted(operands) == sorted(want.values()), (form, operands, want)
     assert {
@@ -221,7 +253,7 @@ def test_flash_cost_rows_match_the_kernels_jaxpr(head_dim):
     assert kk == K  # grouped-query heads kept (index map, no repeat)
     if form == "none":
       continue
-    rope_ops, rope_flops = traced["rope"]
+    rope_ops, rope_flops, _ = traced["rope"]
     none_flops = traced["none"][1]
     row = bench.flash_cost_row(form, N, K, head_dim, lengths=(T_FLASH,), t_ref=T_FLASH)
     assert np.isclose(row["flops"], flops["fwd"] / rope_flops["fwd"])

@@ -57,12 +57,13 @@ def _positions():
 
 
 def _rope64(x, pos, inv_freq, sign=1.0):
-  """RoFormer (arXiv 2104.09864) rotate-half on all H dims of ``[B, T, ., H]``; sign -1: the transpose."""
+  """RoFormer (arXiv 2104.09864) rotate-half on the first 2h dims of ``[B, T, ., H]`` (h = the
+  frequencies; the rest unrotated); sign -1: the transpose."""
   h = inv_freq.shape[0]
   phase = pos[:, :, None, None].astype(np.float64) * inv_freq[None, None, None, :]
   c, s = np.cos(phase), sign * np.sin(phase)
-  x1, x2 = x[..., :h], x[..., h:]
-  return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+  x1, x2 = x[..., :h], x[..., h : 2 * h]
+  return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * h :]], -1)
 
 
 def _reference(q, k, v, ct, m, *, window=None, chunk=None, cap=None, sinks=None, alibi=None, rope=None):
@@ -74,12 +75,12 @@ def _reference(q, k, v, ct, m, *, window=None, chunk=None, cap=None, sinks=None,
   if rope is not None:
     inv_freq, pos = rope
     q, k = _rope64(q, pos, inv_freq), _rope64(k, pos, inv_freq)
-  g = N // K
-  idx = np.arange(T)
+  (b_size, t_len, n_heads, _), g = q.shape, q.shape[2] // k.shape[2]
+  idx = np.arange(t_len)
   i, j = idx[:, None], idx[None, :]
-  out, dq, dk, dv = np.zeros((B, T, N, H)), np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-  dsinks = np.zeros(N)
-  for b in range(B):
+  out, dq, dk, dv = np.zeros(q.shape[:3] + v.shape[3:]), np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+  dsinks = np.zeros(n_heads)
+  for b in range(b_size):
     ok = m["valid"][b][None, :] & (m["segments"][b][:, None] == m["segments"][b][None, :])
     if m["causal"]:
       ok = ok & (j <= i)
@@ -89,7 +90,7 @@ def _reference(q, k, v, ct, m, *, window=None, chunk=None, cap=None, sinks=None,
     if chunk is not None:
       ok = ok & (i // chunk == j // chunk)
     rows = m["valid"][b].astype(np.float64)[:, None]
-    for n in range(N):
+    for n in range(n_heads):
       kv = n // g
       s0 = SCALE * q[b, :, n] @ k[b, :, kv].T
       t = np.tanh(s0 / cap) if cap is not None else None
@@ -300,3 +301,102 @@ def test_soft_cap_with_emulated_alibi_dims_is_refused():
   attention(
     qe, ke, v, scale=SCALE, implementation="flash", interpret=True, local_window_size=3
   )  # no cap: runs
+
+
+@pytest.mark.parametrize(
+  "causal,window,chunk",
+  [
+    (True, None, None),
+    (False, None, None),
+    (True, (5, 0), None),
+    (False, (3, 9), None),
+    (False, (0, 17), None),
+    (True, None, 12),
+    (False, None, 5),
+    (True, (20, 0), 24),
+    (False, (6, 2), 10),
+  ],
+)
+def test_block_ranges_are_exactly_the_needed_blocks(causal, window, chunk):
+  # key_blocks / query_blocks against the blocks holding an allowed (query, key) pair, from the
+  # dense pattern of the token indices (numpy): no needed block left out, none visited past it
+  # (an off-by-one bound would load and compute a whole block of masked pairs)
+  from jaxpe.attention import flash_kernels, flash_patterns
+
+  b, n = 8, 5
+  cfg = flash_kernels.Config(
+    scale=1.0, causal=causal, block=b, groups=1, window=window, chunk=chunk, length=b * n
+  )
+  i, j = np.arange(b * n)[:, None], np.arange(b * n)[None, :]
+  allowed = np.ones((b * n, b * n), bool)
+  if causal:
+    allowed &= j <= i
+  if window is not None:
+    allowed &= (j >= i - window[0]) & (j <= i + window[1])
+  if chunk is not None:
+    allowed &= i // chunk == j // chunk
+  needed = allowed.reshape(n, b, n, b).any(axis=(1, 3))  # [q block, key block]
+  for x in range(n):
+    for blocks, row in ((flash_patterns.key_blocks, needed[x]), (flash_patterns.query_blocks, needed[:, x])):
+      lo, hi = blocks(cfg, x, n)
+      assert (lo, hi) == (np.argmax(row), n - np.argmax(row[::-1])), (blocks.__name__, x, lo, hi, row)
+      assert row[lo:hi].all()  # contiguous: every visited block is needed
+  assert flash_patterns.span(flash_patterns.key_blocks, cfg, n) == needed.sum(axis=1).max()
+
+
+def _kernel_operands(jaxpr):
+  """``[(shapes of the operands), (shapes of the outputs)]`` of each ``pallas_call`` in ``jaxpr``."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      found.append(
+        ([tuple(x.aval.shape) for x in eqn.invars], [tuple(a.shape) for a in eqn.params["out_avals"]])
+      )
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += _kernel_operands(sub)
+  return found
+
+
+@pytest.mark.parametrize(
+  "head_dim, half, options",
+  # D 32: rotate-half split (lane ranges 0-8, 8-16, 16-32, the last masked from 24); v, do, o, dv
+  # through the whole-block masked loads and stores
+  [(24, 8, dict(alibi=True, use_sinks=True, chunk=6, causal=True))],
+)
+def test_head_dims_off_a_power_of_two_are_read_in_place_on_gpu(head_dim, half, options):
+  # T 16, two whole blocks of 8: q, k, v (and o, dq, dk, dv) stay H wide in HBM, the Triton blocks
+  # are D lanes wide with lanes >= H masked (loads read 0, stores skip them): no padded copies
+  # around the kernels (before: q, k, v padded to D, 0.75 MiB of the 1.25 MiB of temporaries of
+  # bf16 H 80 / 96 on an H100); garbage in the interpreter's padding would show in every output
+  t_len, options = 16, dict(options)
+  rng = np.random.default_rng(head_dim)
+  cast = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+  q, ct = (cast(rng.normal(size=(1, t_len, N, head_dim)) * 1.5) for _ in range(2))
+  k, v = (cast(rng.normal(size=(1, t_len, K, head_dim)) * 1.5) for _ in range(2))
+  sinks = jnp.asarray(rng.normal(size=(N,)), jnp.float32)
+  m = dict(
+    valid=np.ones((1, t_len), bool), segments=np.zeros((1, t_len), np.int32), causal=options.pop("causal")
+  )
+  pos = np.broadcast_to(np.arange(t_len, dtype=np.int32), (1, t_len))
+  inv_freq = 1.0 / 10000.0 ** (np.arange(half) / half)
+  options["rope"] = (inv_freq, pos)
+  if options.pop("alibi", False):
+    options["alibi"] = (SLOPES, pos)
+  use_sinks = options.pop("use_sinks", False)
+  got = _kernel(q, k, v, ct, sinks, m, use_sinks=use_sinks, **options)
+  want = _reference(q, k, v, ct, m, sinks=np.asarray(sinks, np.float64) if use_sinks else None, **options)
+  for what, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+    a = np.asarray(a, np.float64)
+    assert a.shape == b.shape and np.max(np.abs(a - b)) / max(1.0, np.max(np.abs(b))) < 1e-5, what
+    assert np.max(np.abs(b)) > 0.05
+  mask = AttentionMask(causal=m["causal"])
+  spec = RopeSpec(jnp.asarray(inv_freq, jnp.float32), jnp.asarray(pos), jnp.asarray(pos), "half")
+  fn = lambda q, k, v: attention(  # noqa: E731
+    q, k, v, scale=SCALE, mask=mask, implementation="flash", interpret=True, rope_spec=spec
+  )
+  calls = _kernel_operands(
+    jax.make_jaxpr(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), (0, 1, 2)))(q, k, v).jaxpr
+  )
+  assert len(calls) == 3  # forward, dq, dk/dv
+  for ins, outs in calls:  # q, k, v first; o / dq / dk, dv: all H wide (lse: [B, N, T, 1])
+    assert [s[-1] for s in ins[:3]] == [head_dim] * 3 and {s[-1] for s in outs if s[-1] != 1} == {head_dim}

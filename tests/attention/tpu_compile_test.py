@@ -57,7 +57,7 @@ TINY_TEMP_BOUND = 1 << 20
 Measured 0 for every option, forward and gradient (XLA:TPU keeps these buffers in VMEM); before the
 undifferentiated forward stopped writing the log-sum-exp, up to 571 KiB (t200 forward bf16 on v5e:
 its ``[B, N, T, 1]`` float32, the minor dim padded to 128 lanes). v5p keeps less in VMEM (up to
-1.8 MiB, t200 gradient): not compiled here."""
+1.8 MiB, t200 gradient): ``test_flash_patterns_compile_for_v4_and_v5p`` bounds it apart."""
 SUBSET = ("t200", "xpos", "gqa", "segments", "precise_dims", "rope_interleaved_float32")
 """The options v6e and float32 compile (the most code between them: every table, mask and operand
 kind): every option in bf16 on v5e, these beside it, keep the module near 30 s on 2 busy cores."""
@@ -100,6 +100,31 @@ def test_flash_gradient_compiles_for_v6e(option):
 def test_flash_forward_alone_compiles(chip, option):
   # undifferentiated: the forward kernel without the log-sum-exp (the sinks, windows and chunks in it)
   _flash_case(option, chip, "bfloat16", grad=False)
+
+
+OTHER_GENERATIONS = ("v4", "v5p")
+"""TPU v4 and v5p (two TensorCores a chip): the attention patterns and sinks in one program each."""
+
+
+@pytest.mark.parametrize("chip", OTHER_GENERATIONS)
+def test_flash_patterns_compile_for_v4_and_v5p(chip):
+  # one program per generation (~7 s each on 2 busy cores): the gradients (forward with its
+  # log-sum-exp, dq, dk/dv kernels) of every pattern at once (causal window + chunk + soft cap +
+  # sinks + ALiBi + RoPE + GQA + padding: patterns_all) and of the two-sided, non-causal window
+  parts = ("patterns_all", "window_two_sided")
+  programs = [cases._program(option, "tpu", True) for option in parts]
+
+  def fn(*groups):
+    return tuple(f(*args) for (f, _), args in zip(programs, groups))
+
+  args = [structs(jnp.bfloat16) for _, structs in programs]
+  text, compiled, temp = _compile(fn, args, chip)
+  assert sorted(cases.kernel_calls(text, "tpu")) == sorted(cases.KERNELS["tpu"] * len(parts))
+  assert compiled.as_text().count("tpu_custom_call") >= 3 * len(parts)
+  # v4: 0 bytes (all in VMEM); v5p keeps more in HBM: 1.70 MB measured, all O(T) (the head-major
+  # copies of q, k, v and the gradients), below one float32 [B, N, T, T] score array of patterns_all
+  b, t_len, heads = cases.B, cases.OPTIONS["patterns_all"]["t_len"], cases.OPTIONS["patterns_all"]["heads"][0]
+  assert temp < b * heads * t_len * t_len * 4, f"{chip}: {temp} bytes of temporaries"
 
 
 def _attention_grad(impl: str, length: int, dtype=jnp.bfloat16, heads=2, dim=128):
