@@ -98,7 +98,13 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
   )
   patterns = [n for n in study.encodings if ENCODINGS[n].derived is not None]
   pi += "".join(
-    f" {n}: " + ", ".join(f"{k} {v}" for k, v in ENCODINGS[n].derived(t.seq_len, m.num_layers).items()) + "."
+    f" {n}: "
+    + ", ".join(
+      f"{k} {v}"
+      for k, v in {**ENCODINGS[n].model, **ENCODINGS[n].derived(t.seq_len, m.num_layers)}.items()
+      if k != "pos_encoding"
+    )
+    + "."
     for n in patterns
   )
   text = [
