@@ -451,7 +451,12 @@ def streaming_sizes(study: StudyConfig, name: str, task: TaskConfig | None = Non
   """``(start_size, recent_size)`` of row ``name``'s StreamingLLM evaluation (of ``task``'s models, or
   the text models): ``Encoding.streaming`` sinks and the last ``T - streaming`` tokens, T the
   training length, so the cache holds T tokens at positions ``0 .. T - 1``, the range the model was
-  trained on (at 1x nothing is evicted: the plain forward); None for the other rows."""
+  trained on (at 1x nothing is evicted: the plain forward); None for the other rows.
+
+  Raises:
+    KeyError: unknown name.
+    ValueError: the row's sinks are not fewer than the training length (no recent window left).
+  """
   sinks = ENCODINGS[name].streaming
   if sinks is None:
     return None

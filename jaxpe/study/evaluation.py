@@ -134,6 +134,10 @@ def token_scores(
   (``0 .. min(g + 1, C) - 1``, the query last), the keys and values of deeper layers those computed
   when their token was fed. While g < C nothing is evicted and the scores are the plain forward's.
 
+  Raises:
+    TypeError / ValueError: ``streaming`` not two ints (``start_size >= 0``, ``recent_size >= 1``) or
+      a model the cache does not run (``jaxpe.model.streaming.check_streaming``, named).
+
   One compiled program per model structure and batch shape, shared by the perplexity and retrieval
   evaluations (the weights are arguments): a seed's or a fine-tuned model's weights reuse it,
   and with the study's persistent compilation cache so does a later process.
