@@ -39,6 +39,7 @@ from jaxpe.study.config import (
   load_study_config,
   model_dir,
   model_train_config,
+  streaming_sizes,
   task_train_config,
 )
 from jaxpe.study.evaluation import chunks, emulation_check, evaluate, study_windows, token_nll, token_scores
@@ -93,6 +94,7 @@ __all__ = [
   "run_retrieval",
   "run_study",
   "score_task",
+  "streaming_sizes",
   "study_windows",
   "task_batch",
   "task_emulation",

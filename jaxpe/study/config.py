@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
   "load_study_config",
   "model_dir",
   "model_train_config",
+  "streaming_sizes",
   "task_train_config",
 ]
 
@@ -45,7 +47,12 @@ class Encoding:
   ``finetuned``: the base weights are first fine-tuned with ``scaling`` at the longest eval length
   (position interpolation's recipe, arXiv 2306.15595: factor M = max(eval_multiples), length M T;
   ``finetune_steps`` steps on the model's own data: text, or its retrieval task) and evaluated with
-  that fixed factor at every length.
+  that fixed factor at every length. ``derived``: ``(T, L) -> keys``, ModelConfig keys that follow
+  the training length T and ``num_layers`` L (a window or chunk as a share of T, a layer pattern
+  that fits L), set over ``model``. ``streaming``: the row is evaluated with StreamingLLM's cache
+  (Xiao et al., arXiv 2309.17453) of ``streaming`` sink tokens and the last ``T - streaming``
+  tokens, token by token at positions inside the cache (``streaming_sizes``,
+  ``jaxpe.study.evaluation.token_scores``).
   """
 
   label: str
@@ -53,6 +60,31 @@ class Encoding:
   base: str | None = None
   scaling: str | None = None
   finetuned: bool = False
+  derived: Callable[[int, int], dict[str, Any]] | None = None
+  streaming: int | None = None
+
+
+def _local_global(t: int, layers: int) -> dict[str, Any]:
+  """Gemma 3 (``Gemma3TextConfig``): every ``sliding_window_pattern``-th layer global, the others
+  sliding; 6 (5 local : 1 global) where L allows, else L (the last layer global: 1 : 1 at L = 2);
+  window T / 4 (shorter than training, as Gemma 3's 1024 of 32k)."""
+  return {"sliding_window": max(1, t // 4), "sliding_window_pattern": min(6, layers)}
+
+
+def _chunked(t: int, layers: int) -> dict[str, Any]:
+  """Llama 4 (``Llama4TextConfig``): every ``no_rope_layer_interval``-th layer NoPE and global, the
+  RoPE layers chunked (transformers: ``use_chunked_attention = use_rope``); interval 4 where L
+  allows, else L (1 : 1 at L = 2); chunk T / 4; the NoPE layers' attention temperature with
+  ``floor_scale`` = the chunk (Llama 4: 8192 and 8192)."""
+  n, chunk = min(4, layers), max(1, t // 4)
+  return {
+    "attention_chunk_size": chunk,
+    "floor_scale": float(chunk),
+    "no_rope_layer_interval": n,
+    "layer_types": tuple(
+      "full_attention" if (i + 1) % n == 0 else "chunked_attention" for i in range(layers)
+    ),
+  }
 
 
 ENCODINGS: dict[str, Encoding] = {
@@ -83,6 +115,18 @@ ENCODINGS: dict[str, Encoding] = {
   "kerple_power": Encoding("KERPLE power", {"pos_encoding": "kerple_power"}),
   "fire": Encoding("FIRE", {"pos_encoding": "fire"}),
   "cope": Encoding("CoPE", {"pos_encoding": "cope"}),
+  # the attention patterns of issue 47
+  "rope_streaming": Encoding("rope + StreamingLLM (4 sinks + window, eval)", base="rope", streaming=4),
+  "local_global": Encoding(
+    "local/global (Gemma 3: window T/4 base 10k, global base 1M)",
+    {"pos_encoding": "rope", "rope_theta": 1.0e6, "rope_local_base_freq": 1.0e4},
+    derived=_local_global,
+  ),
+  "chunked": Encoding(
+    "chunked RoPE T/4 + global NoPE (Llama 4)",
+    {"pos_encoding": "rope", "attn_temperature_tuning": True},
+    derived=_chunked,
+  ),
 }
 """Study rows by name, in table order."""
 
@@ -357,6 +401,8 @@ def model_train_config(
   base = _base_config(study, task)
   raw = base.model_dump(mode="python")
   model = {**raw["model"], "max_len": base.seq_len, "rope_scaling": None, **ENCODINGS[name].model}
+  if ENCODINGS[name].derived is not None:
+    model.update(ENCODINGS[name].derived(base.seq_len, model["num_layers"]))
   if model["pos_encoding"] == "rope_alibi":
     model["rope_alibi_context"] = study.eval_multiples[-1] * base.seq_len
   if model["pos_encoding"] == "cope":  # P positions of the training length, the same at every eval length
@@ -399,6 +445,25 @@ def eval_model_config(
       "yarn": {"rope_type": "yarn", "factor": float(multiple), "original_max_position_embeddings": t},
     }[scaling]
   return ModelConfig.model_validate({**base.model_dump(mode="python"), **update})
+
+
+def streaming_sizes(study: StudyConfig, name: str, task: TaskConfig | None = None) -> tuple[int, int] | None:
+  """``(start_size, recent_size)`` of row ``name``'s StreamingLLM evaluation (of ``task``'s models, or
+  the text models): ``Encoding.streaming`` sinks and the last ``T - streaming`` tokens, T the
+  training length, so the cache holds T tokens at positions ``0 .. T - 1``, the range the model was
+  trained on (at 1x nothing is evicted: the plain forward); None for the other rows.
+
+  Raises:
+    KeyError: unknown name.
+    ValueError: the row's sinks are not fewer than the training length (no recent window left).
+  """
+  sinks = ENCODINGS[name].streaming
+  if sinks is None:
+    return None
+  t = _base_config(study, task).seq_len
+  if not 0 <= sinks < t:
+    raise ValueError(f"row {name}: its {sinks} sink tokens must be fewer than the training length {t}")
+  return sinks, t - sinks
 
 
 def cache_key(*parts: Any) -> str:

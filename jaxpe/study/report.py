@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from jaxpe.ops import checks as _checks
-from jaxpe.study.config import ENCODINGS, StudyConfig
+from jaxpe.study.config import ENCODINGS, StudyConfig, streaming_sizes
 
 __all__ = [
   "cell",
@@ -89,6 +89,23 @@ def markdown(study: StudyConfig, report: dict[str, Any]) -> str:
     f"{study.eval_multiples[-1]}, evaluated with that factor at every length."
     if "rope_pi_ft" in study.encodings
     else ""
+  )
+  sizes = {n: streaming_sizes(study, n) for n in study.encodings if ENCODINGS[n].streaming is not None}
+  pi += "".join(
+    f" {n}: the rope weights fed one token at a time to StreamingLLM's cache of the first {a} tokens and "
+    f"the last {b} (positions inside the cache; arXiv 2309.17453)."
+    for n, (a, b) in sizes.items()
+  )
+  patterns = [n for n in study.encodings if ENCODINGS[n].derived is not None]
+  pi += "".join(
+    f" {n}: "
+    + ", ".join(
+      f"{k} {v}"
+      for k, v in {**ENCODINGS[n].model, **ENCODINGS[n].derived(t.seq_len, m.num_layers)}.items()
+      if k != "pos_encoding"
+    )
+    + "."
+    for n in patterns
   )
   text = [
     "# Train short, test long",

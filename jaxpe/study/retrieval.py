@@ -38,9 +38,12 @@ ANSWER_METRICS = ("token_accuracy", "answer_bits")
 """The metrics that are means over a sample's answers: combined over samples weighted by ``answers``."""
 
 
-def score_task(model: Decoder, samples: np.ndarray, batch_size: int) -> dict[str, list[float]]:
+def score_task(
+  model: Decoder, samples: np.ndarray, batch_size: int, streaming: tuple[int, int] | None = None
+) -> dict[str, list[float]]:
   """Per-sample scores of ``model`` on ``samples [N, 2, L + 1]`` int32 (``tasks.held_out``), run
-  ``batch_size`` rows at a time (``token_scores``: the same compiled program as the perplexity).
+  ``batch_size`` rows at a time (``token_scores``: the same compiled program as the perplexity;
+  ``streaming``: StreamingLLM's cache, as there).
 
   Returns:
     ``{metric: [N] floats}`` for ``METRICS`` (exact as 0.0 / 1.0), and ``answers``: each sample's
@@ -56,7 +59,7 @@ def score_task(model: Decoder, samples: np.ndarray, batch_size: int) -> dict[str
   count = mask.sum(axis=1)
   if (count == 0).any():
     raise ValueError(f"samples {np.flatnonzero(count == 0).tolist()} have no answer tokens")
-  nll, hits = token_scores(model, samples[:, 0], batch_size)
+  nll, hits = token_scores(model, samples[:, 0], batch_size, streaming)
   return {
     "token_accuracy": ((hits & mask).sum(axis=1) / count).tolist(),
     "exact": (hits | ~mask).all(axis=1).astype(np.float64).tolist(),

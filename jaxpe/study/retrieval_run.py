@@ -25,6 +25,7 @@ from jaxpe.study.config import (
   eval_model_config,
   model_dir,
   model_train_config,
+  streaming_sizes,
   task_train_config,
 )
 from jaxpe.study.models import finetuned_cached, read_json, train_model, write_atomic
@@ -117,6 +118,7 @@ def _row(
     study.task_samples,
     study.eval_multiples,
     enc.scaling,
+    *([streaming_sizes(study, name, task)] if enc.streaming is not None else []),  # older keys stay
     [study.finetune_steps, study.finetune_learning_rate] if enc.finetuned else None,
   )
   path = Path(cfg.workdir) / f"retrieval_{name}.json"
@@ -132,10 +134,13 @@ def _row(
       f"[study] retrieval {task.name}/{model_dir(name, seed)} at {list(study.eval_multiples)}x", flush=True
     )
   row: dict[str, Any] = {}
+  sizes = streaming_sizes(study, name, task)
   for m in study.eval_multiples:
     mcfg = eval_model_config(study, name, m, task)
     row[str(m)] = (
-      None if mcfg is None else score_task(build_model(mcfg, params), samples_at[m], study.eval_batch_size)
+      None
+      if mcfg is None
+      else score_task(build_model(mcfg, params), samples_at[m], study.eval_batch_size, sizes)
     )
   write_atomic(path, run_files.json_text({"key": key, "results": row}))
   return row

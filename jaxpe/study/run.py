@@ -32,6 +32,7 @@ from jaxpe.study.config import (
   eval_model_config,
   model_dir,
   model_train_config,
+  streaming_sizes,
 )
 from jaxpe.study.evaluation import emulation_check, evaluate, study_windows
 from jaxpe.study.models import StudyInterrupted, read_json, train_model, write_atomic
@@ -192,6 +193,7 @@ def _evaluate_row(
     hashlib.sha256(windows.tobytes()).hexdigest(),
     study.eval_multiples,
     ENCODINGS[name].scaling,
+    *([streaming_sizes(study, name)] if ENCODINGS[name].streaming is not None else []),  # older keys stay
     [finetuned, study.finetune_steps, study.finetune_learning_rate] if finetuned else None,
   )
   cached = read_json(cache_path, "the row is evaluated again and the file rewritten") or {}
@@ -208,6 +210,9 @@ def _evaluate_row(
       row[str(m)] = None
       continue
     print(f"[study] evaluating {model_dir(name, seed)} at {m}x ({m * study.train.seq_len} bytes)", flush=True)
-    row[str(m)] = evaluate(build_model(mcfg, params), windows, m * study.train.seq_len, study.eval_batch_size)
+    length = m * study.train.seq_len
+    row[str(m)] = evaluate(
+      build_model(mcfg, params), windows, length, study.eval_batch_size, streaming_sizes(study, name)
+    )
   write_atomic(cache_path, run_files.json_text({"key": key, "results": row}))
   return row
