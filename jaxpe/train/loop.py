@@ -121,6 +121,8 @@ class _Training:
     """Held-out data, mesh and shardings, the state (restored or created), the run files, steps."""
     cfg = self.cfg
     self.eval_set, self.unigram = evaluation.held_out(cfg, self.corpus)
+    # a token-file run with a byte-level tokenizer: its held-out bits per byte too (else NaN)
+    self.bytes_per_token = evaluation.held_out_bytes_per_token(self.corpus, self.eval_set)
     if cfg.data.packing is not None:  # packed once (first_fit), then rows by (seed, step)
       self.packed_batch = packing.make_train_batch(self.corpus, cfg.data.packing, cfg.seq_len)
     self.pipeline = None  # data.loader=grain: made once the step is known (set_up, after the restore)
@@ -238,8 +240,13 @@ class _Training:
       last = self.run.step == self.target or out_of_time
       if self.run.step % self.cfg.eval_every == 0 or last:
         self.eval_bpb = record[f"eval_bits_per_{self.unit}"] = self.evaluate()
+        per_byte = ""
+        if not math.isnan(self.bytes_per_token):  # a token run whose tokenizer gives each token's bytes
+          record["eval_bits_per_byte"] = self.eval_bpb / self.bytes_per_token
+          per_byte = f", {record['eval_bits_per_byte']:.3f} bits/byte"
         log.write(
-          f"step {self.run.step}: held-out {self.eval_bpb:.3f} bits/{self.unit} (unigram {self.unigram:.3f})"
+          f"step {self.run.step}: held-out {self.eval_bpb:.3f} bits/{self.unit}{per_byte} "
+          f"(unigram {self.unigram:.3f} bits/{self.unit})"
         )
       log.step(record)
       if self.run.step % self.cfg.checkpoint_every == 0 or last:
@@ -358,6 +365,7 @@ class _Training:
       stop_reason=reason,
       run=self.info,
       unit=self.unit,
+      bytes_per_token=self.bytes_per_token,
     )
 
   def already_finished(self) -> TrainResult:

@@ -101,6 +101,9 @@ class TrainResult:
   data); ``unit``: what the bits are per (``score_unit``: byte, token or answer). The fields keep
   the byte names for every unit (their values are bits per ``unit``); ``summary.json``
   (``summary_dict``) names them by the unit (``eval_bits_per_token``, ...).
+  ``bytes_per_token``: for a token-file run with a byte-level tokenizer, the bytes of text per scored
+  held-out token (``evaluation.held_out_bytes_per_token``; ``summary.json`` then also holds
+  ``eval_bits_per_byte``, the held-out bits over those bytes); NaN otherwise.
   """
 
   step: int
@@ -116,12 +119,17 @@ class TrainResult:
   run: dict[str, Any] = field(default_factory=dict)
   train_bits_per_byte: float = math.nan
   unit: str = "byte"
+  bytes_per_token: float = math.nan
 
 
 def summary_dict(result: TrainResult) -> dict[str, Any]:
   """``result`` as ``summary.json`` holds it: its fields, the bits named by its ``unit``
-  (``eval_bits_per_token`` for a token file; unchanged for bytes)."""
-  return {unit_key(k, result.unit): v for k, v in result.__dict__.items()}
+  (``eval_bits_per_token`` for a token file; unchanged for bytes), and for a token file whose
+  ``bytes_per_token`` is known the held-out ``eval_bits_per_byte``."""
+  out = {unit_key(k, result.unit): v for k, v in result.__dict__.items()}
+  if result.unit == "token" and result.bytes_per_token > 0:  # known bytes: bits per byte too
+    out["eval_bits_per_byte"] = result.eval_bits_per_byte / result.bytes_per_token
+  return out
 
 
 def read_summary(workdir: Path) -> TrainResult | None:
