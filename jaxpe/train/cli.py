@@ -109,8 +109,14 @@ def main(argv: list[str] | None = None, *, prog: str = "train.py") -> int:
       f"\nsteps: {result.step}  wall time: {result.wall_seconds:.0f} s  tokens/s: {result.tokens_per_second:,.0f}"
     )
     unigram = result.unigram_bits_per_byte  # 0 for a corpus of one repeated byte
+    unit = result.unit  # byte (text), token (data.tokens) or answer (data.task)
     print(
-      f"held-out bits/byte: {result.eval_bits_per_byte:.3f}  unigram bits/byte: {unigram:.3f}"
+      f"held-out bits/{unit}: {result.eval_bits_per_byte:.3f}  unigram bits/{unit}: {unigram:.3f}"
+      + (
+        f"  held-out bits/byte: {result.eval_bits_per_byte / result.bytes_per_token:.3f}"
+        if result.bytes_per_token > 0
+        else ""
+      )
       + (f"  ratio: {result.eval_bits_per_byte / unigram:.1%}" if unigram > 0 else "")
     )
     print(f"loss curve: {Path(cfg.workdir) / 'loss.png'}\nsample:\n{result.sample}")

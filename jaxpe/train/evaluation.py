@@ -17,7 +17,7 @@ from jaxpe.model.generate import generate
 from jaxpe.train import data, packing, sharding, tasks, tokenize
 from jaxpe.train.config import TrainConfig
 
-__all__ = ["evaluate", "held_out", "sample_run", "sample_text"]
+__all__ = ["evaluate", "held_out", "held_out_bytes_per_token", "sample_run", "sample_text"]
 
 
 def held_out(cfg: TrainConfig, corpus: data.Corpus | None) -> tuple[list[np.ndarray], float]:
@@ -45,6 +45,27 @@ def held_out(cfg: TrainConfig, corpus: data.Corpus | None) -> tuple[list[np.ndar
     corpus.eval, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.eval_batches
   )
   return eval_set, data.unigram_bits_per_byte(np.concatenate([b[:, 1:].ravel() for b in eval_set]))
+
+
+def held_out_bytes_per_token(corpus: data.Corpus | None, eval_set: list[np.ndarray]) -> float:
+  """Bytes of text per scored target of ``eval_set`` (``held_out``'s) for a token-file run whose
+  tokenizer is byte-level (``tokenize.token_bytes``; the end-of-document token stands for none), so
+  that held-out bits per byte = bits per token / this (the total bits over the total bytes the scored
+  tokens stand for). NaN for other runs (text: 1 byte per token, not needed; no tokenizer, or one
+  that is not byte-level)."""
+  if corpus is None or corpus.unit != "tokens" or corpus.tokenizer is None:
+    return float("nan")
+  table = tokenize.token_bytes(tokenize.load_tokenizer(corpus.tokenizer))
+  if table is None:
+    return float("nan")
+  count = total = 0
+  for b in eval_set:  # [B, T + 1] windows (every target scored) or [B, 3, T + 1] packed rows
+    targets, weights = (b[:, 1:], np.ones(b[:, 1:].shape)) if b.ndim == 2 else (b[:, 0, 1:], b[:, 1, 1:])
+    scored = weights != 0
+    ids = np.minimum(targets[scored], table.size - 1)  # ids past the tokenizer: no text (0 bytes)
+    total += int(np.where(targets[scored] < table.size, table[ids], 0).sum())
+    count += int(scored.sum())
+  return total / count if total else float("nan")
 
 
 def evaluate(

@@ -113,6 +113,7 @@ class _Training:
     self.primary = jax.process_index() == 0  # writes config.json, metrics, plot, summary; prints
     self.progress = progress and self.primary
     self.timing = _Timing()
+    self.unit = run_log.score_unit(cfg)  # what the bits are per: byte, token (data.tokens), answer (task)
     self.loss, self.eval_bpb = float("nan"), float("nan")
     self.peak: float | None = None  # the devices' peak FLOP/s for MFU (None: not known)
 
@@ -120,6 +121,8 @@ class _Training:
     """Held-out data, mesh and shardings, the state (restored or created), the run files, steps."""
     cfg = self.cfg
     self.eval_set, self.unigram = evaluation.held_out(cfg, self.corpus)
+    # a token-file run with a byte-level tokenizer: its held-out bits per byte too (else NaN)
+    self.bytes_per_token = evaluation.held_out_bytes_per_token(self.corpus, self.eval_set)
     if cfg.data.packing is not None:  # packed once (first_fit), then rows by (seed, step)
       self.packed_batch = packing.make_train_batch(self.corpus, cfg.data.packing, cfg.seq_len)
     self.pipeline = None  # data.loader=grain: made once the step is known (set_up, after the restore)
@@ -236,9 +239,14 @@ class _Training:
       out_of_time = self.out_of_time()
       last = self.run.step == self.target or out_of_time
       if self.run.step % self.cfg.eval_every == 0 or last:
-        self.eval_bpb = record["eval_bits_per_byte"] = self.evaluate()
+        self.eval_bpb = record[f"eval_bits_per_{self.unit}"] = self.evaluate()
+        per_byte = ""
+        if not math.isnan(self.bytes_per_token):  # a token run whose tokenizer gives each token's bytes
+          record["eval_bits_per_byte"] = self.eval_bpb / self.bytes_per_token
+          per_byte = f", {record['eval_bits_per_byte']:.3f} bits/byte"
         log.write(
-          f"step {self.run.step}: held-out {self.eval_bpb:.3f} bits/byte (unigram {self.unigram:.3f})"
+          f"step {self.run.step}: held-out {self.eval_bpb:.3f} bits/{self.unit}{per_byte} "
+          f"(unigram {self.unigram:.3f} bits/{self.unit})"
         )
       log.step(record)
       if self.run.step % self.cfg.checkpoint_every == 0 or last:
@@ -255,6 +263,7 @@ class _Training:
     """One update on the step's batch (each process builds only its rows of the global batch);
     returns its record and whether it was finite (else it was not applied)."""
     cfg, run = self.cfg, self.run
+    t_data = time.time()  # the wait for the batch (data_seconds): made here, or grain's prefetched
     make, shape = self._batch_maker()
     if self.pipeline is not None:  # grain: this process's rows, prefetched
       local = self.pipeline.next(run.step)
@@ -263,6 +272,7 @@ class _Training:
       batch = sharding.global_batch(
         lambda rows, step=run.step: make(step=step, rows=rows), self.batch_sharding, shape
       )
+    data_dt = time.time() - t_data
     learning_rate = float(self.lr(run.updates))  # the rate this update uses
     t0 = time.time()
     run.state, out = self.train_step(run.state, batch)
@@ -276,9 +286,10 @@ class _Training:
       "grad_norm": float(out["grad_norm"]),
       "tokens_per_second": self.timing.tokens_per_second,
       "model_flops_per_second": self.timing.tokens_per_second * self.flops_per_token,
-      "train_bits_per_byte": data.bits_per_byte(self.loss),
+      f"train_bits_per_{self.unit}": data.bits_per_byte(self.loss),
       "learning_rate": learning_rate,
       "step_seconds": dt,
+      "data_seconds": data_dt,
     }
     if self.peak:
       record["mfu"] = record["model_flops_per_second"] / self.peak
@@ -353,6 +364,8 @@ class _Training:
       completed=run.step >= run.schedule_steps,
       stop_reason=reason,
       run=self.info,
+      unit=self.unit,
+      bytes_per_token=self.bytes_per_token,
     )
 
   def already_finished(self) -> TrainResult:
@@ -387,7 +400,7 @@ class _Training:
       self.save()
     checkpoint.finish(self.mngr)  # the asynchronous save is on disk before the process exits
     if self.primary:
-      run_log.write_summary(self.workdir, self.result("signal", eval_bpb=self.eval_bpb).__dict__)
+      run_log.write_summary(self.workdir, run_log.summary_dict(self.result("signal", eval_bpb=self.eval_bpb)))
     raise run_guard.TrainingInterrupted(
       f"stopped by {self.stop.name}{self.stop.origin} at step {self.run.step}; checkpoint saved in "
       f"{self.workdir / 'checkpoints'}: rerun the same command to resume",
@@ -409,8 +422,10 @@ class _Training:
     if not self.primary:
       result.tokens_per_second = 0.0
       return result
-    run_files.plot_loss_curve(self.workdir / "metrics.jsonl", self.workdir / "loss.png", self.unigram)
-    run_log.write_summary(self.workdir, result.__dict__)
+    run_files.plot_loss_curve(
+      self.workdir / "metrics.jsonl", self.workdir / "loss.png", self.unigram, unit=self.unit
+    )
+    run_log.write_summary(self.workdir, run_log.summary_dict(result))
     return result
 
 

@@ -115,15 +115,18 @@ def _is_number(x: Any) -> bool:
   return isinstance(x, int | float) and not isinstance(x, bool)
 
 
+_CHECKED = ("eval_bits_per_byte", "eval_bits_per_token", "eval_bits_per_answer", "tokens_per_second")
+
+
 def _is_metrics_record(record: Any) -> bool:
   """A dict with an integer ``step``, a numeric ``loss``, and numbers for the other keys read back
-  (``eval_bits_per_byte``, ``tokens_per_second``) where present."""
+  (``eval_bits_per_byte`` or its token / answer unit, ``tokens_per_second``) where present."""
   return (
     isinstance(record, dict)
     and isinstance(record.get("step"), int)
     and not isinstance(record["step"], bool)
     and _is_number(record.get("loss"))
-    and all(_is_number(record[k]) for k in ("eval_bits_per_byte", "tokens_per_second") if k in record)
+    and all(_is_number(record[k]) for k in _CHECKED if k in record)
   )
 
 
@@ -162,9 +165,10 @@ def truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
   return kept
 
 
-def plot_loss_curve(metrics_path: Path, out_path: Path, unigram: float) -> None:
-  """Plots training and held-out bits/byte (from ``metrics.jsonl`` at ``metrics_path``) against
-  step, with the unigram entropy ``unigram`` (bits/byte) for reference, to the PNG ``out_path``."""
+def plot_loss_curve(metrics_path: Path, out_path: Path, unigram: float, *, unit: str = "byte") -> None:
+  """Plots training and held-out bits per ``unit`` (byte for text, token for a token file, answer
+  for a task: ``run_log.score_unit``; from ``metrics.jsonl`` at ``metrics_path``) against step,
+  with the unigram entropy ``unigram`` (bits per ``unit``) for reference, to the PNG ``out_path``."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -173,14 +177,15 @@ def plot_loss_curve(metrics_path: Path, out_path: Path, unigram: float) -> None:
   records = read_metrics(metrics_path)
   steps = [r["step"] for r in records]
   train_bpb = [data.bits_per_byte(r["loss"]) for r in records]
-  evals = [(r["step"], r["eval_bits_per_byte"]) for r in records if "eval_bits_per_byte" in r]
+  key = f"eval_bits_per_{unit}"
+  evals = [(r["step"], r[key]) for r in records if key in r]
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot(steps, train_bpb, lw=0.8, label="train")
   if evals:
     ax.plot(*zip(*evals), "o-", label="held-out")
   ax.axhline(unigram, ls="--", c="gray", label=f"unigram entropy {unigram:.2f}")
   ax.set_xlabel("step")
-  ax.set_ylabel("bits per byte")
+  ax.set_ylabel(f"bits per {unit}")
   ax.legend()
   fig.tight_layout()
   fig.savefig(out_path, dpi=100)

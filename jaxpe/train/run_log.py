@@ -9,15 +9,25 @@ the console. At the end (and when a signal stops the run): ``summary.json``, a `
 that says whether the schedule completed and why the run stopped. Losses are shown in bits per
 byte, the unit of ``loss.png`` and the README; the records keep ``loss`` in nats per token too.
 
+The unit of the bits (``score_unit``) is what the run scores: a byte for text (the default, byte-level
+vocabulary), a token for a token file (``data.tokens``: ids of a tokenizer, each several bytes), an
+answer for a synthetic task (``data.task``: the loss counts only answer targets). Every key and
+label says it: ``train_bits_per_byte`` / ``eval_bits_per_byte`` / ``unigram_bits_per_byte`` and
+"bits/byte" for text, ``..._bits_per_token`` and "bits/token" for a token file, ``..._bits_per_answer``
+and "bits/answer" for a task (TensorBoard ``train/bits_per_<unit>``, ``eval/bits_per_<unit>``).
+
 A record (``metrics.jsonl``; all numbers): ``step``; ``loss`` (training cross-entropy, nats/token,
-before the update); ``train_bits_per_byte`` (the same in bits/byte); ``grad_norm``;
+before the update); ``train_bits_per_byte`` (the same in bits per ``score_unit``: ``train_bits_per_token``
+for a token file, ``train_bits_per_answer`` for a task); ``grad_norm``; ``data_seconds`` (wall time
+the loop waited for the step's batch: made, or taken from grain's prefetch, and placed on the devices);
 ``learning_rate`` (the one this step's update used); ``step_seconds`` (wall time of the step, the
 first of each process including compilation); ``tokens_per_second`` (this process's mean over its
 timed steps, compiling steps excluded); ``model_flops_per_second`` (``jaxpe.train.flops``: the
 model's training FLOPs per token times ``tokens_per_second``) and ``mfu`` (that over the devices'
 peak: the bfloat16 peak of a known GPU/TPU, or the float32 matmul ceiling measured on CPU at the
 start; absent for other devices); and where they apply ``schedule_steps`` (the schedule was
-fitted), ``skipped`` and ``param_norm`` (a non-finite step), ``eval_bits_per_byte``.
+fitted), ``skipped`` and ``param_norm`` (a non-finite step), ``eval_bits_per_byte`` (per unit, as
+``train_bits_per_byte``).
 """
 
 from __future__ import annotations
@@ -40,16 +50,39 @@ __all__ = [
   "RunLog",
   "TrainResult",
   "console_figures",
+  "UNITS",
   "read_summary",
+  "record_unit",
   "run_info",
+  "score_unit",
+  "summary_dict",
   "start_lines",
   "tensorboard_scalars",
+  "unit_key",
   "write_summary",
 ]
 
 STOP_REASONS = ("schedule_done", "stop_at", "max_seconds", "signal")
 """Why a run stopped (``TrainResult.stop_reason``): its schedule is complete, it reached
 ``stop_at``, it ran out of ``max_seconds``, or SIGTERM/SIGINT (a checkpoint was written)."""
+
+
+UNITS = ("byte", "token", "answer")
+"""What a run's bits are per (``score_unit``)."""
+
+
+def score_unit(cfg) -> str:
+  """What the bits of a run (``cfg`` a ``TrainConfig``) are per: ``"token"`` for a token file
+  (``data.tokens``), ``"answer"`` for a synthetic task (``data.task``: only answer targets are
+  scored), else ``"byte"`` (text, byte-level)."""
+  if cfg.data.task is not None:
+    return "answer"
+  return "token" if cfg.data.tokens is not None else "byte"
+
+
+def unit_key(key: str, unit: str) -> str:
+  """``key`` (a ``..._bits_per_byte`` name) with ``unit`` in place of byte; other keys unchanged."""
+  return key[: -len("byte")] + unit if key.endswith("_bits_per_byte") else key
 
 
 @dataclass
@@ -65,7 +98,12 @@ class TrainResult:
   fewer when fitted to ``max_seconds``: see ``jaxpe.pacing``), the run is complete at that step;
   ``completed``: whether it is (``step >= num_steps``); ``stop_reason``: one of
   ``STOP_REASONS``; ``run``: what the run started with (``run_info``: parameters, devices, mesh,
-  data).
+  data); ``unit``: what the bits are per (``score_unit``: byte, token or answer). The fields keep
+  the byte names for every unit (their values are bits per ``unit``); ``summary.json``
+  (``summary_dict``) names them by the unit (``eval_bits_per_token``, ...).
+  ``bytes_per_token``: for a token-file run with a byte-level tokenizer, the bytes of text per scored
+  held-out token (``evaluation.held_out_bytes_per_token``; ``summary.json`` then also holds
+  ``eval_bits_per_byte``, the held-out bits over those bytes); NaN otherwise.
   """
 
   step: int
@@ -80,6 +118,18 @@ class TrainResult:
   stop_reason: str = ""
   run: dict[str, Any] = field(default_factory=dict)
   train_bits_per_byte: float = math.nan
+  unit: str = "byte"
+  bytes_per_token: float = math.nan
+
+
+def summary_dict(result: TrainResult) -> dict[str, Any]:
+  """``result`` as ``summary.json`` holds it: its fields, the bits named by its ``unit``
+  (``eval_bits_per_token`` for a token file; unchanged for bytes), and for a token file whose
+  ``bytes_per_token`` is known the held-out ``eval_bits_per_byte``."""
+  out = {unit_key(k, result.unit): v for k, v in result.__dict__.items()}
+  if result.unit == "token" and result.bytes_per_token > 0:  # known bytes: bits per byte too
+    out["eval_bits_per_byte"] = result.eval_bits_per_byte / result.bytes_per_token
+  return out
 
 
 def read_summary(workdir: Path) -> TrainResult | None:
@@ -87,8 +137,8 @@ def read_summary(workdir: Path) -> TrainResult | None:
   missing, damaged or not a summary (a rerun then writes it again)."""
   try:
     raw = json.loads((workdir / "summary.json").read_bytes().decode())
-    names = {f.name for f in fields(TrainResult)}
-    values = {k: math.nan if v is None else v for k, v in raw.items() if k in names}
+    names = {unit_key(f.name, raw.get("unit", "byte")): f.name for f in fields(TrainResult)}
+    values = {names[k]: math.nan if v is None else v for k, v in raw.items() if k in names}
     return TrainResult(**values)
   except (OSError, ValueError, TypeError, AttributeError):
     return None
@@ -142,16 +192,21 @@ def start_lines(info: dict) -> list[str]:
 
 _TAGS = {
   "loss": "train/loss_nats_per_token",
-  "train_bits_per_byte": "train/bits_per_byte",
-  "eval_bits_per_byte": "eval/bits_per_byte",
+  **{f"{side}_bits_per_{unit}": f"{side}/bits_per_{unit}" for side in ("train", "eval") for unit in UNITS},
 }
+
+
+def record_unit(record: dict[str, Any]) -> str:
+  """The unit of a ``metrics.jsonl`` record's bits: the one of its ``train_bits_per_<unit>`` key."""
+  return next((u for u in UNITS if f"train_bits_per_{u}" in record), "byte")
 
 
 def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
   """TensorBoard tag -> value for a ``metrics.jsonl`` record: ``train/bits_per_byte``,
-  ``eval/bits_per_byte``, ``train/loss_nats_per_token`` and ``train/<key>`` for its other numbers
-  (``learning_rate``, ``step_seconds``, ``tokens_per_second``, ``grad_norm``, ...); not ``step``
-  (the event's step) nor flags."""
+  ``eval/bits_per_byte`` (``bits_per_token`` / ``bits_per_answer`` for those units),
+  ``train/loss_nats_per_token`` and ``train/<key>`` for its other numbers (``learning_rate``,
+  ``step_seconds``, ``tokens_per_second``, ``grad_norm``, ...); not ``step`` (the event's step) nor
+  flags."""
   return {
     _TAGS.get(k, f"train/{k}"): float(v)
     for k, v in record.items()
@@ -160,10 +215,11 @@ def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def console_figures(record: dict[str, Any]) -> dict[str, str]:
-  """The progress bar's figures for a record: loss in bits/byte, learning rate, step time, tokens/s,
-  MFU (where known)."""
+  """The progress bar's figures for a record: loss in bits per its unit (bits/byte for text),
+  learning rate, step time, tokens/s, MFU (where known)."""
+  unit = record_unit(record)
   return {
-    "loss": f"{record['train_bits_per_byte']:.3f} bits/byte",
+    "loss": f"{record[f'train_bits_per_{unit}']:.3f} bits/{unit}",
     "lr": f"{record['learning_rate']:.2e}",
     "time": f"{record['step_seconds']:.3f} s/step",
     "tok/s": f"{record['tokens_per_second']:,.0f}",

@@ -30,7 +30,17 @@ import numpy as np
 from jaxpe.errors import require_extra
 from jaxpe.train import data, run_files, run_guard, token_data
 
-__all__ = ["EOT", "decode", "encode", "load_tokenizer", "main", "run", "tokenize_files", "train_tokenizer"]
+__all__ = [
+  "EOT",
+  "decode",
+  "encode",
+  "load_tokenizer",
+  "main",
+  "run",
+  "token_bytes",
+  "tokenize_files",
+  "train_tokenizer",
+]
 
 EOT = "<|endoftext|>"
 """The end-of-document token's text (GPT-2's), a special token of every tokenizer trained here."""
@@ -94,6 +104,22 @@ def decode(tokenizer, ids) -> str:
   if tokenizer is None:
     return bytes(ids).decode("utf-8", errors="replace")
   return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def token_bytes(tokenizer) -> np.ndarray | None:
+  """``[V]`` int64: the bytes of text each id stands for, for a byte-level tokenizer (its decoder
+  ``ByteLevel``: GPT-2's, every tokenizer ``jaxpe-tokenize`` trains; each character of a vocabulary
+  entry is one byte, by GPT-2's byte-to-unicode table); added and special tokens (``EOT``) stand for
+  none. None for other tokenizers (their entries' bytes are not their lengths). Source: Radford et
+  al. 2019 (GPT-2's ``bytes_to_unicode``), as ``tokenizers``' ``ByteLevel`` implements it."""
+  if type(tokenizer.decoder).__name__ != "ByteLevel":
+    return None
+  table = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), np.int64)
+  for text, i in tokenizer.get_vocab(with_added_tokens=False).items():
+    table[i] = len(text)
+  for i in tokenizer.get_added_tokens_decoder():
+    table[i] = 0
+  return table
 
 
 def tokenize_files(

@@ -18,13 +18,20 @@ import pytest
 from flax import nnx
 
 from jaxpe.model.decoder import Decoder
-from jaxpe.train import data, optimizer, run_guard, run_log, trainer
+from jaxpe.train import data, optimizer, run_files, run_guard, run_log, trainer
 from jaxpe.train.config import load_config
 
 pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 OLD_KEYS = {"step", "loss", "grad_norm", "tokens_per_second"}
-NEW_KEYS = {"train_bits_per_byte", "learning_rate", "step_seconds", "model_flops_per_second", "mfu"}
+NEW_KEYS = {
+  "train_bits_per_byte",
+  "learning_rate",
+  "step_seconds",
+  "data_seconds",
+  "model_flops_per_second",
+  "mfu",
+}
 
 
 def _cfg(workdir, text_file, *extra):
@@ -122,7 +129,7 @@ def test_a_run_logs_its_start_every_step_and_whether_its_schedule_completed(tmp_
     assert r["mfu"] == pytest.approx(r["model_flops_per_second"] / summary_peak(run), rel=1e-9)
   for r in records:
     assert r["train_bits_per_byte"] == pytest.approx(r["loss"] / math.log(2))
-    assert r["step_seconds"] > 0
+    assert r["step_seconds"] > 0 and 0 <= r["data_seconds"] < 60
   assert records[1]["tokens_per_second"] > 0 and "eval_bits_per_byte" in records[2]
 
   # summary.json: stopped at stop_at, not complete; what the run started with.
@@ -274,3 +281,38 @@ def test_tensorboard_scalars_and_console_figures_name_their_units():
   }
   assert set(run_log.STOP_REASONS) == {"schedule_done", "stop_at", "max_seconds", "signal"}
   np.testing.assert_allclose(record["train_bits_per_byte"], data.bits_per_byte(record["loss"]))
+
+
+@pytest.mark.parametrize("unit", ["token", "answer"])
+def test_bits_of_token_and_task_runs_are_named_by_their_unit(tmp_path, unit):
+  # A token file's bits are per token, a task's per answer: no key or label says byte (issue 46).
+  record = {"step": 4, "loss": 1.0, f"train_bits_per_{unit}": 1 / math.log(2), "learning_rate": 3e-3}
+  record |= {"step_seconds": 0.25, "tokens_per_second": 1234.0, f"eval_bits_per_{unit}": 2.0}
+  scalars = run_log.tensorboard_scalars(record)
+  assert scalars[f"train/bits_per_{unit}"] == pytest.approx(1 / math.log(2))
+  assert scalars[f"eval/bits_per_{unit}"] == 2.0 and not any("byte" in tag for tag in scalars)
+  assert run_log.console_figures(record)["loss"] == f"1.443 bits/{unit}"
+  result = run_log.TrainResult(
+    step=4, train_loss=1.0, eval_bits_per_byte=2.0, unigram_bits_per_byte=6.0, tokens_per_second=1.0,
+    wall_seconds=1.0, sample="", train_bits_per_byte=1.5, unit=unit,
+  )  # fmt: skip
+  run_log.write_summary(tmp_path, run_log.summary_dict(result))
+  saved = _summary(tmp_path)
+  assert (saved["unit"], saved[f"eval_bits_per_{unit}"], saved[f"unigram_bits_per_{unit}"]) == (
+    unit,
+    2.0,
+    6.0,
+  )
+  assert saved[f"train_bits_per_{unit}"] == 1.5 and not any("per_byte" in k for k in saved)
+  assert run_log.read_summary(tmp_path) == result
+  (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+  assert run_files.read_metrics(tmp_path / "metrics.jsonl") == [record]
+  import matplotlib.axes  # the plot's axis names the unit
+
+  labels, real = [], matplotlib.axes.Axes.set_ylabel
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(
+      matplotlib.axes.Axes, "set_ylabel", lambda ax, text, **kw: labels.append(text) or real(ax, text)
+    )
+    run_files.plot_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss.png", 6.0, unit=unit)
+  assert labels == [f"bits per {unit}"] and (tmp_path / "loss.png").stat().st_size > 0

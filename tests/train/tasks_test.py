@@ -3,6 +3,7 @@ its samples (answers where they must be, the right answer, distances as configur
 (seed, step, row), the masked loss against numpy, the config checks naming the key, and a task run
 through the ordinary trainer whose fingerprint covers the task (a changed task is refused on resume)."""
 
+import json
 import math
 
 import jax
@@ -182,6 +183,9 @@ def test_task_run_through_the_trainer_and_changed_task_refused(tmp_path):
     r = trainer.train(cfg, progress=False)
   assert r.step == 4 and r.run["data"] == {"task": "copy", "sha256": tasks.fingerprint(COPY)["sha256"]}
   assert r.unigram_bits_per_byte == pytest.approx(6.0) and math.isfinite(r.eval_bits_per_byte)
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())  # bits per answer, named so
+  assert (summary["unit"], summary["unigram_bits_per_answer"]) == ("answer", pytest.approx(6.0))
+  assert r.unit == "answer" and not any("per_byte" in k for k in summary)
   other = cfg.model_copy(
     update={
       "num_steps": 6,

@@ -193,7 +193,15 @@ def test_a_packed_token_file_run_resumes_exactly(tmp_path):
   (tmp_path / "t.bin.json").write_text(json.dumps({"dtype": "uint16", "eot_token": 699}))
   straight = _cfg(tmp_path, "straight", f"data.packing={strategy}")
   result = trainer.train(straight, progress=False)
-  assert np.isfinite(result.eval_bits_per_byte)
+  assert np.isfinite(result.eval_bits_per_byte) and result.unit == "token"
+  # Bits per token, named so (issue 46: the logs said bits/byte): metrics, summary, no byte key.
+  workdir = Path(straight.workdir)
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert all("train_bits_per_token" in r and not any("per_byte" in k for k in r) for r in records)
+  assert [r["step"] for r in records if "eval_bits_per_token" in r] == [3, 6]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["unit"] == "token" and summary["eval_bits_per_token"] == result.eval_bits_per_byte
+  assert not any("per_byte" in k for k in summary)
   assert result.run["packing"]["strategy"] == strategy
   split = _cfg(tmp_path, "split", f"data.packing={strategy}", "stop_at=3")
   trainer.train(split, progress=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpe.train import sample, tokenize, trainer
+from jaxpe.train import evaluation, sample, tokenize, trainer
 from jaxpe.train.config import load_config
 
 pytestmark = pytest.mark.usefixtures("standard_promotion")
@@ -101,6 +101,31 @@ def test_a_packed_run_on_the_token_file_samples_with_its_tokenizer(tokenized, tm
   )
   result = trainer.train(cfg, progress=False)
   assert result.sample.startswith(cfg.sample_prompt) and len(result.sample) > len(cfg.sample_prompt)
+  # Bits per token, and per byte of the held-out text the scored tokens stand for (issue 46).
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+  assert summary["unit"] == "token" and 1 < summary["bytes_per_token"] < 20
+  assert summary["eval_bits_per_byte"] == pytest.approx(
+    summary["eval_bits_per_token"] / summary["bytes_per_token"]
+  )
+  assert record["eval_bits_per_byte"] == pytest.approx(summary["eval_bits_per_byte"])
   assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (tokenized / "tokenizer.json").read_bytes()
   text, stats = sample.sample(tmp_path / "run", "import ", max_new_tokens=5, temperature=0.0)
   assert text.startswith("import ") and stats["tokens"] == 5
+
+
+def test_bytes_per_token_count_the_text_each_scored_token_stands_for(texts, tokenized):
+  tok = tokenize.load_tokenizer(tokenized / "tokenizer.json")
+  table = tokenize.token_bytes(tok)
+  ids = np.fromfile(tokenized / "tokens.bin", "<u2")
+  docs = np.split(ids, np.flatnonzero(ids == tok.token_to_id(tokenize.EOT))[:-1] + 1)
+  for name, doc in zip(sorted(NAMES), docs, strict=True):  # the files' UTF-8 bytes; the end token: none
+    assert int(table[doc].sum()) == (texts / name).stat().st_size
+  rng = np.random.default_rng(0)
+  windows = rng.choice(ids, (2, 9))
+  packed = np.stack([rng.choice(ids, (2, 9)), rng.integers(0, 2, (2, 9)), np.ones((2, 9), int)], 1)
+  scored = [*windows[:, 1:].ravel(), *packed[:, 0, 1:][packed[:, 1, 1:] != 0]]
+  want = sum(len(tok.decode([int(i)], skip_special_tokens=True).encode()) for i in scored) / len(scored)
+  corpus = type("C", (), {"unit": "tokens", "tokenizer": tokenized / "tokenizer.json"})
+  assert evaluation.held_out_bytes_per_token(corpus, [windows, packed]) == pytest.approx(want)
+  assert np.isnan(evaluation.held_out_bytes_per_token(None, [windows]))  # a task: no bytes
