@@ -12,8 +12,8 @@ dict): ``layer_types``, ``sliding_window``, ``attention_chunk_size``, ``attn_log
 ``attn_temperature_tuning``, ``floor_scale``, ``attn_scale``, ``query_pre_attn_scalar``.
 
 Families refused by ``config_dict_from_hf`` name the piece the decoder lacks: Llama 4 (its
-mixture-of-experts MLP with a shared expert and sigmoid routing on the input, an unweighted L2 q/k
-norm after RoPE, and chunked attention whose chunks start at a left-padded row's first real token).
+mixture-of-experts MLP with a shared expert and sigmoid routing on the input, and an unweighted L2
+q/k norm after RoPE; its chunks, counted from each row's first real token, the decoder follows).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ DECODER_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss")
 """``model_type`` values ``config_dict_from_hf`` builds whole."""
 _MISSING = {
   "llama4_text": "Llama 4's mixture-of-experts MLP (a shared expert, sigmoid routing weights applied to the "
-  "input), its unweighted L2 q/k norm after RoPE (use_qk_norm), and chunks that start at a left-padded row's "
-  "first real token (transformers' create_chunked_causal_mask; jaxpe's chunks count slots)",
+  "input) and its unweighted L2 q/k norm after RoPE (use_qk_norm)",
 }
 ATTENTION_BIAS_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "gpt_oss")
 """Families whose transformers attention puts ``attention_bias`` on q, k, v and o (Mistral's has no
