@@ -6,6 +6,7 @@ KV cache) on the decode path and the blockwise loops; the window stays a distanc
 as transformers' position-remapped ones). Visibility probed through the softmax weights against
 transformers' own mask functions; values in patterns_test (float64 reference)."""
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -44,7 +45,7 @@ def test_left_padding_matches_transformers_chunks():
       q, k, v, scale=1.0, mask=mask, chunk_size=C, bias=np.zeros((B, 1, T, T), np.float32)
     ),
   ):
-    got = _visible_by_probe(fn, T, T)
+    got = _visible_by_probe(jax.jit(fn), T, T)  # jitted: one compile, not op-by-op dispatch
     np.testing.assert_array_equal(got[real], want[real])
   # the slots' chunks differ on the padded row: the test can fail
   assert (
