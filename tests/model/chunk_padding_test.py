@@ -63,10 +63,10 @@ def test_cached_continuation_of_a_left_padded_row_past_chunks():
   mask[1, :PAD] = False
   cache = init_cache(model.cfg, 2, T)
   assert cache.k[0].shape[2] == 3  # the chunked layer's ring: C - 1 slots
-  logits, cache = model(tokens[:, :5], attention_mask=mask[:, :5], cache=cache)
-  outs = [np.asarray(logits)]
   graphdef, state = nnx.split(model)
   step = jax.jit(lambda st, t, m, c: nnx.merge(graphdef, st)(t, attention_mask=m, cache=c))
+  logits, cache = step(state, tokens[:, :5], mask[:, :5], cache)  # the prefill (a traced end)
+  outs = [np.asarray(logits)]
   for i in range(5, T):  # one token at a time, across two chunk boundaries of row 1
     logits, cache = step(state, tokens[:, i : i + 1], mask[:, i : i + 1], cache)
     outs.append(np.asarray(logits))
