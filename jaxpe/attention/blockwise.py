@@ -103,9 +103,11 @@ def blockwise_attention(
       from the lse after the online softmax; differentiable. With ``return_lse`` the lse then
       includes the sink's term.
     local_window_size, chunk_size, logits_soft_cap: the attention pattern of
-      ``jaxpe.attention.attention`` (``jaxpe.attention.patterns``): the window and chunks compare
-      the mask's slots (``q_index`` / ``k_index``; with an ``AttentionMask`` or no mask the indices
-      ``0..T-1`` / ``0..S-1``); the cap applies to the scaled scores before ALiBi, the position
+      ``jaxpe.attention.attention`` (``jaxpe.attention.patterns``): the window compares the mask's
+      slots (``q_index`` / ``k_index``; with an ``AttentionMask`` or no mask the indices
+      ``0..T-1`` / ``0..S-1``), the chunks the tokens' positions (an ``IndexMask``'s
+      ``q_positions`` / ``k_positions``; an ``AttentionMask``'s ``patterns.document_positions``:
+      from each document's first real token, as transformers); the cap applies to the scaled scores before ALiBi, the position
       bias, the mask and the sinks.
 
   Returns:
@@ -155,7 +157,14 @@ def blockwise_attention(
     if s_len != t_len:
       raise ValueError(f"an AttentionMask is for self-attention (T == S), got T={t_len}, S={s_len}")
     mask = mask.check(batch, t_len)
-    mask = self_attention_mask(mask.valid, mask.segment_ids, causal=mask.causal, batch=batch, length=t_len)
+    mask = self_attention_mask(
+      mask.valid,
+      mask.segment_ids,
+      causal=mask.causal,
+      batch=batch,
+      length=t_len,
+      chunks=pattern.chunk is not None,
+    )
   elif mask is not None and not isinstance(mask, IndexMask):
     raise TypeError(f"mask must be an IndexMask, an AttentionMask or None, got {type(mask).__name__}")
   if alibi is not None and not isinstance(alibi, AlibiSpec):
@@ -216,10 +225,12 @@ def blockwise_attention(
     bias_fn,
     pattern if pattern.active else None,
   )
-  qi = ki = k_valid = q_seg = k_seg = None
+  qi = ki = k_valid = q_seg = k_seg = q_chunk = k_chunk = None
   if mask is not None:
     # slots: checked < 2^31 where concrete, int32 exactly
     qi, ki, k_valid = mask.q_index.astype(jnp.int32), mask.k_index.astype(jnp.int32), mask.k_valid
+    if pattern.chunk is not None and mask.q_positions is not None:  # chunks count token positions
+      q_chunk, k_chunk = mask.q_positions.astype(jnp.int32), mask.k_positions.astype(jnp.int32)
     q_seg, k_seg = numerics.canonical_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     k_valid = None if k_valid is None else jnp.asarray(k_valid).astype(bool)
     seen = k_valid
@@ -229,9 +240,13 @@ def blockwise_attention(
     k, v = numerics.zero_hidden_keys(k, v, seen)  # hidden keys (NaN too) never reach P.V or dS.K
 
   def loops():
-    return flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)
+    return flash(
+      q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, q_chunk, k_chunk, slopes, bias_params, cfg
+    )
 
-  if _cpu_kernel_applies(
+  # the CPU kernel counts chunks from slot 0: chunks counted from each document's first real token
+  # (padding or packed documents) run on the XLA loops
+  if q_chunk is None and _cpu_kernel_applies(
     q, k, v, plain, explicit_blocks, position_bias, precise_dims, q_seg, k_seg, q_pos, k_pos
   ):
 
@@ -252,10 +267,17 @@ def blockwise_attention(
   return (out, lse) if return_lse else out
 
 
-def self_attention_mask(valid, segment_ids, *, causal: bool, batch: int, length: int) -> IndexMask:
-  """The ``IndexMask`` of an ``AttentionMask``'s fields: slots ``0..T-1`` for queries and keys."""
+def self_attention_mask(
+  valid, segment_ids, *, causal: bool, batch: int, length: int, chunks: bool = False
+) -> IndexMask:
+  """The ``IndexMask`` of an ``AttentionMask``'s fields: slots ``0..T-1`` for queries and keys;
+  with ``chunks`` and padding or packed documents, the positions the chunks count too
+  (``patterns.document_positions``: each document's chunks start at its first real token)."""
   index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  return IndexMask(index, index, causal, valid, segment_ids, segment_ids)
+  positions = None
+  if chunks and (valid is not None or segment_ids is not None):
+    positions = pattern_lib.document_positions(valid, segment_ids, batch, length)
+  return IndexMask(index, index, causal, valid, segment_ids, segment_ids, positions, positions)
 
 
 def combine_partials(out_a, lse_a, out_b, lse_b):

@@ -147,9 +147,10 @@ def context_attention(
       parameters are replicated on every shard (their gradient is the sum of the shards'); not
       with ``alibi``.
     local_window_size, chunk_size, logits_soft_cap: the attention pattern of
-      ``jaxpe.attention.attention``; the window and chunks compare the ORIGINAL slots (``mask``'s
-      ``q_index`` / ``k_index``; without a mask ``0..T-1`` / ``0..S-1``), so a zig-zag order is
-      correct; each shard's key blocks outside the window are skipped (``blockwise``).
+      ``jaxpe.attention.attention``; the window compares the ORIGINAL slots (``mask``'s
+      ``q_index`` / ``k_index``; without a mask ``0..T-1`` / ``0..S-1``), the chunks the mask's
+      ``q_positions`` / ``k_positions`` when given (else the same slots), which travel with their
+      tokens, so a zig-zag order is correct; each shard's key blocks outside the window are skipped (``blockwise``).
 
   Returns:
     ``[B, T, N, H]`` of ``v.dtype``, split like q. A row with no visible key gives zeros, a row
@@ -202,10 +203,13 @@ def context_attention(
       raise ValueError("give alibi or position_bias, not both (one position bias per attention)")
     position_bias = check_position_bias(position_bias, batch, t_len, s_len, q.shape[2])
   q_side = k_side = (None, None, None)
+  chunk_side = (None, None)  # the positions the chunks count (IndexMask.q_positions / k_positions)
   if mask is not None:  # wide ids ranked jointly here: inside the shard_map they would be int32
     q_seg, k_seg = numerics.canonical_segment_ids(mask.q_segment_ids, mask.k_segment_ids)
     q_side = (mask.q_index, q_seg, None)
     k_side = (mask.k_index, k_seg, mask.k_valid)
+    if pattern.chunk is not None and mask.q_positions is not None:
+      chunk_side = (mask.q_positions, mask.k_positions)
   slopes = None
   if alibi is not None:
     slopes = tuple(float(x) for x in np.asarray(alibi.slopes, np.float64))
@@ -221,6 +225,7 @@ def context_attention(
   ):
     if arr is not None and tuple(arr.shape) != (batch, length):
       raise ValueError(f"{name} must have shape [B, {'T' if name[0] == 'q' else 'S'}] = {[batch, length]}")
+  q_side, k_side = (*q_side, chunk_side[0]), (*k_side, chunk_side[1])  # travel with their tokens
   if 0 in (batch, t_len, s_len):
     # nothing to split (a collective of empty shards does not lower): the dense reference's result,
     # zeros of [B, T, N, H] (rows without keys give zeros; no rows give an empty array)
@@ -255,9 +260,13 @@ def _attend(q, k, v, q_side, k_side, params, cfg: _Local, *, with_lse: bool):
   """Local blockwise attention of ``q`` to the keys ``k, v`` with their side arrays: ``out [B, t,
   N, H]`` (``v.dtype``), and with ``with_lse`` also the float32 log-sum-exp ``[B, t, N]`` (-inf: no
   visible key)."""
-  q_index, q_seg, q_pos = q_side
-  k_index, k_seg, k_valid, k_pos = k_side
-  mask = None if q_index is None else IndexMask(q_index, k_index, cfg.causal, k_valid, q_seg, k_seg)
+  q_index, q_seg, q_pos, q_chunk = q_side
+  k_index, k_seg, k_valid, k_pos, k_chunk = k_side
+  mask = (
+    None
+    if q_index is None
+    else IndexMask(q_index, k_index, cfg.causal, k_valid, q_seg, k_seg, q_chunk, k_chunk)
+  )
   alibi = None
   if cfg.slopes is not None:  # blockwise reads slopes and positions only
     alibi = AlibiSpec(np.asarray(cfg.slopes, np.float64), q_pos, k_pos, max_position=2**24)

@@ -178,7 +178,9 @@ def cpu_flash_attention(
     q_positions, k_positions: ``[B, T]`` / ``[B, S]`` int32 token indices, with ``slopes`` only.
     return_lse: also return the log-sum-exp of each row's scaled, biased scores.
     local_window_size, chunk_size, logits_soft_cap: the attention pattern of
-      ``jaxpe.attention.attention`` on the slots ``0..T-1`` / ``0..S-1`` (``jaxpe.attention.patterns``):
+      ``jaxpe.attention.attention`` on the slots ``0..T-1`` / ``0..S-1`` (``jaxpe.attention.patterns``;
+      ``chunk_size`` with ``k_valid`` or segment ids is refused: chunks count from each row's first
+      real token there, from slot 0 here):
       query block rows meet only the key range their window and chunk reach (O(T x window) work in
       both passes); the cap applies to the scaled scores before ALiBi and the mask, and its
       derivative ``1 - tanh^2`` to the backward pass. Not the cap with ``precise_dims > 0``.
@@ -234,6 +236,12 @@ def cpu_flash_attention(
     raise ValueError(f"causal needs T == S (self-attention in slot order), got T={t_len}, S={s_len}")
   if (q_segment_ids is None) != (k_segment_ids is None):
     raise ValueError("give q_segment_ids and k_segment_ids together, or neither")
+  if pattern.chunk is not None and (k_valid is not None or q_segment_ids is not None):
+    raise ValueError(
+      "cpu_flash_attention cannot run chunk_size with k_valid or segment ids: the kernel counts chunks from "
+      "slot 0, while each row's chunks start at its first real token and restart with each document (as "
+      "transformers' create_chunked_causal_mask); use blockwise_attention or attention(implementation='xla')"
+    )
   if (slopes is None) != (q_positions is None) or (slopes is None) != (k_positions is None):
     raise ValueError("ALiBi needs slopes, q_positions and k_positions together")
   side = []

@@ -83,9 +83,9 @@ def decode_attention(
       layout of ``jaxpe.model.KVCache``): the products are then batched matmuls over the arrays as
       they lie, each read once, with no transposed or zeroed copy (``_heads_first``).
     local_window_size, chunk_size, logits_soft_cap: the attention pattern of
-      ``jaxpe.attention.attention`` (checked here, ``jaxpe.attention.patterns``): the window and
-      chunks compare the mask's slots ``q_index`` / ``k_index`` (a ring-buffer cache puts the
-      tokens' positions there); the cap applies to the scaled scores before the bias and the mask.
+      ``jaxpe.attention.attention`` (checked here, ``jaxpe.attention.patterns``): the window
+      compares the mask's slots ``q_index`` / ``k_index``, the chunks its ``q_positions`` /
+      ``k_positions`` (the tokens' positions; else the slots); the cap applies to the scaled scores before the bias and the mask.
 
   Raises:
     TypeError, ValueError: as ``jaxpe.attention.attention`` for the three pattern options.
@@ -104,7 +104,11 @@ def decode_attention(
   visible = mask.visible()  # [B, T, S]
   if pattern.masks:  # the window / chunks on the slots (a ring-buffer cache: the tokens' positions)
     qi, ki = jnp.asarray(mask.q_index).astype(jnp.int32), jnp.asarray(mask.k_index).astype(jnp.int32)
-    visible = visible & pattern.visible(qi[:, :, None], ki[:, None, :])
+    qc = kc = None
+    if mask.q_positions is not None:  # the chunks count the tokens' positions
+      qc = jnp.asarray(mask.q_positions).astype(jnp.int32)[:, :, None]
+      kc = jnp.asarray(mask.k_positions).astype(jnp.int32)[:, None, :]
+    visible = visible & pattern.visible(qi[:, :, None], ki[:, None, :], qc, kc)
   if heads_first:
     add = _score_bias(q, s_len, bias, alibi, position_bias)
     return _heads_first(float(scale), int(precise_dims), pattern.cap, q, k, v, visible, add, sinks)

@@ -101,12 +101,18 @@ def attention(
       ``jax.nn.dot_product_attention``'s name and meaning: query i sees key j only if
       ``i - left <= j <= i + right``; with a causal mask ``(left, 0)``. transformers'
       ``sliding_window = w`` (Mistral, Gemma 2/3, gpt-oss; it counts the query itself) is
-      ``(w - 1, 0)``. i and j are token indices (an ``AttentionMask``, a dense mask or none: the
-      indices ``0..T-1`` / ``0..S-1``, within a packed document the position differences) or an
-      ``IndexMask``'s slots ``q_index`` / ``k_index`` (the KV cache: the tokens' positions, so a
-      ring-buffer cache works). ``xla`` skips key blocks wholly outside the window.
+      ``(w - 1, 0)``. i and j are slots (an ``AttentionMask``, a dense mask or none: the indices
+      ``0..T-1`` / ``0..S-1``; an ``IndexMask``'s ``q_index`` / ``k_index``): a window is a
+      distance, the same in slots and positions within a document of a packed row or after left
+      padding (transformers measures packed windows in ``position_ids``: the same pairs). ``xla`` skips key blocks wholly outside the window.
     chunk_size: optional int >= 1, Llama 4's ``attention_chunk_size``: query i sees key j only if
-      ``i // chunk_size == j // chunk_size`` (i, j as above), on top of the other masks.
+      ``p_i // chunk_size == p_j // chunk_size``, on top of the other masks, with p the tokens'
+      positions: each row's chunks start at its first real token and restart with each packed
+      document (an ``AttentionMask``'s ``valid`` / ``segment_ids``, ``patterns.document_positions``;
+      transformers' ``create_chunked_causal_mask``), an ``IndexMask``'s ``q_positions`` /
+      ``k_positions`` (else its slots), the indices ``0..T-1`` / ``0..S-1`` without a mask or with a
+      dense one. splash and flash count chunks from slot 0 in their kernels: they refuse
+      ``chunk_size`` with padding or segment ids (``auto`` then runs ``xla``).
     logits_soft_cap: optional finite float > 0, Gemma 2's ``attn_logit_softcapping``: the scores
       ``s = q.k * scale`` become ``cap * tanh(s / cap)`` before the mask, the bias / ALiBi and the
       sinks (transformers' ``gemma2.eager_attention_forward``). Refused with ``precise_dims > 0``
@@ -311,6 +317,7 @@ def _run(
     pattern_lib.refuse(
       impl, pattern, emulated_alibi=alibi_spec is not None and impl not in NATIVE_ALIBI, bias=bias
     )
+    pattern_lib.refuse_chunk_offsets(impl, pattern, mask)
   if impl != "xla" and not interpret:  # a kernel lowers for one platform per program
     q, k, v = platforms.one_platform(q, k, v, message=ONE_PLATFORM.format(impl=impl))
   if rope_spec is not None and impl != "flash":

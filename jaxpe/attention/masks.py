@@ -189,6 +189,12 @@ class IndexMask:
       cache slots.
     q_segment_ids, k_segment_ids: optional ``[B, T]`` / ``[B, S]`` integer document ids (the same
       dtype, any values, compared exactly); give both or neither.
+    q_positions, k_positions: optional ``[B, T]`` / ``[B, S]`` integer token positions (>= 0, < 2^31)
+      that ``chunk_size`` counts its chunks in (``jaxpe.attention.patterns``: query and key share a
+      chunk when ``q_pos // c == k_pos // c``; Llama 4's chunks start at each row's first real
+      token, as transformers' ``create_chunked_causal_mask``); give both or neither. None: the
+      slots ``q_index`` / ``k_index`` (right for rows without left padding or packed documents).
+      Windows compare the slots either way (a distance).
 
   Checked by ``check()`` (called by ``dense`` and by ``attention``), not at construction.
   """
@@ -199,6 +205,8 @@ class IndexMask:
   k_valid: jax.Array | None = None
   q_segment_ids: jax.Array | None = None
   k_segment_ids: jax.Array | None = None
+  q_positions: jax.Array | None = None
+  k_positions: jax.Array | None = None
 
   def check(self) -> IndexMask:
     """This mask with its fields as checked arrays.
@@ -214,6 +222,9 @@ class IndexMask:
     q_segment_ids, k_segment_ids, k_valid = self.q_segment_ids, self.k_segment_ids, self.k_valid
     if (q_segment_ids is None) != (k_segment_ids is None):
       raise ValueError("q_segment_ids and k_segment_ids must be given together")
+    q_positions, k_positions = self.q_positions, self.k_positions
+    if (q_positions is None) != (k_positions is None):
+      raise ValueError("q_positions and k_positions must be given together")
     if k_valid is not None:
       k_valid = check_valid("k_valid", k_valid)
     if q_segment_ids is not None:
@@ -234,16 +245,25 @@ class IndexMask:
       raise ValueError(
         f"q_index and k_index must have the same batch size B, got {batch} and {k_index.shape[0]}"
       )
+    if q_positions is not None:  # the positions chunk_size counts
+      q_positions, k_positions = (
+        _checks.as_array(f"{s}_positions", x) for s, x in zip("qk", (q_positions, k_positions))
+      )
+      _checks.check_positions("q_positions", q_positions), _checks.check_positions("k_positions", k_positions)
     for name, arr, shape in (
       ("k_valid", k_valid, (batch, s_len)),
       ("q_segment_ids", q_segment_ids, (batch, t_len)),
       ("k_segment_ids", k_segment_ids, (batch, s_len)),
+      ("q_positions", q_positions, (batch, t_len)),
+      ("k_positions", k_positions, (batch, s_len)),
     ):
       if arr is not None and arr.shape != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {arr.shape}")
     check_distinct_slots("q_index", q_index)
     check_distinct_slots("k_index", k_index)
-    return IndexMask(q_index, k_index, causal, k_valid, q_segment_ids, k_segment_ids)
+    return IndexMask(
+      q_index, k_index, causal, k_valid, q_segment_ids, k_segment_ids, q_positions, k_positions
+    )
 
   def visible(self, q_rows=slice(None), k_cols=slice(None)) -> jax.Array:
     """``[B, t, s]`` bool: which keys ``k_cols`` the queries ``q_rows`` may attend (fields unchecked)."""

@@ -64,6 +64,8 @@ class _Blocks(NamedTuple):
   k_seg: jax.Array | None
   q_pos: jax.Array | None
   k_pos: jax.Array | None
+  q_chunk: jax.Array | None = None  # the positions chunk_size counts (None: the slots qi, ki)
+  k_chunk: jax.Array | None = None
 
 
 def _pad_to(x, axis: int, size: int, value):
@@ -83,7 +85,7 @@ def _split(x, axis: int, block: int, value):
   return jnp.moveaxis(x, axis, 0)
 
 
-def _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg: Config) -> _Blocks:
+def _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, chunk_pos, cfg: Config) -> _Blocks:
   batch, t_len, num_heads, qk_dim = q.shape
   s_len, num_kv = k.shape[1], k.shape[2]
   group = num_heads // num_kv
@@ -103,6 +105,8 @@ def _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg: Config
     k_seg=side(k_seg, cfg.block_k, 0),
     q_pos=side(q_pos, cfg.block_q, 0),
     k_pos=side(k_pos, cfg.block_k, 0),
+    q_chunk=None if chunk_pos is None else side(chunk_pos[0], cfg.block_q, 0),
+    k_chunk=None if chunk_pos is None else side(chunk_pos[1], cfg.block_k, 0),
   )
 
 
@@ -121,7 +125,9 @@ def _needed(b: _Blocks, cfg: Config):
       last_query = np.arange(nq)[:, None] * cfg.block_q + cfg.block_q - 1
       static = first_key <= last_query
     if pattern is not None:
-      local = patterns.static_block_need(pattern, nq, cfg.block_q, nk, cfg.block_k)
+      # chunks counted from each document's first token lie in the slot window (c - 1, c - 1)
+      bound = pattern if b.q_chunk is None else pattern.slot_bound()
+      local = patterns.static_block_need(bound, nq, cfg.block_q, nk, cfg.block_k)
       static = local if static is None else static & local
     return static, None
   need = None
@@ -137,7 +143,15 @@ def _needed(b: _Blocks, cfg: Config):
     k_min = jnp.min(jnp.where(valid, b.ki, _INT_MAX), axis=(1, 2))
     k_max = jnp.max(jnp.where(valid, b.ki, -1), axis=(1, 2))
     q_min, q_max = jnp.min(b.qi, axis=(1, 2)), jnp.max(b.qi, axis=(1, 2))
-    local = patterns.dynamic_block_need(pattern, q_min, q_max, k_min, k_max)
+    chunk_range = None
+    if b.q_chunk is not None:
+      chunk_range = (
+        jnp.min(b.q_chunk, axis=(1, 2)),
+        jnp.max(b.q_chunk, axis=(1, 2)),
+        jnp.min(jnp.where(valid, b.k_chunk, _INT_MAX), axis=(1, 2)),
+        jnp.max(jnp.where(valid, b.k_chunk, -1), axis=(1, 2)),
+      )
+    local = patterns.dynamic_block_need(pattern, q_min, q_max, k_min, k_max, chunk_range)
     need = local if need is None else need & local
   return None, None if need is None else jnp.broadcast_to(need, (nq, nk))
 
@@ -203,7 +217,10 @@ def _scores(
     same = b.q_seg[i][:, :, None] == b.k_seg[j][:, None, :]
     visible = same if visible is None else visible & same
   if pattern is not None and pattern.masks:
-    local = pattern.visible(b.qi[i][:, :, None], b.ki[j][:, None, :])
+    qc = kc = None
+    if b.q_chunk is not None:
+      qc, kc = b.q_chunk[i][:, :, None], b.k_chunk[j][:, None, :]
+    local = pattern.visible(b.qi[i][:, :, None], b.ki[j][:, None, :], qc, kc)
     visible = local if visible is None else visible & local
   if visible is not None:
     s = jnp.where(visible[:, None, None], s, _LOWEST)
@@ -377,25 +394,32 @@ def _unblock_k(x, s_len: int):
   return jnp.moveaxis(x, 2, 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(12,))
-def flash(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg: Config):
-  return flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(14,))
+def flash(
+  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, q_chunk, k_chunk, slopes, bias_params, cfg: Config
+):
+  """``(out, lse)``; ``q_chunk`` / ``k_chunk``: ``[B, T]`` / ``[B, S]`` positions the chunks count, or None."""
+  args = (q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, q_chunk, k_chunk, slopes, bias_params, cfg)
+  return flash_fwd(*args)[0]
 
 
-def flash_fwd(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, cfg):
-  b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg)
+def flash_fwd(
+  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, q_chunk, k_chunk, slopes, bias_params, cfg
+):
+  chunk_pos = None if q_chunk is None else (q_chunk, k_chunk)
+  b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, chunk_pos, cfg)
   out_b, lse_b = _forward(b, slopes, bias_params, cfg)
   t_len, num_heads = q.shape[1], q.shape[2]
   out = _unblock_q(out_b, t_len, num_heads).astype(v.dtype)
   lse = _unblock_q(lse_b[..., None], t_len, num_heads)[..., 0]
-  residuals = (q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, out, lse)
+  residuals = (q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, chunk_pos, slopes, bias_params, out, lse)
   return (out, lse), residuals
 
 
 def flash_bwd(cfg, residuals, cotangents):
-  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, slopes, bias_params, out, lse = residuals
+  q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, chunk_pos, slopes, bias_params, out, lse = residuals
   d_out, d_lse = cotangents
-  b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, cfg)
+  b = _to_blocks(q, k, v, qi, ki, k_valid, q_seg, k_seg, q_pos, k_pos, chunk_pos, cfg)
   to_q = functools.partial(_to_q_blocks, num_kv=k.shape[2], block=cfg.block_q)
   d_lse = jnp.zeros(lse.shape, jnp.float32) if d_lse is None else d_lse.astype(jnp.float32)
   dq, dk, dv, d_bias = _backward(
@@ -412,7 +436,7 @@ def flash_bwd(cfg, residuals, cotangents):
   dk = _unblock_k(dk, k.shape[1]).astype(k.dtype)
   dv = _unblock_k(dv, k.shape[1]).astype(v.dtype)
   d_bias = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), d_bias, bias_params)
-  return (dq, dk, dv, None, None, None, None, None, None, None, None, d_bias)
+  return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None, d_bias)
 
 
 def _to_q_blocks(x, *, num_kv: int, block: int, pad=0.0):

@@ -7,15 +7,23 @@ logit soft-capping, as ``jaxpe.attention.attention``'s ``local_window_size``, ``
   ``sliding_window = w`` (Mistral, Gemma 2/3, gpt-oss), which counts the query itself, is
   ``(w - 1, 0)`` with a causal mask (``transformers.masking_utils.sliding_window_causal_mask_function``:
   ``kv_idx > q_idx - w``).
-- ``chunk_size = c``: query i sees key j only if ``i // c == j // c`` (Llama 4's
-  ``attention_chunk_size``; ``chunked_causal_mask_function`` with a causal mask).
+- ``chunk_size = c``: query i sees key j only if ``p_i // c == p_j // c`` with p the tokens'
+  positions (Llama 4's ``attention_chunk_size``; ``chunked_causal_mask_function`` with a causal mask).
+  Chunks start at each row's first real token and restart with each packed document, as
+  transformers does: ``create_chunked_causal_mask`` offsets the chunks by the row's left padding
+  (``chunked_overlay``: ``(kv_idx - left_padding) // c == (q_idx - left_padding) // c``) and, for
+  packed rows, reads the indices from ``position_ids`` (``remap_positions_for_packed_sequence``).
 - ``logits_soft_cap = cap``: the scaled scores ``s = q.k * scale`` become ``cap * tanh(s / cap)``
   before the mask, the bias (ALiBi, a learned bias) and the sinks (Gemma 2's
   ``attn_logit_softcapping``, transformers' ``gemma2.eager_attention_forward``).
 
-i and j are token positions: index differences for a full sequence (within one document of a packed
-row the same as position differences), the slots of an ``IndexMask`` (KV cache slots, context
-shards: the caller puts the tokens' positions there, so a ring-buffer cache works).
+Windows are a distance: i and j are slots (the indices ``0..T-1`` / ``0..S-1``, an ``IndexMask``'s
+``q_index`` / ``k_index``); within one document of a packed row, or after left padding, the slot
+distance is the position distance (transformers measures packed windows in ``position_ids``, the
+same pairs since other documents are masked). Chunks are absolute: their positions p are
+``document_positions`` of an ``AttentionMask``'s ``valid`` / ``segment_ids`` (a slot minus the first
+real slot of its document), an ``IndexMask``'s ``q_positions`` / ``k_positions`` (the KV cache: the
+tokens' positions), else the slots.
 
 ``Pattern`` holds the three checked values (static, hashable); ``visible`` / ``soft_cap`` apply them.
 
@@ -58,9 +66,10 @@ class Pattern(NamedTuple):
     names = ("local_window_size", "chunk_size", "logits_soft_cap")
     return tuple(n for n, x in zip(names, (self.window, self.chunk, self.cap)) if x is not None)
 
-  def visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array | None:
-    """Bool ``q_pos`` vs ``k_pos`` (broadcast together; int32 slots or positions): which keys the
-    window and chunks let each query see; None when neither is set."""
+  def visible(self, q_pos: jax.Array, k_pos: jax.Array, q_chunk=None, k_chunk=None) -> jax.Array | None:
+    """Bool ``q_pos`` vs ``k_pos`` (broadcast together; int32 slots): which keys the window and
+    chunks let each query see; None when neither is set. ``q_chunk`` / ``k_chunk``: the tokens'
+    positions the chunks count (broadcast as ``q_pos`` / ``k_pos``; None: the slots)."""
     out = None
     if self.window is not None:
       left, right = self.window
@@ -71,7 +80,8 @@ class Pattern(NamedTuple):
         r = -d <= right
         out = r if out is None else out & r
     if self.chunk is not None and self.chunk < UNBOUNDED:
-      same = (q_pos // self.chunk) == (k_pos // self.chunk)
+      qc, kc = (q_pos, k_pos) if q_chunk is None else (q_chunk, k_chunk)
+      same = (qc // self.chunk) == (kc // self.chunk)
       out = same if out is None else out & same
     if out is None and self.masks:
       out = jnp.ones(jnp.broadcast_shapes(jnp.shape(q_pos), jnp.shape(k_pos)), bool)
@@ -83,6 +93,16 @@ class Pattern(NamedTuple):
       return s
     cap = jnp.float32(self.cap)
     return cap * jnp.tanh(s / cap)
+
+  def slot_bound(self) -> Pattern:
+    """This pattern with its chunks replaced by the window ``(c - 1, c - 1)`` they lie in, for block
+    skipping on slots when the chunks count positions a constant apart from the slots within each
+    document (``document_positions``): a superset of the visible pairs, never the mask itself."""
+    if self.chunk is None:
+      return self
+    c = min(self.chunk, UNBOUNDED) - 1
+    left, right = (UNBOUNDED, UNBOUNDED) if self.window is None else self.window
+    return Pattern((min(left, c), min(right, c)), None, self.cap)
 
   def key_range(self, q_first: int, q_last: int) -> tuple[int, int]:
     """The key positions ``[lo, hi]`` (inclusive, unclipped) queries ``q_first..q_last`` may see."""
@@ -131,6 +151,25 @@ def refuse(impl: str, pattern: Pattern, *, emulated_alibi: bool = False, bias=No
     )
 
 
+def refuse_chunk_offsets(impl: str, pattern: Pattern, mask) -> None:
+  """ValueError for ``chunk_size`` on kernel ``impl`` with an ``AttentionMask`` that has padding
+  (``valid``) or packed documents (``segment_ids``): the fused kernels count chunks from slot 0
+  (splash's ``ChunkedCausalMask``, flash's and the CPU kernel's chunk bounds), while each row's
+  chunks start at its first real token (``document_positions``; transformers'
+  ``create_chunked_causal_mask``). ``auto`` then runs ``xla``, which counts them so."""
+  if pattern.chunk is None or mask is None or not hasattr(mask, "segment_ids"):
+    return
+  if mask.valid is None and mask.segment_ids is None:
+    return
+  given = "valid (padding)" if mask.valid is not None else "segment_ids (packed documents)"
+  raise ValueError(
+    f"attention implementation {impl!r} cannot run chunk_size with an AttentionMask's {given}: its kernel "
+    "counts chunks from slot 0, while each row's chunks start at its first real token and restart with "
+    "each document (as transformers' create_chunked_causal_mask); implementation='xla' runs them, and "
+    "'auto' picks it"
+  )
+
+
 def static_block_need(pattern: Pattern, nq: int, bq: int, nk: int, bk: int) -> np.ndarray:
   """``[nq, nk]`` numpy bool: which (query block, key block) pairs of indices ``0..`` may hold a
   visible pair under the window and chunks (blocks of ``bq`` / ``bk`` tokens; conservative)."""
@@ -142,10 +181,11 @@ def static_block_need(pattern: Pattern, nq: int, bq: int, nk: int, bk: int) -> n
   return need
 
 
-def dynamic_block_need(pattern: Pattern, q_min, q_max, k_min, k_max) -> jax.Array:
+def dynamic_block_need(pattern: Pattern, q_min, q_max, k_min, k_max, chunk_range=None) -> jax.Array:
   """``[nq, nk]`` bool: the pairs of query blocks (slots ``q_min..q_max``, ``[nq]``) and key blocks
   (valid slots ``k_min..k_max``, ``[nk]``; an empty block has ``k_min > k_max``) whose slots may
-  hold a visible pair under the window and chunks (conservative)."""
+  hold a visible pair under the window and chunks (conservative). ``chunk_range``: ``(q_min, q_max,
+  k_min, k_max)`` of the positions the chunks count (``Pattern.visible``), else the slots."""
   q_min, q_max = q_min[:, None], q_max[:, None]
   k_min, k_max = k_min[None, :], k_max[None, :]
   need = k_min <= k_max
@@ -155,8 +195,37 @@ def dynamic_block_need(pattern: Pattern, q_min, q_max, k_min, k_max) -> jax.Arra
     need = need & (k_max >= q_min - left) & (k_min - right <= q_max)
   if pattern.chunk is not None:
     c = min(pattern.chunk, UNBOUNDED)
+    if chunk_range is not None:
+      q_min, q_max, k_min, k_max = chunk_range
+      q_min, q_max, k_min, k_max = q_min[:, None], q_max[:, None], k_min[None, :], k_max[None, :]
     need = need & (k_min // c <= q_max // c) & (k_max // c >= q_min // c)
   return need
+
+
+def document_positions(valid, segment_ids, batch: int, length: int) -> jax.Array:
+  """``[B, T]`` int32 position of each slot in its document, the positions chunks count in: the slot
+  minus the first real slot (``valid``) of its document (the run of equal ``segment_ids`` around
+  it; the whole row without them). Left padding shifts the row's chunks as transformers'
+  ``create_chunked_causal_mask`` (its left-padding offset); packed documents restart them (its
+  ``position_ids`` remap); padding inside a row shifts nothing (as there). Padding slots before a
+  document's first real token count from the document's first slot.
+
+  ``valid`` ``[B, T]`` bool or None (all real); ``segment_ids`` ``[B, T]`` integer ids or None."""
+  idx = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  if segment_ids is None:
+    run_start = jnp.zeros((batch, length), jnp.int32)
+  else:
+    seg = jnp.asarray(segment_ids)
+    new = jnp.concatenate([jnp.ones((batch, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    run_start = jax.lax.cummax(jnp.where(new, idx, 0), axis=1)
+  if valid is None:
+    return idx - run_start
+  real = jnp.asarray(valid).astype(bool)
+  before = jnp.cumsum(real, axis=1, dtype=jnp.int32) - real.astype(jnp.int32)  # real slots before t
+  in_run = before - jnp.take_along_axis(before, run_start, axis=1)  # ... within t's document
+  first = real & (in_run == 0)
+  origin = jnp.maximum(jax.lax.cummax(jnp.where(first, idx, -1), axis=1), run_start)
+  return idx - origin
 
 
 def band(need: np.ndarray) -> tuple[np.ndarray, int]:
@@ -250,10 +319,16 @@ def check_cap_precise_dims(pattern: Pattern, precise_dims: int) -> None:
     )
 
 
-def dense_visible(pattern: Pattern, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array | None:
-  """``[B|1, 1, T, S]`` bool of ``pattern.visible`` for ``[B|1, T]`` / ``[B|1, S]`` positions."""
+def dense_visible(
+  pattern: Pattern, q_pos: jax.Array, k_pos: jax.Array, q_chunk=None, k_chunk=None
+) -> jax.Array | None:
+  """``[B|1, 1, T, S]`` bool of ``pattern.visible`` for ``[B|1, T]`` / ``[B|1, S]`` slots (and the
+  positions the chunks count, ``q_chunk`` / ``k_chunk``, None: the slots)."""
   q_pos, k_pos = jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32)
-  out = pattern.visible(q_pos[:, :, None], k_pos[:, None, :])
+  if q_chunk is not None:
+    q_chunk = jnp.asarray(q_chunk, jnp.int32)[:, :, None]
+    k_chunk = jnp.asarray(k_chunk, jnp.int32)[:, None, :]
+  out = pattern.visible(q_pos[:, :, None], k_pos[:, None, :], q_chunk, k_chunk)
   return None if out is None else out[:, None]
 
 
@@ -268,6 +343,7 @@ __all__ = [
   "band",
   "dynamic_block_need",
   "refuse",
+  "refuse_chunk_offsets",
   "static_block_need",
   "check_cap_precise_dims",
   "check_chunk_size",
@@ -275,4 +351,5 @@ __all__ = [
   "check_logits_soft_cap",
   "check_pattern",
   "dense_visible",
+  "document_positions",
 ]

@@ -47,8 +47,10 @@ def attend(
 ) -> jax.Array:
   """``jaxpe.attention.attention`` on ``xla``, its arguments already checked: ``[B, T, N, H]``.
 
-  ``pattern`` (checked): the local window and chunks on the mask's slots (``IndexMask``) or the
-  indices ``0..T-1`` / ``0..S-1`` (otherwise), the soft cap before the bias, mask and sinks.
+  ``pattern`` (checked): the local window on the mask's slots (``IndexMask``) or the indices
+  ``0..T-1`` / ``0..S-1`` (otherwise), the chunks on the tokens' positions
+  (``jaxpe.attention.patterns``: an ``IndexMask``'s positions, an ``AttentionMask``'s
+  ``document_positions``; a dense mask carries none: the slots), the soft cap before the bias, mask and sinks.
 
   ``sinks`` (``[N]``, checked): blockwise from the lse, dense as one more key slot
   (``jaxpe.attention.sinks``). An ``IndexMask`` with at most ``decode.DECODE_MAX_QUERIES`` queries
@@ -84,13 +86,20 @@ def attend(
       **options,
     )
   q_pos, k_pos = pattern_lib.arange_positions(q.shape[1]), pattern_lib.arange_positions(k.shape[1])
+  q_chunk = k_chunk = None  # the positions the chunks count (None: the slots)
   if isinstance(mask, AttentionMask):
+    checked = mask.check(q.shape[0], q.shape[1])
+    if pattern.chunk is not None and (checked.valid is not None or checked.segment_ids is not None):
+      q_chunk = k_chunk = pattern_lib.document_positions(
+        checked.valid, checked.segment_ids, q.shape[0], q.shape[1]
+      )
     mask = mask.dense(q.shape[0], q.shape[1])
   elif isinstance(mask, IndexMask):
     q_pos, k_pos = mask.q_index, mask.k_index
+    q_chunk, k_chunk = mask.q_positions, mask.k_positions
     mask = mask.dense()
   if pattern.masks:  # the window / chunks as part of the dense mask (before a sink's key slot)
-    local = pattern_lib.dense_visible(pattern, q_pos, k_pos)
+    local = pattern_lib.dense_visible(pattern, q_pos, k_pos, q_chunk, k_chunk)
     mask = local if mask is None else mask & local
   if alibi_spec is not None:
     native = alibi.alibi_bias(

@@ -249,9 +249,10 @@ class ModelConfig(StrictConfig):
   )
   swiglu_alpha: float = pydantic.Field(1.702, gt=0, description="gpt-oss's SwiGLU: sigmoid(alpha gate)")
   attention_bias: bool = pydantic.Field(False, description="biases on q, k, v, o (HF's key)")
-  mlp_bias: bool = pydantic.Field(
-    False, description="biases on the MLP's, moe router's and experts' (HF's key)"
-  )
+  mlp_bias: bool = pydantic.Field(False, description="biases on MLP / moe projections (HF's key)")
+  moe_routing: Literal["softmax", "sigmoid_input"] = pydantic.Field("softmax", description="jaxpe.model.moe")
+  moe_shared_expert: bool = pydantic.Field(False, description="moe: + a gated MLP of F (Llama 4)")
+  use_qk_norm: bool = pydantic.Field(False, description="Llama 4: RoPE layers' q, k / rms(.) after RoPE")
   qk_norm: bool = pydantic.Field(
     False, description="Qwen3 / Gemma 3: a norm (norm_type) over H on q and k of each head, before RoPE"
   )

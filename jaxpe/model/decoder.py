@@ -217,7 +217,8 @@ class Decoder(nnx.Module):
       slots = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
       slots = slots if slot_index is None else slot_index.astype(jnp.int32)
       k_valid = None if attention_mask is None else valid
-      mask = masks.IndexMask(slots, slots, True, k_valid, segment_ids, segment_ids)
+      # chunked layers count chunks in the tokens' positions (from each row's first real token)
+      mask = masks.IndexMask(slots, slots, True, k_valid, segment_ids, segment_ids, positions, positions)
       kv_positions, layer_caches = positions, None
     else:
       slots = cache.positions.shape[1]
@@ -233,7 +234,9 @@ class Decoder(nnx.Module):
       else:  # the new tokens against every slot: few queries run in one pass over the cache on xla
         q_index = cache.end + jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))
         k_index = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (batch, slots))
-        mask = masks.IndexMask(q_index, k_index, causal=True, k_valid=k_valid)
+        mask = masks.IndexMask(
+          q_index, k_index, causal=True, k_valid=k_valid, q_positions=positions, k_positions=k_positions
+        )
         kv_positions = k_positions
 
     q_slots = jnp.broadcast_to(jnp.arange(t_len, dtype=jnp.int32), (batch, t_len))

@@ -2,8 +2,8 @@
 attention pattern: layer types, window, chunk, soft-caps, per-layer RoPE, NoPE layers and Llama 4's
 temperature) for Mistral, Qwen3, Gemma 2, Gemma 3 (text), gpt-oss and Llama 4 (text), and
 ``config_dict_from_hf`` (every key of a ``ModelConfig``) for the families jaxpe's decoder can build
-whole: ``mistral``, ``qwen3``, ``gemma2``, ``gemma3_text``, ``gpt_oss`` (``ModelConfig.from_hf_config``
-validates it; ``jaxpe.model.hf_weights`` maps the weights).
+whole: ``mistral``, ``qwen3``, ``gemma2``, ``gemma3_text``, ``gpt_oss``, ``llama4_text``
+(``ModelConfig.from_hf_config`` validates it; ``jaxpe.model.hf_weights`` maps the weights).
 
 Read as transformers 5.x writes the configs (``PretrainedConfig.to_dict()`` or a ``config.json``
 dict): ``layer_types``, ``sliding_window``, ``attention_chunk_size``, ``attn_logit_softcapping``,
@@ -11,9 +11,9 @@ dict): ``layer_types``, ``sliding_window``, ``attention_chunk_size``, ``attn_log
 ``sliding_attention`` entry's ``rope_theta`` is ``rope_local_base_freq``), ``no_rope_layers``,
 ``attn_temperature_tuning``, ``floor_scale``, ``attn_scale``, ``query_pre_attn_scalar``.
 
-Families refused by ``config_dict_from_hf`` name the piece the decoder lacks: Llama 4 (its
-mixture-of-experts MLP with a shared expert and sigmoid routing on the input, an unweighted L2 q/k
-norm after RoPE, and chunked attention whose chunks start at a left-padded row's first real token).
+Configs refused by ``config_dict_from_hf`` name the piece the decoder lacks: Llama 4 with dense
+layers among its moe layers (``interleave_moe_layer_step`` > 1, ``moe_layers``: jaxpe's layers share
+one MLP type).
 """
 
 from __future__ import annotations
@@ -25,14 +25,9 @@ from jaxpe.ops import hf_config, hf_families
 
 PATTERN_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss", "llama4_text")
 """``model_type`` values ``pattern_from_hf_config`` reads."""
-DECODER_FAMILIES = ("mistral", "qwen3", "gemma2", "gemma3_text", "gpt_oss")
+DECODER_FAMILIES = PATTERN_FAMILIES
 """``model_type`` values ``config_dict_from_hf`` builds whole."""
-_MISSING = {
-  "llama4_text": "Llama 4's mixture-of-experts MLP (a shared expert, sigmoid routing weights applied to the "
-  "input), its unweighted L2 q/k norm after RoPE (use_qk_norm), and chunks that start at a left-padded row's "
-  "first real token (transformers' create_chunked_causal_mask; jaxpe's chunks count slots)",
-}
-ATTENTION_BIAS_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "gpt_oss")
+ATTENTION_BIAS_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "gpt_oss", "llama4_text")
 """Families whose transformers attention puts ``attention_bias`` on q, k, v and o (Mistral's has no
 biases whatever its config says)."""
 
@@ -103,6 +98,7 @@ HF_PATTERN_DEFAULTS: dict[str, dict[str, Any]] = {
   "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
   "gemma3_text": dict(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0),
   "gpt_oss": dict(rope_theta=150_000.0),
+  "llama4_text": dict(rope_theta=500_000.0),
 }
 GPT_OSS_DEFAULT_ROPE = dict(
   rope_type="yarn",
@@ -129,6 +125,17 @@ HF_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     swiglu_alpha=1.702,
     attention_bias=True,
     tie_word_embeddings=False,
+  ),
+  "llama4_text": dict(
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131_072,
+    num_local_experts=16,
+    num_experts_per_tok=1,
+    use_qk_norm=True,
+    tie_word_embeddings=False,
+    interleave_moe_layer_step=1,
   ),
 }
 
@@ -230,17 +237,25 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
   ``num_experts_per_tok``, ``swiglu_limit``, ``swiglu_alpha``, ``mlp_bias`` (its router and experts
   are biased) and ``attention_sinks``; plus ``pattern_from_hf_config``.
 
+  Llama 4: ``mlp_type='moe'`` with ``moe_routing='sigmoid_input'``, ``moe_shared_expert`` and
+  ``use_qk_norm``.
+
   Raises:
-    ValueError: Llama 4 (naming the pieces the decoder lacks), another family.
+    ValueError: another family; Llama 4 with dense layers among its moe layers.
   """
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
-  if kind not in DECODER_FAMILIES:
-    raise ValueError(
-      f"jaxpe's decoder cannot build {kind}: it lacks {_MISSING[kind]}; pattern_from_hf_config reads its "
-      "attention pattern"
-    )
-  cfg = {**HF_CONFIG_DEFAULTS.get(kind, {}), **cfg}  # keys a config.json left out: the class's default
+  cfg = {**HF_CONFIG_DEFAULTS.get(kind, {}), **cfg}
+  layers = int(cfg["num_hidden_layers"])
+  if kind == "llama4_text":
+    step = int(cfg.get("interleave_moe_layer_step") or 1)
+    moe_layers = cfg.get("moe_layers") or list(range(step - 1, layers, step))
+    if sorted(moe_layers) != list(range(layers)):
+      raise ValueError(
+        "jaxpe's decoder cannot build llama4_text with dense layers among its moe layers (its layers share "
+        f"one MLP type): moe_layers {moe_layers} of {layers} (interleave_moe_layer_step {step}); "
+        "pattern_from_hf_config reads its attention pattern"
+      )  # keys a config.json left out: the class's default
   gemma = kind.startswith("gemma")
   out: dict[str, Any] = {
     "vocab_size": int(cfg["vocab_size"]),
@@ -274,6 +289,15 @@ def config_dict_from_hf(config: Any, **overrides: Any) -> dict[str, Any]:
       swiglu_alpha=float(cfg["swiglu_alpha"]),
       mlp_bias=True,
       attention_sinks=True,
+    )
+  if kind == "llama4_text":  # Llama4TextMoe: sigmoid-weighted inputs to the top k, a shared expert
+    out.update(
+      mlp_type="moe",
+      num_local_experts=int(cfg["num_local_experts"]),
+      num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+      moe_routing="sigmoid_input",
+      moe_shared_expert=True,
+      use_qk_norm=bool(cfg["use_qk_norm"]),
     )
   out.update(pattern_from_hf_config(cfg))
   out.update(overrides)

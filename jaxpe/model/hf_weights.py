@@ -1,5 +1,5 @@
 """Hugging Face decoder weights -> jaxpe (issue 47): the state dict of a transformers Mistral,
-Qwen3, Gemma 2, Gemma 3 (text) or gpt-oss causal LM as ``Decoder`` parameters (``params_from_hf``),
+Qwen3, Gemma 2, Gemma 3 (text), gpt-oss or Llama 4 (text) causal LM as ``Decoder`` parameters (``params_from_hf``),
 and a ``Decoder`` from a transformers model (``from_hf_model``). Configs: ``jaxpe.model.hf_decoder``.
 
 Layouts: HF's ``nn.Linear`` weight ``[out, in]``; jaxpe's q/k/v kernels ``[D, N|K, H]``, the output
@@ -12,7 +12,10 @@ after attention (``post_attn_norm``), ``pre_feedforward_layernorm`` the one befo
 ``mlp.router.weight [E, D]`` / ``bias [E]`` -> ``mlp.router``; ``mlp.experts.gate_up_proj [E, D, 2F]``
 and its bias ``[E, 2F]``, gate and up interleaved (``gate_up[..., ::2]``, ``[..., 1::2]``) ->
 ``mlp.gate`` / ``mlp.up`` ``[E, D, F]`` and ``mlp.gate_bias`` / ``mlp.up_bias`` ``[E, F]``;
-``down_proj [E, F, D]`` / ``down_proj_bias [E, D]`` as they are.
+``down_proj [E, F, D]`` / ``down_proj_bias [E, D]`` as they are. Llama 4 (``Llama4TextMoe``):
+``feed_forward.router.weight`` -> ``mlp.router``, ``feed_forward.experts.gate_up_proj [E, D, 2F]``
+gate then up (``chunk(2)``) -> ``mlp.gate`` / ``mlp.up``, ``down_proj`` -> ``mlp.down``,
+``feed_forward.shared_expert.*_proj`` -> ``mlp.shared_expert``.
 torch is imported only to read tensors (``jaxpe.bloom.hf_import._to_numpy``'s rule: float32).
 """
 
@@ -81,7 +84,9 @@ def params_from_hf(state_dict: Mapping[str, Any], cfg: ModelConfig, model_type: 
     else:
       out[b + "mlp_norm.scale"] = take(p + "post_attention_layernorm.weight")
     if cfg.mlp_type == "moe":
-      out.update(_gpt_oss_experts(take, p, b))
+      out.update(
+        _llama4_experts(take, p, b, cfg.mlp_size) if cfg.moe_shared_expert else _gpt_oss_experts(take, p, b)
+      )
       continue
     for name in ("gate", "up", "down"):
       out[f"{b}mlp.{name}.kernel"] = take(f"{p}mlp.{name}_proj.weight").T
@@ -110,9 +115,23 @@ def _gpt_oss_experts(take, p: str, b: str) -> dict[str, np.ndarray]:
   }
 
 
+def _llama4_experts(take, p: str, b: str, f: int) -> dict[str, np.ndarray]:
+  """Layer ``p``'s ``Llama4TextMoe`` (router, experts, shared expert) as ``MoEMLP`` parameters under ``b``."""
+  gate_up = take(p + "feed_forward.experts.gate_up_proj")  # [E, D, 2F], gate then up (chunk)
+  out = {
+    b + "mlp.router.kernel": take(p + "feed_forward.router.weight").T,
+    b + "mlp.gate": gate_up[..., :f],
+    b + "mlp.up": gate_up[..., f:],
+    b + "mlp.down": take(p + "feed_forward.experts.down_proj"),
+  }
+  for name in ("gate", "up", "down"):
+    out[f"{b}mlp.shared_expert.{name}.kernel"] = take(f"{p}feed_forward.shared_expert.{name}_proj.weight").T
+  return out
+
+
 def from_hf_model(model: Any, **overrides: Any) -> Decoder:
   """A ``Decoder`` holding the weights of a transformers causal LM (``MistralForCausalLM``,
-  ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``GptOssForCausalLM``), its config read by
+  ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``GptOssForCausalLM``, ``Llama4ForCausalLM``), its config read by
   ``ModelConfig.from_hf_config(model.config, **overrides)``.
 
   Raises:

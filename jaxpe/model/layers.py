@@ -31,7 +31,8 @@ class Attention(nnx.Module):
   passed to the backend (``jaxpe.attention.sinks``); the encoding's per-layer parameters
   (``layer_params``, CoPE's ``cope_pos_emb``) are attributes too. Layer ``layer``'s pattern
   (``cfg.layer_pattern``: window, chunk, soft-cap) and RoPE (``pattern_options.rope_config``) apply;
-  with ``cfg.qk_norm`` it holds ``q_norm`` / ``k_norm`` (``[H]``, the ``norm_type``).
+  with ``cfg.qk_norm`` it holds ``q_norm`` / ``k_norm`` (``[H]``, the ``norm_type``); ``cfg.use_qk_norm``
+  (Llama 4) normalises q and k of RoPE layers after RoPE, without weights.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int = 0):
@@ -104,12 +105,15 @@ class Attention(nnx.Module):
       and cache_kv is None
       and isinstance(mask, masks.AttentionMask)
       and (use_rope is None or (isinstance(use_rope, bool) and use_rope))
+      and not self.cfg.use_qk_norm  # Llama 4 normalises the rotated q, k
     ):  # flash rotates q/k blocks inside its kernel (rope, xpos): q and k stay unrotated here
       rope_spec = enc.rope_spec(positions, kv_positions)
     if rope_spec is None:
       q, k = enc.encode_layer_qk(q, k, positions, use_rope)
     new_kv = None
     cfg = self.cfg
+    if cfg.use_qk_norm:  # Llama 4: after RoPE, on RoPE layers
+      q, k = llama_layers.weightless_qk_norm(q, k, use_rope, cfg.layernorm_eps)
     if cfg.attn_temperature_tuning and use_rope is not None:  # Llama 4: NoPE layers only
       t = llama_layers.temperature_scale(q_slots, cfg.floor_scale, cfg.attn_scale)
       q = (q * jnp.where(jnp.asarray(use_rope), 1.0, t)).astype(q.dtype)
@@ -222,6 +226,8 @@ class Attention(nnx.Module):
     k_all, v_all = (jnp.swapaxes(c, 1, 2) for c in new_kv)  # [B, C, K, H]
     q, _ = enc.encode_layer_qk(q, q, positions, use_rope)
     _, k_all = enc.encode_layer_qk(k_all, k_all, kv_positions, use_rope)
+    if self.cfg.use_qk_norm:  # Llama 4: after RoPE, on RoPE layers
+      q, k_all = llama_layers.weightless_qk_norm(q, k_all, use_rope, self.cfg.layernorm_eps)
     scale, sinks, pattern = self._options()
     out = kernels.attention(
       q, k_all, v_all, scale=scale, mask=mask, sinks=sinks, implementation="xla", **pattern

@@ -78,6 +78,26 @@ class GatedMLP(nnx.Module):
     return self.down(act(self.gate(x)) * self.up(x))
 
 
+def weightless_qk_norm(q: jax.Array, k: jax.Array, use_rope, eps: float) -> tuple[jax.Array, jax.Array]:
+  """Llama 4's ``use_qk_norm`` (transformers' ``Llama4TextWeightlessRMSNorm``, ``Llama4TextAttention``):
+  q ``[B, T, N, H]`` and k ``[B, S, K, H]`` each ``x / sqrt(mean(x^2) + eps)`` over H in float32,
+  back in their dtype, on RoPE layers only (``use_rope``: None = every layer rotates, a bool, or a
+  traced flag under ``scan_layers``); applied after RoPE (with its attention factor) as transformers."""
+
+  def norm(x):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + jnp.float32(eps))).astype(
+      x.dtype
+    )
+
+  if use_rope is None or use_rope is True:
+    return norm(q), norm(k)
+  if use_rope is False:
+    return q, k
+  flag = jnp.asarray(use_rope)
+  return jnp.where(flag, norm(q), q), jnp.where(flag, norm(k), k)
+
+
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
   """``cap * tanh(x / cap)`` (Gemma 2's soft-capping), or ``x`` for ``cap`` None."""
   if cap is None:

@@ -48,6 +48,9 @@ class PatternKeys(Protocol):
   num_local_experts: int | None
   num_experts_per_tok: int | None
   swiglu_limit: float | None
+  moe_routing: str
+  moe_shared_expert: bool
+  use_qk_norm: bool
 
   @property
   def rotates(self) -> bool: ...
@@ -137,8 +140,18 @@ def rope_config(cfg: PatternKeys, layer: int) -> Any:
 def check_moe_options(cfg: PatternKeys) -> None:
   """ValueError naming the key: ``mlp_type='moe'`` needs ``num_local_experts`` (E) and
   ``num_experts_per_tok`` (k) with ``k <= E``; those keys and ``swiglu_limit`` mean nothing without
-  it; gpt-oss's clamped SwiGLU (``swiglu_limit``) has no ``hidden_act``."""
+  it (nor ``moe_routing`` / ``moe_shared_expert`` off their defaults); gpt-oss's clamped SwiGLU
+  (``swiglu_limit``) has no ``hidden_act``; Llama 4's ``use_qk_norm`` needs ``pos_encoding='rope'``."""
   experts, per_tok = cfg.num_local_experts, cfg.num_experts_per_tok
+  if cfg.use_qk_norm and cfg.pos_encoding != "rope":
+    raise ValueError(
+      f"use_qk_norm normalises q and k of RoPE layers after RoPE: pos_encoding='rope', got {cfg.pos_encoding!r}"
+    )
+  if cfg.mlp_type != "moe" and (cfg.moe_routing != "softmax" or cfg.moe_shared_expert):
+    raise ValueError(
+      f"moe_routing and moe_shared_expert are keys of mlp_type='moe', got mlp_type={cfg.mlp_type!r} with "
+      f"moe_routing={cfg.moe_routing!r}, moe_shared_expert={cfg.moe_shared_expert}"
+    )
   if cfg.mlp_type == "moe":
     if experts is None or per_tok is None or per_tok > experts:
       raise ValueError(

@@ -9,8 +9,9 @@ ring slot ``g % W``. Before a chunk of T new tokens at slots ``end .. end + T - 
 slot j holds slot ``g_j = end - 1 - ((end - 1 - j) mod W)`` (the last slot below ``end`` that maps
 to j) if ``g_j >= 0``, else nothing. The chunk attends to the W ring slots (their positions and
 validity read from the cache's ``[B, S]`` columns at ``g_j``) and to its own T keys, under an
-``IndexMask`` of those slot indices with the layer's window or chunk (distances are slot indices,
-exact past any number of wraps); then its last ``min(T, W)`` keys overwrite their ring slots. An
+``IndexMask`` of those slot indices with the layer's window (distances are slot indices, exact
+past any number of wraps) or chunk (counted in the tokens' positions, read from the same columns:
+from each row's first real token under left padding, as transformers); then its last ``min(T, W)`` keys overwrite their ring slots. An
 empty ring slot is given index ``end + T + j`` (after every query: causally masked, and invalid).
 
 Source: the ring buffer of transformers' ``SlidingWindowLayer`` (``cache_utils``), whose wrap
@@ -72,4 +73,8 @@ def ring_keys(
   k_all = jnp.concatenate([jnp.swapaxes(cache_kv[0], 1, 2), k.astype(cache_kv[0].dtype)], axis=1)
   v_all = jnp.concatenate([jnp.swapaxes(cache_kv[1], 1, 2), v.astype(cache_kv[1].dtype)], axis=1)
   valid = jnp.concatenate([ring_valid, new_valid], axis=1)
-  return k_all, v_all, masks.IndexMask(mask.q_index, index, mask.causal, valid), positions
+  chunk_pos = None if mask.q_positions is None else (mask.q_positions, positions)  # chunks: positions
+  ring_mask = masks.IndexMask(
+    mask.q_index, index, mask.causal, valid, None, None, *(chunk_pos or (None, None))
+  )
+  return k_all, v_all, ring_mask, positions

@@ -47,7 +47,7 @@ this order); from the vendors' data sheets (NVIDIA H100/H200 SXM, A100, L4; Goog
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   """Model FLOPs of one training token (forward and backward) of a decoder ``cfg`` on sequences of
   ``seq_len`` tokens: per layer the q, k, v, o projections, the MLP (a moe MLP: its router and the k
-  experts a token runs, ``jaxpe.model.moe``'s ragged form), causal attention's two products
+  experts a token runs, ``jaxpe.model.moe``'s ragged form, and a shared expert), causal attention's two products
   (q.k over the dims the encoding gives q and k: rope_alibi's 2k augmented dims too) and the
   encoding's own matmuls (``PositionalEncoding.matmul_flops_per_token``: FIRE's MLP over the causal
   pairs, CoPE's ``q @ pos_emb``); the logits once. Raises ValueError for ``seq_len < 1``."""
@@ -59,7 +59,7 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   hk = enc.cache_key()[0]  # the dims of q.k in attention (the encoded keys)
   mlp = (3 if cfg.mlp_type == "gated" else 2) * d * f  # a gated MLP's gate, up and down
   if cfg.mlp_type == "moe":  # the router, and the k experts a token is routed to (jaxpe.model.moe)
-    mlp = d * cfg.num_local_experts + cfg.num_experts_per_tok * 3 * d * f
+    mlp = d * cfg.num_local_experts + (cfg.num_experts_per_tok + int(cfg.moe_shared_expert)) * 3 * d * f
   projections = d * n * hq + d * kv * hq + d * kv * h + n * h * d + mlp
   # q k^T and p v over the keys each query sees: the causal half, or its window / chunk (issue 47)
   attention = n * (hk + h) * _mean_keys_per_query(cfg, seq_len)

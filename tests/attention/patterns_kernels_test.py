@@ -18,7 +18,7 @@ from patterns_test import (
   _reference,
 )  # tests/attention/patterns_test.py
 
-from jaxpe.attention import AlibiSpec, AttentionMask, attention, cudnn, patterns
+from jaxpe.attention import AlibiSpec, AttentionMask, attention, cpu_flash_attention, cudnn, patterns
 
 B, N = 2, 4
 
@@ -35,6 +35,10 @@ def _splash_case(name, grad):
   pos = np.broadcast_to(np.arange(t), (B, t))
   allowed = _allowed(pos, pos, causal=True, k_valid=valid, q_seg=seg, k_seg=seg, **_pattern(opts))
   mask = AttentionMask(valid=valid, segment_ids=seg, causal=True)
+  if "chunk_size" in opts:  # splash counts chunks from slot 0: chunks with padding / packing are refused
+    valid = np.ones((B, t), bool)
+    allowed = _allowed(pos, pos, causal=True, **_pattern(opts))
+    mask = AttentionMask(causal=True)
 
   def fn(q, k, v):
     return attention(
@@ -82,6 +86,21 @@ def test_cudnn_window_is_jax_nn_local_window_size(monkeypatch):
     np, *(np.asarray(x, np.float64) for x in (q, k, v)), _allowed(pos, pos, causal=True, window=(5, 0))
   )
   np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", ["splash", "flash"])
+@pytest.mark.parametrize(
+  "mask",
+  [AttentionMask(valid=np.ones((B, 16), bool)), AttentionMask(segment_ids=np.zeros((B, 16), np.int32))],
+)
+def test_chunks_with_padding_or_packing_refused_on_kernels(impl, mask):
+  """The kernels count chunks from slot 0, transformers from each row's first real token: chunk_size
+  with padding or segment ids is refused by name there, and 'auto' runs xla."""
+  q, k, v, _ = _data(16)
+  with pytest.raises(ValueError, match=f"{impl!r} cannot run chunk_size with an AttentionMask"):
+    attention(q, k, v, scale=SCALE, mask=mask, implementation=impl, interpret=True, chunk_size=4)
+  with pytest.raises(ValueError, match="cpu_flash_attention cannot run chunk_size with k_valid"):
+    cpu_flash_attention(q, k, v, scale=SCALE, causal=True, k_valid=np.ones((B, 16), bool), chunk_size=4)
 
 
 @pytest.mark.parametrize(

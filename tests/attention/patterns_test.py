@@ -27,8 +27,26 @@ OPTIONS = {
 COMPOSED = ["window", "all"]
 
 
-def _allowed(q_pos, k_pos, *, causal=False, k_valid=None, q_seg=None, k_seg=None, window=None, chunk=None):
-  """float64-side mask [B, 1, T, S] from positions, written out independently."""
+def _doc_positions(valid, seg):
+  """[B, T] each token's position in its document (a run of equal ids), from its first real token
+  (as transformers counts chunks: create_chunked_causal_mask, position_ids of packed rows), in loops."""
+  out = np.zeros(valid.shape, np.int64)
+  for b in range(valid.shape[0]):
+    first = None
+    for t in range(valid.shape[1]):
+      if t == 0 or seg[b, t] != seg[b, t - 1]:
+        first = None
+      if first is None and valid[b, t]:
+        first = t
+      out[b, t] = 0 if first is None else t - first
+  return out
+
+
+def _allowed(
+  q_pos, k_pos, *, causal=False, k_valid=None, q_seg=None, k_seg=None, window=None, chunk=None, chunk_pos=None
+):
+  """float64-side mask [B, 1, T, S] from positions, written out independently (``chunk_pos``: the
+  (q, k) positions the chunks count, default q_pos / k_pos)."""
   qp, kp = np.asarray(q_pos)[:, :, None], np.asarray(k_pos)[:, None, :]
   ok = np.ones(np.broadcast_shapes(qp.shape, kp.shape), bool)
   if causal:
@@ -41,7 +59,8 @@ def _allowed(q_pos, k_pos, *, causal=False, k_valid=None, q_seg=None, k_seg=None
     left, right = (window, window) if isinstance(window, int) else window
     ok &= (kp >= qp - left) & (kp <= qp + right)
   if chunk is not None:
-    ok &= qp // chunk == kp // chunk
+    qc, kc = (qp, kp) if chunk_pos is None else (chunk_pos[0][:, :, None], chunk_pos[1][:, None, :])
+    ok &= qc // chunk == kc // chunk
   return ok[:, None]
 
 
@@ -137,7 +156,10 @@ def test_blockwise_padding_packing_alibi_sinks(name, path):
   sinks = np.array([0.3, -1.0, 2.0, 0.0], np.float32)
   spec = AlibiSpec(slopes, pos, pos, max_position=1024)
   bias = -slopes[None, :, None, None] * (pos[:, None, :, None] - pos[:, None, None, :])
-  allowed = _allowed(pos, pos, causal=True, k_valid=valid, q_seg=seg, k_seg=seg, **_pattern(opts))
+  doc = _doc_positions(valid, seg)  # chunks from each document's first real token
+  allowed = _allowed(
+    pos, pos, causal=True, k_valid=valid, q_seg=seg, k_seg=seg, chunk_pos=(doc, doc), **_pattern(opts)
+  )
   mask = AttentionMask(valid=valid, segment_ids=seg, causal=True)
 
   def fn(q, k, v):

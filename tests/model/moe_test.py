@@ -131,6 +131,10 @@ def test_flops_count_the_router_and_k_experts():
   gated = train_flops_per_token(ModelConfig(**BASE, mlp_type="gated"), 16)
   routed = train_flops_per_token(ModelConfig(**PLAIN), 16)
   assert routed - gated == pytest.approx(6 * (D * E + (K - 1) * 3 * D * F))
+  shared = train_flops_per_token(
+    ModelConfig(**PLAIN, moe_routing="sigmoid_input", moe_shared_expert=True), 16
+  )
+  assert shared - routed == pytest.approx(6 * 3 * D * F)  # Llama 4's shared expert: one more gated MLP
 
 
 @pytest.mark.parametrize(

@@ -88,8 +88,14 @@ def test_pattern_keys_from_the_six_families():
   )  # use_sliding_window False
   for c in (gemma2, gemma3, oss, llama4):  # each validates as ModelConfig keys
     ModelConfig(**{**c, "num_layers": len(c["layer_types"])})
-  with pytest.raises(ValueError, match="mixture-of-experts"):
-    config_dict_from_hf(tf.Llama4TextConfig(num_hidden_layers=4))
+  built = config_dict_from_hf(tf.Llama4TextConfig(num_hidden_layers=4))  # built whole (hf_llama4_parity_test)
+  assert (built["mlp_type"], built["moe_routing"], built["moe_shared_expert"]) == (
+    "moe",
+    "sigmoid_input",
+    True,
+  )
+  with pytest.raises(ValueError, match="dense layers among its moe layers"):  # one MLP type per model
+    config_dict_from_hf(tf.Llama4TextConfig(num_hidden_layers=4, interleave_moe_layer_step=2))
   with pytest.raises(ValueError, match="model_type"):
     pattern_from_hf_config({"model_type": "llama", "num_hidden_layers": 2})
 
