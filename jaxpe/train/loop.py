@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,29 +80,6 @@ def agree_on_stop(stop: run_guard.StopRequest) -> bool:
   return True
 
 
-@dataclass
-class _Timing:
-  """This process's step times: the first step (and the first after a fit) compiles and is not
-  counted in tokens/s."""
-
-  tokens: int = 0
-  seconds: float = 0.0
-  steps: int = 0  # steps this process ran
-  first_dt: float = 0.0
-  compiled: bool = False
-
-  def add(self, dt: float, tokens: int) -> None:
-    self.steps += 1
-    if self.compiled:
-      self.tokens, self.seconds = self.tokens + tokens, self.seconds + dt
-    else:
-      self.first_dt, self.compiled = self.first_dt or dt, True
-
-  @property
-  def tokens_per_second(self) -> float:
-    return self.tokens / self.seconds if self.seconds else 0.0
-
-
 class _Training:
   """One run's loop; each method is one named step of it (``run_training`` calls them in order)."""
 
@@ -112,7 +88,7 @@ class _Training:
     self.corpus, self.fingerprint, self.saved_config = corpus, fingerprint, saved_config
     self.primary = jax.process_index() == 0  # writes config.json, metrics, plot, summary; prints
     self.progress = progress and self.primary
-    self.timing = _Timing()
+    self.timing = pacing.StepTiming()
     self.unit = run_log.score_unit(cfg)  # what the bits are per: byte, token (data.tokens), answer (task)
     self.loss, self.eval_bpb = float("nan"), float("nan")
     self.peak: float | None = None  # the devices' peak FLOP/s for MFU (None: not known)
@@ -239,15 +215,12 @@ class _Training:
       out_of_time = self.out_of_time()
       last = self.run.step == self.target or out_of_time
       if self.run.step % self.cfg.eval_every == 0 or last:
-        self.eval_bpb = record[f"eval_bits_per_{self.unit}"] = self.evaluate()
-        per_byte = ""
-        if not math.isnan(self.bytes_per_token):  # a token run whose tokenizer gives each token's bytes
-          record["eval_bits_per_byte"] = self.eval_bpb / self.bytes_per_token
-          per_byte = f", {record['eval_bits_per_byte']:.3f} bits/byte"
-        log.write(
-          f"step {self.run.step}: held-out {self.eval_bpb:.3f} bits/{self.unit}{per_byte} "
-          f"(unigram {self.unigram:.3f} bits/{self.unit})"
+        self.eval_bpb = self.evaluate()
+        held_out, line = run_log.held_out_report(
+          self.run.step, self.eval_bpb, self.unit, self.unigram, self.bytes_per_token
         )
+        record.update(held_out)
+        log.write(line)
       log.step(record)
       if self.run.step % self.cfg.checkpoint_every == 0 or last:
         log.sync()  # what the checkpoint covers is on disk before it (metrics, TensorBoard)

@@ -4,7 +4,8 @@
 step time measured after the first steps, so the learning-rate schedule (warmup + cosine decay) can
 be shortened to end within the budget instead of being cut off mid-decay. ``Progress`` is a tqdm bar
 on a terminal and a plain line every ``every_seconds`` in a log file or CI (no carriage-return
-redraws).
+redraws). ``StepTiming`` keeps a process's step times (the compiling first step apart) for
+tokens/s.
 """
 
 from __future__ import annotations
@@ -154,3 +155,26 @@ class Progress:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+@dataclass
+class StepTiming:
+  """This process's step times: the first step (and the first after a fit) compiles and is not
+  counted in tokens/s."""
+
+  tokens: int = 0
+  seconds: float = 0.0
+  steps: int = 0  # steps this process ran
+  first_dt: float = 0.0
+  compiled: bool = False
+
+  def add(self, dt: float, tokens: int) -> None:
+    self.steps += 1
+    if self.compiled:
+      self.tokens, self.seconds = self.tokens + tokens, self.seconds + dt
+    else:
+      self.first_dt, self.compiled = self.first_dt or dt, True
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.tokens / self.seconds if self.seconds else 0.0

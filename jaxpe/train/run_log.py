@@ -85,6 +85,20 @@ def unit_key(key: str, unit: str) -> str:
   return key[: -len("byte")] + unit if key.endswith("_bits_per_byte") else key
 
 
+def held_out_report(
+  step: int, bits: float, unit: str, unigram: float, bytes_per_token: float
+) -> tuple[dict[str, float], str]:
+  """The metrics record's held-out keys and the log line of an evaluation at ``step``: ``bits`` per
+  ``unit`` (``score_unit``) beside the unigram baseline; for a token run whose tokenizer gives each
+  token's bytes (``bytes_per_token`` not NaN), also ``eval_bits_per_byte`` = bits / bytes_per_token."""
+  record = {f"eval_bits_per_{unit}": bits}
+  per_byte = ""
+  if not math.isnan(bytes_per_token):
+    record["eval_bits_per_byte"] = bits / bytes_per_token
+    per_byte = f", {record['eval_bits_per_byte']:.3f} bits/byte"
+  return record, f"step {step}: held-out {bits:.3f} bits/{unit}{per_byte} (unigram {unigram:.3f} bits/{unit})"
+
+
 @dataclass
 class TrainResult:
   """What a run reports at the end (also written to ``<workdir>/summary.json``).
