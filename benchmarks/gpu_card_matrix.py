@@ -26,6 +26,38 @@ ENCODINGS = ("none", "alibi", "rope_alibi")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
+def table(rows: list[dict]) -> list[str]:
+  """Markdown: one line per backend x dtype x encoding, one column per H, cells ``forward / gradient``
+  MiB of temporaries (``cuDNN``/``Triton`` noted for ``auto``), or why it did not compile."""
+  dims = sorted({r["head_dim"] for r in rows})
+  chip = rows[0]["chip"]
+  out = [
+    f"| backend | dtype | encoding | {' | '.join(f'H {d}' for d in dims)} |",
+    "| --- | --- | --- |" + " --- |" * len(dims),
+  ]
+  keys = list(dict.fromkeys((r["backend"], r["dtype"], r["encoding"]) for r in rows))
+  for key in keys:
+    cells = []
+    for d in dims:
+      got = {
+        r["program"]: r for r in rows if (r["backend"], r["dtype"], r["encoding"], r["head_dim"]) == (*key, d)
+      }
+      if len(got) < 2:
+        cell = "not run"
+      elif all(r["compiled"] for r in got.values()):
+        cell = " / ".join(f"{got[p]['temp_mib']:.2f}" for p in ("forward", "gradient"))
+        if key[0] == "auto":
+          cell += " (cuDNN)" if "cudnn_fmha" in got["forward"]["kernels"] else " (Triton)"
+      else:
+        err = next(r["error"] for r in got.values() if not r["compiled"])
+        cell = (
+          "refused: H > 128 on sm_80" if "up to 128 on compute capability" in err else "FAIL: " + err[:60]
+        )
+      cells.append(cell)
+    out.append(f"| {' | '.join(key)} | {' | '.join(cells)} |")
+  return [f"Compiled for {chip}: MiB of temporaries, forward / gradient.", "", *out]
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--chip", default="a100", choices=("h100", "h200", "a100"))
@@ -34,7 +66,11 @@ def main(argv=None) -> int:
   parser.add_argument("--dtypes", default="bfloat16,float32")
   parser.add_argument("--encodings", default=",".join(ENCODINGS))
   parser.add_argument("--json", type=Path, required=True)
+  parser.add_argument("--table-only", action="store_true", help="print the table of --json's rows")
   args = parser.parse_args(argv)
+  if args.table_only:
+    print("\n".join(table(json.loads(args.json.read_text()))))
+    return 0
   if not lc.gpu_plugin_installed():
     print('jax\'s CUDA plugin is not installed: pip install "jaxpe[gpu-compile]"')
     return 2
@@ -61,6 +97,7 @@ def main(argv=None) -> int:
             cells.append(f"ok, {row['temp_mib']:.2f} MiB" if ok else "FAIL: " + row["error"][:80])
           print(f"| {backend} | {dtype} | {enc} | {dim} | {' | '.join(cells)} |", flush=True)
           args.json.write_text(json.dumps(rows, indent=1) + "\n")
+  print("\n".join(table(rows)))
   return 0
 
 
