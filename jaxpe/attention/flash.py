@@ -105,24 +105,29 @@ EXTRA_LANES = 64
 """Float32 lanes a row of emulation dims is counted as at least (``gpu_block``), four copies: Triton
 lays the narrow float32 ``[rows, E]`` operands of the backward's extra matmuls out wider than E."""
 
+SLACK = 2048
+"""Bytes ``gpu_block`` adds to every kernel's count (Triton's barriers and rounding; measured below)."""
+
 
 def gpu_block(
   width: int, v_width: int, itemsize: int, extra_width: int = 0, budget: int | None = None
 ) -> int:
   """Rows per q and k block of the Triton kernels (``target="gpu"``): the largest power of two
-  <= ``MAX_BLOCK`` (and >= 16) whose rows fit ``budget`` bytes of shared memory, by default the
+  <= ``MAX_BLOCK`` (and >= 16) whose bytes fit ``budget`` bytes of shared memory, by default the
   card's (``gpu_cards.shared_memory()``: 232448 on an H100 / H200, 166912 on an A100, 101376 on an
   L4; the card a program is built for, ``gpu_cards.card``).
 
-  A block row is counted as ``PIPELINE_ROWS * (width + v_width) * itemsize`` bytes plus, with
-  emulation dims, ``4 * 4 * max(extra_width, EXTRA_LANES)``. Fitted to what Triton asked for at 128
-  rows, B 2 x T 256 x N 4 (``XLA: requested ...``, deviceless A100 compile with the limit lowered;
-  the largest of the forward, dq and dk/dv kernels where noted): bf16 H 128 forward 98816 (counted
-  131072), bf16 H 256 forward 229888 (262144), float32 H 128 forward 262656 (262144 + the 512 bytes
-  of slack every kernel asks), bf16 H 64 with 2 emulation dims gradient 167424 (196608), bf16 H 128
-  with 2 emulation dims gradient 199168 (262144). So: bf16 H 128 128 rows on an H100 and an A100;
-  bf16 H 256, float32 H 128 64 rows on both; bf16 H 64 with emulation dims 128 on an H100 and 64 on
-  an A100 (its 167424 bytes exceed 166912); float32 H 256 32.
+  A block of b rows is counted as ``b * PIPELINE_ROWS * (width + v_width) * itemsize`` (q/k and v
+  blocks) ``+ b * b * itemsize`` (the backward's ``[b, b]`` probability / score tile, an operand of
+  its transposed matmuls) ``+ b * 16 * max(extra_width, EXTRA_LANES)`` (emulation dims, when any)
+  ``+ SLACK``. Fitted to what Triton asked for at 128 rows, B 2 x T 256 x N 4 (XLA's "requested
+  ...", deviceless A100 compiles; the largest kernel of the gradient where noted): bf16 H 128
+  forward 98816 and the gradient within 166912 (counted 165888), bf16 H 256 forward 229888 (297984),
+  float32 H 128 forward 262656 (329728), float32 H 64 gradient 198144 (198656), bf16 H 64 with 2
+  emulation dims gradient 167424 (231424), bf16 H 128 with them 199168 (297984). So: bf16 H <= 128
+  128 rows on an H100 and an A100; bf16 H 256, float32 H 80-128 64 on both; float32 H 64 and bf16 H
+  64 with emulation dims 128 on an H100, 64 on an A100 (198144 and 167424 bytes exceed its 166912);
+  float32 H 256 32. On an H100 the same blocks as the first count (``3 x b x row bytes``) gave.
 
   Args:
     width: padded q/k head dim D. v_width: padded v head dim Dv. itemsize: bytes of q/k/v's dtype.
@@ -131,16 +136,12 @@ def gpu_block(
   """
   if budget is None:
     budget = gpu_cards.shared_memory()
-  extra = 4 * 4 * max(extra_width, EXTRA_LANES) if extra_width else 0
+  extra = 16 * max(extra_width, EXTRA_LANES) if extra_width else 0
   row = PIPELINE_ROWS * (width + v_width) * itemsize + extra
   block = MAX_BLOCK
-  while block > 16 and block * row + SLACK > budget:
+  while block > 16 and block * (row + block * itemsize) + SLACK > budget:
     block //= 2
   return block
-
-
-SLACK = 512
-"""Bytes every Triton kernel asked for beyond its blocks (the measurements of ``gpu_block``)."""
 
 
 def default_block(

@@ -24,8 +24,10 @@ FLASH_AT_128 = [  # (D, Dv, itemsize, E, bytes Triton asked at 128 rows: the lar
   (128, 128, 4, 0, 262656),
   (64, 64, 2, 2, 167424),
   (128, 128, 2, 2, 199168),
+  (64, 64, 4, 0, 198144),
 ]
 PALLAS_AT_128 = [(128, 2, 98816), (256, 2, 229888), (128, 4, 197120)]  # (D, itemsize, bytes)
+PALLAS_BACKWARD_AT_32 = [(512, 4, 262528)]  # float32 H 256 + ALiBi emulation dims, padded to 512
 
 
 def test_the_table_is_the_guides():
@@ -43,6 +45,9 @@ def test_no_card_gets_a_128_row_block_triton_cannot_hold(cc):
     assert block < 128 or asked <= budget, (cc, d, itemsize, extra)
   for d, itemsize, asked in PALLAS_AT_128:
     assert pallas_gpu.forward_block(d, itemsize, budget) < 128 or asked <= budget, (cc, d, itemsize)
+  for d, itemsize, asked in PALLAS_BACKWARD_AT_32:
+    back = pallas_gpu.forward_block(d, itemsize, budget, cap=pallas_gpu.BACKWARD_BLOCK)
+    assert back < 32 or asked <= budget, (cc, d, itemsize)
 
 
 def test_blocks_do_not_shrink_where_the_card_holds_them():
