@@ -69,7 +69,8 @@ def main(argv=None) -> int:
   parser.add_argument("--table-only", action="store_true", help="print the table of --json's rows")
   args = parser.parse_args(argv)
   if args.table_only:
-    print("\n".join(table(json.loads(args.json.read_text()))))
+    data = json.loads(args.json.read_text())
+    print("\n".join(table(data["rows"] if isinstance(data, dict) else data)))
     return 0
   if not lc.gpu_plugin_installed():
     print('jax\'s CUDA plugin is not installed: pip install "jaxpe[gpu-compile]"')
