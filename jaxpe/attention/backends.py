@@ -61,7 +61,8 @@ ALIBI_FORMS: tuple[str, ...] = ("lean", "exact", "rotated")
 # Backends that read v at its own head dim (q/k padded separately); the others pad v to q/k's width
 # (cudnn through jax.nn.dot_product_attention, which requires one H; pallas_gpu's mha).
 OWN_V_DIM: tuple[str, ...] = ("xla", "splash")
-# Largest head dim (after the emulation dims and padding) cuDNN's flash attention accepts.
+# Largest head dim (after the emulation dims and padding) cuDNN's flash attention accepts from compute
+# capability 9.0 (Hopper); 128 before (an A100): gpu_cards.cudnn_max_head_dim, per card.
 CUDNN_MAX_HEAD_DIM = 256
 
 

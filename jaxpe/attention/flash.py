@@ -65,7 +65,8 @@ Mosaic also compile the TPU kernels on CPU for a deviceless topology: every opti
 backward, bf16 and float32, compiles for v4, v5e, v5p and v6e (tests/attention/tpu_compile_test.py
 for v5e and v6e; docs/accelerator.md). Interpret mode proves the numerics of the kernels'
 arithmetic on CPU. With jax's CUDA plugin, XLA:GPU, Triton and ptxas compile the GPU kernels for a
-deviceless H100 (shared-memory limit included; ``gpu_block`` sizes the blocks for it): H 64, 80,
+deviceless H100 and A100 (shared-memory limit included; ``gpu_block`` sizes the blocks for the card,
+``gpu_cards``): H 64, 80,
 96, 128 and 256, with and without ALiBi and emulation dims, bf16 and float32, forward and gradient
 (tests/attention/gpu_compile_test.py; docs/accelerator.md). The speed, and the
 numerics of the GPU / TPU matmul units (float32 operands at HIGHEST, bf16 at DEFAULT: exact
@@ -84,7 +85,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import flash_kernels, flash_tpu, patterns
+from jaxpe.attention import flash_kernels, flash_tpu, gpu_cards, patterns
 from jaxpe.attention.backends import AlibiSpec, kernel_length, padded_head_dim
 from jaxpe.attention.fused import check_kernel_operands
 from jaxpe.attention.masks import AttentionMask, dense_segment_ids, kernel_segment_ids
@@ -94,44 +95,51 @@ from jaxpe.ops import checks as _checks
 MAX_BLOCK = 128
 """Rows per q and k block (T up to 128 runs as one block of the next power of two >= 16)."""
 
-SHARED_MEMORY = 232448
-"""Bytes of shared memory one Triton program may use on an H100 / H200 (227 KiB; XLA's
-"available: 232448"): ``gpu_block``'s budget."""
-
-PIPELINE_ROWS = 3
-"""Row copies a Triton flash kernel holds per block row: its own side's block (q, or k and v) once,
-the other side's blocks in ``num_stages`` = 2 pipeline buffers (``flash_kernels.triton_params``)."""
+PIPELINE_ROWS = 2
+"""Copies of a q/k row plus a v row ``gpu_block`` counts per block row of a Triton flash kernel (the
+other side's blocks in ``num_stages`` = 2 pipeline buffers, ``flash_kernels.triton_params``; its own
+side's block and Triton's layout scratch fit in what that leaves: measured below)."""
 
 
-EXTRA_LANES = 32
-"""Float32 lanes a row of emulation dims is counted as at least (``gpu_block``): Triton lays the
-narrow float32 ``[rows, E]`` operands of the backward's extra matmuls out wider than E. Measured on
-the deviceless H100 compile: bf16 H 128 with 2 precise dims asked 264704 bytes in the gradient at
-128 rows (counted as E = 2: 199680, within 232448), H 80 / 96 (padded to 128) 298496."""
+EXTRA_LANES = 64
+"""Float32 lanes a row of emulation dims is counted as at least (``gpu_block``), four copies: Triton
+lays the narrow float32 ``[rows, E]`` operands of the backward's extra matmuls out wider than E."""
+
+SLACK = 2048
+"""Bytes ``gpu_block`` adds to every kernel's count (Triton's barriers and rounding; measured below)."""
 
 
-def gpu_block(width: int, v_width: int, itemsize: int, extra_width: int = 0) -> int:
+def gpu_block(
+  width: int, v_width: int, itemsize: int, extra_width: int = 0, budget: int | None = None
+) -> int:
   """Rows per q and k block of the Triton kernels (``target="gpu"``): the largest power of two
-  <= ``MAX_BLOCK`` (and >= 16) whose pipelined rows fit ``SHARED_MEMORY``.
+  <= ``MAX_BLOCK`` (and >= 16) whose bytes fit ``budget`` bytes of shared memory, by default the
+  card's (``gpu_cards.shared_memory()``: 232448 on an H100 / H200, 166912 on an A100, 101376 on an
+  L4; the card a program is built for, ``gpu_cards.card``).
 
-  A block row of q/k takes ``width * itemsize`` bytes plus ``4 * max(extra_width, EXTRA_LANES)``
-  (the float32 emulation dims, when there are any), of v ``v_width * itemsize``; the forward, dq and
-  dk/dv kernels each hold ``PIPELINE_ROWS * block * (q/k row + v row)`` bytes at most (dq: q and do
-  once, k and v twice; dk/dv: k and v once, q and do twice; the forward needs less). bf16 H 128:
-  3 x 128 x (256 + 256) = 196608 bytes (128 rows); bf16 H 256: 3 x 128 x (512 + 512) = 393216 >
-  232448 (the forward asked Triton for 328192), so 64 rows (196608); float32 H 128 likewise 64,
-  float32 H 256 32; bf16 H 128 with emulation dims 3 x 128 x (256 + 128 + 256) = 245760, so 64.
-  The budget is an H100's; an A100 has 166912 bytes, and the blocks chosen here compiled for it too
-  where checked (bf16 H 128 forward and gradient, bf16 H 256 and float32 H 128 gradient).
+  A block of b rows is counted as ``b * PIPELINE_ROWS * (width + v_width) * itemsize`` (q/k and v
+  blocks) ``+ b * b * itemsize`` (the backward's ``[b, b]`` probability / score tile, an operand of
+  its transposed matmuls) ``+ b * 16 * max(extra_width, EXTRA_LANES)`` (emulation dims, when any)
+  ``+ SLACK``. Fitted to what Triton asked for at 128 rows, B 2 x T 256 x N 4 (XLA's "requested
+  ...", deviceless A100 compiles; the largest kernel of the gradient where noted): bf16 H 128
+  forward 98816 and the gradient within 166912 (counted 165888), bf16 H 256 forward 229888 (297984),
+  float32 H 128 forward 262656 (329728), float32 H 64 gradient 198144 (198656), bf16 H 64 with 2
+  emulation dims gradient 167424 (231424), bf16 H 128 with them 199168 (297984). So: bf16 H <= 128
+  128 rows on an H100 and an A100; bf16 H 256, float32 H 80-128 64 on both; float32 H 64 and bf16 H
+  64 with emulation dims 128 on an H100, 64 on an A100 (198144 and 167424 bytes exceed its 166912);
+  float32 H 256 32. On an H100 the same blocks as the first count (``3 x b x row bytes``) gave.
 
   Args:
     width: padded q/k head dim D. v_width: padded v head dim Dv. itemsize: bytes of q/k/v's dtype.
-    extra_width: padded emulation dims E (``precise_dims``; float32), 0 without.
+    extra_width: padded emulation dims E (``precise_dims``; float32), 0 without. budget: bytes of
+    shared memory per block (default: the card's).
   """
-  extra = 4 * max(extra_width, EXTRA_LANES) if extra_width else 0
-  row = PIPELINE_ROWS * (width * itemsize + extra + v_width * itemsize)
+  if budget is None:
+    budget = gpu_cards.shared_memory()
+  extra = 16 * max(extra_width, EXTRA_LANES) if extra_width else 0
+  row = PIPELINE_ROWS * (width + v_width) * itemsize + extra
   block = MAX_BLOCK
-  while block > 16 and block * row > SHARED_MEMORY:
+  while block > 16 and block * (row + block * itemsize) + SLACK > budget:
     block //= 2
   return block
 

@@ -34,8 +34,8 @@ rows from their refs (no value ``slice``, which the Triton lowering lacks). Each
 other side's blocks from the whole sequence in HBM (GPU memory, so T is not bounded by the chip's
 SRAM). Lowered for ``"cuda"`` on CPU (tests/attention/flash_lowering_test.py) every option emits
 ``__gpu$xla.gpu.triton``; with jax's CUDA plugin Triton and ptxas also compile them for a
-deviceless H100 (tests/attention/gpu_compile_test.py: shared memory within 232448 bytes, the block
-rows from ``flash.gpu_block``); speed and the numerics of the tensor cores are proven only on a GPU.
+deviceless H100 and A100 (tests/attention/gpu_compile_test.py: shared memory within the card's
+232448 / 166912 bytes, the block rows from ``flash.gpu_block`` for the card, ``gpu_cards``); speed and the numerics of the tensor cores are proven only on a GPU.
 
 Shape alphabet: B batch, T tokens, N heads, K kv heads, G = N / K, D q/k dims, Dv v dims,
 E emulation dims.

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpe.attention import cudnn, pallas_gpu, splash
+from jaxpe.attention import cudnn, gpu_cards, pallas_gpu, splash
 from jaxpe.attention.backends import (
   CUDNN_MAX_HEAD_DIM,
   AlibiSpec,
@@ -189,8 +189,12 @@ def prepare(
 
   dtype = _kernel_dtype(impl, v.dtype, emulated=bool(q_parts))
   dim = padded_head_dim(impl, head_dim + sum(p.shape[-1] for p in q_parts))
-  if impl == "cudnn" and dim > CUDNN_MAX_HEAD_DIM:
-    raise ValueError(f"cudnn takes head dims up to {CUDNN_MAX_HEAD_DIM}; H + emulation dims = {dim}")
+  if impl == "cudnn" and dim > (limit := gpu_cards.cudnn_max_head_dim()):
+    cc = ".".join(map(str, gpu_cards.card()))
+    raise ValueError(
+      f"cudnn takes head dims up to {limit} on compute capability {cc} (the card built for; "
+      f"{CUDNN_MAX_HEAD_DIM} from 9.0); H + emulation dims = {dim}"
+    )
   qf = _assemble(q_parts, q_cont, dim, dtype)
   kf = _assemble(k_parts, k_cont, dim, dtype)
   vf = _assemble([], v, padded_v_dim(impl, head_dim, dim), dtype)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import jax
 
+from jaxpe.attention import gpu_cards
 from jaxpe.errors import MissingExtraError
 
 __all__ = ["CHIPS", "TARGETS", "Chip", "Target", "compile_devices", "target"]
@@ -118,18 +119,19 @@ TPU_ENVIRONMENT = {
 }
 """Environment libtpu reads when it loads (the first ``get_topology_desc``); set where unset."""
 
-_GPU_INFO = {  # per card: XLA's target specs (xla/backends/gpu/target_config/specs/*.txtpb)
+_GPU_INFO = {  # per card: XLA's target specs (xla/backends/gpu/target_config/specs/*.txtpb); the
+  # compute capability and shared memory per block: jaxpe.attention.gpu_cards (one table)
   "h100": dict(
     smem_core=233472, cores=132, fpus=128, bandwidth=3352320000000, l2=52428800, clock=1.98,
-    memory=84929347584, smem_optin=232448, cc=9, name="NVIDIA H100 80GB HBM3",
+    memory=84929347584, name="NVIDIA H100 80GB HBM3",
   ),
   "h200": dict(
     smem_core=233472, cores=132, fpus=128, bandwidth=4800000000000, l2=52428800, clock=1.98,
-    memory=151397597184, smem_optin=232448, cc=9, name="NVIDIA H200 141GB HBM3e",
+    memory=151397597184, name="NVIDIA H200 141GB HBM3e",
   ),
   "a100": dict(
     smem_core=167936, cores=108, fpus=64, bandwidth=2039040000000, l2=41943040, clock=1.41,
-    memory=85100068864, smem_optin=166912, cc=8, name="NVIDIA A100-SXM4-80GB",
+    memory=85100068864, name="NVIDIA A100-SXM4-80GB",
   ),
 }  # fmt: skip
 
@@ -139,13 +141,15 @@ def gpu_target_config(chip: str) -> str:
   ``get_topology_desc(platform="cuda", target_config=...)`` compiles for (cuDNN 9.8, CUDA 12.8: what
   jax 0.10's CUDA plugin ships). Raises KeyError for another chip."""
   g = _GPU_INFO[chip]
+  cc = gpu_cards.CARDS[chip]
+  smem = gpu_cards.shared_memory(cc)
   return (
     "gpu_device_info { threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152 "
     f"shared_memory_per_core: {g['smem_core']} threads_per_core_limit: 2048 core_count: {g['cores']} "
     f"fpus_per_core: {g['fpus']} block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 "
     f"block_dim_limit_z: 65535 memory_bandwidth: {g['bandwidth']} l2_cache_size: {g['l2']} "
     f"clock_rate_ghz: {g['clock']} device_memory_size: {g['memory']} "
-    f"shared_memory_per_block_optin: {g['smem_optin']} cuda_compute_capability {{ major: {g['cc']} }} "
+    f"shared_memory_per_block_optin: {smem} cuda_compute_capability {{ major: {cc[0]} minor: {cc[1]} }} "
     "registers_per_core_limit: 65536 registers_per_block_limit: 65536 } "
     'platform_name: "CUDA" dnn_version_info { major: 9 minor: 8 } '
     f'runtime_version {{ major: 12 minor: 8 patch: 0 }} device_description_str: "{g["name"]}"'
@@ -205,20 +209,27 @@ def compile_devices(t: Target) -> list:
 def cuda_target(t: Target):
   """While active, jax's cuDNN attention rule (``jax.nn.dot_product_attention(implementation="cudnn")``)
   checks shapes for GPU target ``t``'s compute capability instead of this host's (a CPU host has none,
-  and jax then applies the pre-Hopper limits: head dims <= 128 where Hopper takes 256). A host whose
-  default backend is a GPU, and a TPU target, keep jax's own check. Patches the private
+  and jax then applies the pre-Hopper limits: head dims <= 128 where Hopper takes 256), and jaxpe's
+  GPU kernels size their blocks for that card (``jaxpe.attention.gpu_cards.building_for``: shared
+  memory per block, cuDNN's head-dim limit). A host whose default backend is a GPU, and a TPU
+  target, keep jax's own check (the blocks still follow the target). Patches the private
   ``jax._src.cudnn.fused_attention_stablehlo.check_compute_capability`` (and its ``..._equal``)."""
   from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
 
-  if t.spec.platform != "cuda" or jax.default_backend() == "gpu":
+  if t.spec.platform != "cuda":
     yield
     return
-  cc = (_GPU_INFO[t.chip]["cc"], 0)
+  cc = gpu_cards.CARDS[t.chip]
+  if jax.default_backend() == "gpu":
+    with gpu_cards.building_for(cc):
+      yield
+    return
   real = fa.check_compute_capability, fa.is_cuda_compute_capability_equal
   fa.check_compute_capability = lambda c: cc >= tuple(int(x) for x in c.split("."))
   fa.is_cuda_compute_capability_equal = lambda c: cc == tuple(int(x) for x in c.split("."))
   try:
-    yield
+    with gpu_cards.building_for(cc):
+      yield
   finally:
     fa.check_compute_capability, fa.is_cuda_compute_capability_equal = real
 

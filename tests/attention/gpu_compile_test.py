@@ -1,6 +1,6 @@
-"""Every attention backend for ``cuda`` COMPILED for an H100 on this CPU-only host (XLA:GPU, Triton,
-ptxas, cuDNN's rule for a Hopper card), forward and gradient, with and without ALiBi, at the head sizes
-models use; and the train step of ``jaxpe-compile --target h100``.
+"""Every attention backend for ``cuda`` COMPILED for an H100 (and a few rows for an A100) on this
+CPU-only host (XLA:GPU, Triton, ptxas, cuDNN's rule for the card), forward and gradient, with and
+without ALiBi, at the head sizes models use; and the train step of ``jaxpe-compile --target h100``.
 
 Needs jax's CUDA plugin (``pip install "jaxpe[gpu-compile]"``: ``jax[cuda12]``, 4.9 GB with the
 NVIDIA wheels, so not in the test extra); without it the module is skipped with that reason. Run it
@@ -140,3 +140,30 @@ def test_flash_reads_heads_off_a_power_of_two_in_place(grad):
     assert isinstance(row, lc.Compiled), f"H {dim}: {lc.describe(row)}"
     assert "triton" in lc.call_kinds(row)
   assert got[80].temp < got[128].temp, {dim: row.temp for dim, row in got.items()}
+
+
+@pytest.mark.parametrize(
+  "backend, encoding, dim, dtype",
+  [
+    ("flash", "rope_alibi", 64, jnp.bfloat16),
+    ("pallas_gpu", "none", 128, jnp.float32),
+  ],
+  ids=["flash-bf16-H64-emulation-dims", "pallas_gpu-float32-H128"],
+)
+def test_the_gradient_compiles_for_a100(backend, encoding, dim, dtype):
+  """An A100 (sm_80) gives a block 166912 bytes of shared memory, an H100 232448: the blocks follow
+  the card built for (``gpu_cards``). Before, sized for an H100 on every card, flash's gradient of
+  bf16 H 64 with 2 emulation dims took 128-row blocks and failed for an A100 ("requested 167424,
+  available: 166912")."""
+  got = lc.gpu_compile_row(backend, encoding, dim, grad=True, chip="a100", dtype=dtype)
+  assert isinstance(got, lc.Compiled), f"{backend} {encoding} H {dim}: {lc.describe(got)}"
+  assert "triton" in lc.call_kinds(got)
+
+
+def test_cudnn_refuses_a_head_wider_than_the_a100_takes_by_name():
+  """cuDNN takes H <= 128 before Hopper: jaxpe refuses H 256 for an A100 naming the card's limit, and
+  ``auto`` passes to ``flash``."""
+  got = lc.gpu_compile_row("cudnn", "none", 256, grad=False, chip="a100")
+  assert isinstance(got, ValueError) and "up to 128 on compute capability 8.0" in str(got)
+  got = lc.gpu_compile_row("auto", "none", 256, grad=False, chip="a100")
+  assert isinstance(got, lc.Compiled) and "triton" in lc.call_kinds(got)
