@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pydantic
 import pytest
-from decoder_pe_test import TINY, check_cache_padding_and_packing  # tests/model/decoder_pe_test.py
+from decoder_pe_test import TINY, Jitted, check_cache_padding_and_packing  # tests/model/decoder_pe_test.py
 from flax import nnx
 
 from jaxpe.attention import masks
@@ -69,7 +69,7 @@ def test_attention_layer_matches_numpy():
 
 def test_cope_with_sinks_cache_padding_packing():
   check_cache_padding_and_packing(
-    _randomise(Decoder(ModelConfig(**{**TINY, **COPE_SINKS}), rngs=nnx.Rngs(0)))
+    Jitted(_randomise(Decoder(ModelConfig(**{**TINY, **COPE_SINKS}), rngs=nnx.Rngs(0))))
   )
 
 
