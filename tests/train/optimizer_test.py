@@ -154,7 +154,7 @@ def test_decay_mask_skips_every_bias_and_is_the_same_in_both_layer_layouts(keys)
       abstract = nnx.eval_shape(
         lambda scan=scan: Decoder(ModelConfig(**base, scan_layers=scan), rngs=nnx.Rngs(0))
       )
-    masks.append(optimizer.decay_mask(nnx.state(abstract, nnx.Param).to_pure_dict()))
+    masks.append(optimizer.decay_mask(nnx.to_pure_dict(nnx.state(abstract, nnx.Param))))
   loop = masks[0]
   stacked = to_scan_layout(jax.tree.map(np.asarray, loop))  # per-layer decisions stacked over L
   assert jax.tree.map(lambda a: bool(a.all()), stacked) == jax.tree.map(bool, masks[1])
