@@ -187,6 +187,10 @@ def generate(
     attention_mask: ``[B, T]`` bool, or integer 0/1: 0 marks padding. Left, right or inner padding
       all give the tokens of the unpadded row (positions count real tokens only; the first new token
       follows the row's last real token). Every row needs a real token. Default: all ones.
+      Sliding-window and chunked layers (``layer_types``) count slots, padding included (as
+      transformers' ``cache_position``): there left padding still gives the unpadded row's tokens
+      under a sliding window, but right or inner padding within a window of the new tokens, and any
+      padding under chunks, changes them.
     temperature: Python number in ``[0, inf]``: 0 = greedy, inf = uniform over the ``top_k`` set.
     top_k: None (all V ids) or a Python int in ``[1, V]``.
     top_p: None or a Python number in ``(0, 1]``: nucleus sampling's probability mass (after

@@ -187,7 +187,8 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
 
   Raises:
     TypeError: ``config`` neither a dict nor a ``PretrainedConfig``.
-    ValueError: another ``model_type``; a per-layer-type RoPE entry for sliding layers that scales.
+    ValueError: another ``model_type``; a per-layer-type RoPE entry for sliding layers that scales;
+      sliding (chunked) layers with ``sliding_window`` (``attention_chunk_size``) None.
   """
   cfg = hf_config.text_config(hf_config.as_dict(config))
   kind = _model_type(cfg)
@@ -205,10 +206,18 @@ def pattern_from_hf_config(config: Any) -> dict[str, Any]:
   out: dict[str, Any] = _rope(cfg, kind)
   if set(types) != {"full_attention"}:
     out["layer_types"] = types
-  if "sliding_attention" in types:
-    out["sliding_window"] = int(cfg["sliding_window"])
-  if "chunked_attention" in types:
-    out["attention_chunk_size"] = int(cfg.get("attention_chunk_size", 8192))
+  for kind_of_layer, key, default in (
+    ("sliding_attention", "sliding_window", None),
+    ("chunked_attention", "attention_chunk_size", 8192),
+  ):
+    if kind_of_layer in types:
+      size = cfg.get(key, default)
+      if size is None:  # transformers' create_sliding_window / chunked_causal_mask refuse it too
+        raise ValueError(
+          f"{kind} config: layer_types has {kind_of_layer} layers but {key} is None; give {key} "
+          f"(tokens) or make those layers full_attention"
+        )
+      out[key] = int(size)
   for key in SOFT_CAP_KEYS.get(kind, ()):  # the keys transformers' modeling code applies
     if cfg.get(key) is not None:
       out[key] = float(cfg[key])

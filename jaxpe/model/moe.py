@@ -129,7 +129,7 @@ def ragged_experts(cfg: ModelConfig, x, weights, experts, params) -> jax.Array:
 class MoEMLP(nnx.Module):
   """``mlp_type='moe'``: ``x [B, T, D] -> [B, T, D]`` (the module docstring's routing and experts).
 
-  Parameters (float32; logical names in brackets, ``experts`` replicated by the default rules):
+  Parameters (float32; logical names in brackets; ``experts`` has no ``LogicalRules`` key: replicated):
   ``router`` an ``nnx.Einsum`` ``[D, E]`` (bias ``[E]`` with ``mlp_bias`` / ``use_bias``;
   Normal(0, ``init_std``) as HF's ``GptOssPreTrainedModel._init_weights``), ``gate``, ``up`` ``[E,
   D, F]`` (experts, embed, mlp), ``down`` ``[E, F, D]`` (Normal(0, ``init_std / sqrt(2 L)``)), with

@@ -149,6 +149,14 @@ class StudyConfig(pydantic.BaseModel):
             f"seq_len (the source's parameters start the target's), got model keys {diff} and seq_len "
             f"{a.seq_len} -> {b.seq_len} (set them in task_train, not task_train_by_task)"
           )
+    for task in (None, *self.tasks):  # every row's model and StreamingLLM sizes, before any training
+      for name in self.encodings:
+        try:
+          model_train_config(self, name, 0, task)
+          streaming_sizes(self, name, task)
+        except (ValueError, pydantic.ValidationError) as e:
+          where = "train" if task is None else f"task {task.name} (task_train)"
+          raise ValueError(f"encodings / {where}: {e}") from None
     return self
 
   @property

@@ -24,7 +24,7 @@ from flax import nnx
 from jaxpe.model.build import build_model, model_params
 from jaxpe.model.config import ModelConfig
 from jaxpe.ops import checks as _checks
-from jaxpe.train import run_checks, run_files, run_guard, trainer
+from jaxpe.train import run_checks, run_files, run_guard, run_log, trainer
 from jaxpe.train.config import TrainConfig
 from jaxpe.train.load import trained_params
 from jaxpe.train.steps import next_token_loss
@@ -131,7 +131,8 @@ def train_model(cfg: TrainConfig, tag: str, fingerprint: str, progress: bool) ->
   trained_now = summary is None
   if trained_now:
     print(f"[study] training {tag} in {cfg.workdir}", flush=True)
-    summary = trainer.train(cfg, progress=progress).__dict__
+    # named as summary.json names them (eval_bits_per_answer for a task model), as a reused model's are
+    summary = run_log.summary_dict(trainer.train(cfg, progress=progress))
     length = summary.get("num_steps") or cfg.num_steps  # the schedule (fitted to max_seconds)
     if summary["step"] < length:
       raise StudyInterrupted(

@@ -1,7 +1,7 @@
-"""The study's rows (``ENCODINGS``): what each row trains (``ModelConfig`` keys, some derived from
-the training length and layer count), which trained weights it evaluates, and how (an eval-time RoPE
-scaling, a fine-tuning, StreamingLLM's cache). ``jaxpe.study.config`` builds each row's configs from
-these; every name here is also importable from there."""
+"""The study's rows (``ENCODINGS``): each one's training keys, the weights it evaluates, its eval-time
+scaling, and the rows whose keys follow the training length and depth (issue 47's attention
+patterns). ``jaxpe.study.config`` re-exports them.
+"""
 
 from __future__ import annotations
 
@@ -39,10 +39,23 @@ class Encoding:
   streaming: int | None = None
 
 
+def _two_layers(row: str, layers: int) -> None:
+  if layers < 2:
+    raise ValueError(
+      f"row {row} needs train.model.num_layers >= 2 (a windowed and a global layer), got {layers}: at 1 "
+      "layer it would be one global layer, not the pattern"
+    )
+
+
 def _local_global(t: int, layers: int) -> dict[str, Any]:
   """Gemma 3 (``Gemma3TextConfig``): every ``sliding_window_pattern``-th layer global, the others
   sliding; 6 (5 local : 1 global) where L allows, else L (the last layer global: 1 : 1 at L = 2);
-  window T / 4 (shorter than training, as Gemma 3's 1024 of 32k)."""
+  window T / 4 (shorter than training, as Gemma 3's 1024 of 32k).
+
+  Raises:
+    ValueError: ``layers`` < 2 (no room for a local and a global layer).
+  """
+  _two_layers("local_global", layers)
   return {"sliding_window": max(1, t // 4), "sliding_window_pattern": min(6, layers)}
 
 
@@ -50,7 +63,12 @@ def _chunked(t: int, layers: int) -> dict[str, Any]:
   """Llama 4 (``Llama4TextConfig``): every ``no_rope_layer_interval``-th layer NoPE and global, the
   RoPE layers chunked (transformers: ``use_chunked_attention = use_rope``); interval 4 where L
   allows, else L (1 : 1 at L = 2); chunk T / 4; the NoPE layers' attention temperature with
-  ``floor_scale`` = the chunk (Llama 4: 8192 and 8192)."""
+  ``floor_scale`` = the chunk (Llama 4: 8192 and 8192).
+
+  Raises:
+    ValueError: ``layers`` < 2 (no room for a chunked and a global layer).
+  """
+  _two_layers("chunked", layers)
   n, chunk = min(4, layers), max(1, t // 4)
   return {
     "attention_chunk_size": chunk,

@@ -36,15 +36,24 @@ OPTIMIZER_DEFAULTS = {
 def decay_mask(params):
   """Weight-decay mask for a parameter pytree (an ``nnx.State`` or nested dicts of arrays).
 
-  True for kernels and embeddings (rank >= 2 and not named ``bias`` or ``scale``); False for
-  biases of any rank (per-head q/k/v biases are ``[N, H]``) and LayerNorm scales/biases. The same
-  leaves are decayed in the ``scan_layers`` layout (every rank-1 block parameter is a bias or a
-  scale, so the stacked ``[L, ...]`` axis changes no decision).
+  True for kernels and embeddings (rank >= 2 per layer, not named ``bias``, ``*_bias`` or
+  ``scale``); False for biases of any rank (per-head q/k/v biases ``[N, H]``, the moe experts'
+  ``gate_bias`` / ``up_bias`` ``[E, F]`` and ``down_bias`` ``[E, D]``), LayerNorm scales/biases
+  and the other rank-1 parameters of a layer (attention ``sinks`` ``[N]``, KERPLE's ``r1`` /
+  ``r2``, FIRE's MLP vectors). The same leaves are decayed in the ``scan_layers`` layout: the
+  rank is counted per layer, without the stacked ``[L, ...]`` axis of a ``blocks`` tree whose
+  next key is not a layer index.
   """
 
   def decay(path, x) -> bool:
-    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-    return jnp.ndim(x) >= 2 and (not names or names[-1] not in ("bias", "scale"))
+    keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    names = [k for k in keys if isinstance(k, str)]
+    rank = jnp.ndim(x)
+    at = keys.index("blocks") if "blocks" in keys else -1
+    if at >= 0 and at + 1 < len(keys) and not isinstance(keys[at + 1], int):  # scan layout: [L, ...]
+      rank -= 1
+    last = names[-1] if names else ""
+    return rank >= 2 and last not in ("bias", "scale") and not last.endswith("_bias")
 
   return jax.tree_util.tree_map_with_path(decay, params)
 

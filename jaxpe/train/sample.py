@@ -99,8 +99,8 @@ def sample(
 
   Raises:
     FileNotFoundError: no run or no checkpoint in ``workdir``.
-    ValueError: an empty prompt, a prompt that fills the model's context, or arguments
-      ``generate`` refuses (named there).
+    ValueError: a run on a synthetic task (``data.task``), an empty prompt, a prompt that fills
+      the model's context, or arguments ``generate`` refuses (named there).
     jaxpe.errors.CheckpointError: no intact checkpoint.
   """
   data, stats = sample_bytes(
@@ -137,6 +137,11 @@ def sample_bytes(
   cfg = _run_config(workdir)
   if not isinstance(prompt, str | bytes | bytearray):
     raise TypeError(f"prompt must be str or bytes, got {type(prompt).__name__}")
+  if cfg.data.task is not None:  # its ids are the task's symbols (vocab_size of them), not text
+    raise ValueError(
+      f"the run in {workdir} trained on the synthetic task {cfg.data.task.name!r} (data.task, "
+      f"{cfg.model.vocab_size} symbols): its ids are not text; jaxpe-sample reads text and token-file runs"
+    )
   tok_file = workdir / "tokenizer.json"  # a token-file run's tokenizer (jaxpe.train.tokenize), copied there
   tokenizer = tokenize.load_tokenizer(tok_file) if tok_file.is_file() else None
   if tokenizer is None and cfg.data.tokens is not None:

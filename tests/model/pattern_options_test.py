@@ -276,3 +276,30 @@ def test_a_config_json_without_the_defaulted_keys_reads_transformers_defaults(cl
   ref = getattr(tf, cls)(**sizes)
   got = config_dict_from_hf({"model_type": ref.model_type, **sizes})
   assert got == config_dict_from_hf(ref)
+
+
+@pytest.mark.parametrize(
+  "config, key",
+  [
+    (dict(model_type="gemma2", sliding_window=None), "sliding_window"),
+    (dict(model_type="gemma3_text", sliding_window=None), "sliding_window"),
+    (dict(model_type="gpt_oss", sliding_window=None), "sliding_window"),
+    (
+      dict(model_type="gpt_oss", layer_types=["sliding_attention"] * 2, sliding_window=None),
+      "sliding_window",
+    ),
+    (
+      dict(model_type="llama4_text", layer_types=["chunked_attention"] * 2, attention_chunk_size=None),
+      "attention_chunk_size",
+    ),
+  ],
+)
+def test_sliding_or_chunked_layers_without_their_size_are_refused_naming_the_key(config, key):
+  """transformers builds these configs (``sliding_window: null``, as Mistral's Hub configs write it)
+  and refuses them at the first forward (``create_sliding_window_causal_mask``: "sliding_window ...
+  not set"); the import names the key (before: ``int(None)``'s TypeError)."""
+  sizes = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2
+  )
+  with pytest.raises(ValueError, match=f"layers but {key} is None"):
+    pattern_from_hf_config({**sizes, **config})

@@ -145,3 +145,20 @@ def test_the_study_scores_the_streaming_row_on_the_rope_weights(tmp_path, text_f
   assert all(math.isfinite(x) for x in res["rope_streaming"]["2"]["per_window"])
   assert res["rope_streaming"]["2"]["per_window"] != res["rope"]["2"]["per_window"]
   assert "rope_streaming: the rope weights fed one token at a time" in (tmp_path / "study.md").read_text()
+
+
+@pytest.mark.parametrize(
+  "encoding, layers, seq_len, match",
+  [
+    ("rope_streaming", 2, 4, "4 sink tokens must be fewer than the training length 4"),
+    ("local_global", 1, 16, "row local_global needs train.model.num_layers >= 2"),
+    ("chunked", 1, 16, "row chunked needs train.model.num_layers >= 2"),
+  ],
+)
+def test_a_row_that_cannot_run_is_refused_by_the_study_config(encoding, layers, seq_len, match):
+  """At construction, before any model trains (before: rope_streaming failed after training the
+  rope model, chunked at 1 layer when its model was built, local_global at 1 layer silently ran
+  one global layer)."""
+  train = TrainConfig(model=ModelConfig(d_model=16, num_layers=layers, num_heads=2), seq_len=seq_len)
+  with pytest.raises(ValueError, match=match):
+    study.StudyConfig(encodings=(encoding,), train=train)

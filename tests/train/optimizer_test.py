@@ -125,3 +125,40 @@ def test_every_old_public_name_is_in_one_of_its_new_modules(old):
     assert all(f is found[0] for f in found), f"{old}.{name}: two different objects"
   # The one factory answers both old call forms.
   assert steps.next_token_loss is trainer.next_token_loss
+
+
+@pytest.mark.parametrize(
+  "keys",
+  [
+    dict(attention_sinks=True, mlp_type="moe", num_local_experts=2, num_experts_per_tok=1, mlp_bias=True),
+    dict(pos_encoding="kerple_log"),
+    dict(pos_encoding="fire"),
+  ],
+  ids=["moe_sinks", "kerple", "fire"],
+)
+def test_decay_mask_skips_every_bias_and_is_the_same_in_both_layer_layouts(keys):
+  """The moe experts' ``gate_bias`` / ``up_bias`` / ``down_bias`` (rank 2) are biases: not decayed
+  (before: decayed); rank-1 layer parameters (sinks, KERPLE's r1 / r2, FIRE's vectors) are not
+  decayed in the ``scan_layers`` layout either, where they are ``[L, .]`` (before: decayed there
+  only, so a resume that changed ``scan_layers`` changed the training)."""
+  from flax import nnx
+
+  from jaxpe.model import Decoder
+  from jaxpe.model.config import ModelConfig
+  from jaxpe.model.decoder import to_scan_layout
+
+  base = dict(vocab_size=16, d_model=16, num_heads=2, num_layers=2, max_len=16, **keys)
+  masks = []
+  for scan in (False, True):
+    with nnx.use_eager_sharding(False):
+      abstract = nnx.eval_shape(
+        lambda scan=scan: Decoder(ModelConfig(**base, scan_layers=scan), rngs=nnx.Rngs(0))
+      )
+    masks.append(optimizer.decay_mask(nnx.to_pure_dict(nnx.state(abstract, nnx.Param))))
+  loop = masks[0]
+  stacked = to_scan_layout(jax.tree.map(np.asarray, loop))  # per-layer decisions stacked over L
+  assert jax.tree.map(lambda a: bool(a.all()), stacked) == jax.tree.map(bool, masks[1])
+  flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(loop)[0]}
+  for path, decayed in flat.items():
+    leaf = path.rsplit("'", 2)[-2]
+    assert decayed == (leaf in ("kernel", "embedding", "gate", "up", "down", "w2")), path  # w2: FIRE [32, N]

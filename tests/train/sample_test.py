@@ -127,3 +127,24 @@ def test_errors_are_one_line(workdir, capsys, argv, words):
   assert sample.main([a.format(**fill) for a in argv]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("jaxpe-sample: error: ") and words.format(**fill) in err and "\n" not in err, err
+
+
+def test_a_task_run_is_refused_naming_the_task(tmp_path, capsys):
+  """A run on a synthetic task (``data.task``, vocabulary of its symbols) holds no text model: one line
+  naming the task (before: ``top_k must be in [1, vocab_size=18], got 40`` for the default
+  ``--top-k`` the user never gave, or the prompt's bytes out of the vocabulary)."""
+  from jaxpe.train.config import TrainConfig
+
+  cfg = TrainConfig(
+    workdir=str(tmp_path),
+    seq_len=32,
+    sample_len=0,
+    data=dict(task=dict(name="copy", num_symbols=16)),
+    model=dict(vocab_size=18, d_model=16, num_heads=2, num_layers=1, max_len=32),
+  )
+  (tmp_path / "config.json").write_text(cfg.model_dump_json())
+  assert sample.main([str(tmp_path), "--prompt", "import os"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("jaxpe-sample: error: ") and "synthetic task 'copy' (data.task, 18 symbols)" in err, (
+    err
+  )
