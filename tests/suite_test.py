@@ -91,3 +91,14 @@ def test_the_slow_files_run_first_and_exist(request):
   assert listed == [f for f in conftest.SLOW_FIRST if f in files]  # in SLOW_FIRST's order
   first_other = next((i for i, f in enumerate(files) if f not in conftest.SLOW_FIRST), len(files))
   assert all(f not in conftest.SLOW_FIRST for f in files[first_other:])
+
+
+def test_no_two_test_files_share_a_name():
+  # The test folders are not packages (rootdir-relative imports): two files of one name, in two
+  # folders, fail the whole session's collection with "import file mismatch" (tests/study/ and
+  # tests/attention/ both held patterns_test.py: each passed alone, the suite errored).
+  from collections import Counter
+  from pathlib import Path
+
+  names = Counter(p.name for p in Path(__file__).parent.rglob("*_test.py"))
+  assert not [n for n, c in names.items() if c > 1], sorted(n for n, c in names.items() if c > 1)

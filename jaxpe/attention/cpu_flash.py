@@ -357,7 +357,7 @@ def _backward_kernel_jvp(attrs, primals, tangents):
 
 
 def _xla_args(q, k, v, side, attrs):
-  """``online_softmax``'s arguments after q (its Config last) for the kernel's arguments."""
+  """``online_softmax``'s arguments for the kernel's: (k .. k_pos), the slopes, the Config."""
   scale, (causal, left, right, chunk, cap), precise = attrs
   window = (
     None if left < 0 and right < 0 else tuple(patterns.UNBOUNDED if x < 0 else x for x in (left, right))
@@ -375,18 +375,21 @@ def _xla_args(q, k, v, side, attrs):
   cfg = online_softmax.Config(
     scale, precise, 32, 32, causal, natural, None, pattern if pattern.active else None
   )
-  return (k, v, qi, ki, valid, q_seg, k_seg, q_pos, k_pos, slopes, None, cfg)
+  return (k, v, qi, ki, valid, q_seg, k_seg, q_pos, k_pos), slopes, cfg
 
 
 def _xla_forward(q, k, v, side, attrs):
-  """The forward kernel's (out, lse) in plain XLA (``online_softmax.flash_fwd``)."""
-  return online_softmax.flash_fwd(q, *_xla_args(q, k, v, side, attrs))[0]
+  """The forward kernel's (out, lse) in plain XLA (``online_softmax.flash_fwd``; chunks count slots:
+  the kernel is refused chunks with padding or segments, so no chunk positions)."""
+  args, slopes, cfg = _xla_args(q, k, v, side, attrs)
+  return online_softmax.flash_fwd(q, *args, None, None, slopes, None, cfg)[0]
 
 
 def _xla_grads(q, k, v, side, out, lse, d_out, d_lse, attrs):
-  """The backward kernel's (dq, dk, dv) in plain XLA (``online_softmax.flash_bwd``)."""
-  *args, cfg = _xla_args(q, k, v, side, attrs)
-  return online_softmax.flash_bwd(cfg, (q, *args, out, lse), (d_out, d_lse))[:3]
+  """The backward kernel's (dq, dk, dv) in plain XLA (``online_softmax.flash_bwd``; its residuals
+  as ``flash_fwd`` saves them, no chunk positions)."""
+  args, slopes, cfg = _xla_args(q, k, v, side, attrs)
+  return online_softmax.flash_bwd(cfg, (q, *args, None, slopes, None, out, lse), (d_out, d_lse))[:3]
 
 
 __all__ = [
