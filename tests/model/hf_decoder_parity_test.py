@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from hf_parity import hf_greedy
 
 
 def _tf():
@@ -117,24 +118,12 @@ def test_cached_generation_past_the_window_matches_transformers(family):
   from jaxpe.model.generate import generate
   from jaxpe.model.hf_weights import from_hf_model
 
-  torch = _torch()
+  _torch()
   hf = _hf_model(family)
   model = from_hf_model(hf)
   tokens, mask = _inputs()
   new = 12
-  hf.generation_config.eos_token_id = None  # no stopping: min_new_tokens would suppress the EOS id
-  with torch.no_grad():
-    out = hf.generate(
-      torch.tensor(tokens),
-      attention_mask=torch.tensor(mask),
-      max_new_tokens=new,
-      do_sample=False,
-      output_logits=True,
-      return_dict_in_generate=True,
-      pad_token_id=0,
-    )
-  ref_tokens = out.sequences[:, tokens.shape[1] :].numpy()
-  ref_logits = np.stack([lg.numpy() for lg in out.logits], axis=1)  # [B, new, V]
+  ref_tokens, ref_logits = hf_greedy(hf, tokens, mask, new)
   cache = init_cache(model.cfg, 2, tokens.shape[1] + new)
   assert min(c.shape[2] for c in cache.k) == W - 1  # the sliding layers keep a ring of w - 1 slots
   logits, cache = model(tokens, attention_mask=mask, cache=cache)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from hf_parity import hf_greedy, token_by_token_logits
 
 TOL = 1e-4
 C = 4
@@ -124,31 +125,10 @@ def test_cached_generation_past_chunks_matches_transformers(hf, model):
   time, then the tokens transformers chose."""
   from jaxpe.model.cache import init_cache
 
-  torch = importlib.import_module("torch")
   tokens, mask = _inputs(6)
   new = 9
-  hf.generation_config.eos_token_id = None  # no stopping
-  with torch.no_grad():
-    out = hf.generate(
-      torch.tensor(tokens),
-      attention_mask=torch.tensor(mask),
-      max_new_tokens=new,
-      do_sample=False,
-      output_logits=True,
-      return_dict_in_generate=True,
-      pad_token_id=0,
-    )
-  ref_tokens = out.sequences[:, tokens.shape[1] :].numpy()
-  ref_logits = np.stack([lg.numpy() for lg in out.logits], axis=1)  # [B, new, V]
+  ref_tokens, ref_logits = hf_greedy(hf, tokens, mask, new)
   cache = init_cache(model.cfg, 2, tokens.shape[1] + new)
   assert min(c.shape[2] for c in cache.k) == C - 1  # the chunked layer keeps a ring of C - 1 slots
-  graphdef, state = nnx.split(model)
-  step = jax.jit(lambda st, tok, m, c: nnx.merge(graphdef, st)(tok, attention_mask=m, cache=c))
-  feed = np.concatenate([tokens, ref_tokens[:, :-1]], axis=1)
-  valid = np.concatenate([mask, np.ones_like(ref_tokens[:, :-1])], axis=1)
-  last = []
-  for i in range(feed.shape[1]):
-    logits, cache = step(state, feed[:, i : i + 1], valid[:, i : i + 1], cache)
-    last.append(np.asarray(logits[:, -1]))
-  got = np.stack(last[tokens.shape[1] - 1 :], axis=1)
+  got = token_by_token_logits(model, tokens, mask, ref_tokens, cache)
   assert np.abs(got - ref_logits).max() < TOL
