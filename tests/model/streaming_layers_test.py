@@ -10,38 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from streaming_test import BASE, _reference, _step  # tests/model/streaming_test.py: one copy
 
 from jaxpe.model import Decoder
 from jaxpe.model.config import ModelConfig
 from jaxpe.model.generate import generate
 from jaxpe.model.streaming import init_streaming_cache
-
-BASE = dict(vocab_size=32, d_model=32, num_heads=4, num_kv_heads=2, max_len=64, init_std=0.3)
-
-
-@nnx.jit
-def _forward(model, tokens, last):
-  return model(tokens)[:, last]
-
-
-@nnx.jit
-def _step(model, tokens, cache):
-  logits, cache = model(tokens, cache=cache)
-  return logits[:, -1], cache
-
-
-def _reference(model, prompt, steps, start, recent):
-  """Greedy tokens and each step's logits ``[B, V]`` from a fresh forward over the sinks + window."""
-  seq, tokens, logits = np.asarray(prompt), [], []
-  for _ in range(steps):
-    window = seq if seq.shape[1] <= start + recent else np.concatenate([seq[:, :start], seq[:, -recent:]], 1)
-    # right-padded to one length: one compiled forward (the model is causal)
-    padded = np.pad(window, ((0, 0), (0, start + recent - window.shape[1])))
-    out = np.asarray(_forward(model, jnp.asarray(padded), window.shape[1] - 1))
-    logits.append(out)
-    tokens.append(out.argmax(-1))
-    seq = np.concatenate([seq, tokens[-1][:, None]], 1)
-  return np.stack(tokens, 1), np.stack(logits, 1)
 
 
 def _erf(x):
